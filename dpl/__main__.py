@@ -1,0 +1,5 @@
+import sys
+
+from dpl.cli import main
+
+sys.exit(main())

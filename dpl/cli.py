@@ -1,0 +1,88 @@
+"""The ``dpl`` command. Errors print a diagnostic and exit 1; an internal failure prints one
+line asking for a bug report and exits 2; never a raw traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from dpl.errors import DplError
+
+
+def _llama_mlp():
+    from dpl.ir import FunctionBuilder, Module
+
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", ("n", 64))
+    w_gate = fb.param("w_gate", "f32", (64, 172))
+    w_up = fb.param("w_up", "f32", (64, 172))
+    w_down = fb.param("w_down", "f32", (172, 64))
+    gate = fb.emit("matmul", x, w_gate, name="gate")
+    act = fb.emit("nn.silu", gate, name="act")
+    up = fb.emit("matmul", x, w_up, name="up")
+    h = fb.emit("multiply", act, up, name="h")
+    out = fb.emit("matmul", h, w_down, name="out")
+    return Module([fb.ret(out)])
+
+
+def random_inputs(fn, seed: int = 0, dims: dict[str, int] | None = None):
+    """Random arrays for a function's parameters (symbolic dims default to 8)."""
+    from dpl import dtypes
+
+    rng = np.random.default_rng(seed)
+    dims = dict(dims or {})
+    arrays = []
+    for p in fn.params:
+        shape = tuple(dims.setdefault(d, 8) if isinstance(d, str) else d for d in p.ty.shape)
+        dtype = dtypes.to_numpy(p.ty.dtype)
+        if dtype.kind == "f":
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+        elif dtype.kind == "b":
+            arrays.append(rng.random(shape) < 0.5)
+        else:
+            arrays.append(rng.integers(0, 4, shape).astype(dtype))
+    return arrays
+
+
+def _summarise(result) -> str:
+    results = result if isinstance(result, tuple) else (result,)
+    lines = []
+    for i, r in enumerate(results):
+        lines.append(f"output {i}: shape {tuple(r.shape)} dtype {r.dtype} checksum {float(np.sum(r.astype(np.float64))):.6g}")
+    return "\n".join(lines)
+
+
+def cmd_demo(args) -> int:
+    from dpl.interpret import interpret
+
+    mod = _llama_mlp()
+    print(mod.script())
+    print(_summarise(interpret(mod, *random_inputs(mod["main"], args.seed))))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpl", description="rewrite and fuse tensor-program graphs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="build a Llama-style MLP block, print it and run it")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DplError as err:
+        print(err, file=sys.stderr)
+        return 1
+    except Exception as err:  # a bug in dpl, not in the user's input
+        print(f"dpl: internal error ({type(err).__name__}: {err}); please report it as a bug", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Data types: one canonical (NumPy) name per dtype, and the short spelling the text form prints.
+
+The IR stores canonical names (``"float32"``) so values map straight onto NumPy; the printer
+emits the short names (``f32``) and every parser accepts both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpl.errors import DplError
+
+# canonical name -> short name, in the order the text form documents them
+SHORT_NAMES: dict[str, str] = {
+    "float64": "f64",
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint8": "u8",
+    "bool": "bool",
+}
+_BY_ANY_NAME: dict[str, str] = {**{c: c for c in SHORT_NAMES}, **{s: c for c, s in SHORT_NAMES.items()}}
+
+FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+INT_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8"})
+
+
+def canonical(name: str) -> str:
+    """The canonical name of a dtype given in either spelling; a clear error otherwise."""
+    try:
+        return _BY_ANY_NAME[name]
+    except KeyError:
+        known = ", ".join(SHORT_NAMES.values())
+        raise DplError(f"unknown dtype '{name}' (known: {known})") from None
+
+
+def short(name: str) -> str:
+    return SHORT_NAMES[name]
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def to_numpy(dtype: str) -> np.dtype:
+    """The NumPy dtype that holds values of ``dtype``; bfloat16 needs the optional ml_dtypes."""
+    if dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise DplError("bfloat16 values need the 'ml_dtypes' package") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def from_numpy(dt: np.dtype) -> str:
+    name = np.dtype(dt).name
+    return canonical(name)

@@ -1,0 +1,108 @@
+"""The reference interpreter: runs a function on NumPy arrays, binding by binding.
+
+It is the numerical truth every pass and backend is checked against, so it is plain and
+strict: inputs must match the parameters' dtypes and shapes, symbolic dimensions bind from
+the inputs and must agree, and every op's result is checked against its inferred type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dpl import dtypes
+from dpl.errors import DplError, InterpretError
+from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
+from dpl.ir.types import TensorType, TupleType, Type
+from dpl.ops.registry import get_op
+
+
+def _bind_type(ty: Type, value: Any, dims: dict[str, int], what: str) -> None:
+    """Check ``value`` against ``ty``, binding symbolic dims in ``dims``."""
+    if isinstance(ty, TupleType):
+        if not isinstance(value, tuple) or len(value) != len(ty.fields):
+            raise InterpretError(f"{what} must be a tuple of {len(ty.fields)} arrays")
+        for i, (t, v) in enumerate(zip(ty.fields, value)):
+            _bind_type(t, v, dims, f"{what}[{i}]")
+        return
+    if not isinstance(value, np.ndarray):
+        raise InterpretError(f"{what} must be a NumPy array of type {ty}, got {type(value).__name__}")
+    if value.dtype != dtypes.to_numpy(ty.dtype):
+        raise InterpretError(f"{what} expects dtype {dtypes.short(ty.dtype)}, got {value.dtype}")
+    if value.ndim != ty.ndim:
+        raise InterpretError(f"{what} expects rank {ty.ndim} ({ty}), got shape {value.shape}")
+    for axis, (want, got) in enumerate(zip(ty.shape, value.shape)):
+        if isinstance(want, str):
+            bound = dims.setdefault(want, got)
+            if bound != got:
+                raise InterpretError(f"{what} has {got} in dimension {axis}, but '{want}' is already {bound}")
+        elif want != got:
+            raise InterpretError(f"{what} expects shape {ty}, got {value.shape}")
+
+
+def _resolve_dims(value: Any, dims: dict[str, int]) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_resolve_dims(v, dims) for v in value)
+    if isinstance(value, str) and value in dims:
+        return dims[value]
+    return value
+
+
+class _Frame:
+    def __init__(self, mod: Module | None, fn: Function, dims: dict[str, int]):
+        self.mod, self.fn, self.dims = mod, fn, dims
+        self.env: dict[int, Any] = {}
+
+    def eval(self, e: Expr) -> Any:
+        if isinstance(e, Var):
+            return self.env[id(e)]
+        if isinstance(e, Constant):
+            return np.asarray(e.value)
+        if isinstance(e, Tuple):
+            return tuple(self.eval(f) for f in e.fields)
+        if isinstance(e, TupleGetItem):
+            return self.eval(e.tuple_value)[e.index]
+        if isinstance(e, Call):
+            return self.call(e)
+        raise DplError(f"cannot evaluate {type(e).__name__}")
+
+    def call(self, c: Call) -> Any:
+        args = [self.eval(a) for a in c.args]
+        if isinstance(c.op, GlobalVar):
+            if self.mod is None or c.op.name not in self.mod.functions:
+                raise DplError(f"call of unknown function '{c.op.name}'")
+            return run_function(self.mod, self.mod[c.op.name], args)
+        op = get_op(c.op)
+        attrs = {k: _resolve_dims(v, self.dims) if op.attrs[k].kind == "shape" else v for k, v in c.attrs.items()}
+        result = op.ref(*args, **attrs)
+        result = tuple(np.asarray(r) for r in result) if isinstance(result, tuple) else np.asarray(result)
+        try:
+            _bind_type(c.ty, result, dict(self.dims), f"result of {c.op}")
+        except InterpretError as err:  # the reference disagrees with type inference: our bug
+            raise DplError(f"internal error: {err.message}") from None
+        return result
+
+
+def run_function(mod: Module | None, fn: Function, arrays: list[Any]) -> Any:
+    if len(arrays) != len(fn.params):
+        names = ", ".join(p.name for p in fn.params)
+        raise InterpretError(f"function '{fn.name}' takes {len(fn.params)} inputs ({names}), got {len(arrays)}")
+    dims: dict[str, int] = {}
+    frame = _Frame(mod, fn, dims)
+    for p, a in zip(fn.params, arrays):
+        a = tuple(np.asarray(x) for x in a) if isinstance(a, (tuple, list)) else np.asarray(a)
+        _bind_type(p.ty, a, dims, f"parameter '{p.name}' of '{fn.name}'")
+        frame.env[id(p)] = a
+    for b in fn.bindings:
+        frame.env[id(b.var)] = frame.eval(b.value)
+    return frame.eval(fn.ret)
+
+
+def interpret(mod: Module | Function, *arrays: Any, entry: str = "main") -> Any:
+    """Run ``entry`` of ``mod`` on NumPy arrays: an array, or a tuple for a tuple result."""
+    if isinstance(mod, Function):
+        return run_function(None, mod, list(arrays))
+    if entry not in mod.functions:
+        raise InterpretError(f"module has no function '{entry}' (it has: {', '.join(mod.functions)})")
+    return run_function(mod, mod[entry], list(arrays))

@@ -1,0 +1,161 @@
+"""Elementwise and broadcasting ops: arithmetic, math functions, activations, casts, compare.
+
+Each carries a scalar C template (``{0}``, ``{1}`` are operands; math names are the
+type-generic ones of ``<tgmath.h>``) so the kernel emitters never special-case an op.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpl import dtypes
+
+from dpl.ir.types import TensorType
+from dpl.ops._shapes import broadcast_shapes, is_full_shape, same_dtype
+from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    return _erf(np.asarray(x, dtype=np.float64)).astype(np.float64)
+
+
+def broadcast_kind(info: CallInfo, out) -> OpPatternKind:
+    """TVM: a broadcast op with one operand read at the output index is ElemWise as a whole;
+    only a pure broadcast (every operand broadcast) stays Broadcast."""
+    if any(is_full_shape(t, out) for t in info.arg_types):
+        return OpPatternKind.ELEMWISE
+    return OpPatternKind.BROADCAST
+
+
+def _same_float(fn):
+    """A NumPy function computed in float64 and cast back, so f16 and f32 agree with C."""
+
+    def ref(*xs, **_):
+        dtype = np.result_type(*xs)
+        return np.asarray(fn(*(np.asarray(x, np.float64) for x in xs))).astype(dtype)
+
+    return ref
+
+
+def _infer_binary(info: CallInfo) -> TensorType:
+    return TensorType(broadcast_shapes(info), same_dtype(info))
+
+
+def _infer_compare(info: CallInfo) -> TensorType:
+    same_dtype(info)
+    return TensorType(broadcast_shapes(info), "bool")
+
+
+def _infer_unary(info: CallInfo) -> TensorType:
+    return info.tensor(0)
+
+
+def _infer_float_unary(info: CallInfo) -> TensorType:
+    t = info.tensor(0)
+    if not t.dtype.startswith(("float", "bfloat")):
+        raise info.error(f"operand {info.operand(0)} must have a floating-point dtype")
+    return t
+
+
+def _binary(name, fn, c, doc):
+    register(name, num_args=2, infer=_infer_binary, kind=broadcast_kind, ref=lambda a, b: np.asarray(fn(a, b)).astype(np.result_type(a, b)), c_expr=c, doc=doc)
+
+
+def _compare(name, fn, c):
+    register(name, num_args=2, infer=_infer_compare, kind=broadcast_kind, ref=lambda a, b: np.asarray(fn(a, b)), c_expr=c, doc=f"elementwise {name}, giving bool")
+
+
+def _unary(name, fn, c, doc, infer=_infer_float_unary):
+    register(name, num_args=1, infer=infer, kind=OpPatternKind.ELEMWISE, ref=fn, c_expr=c, doc=doc)
+
+
+def _divide(a, b):
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return np.trunc(np.true_divide(a, b))  # C semantics for integers
+    return np.divide(a, b)
+
+
+_binary("add", np.add, "({0} + {1})", "a + b")
+_binary("subtract", np.subtract, "({0} - {1})", "a - b")
+_binary("multiply", np.multiply, "({0} * {1})", "a * b")
+_binary("divide", _divide, "({0} / {1})", "a / b")
+_binary("power", lambda a, b: np.power(np.asarray(a, np.float64), b), "pow({0}, {1})", "a ** b")
+_binary("maximum", np.maximum, "({0} > {1} ? {0} : {1})", "max(a, b)")
+_binary("minimum", np.minimum, "({0} < {1} ? {0} : {1})", "min(a, b)")
+
+_compare("equal", np.equal, "({0} == {1})")
+_compare("not_equal", np.not_equal, "({0} != {1})")
+_compare("less", np.less, "({0} < {1})")
+_compare("less_equal", np.less_equal, "({0} <= {1})")
+_compare("greater", np.greater, "({0} > {1})")
+_compare("greater_equal", np.greater_equal, "({0} >= {1})")
+
+_unary("exp", _same_float(np.exp), "exp({0})", "e ** x")
+_unary("log", _same_float(np.log), "log({0})", "natural logarithm")
+_unary("sqrt", _same_float(np.sqrt), "sqrt({0})", "square root")
+_unary("rsqrt", _same_float(lambda x: 1.0 / np.sqrt(x)), "(1 / sqrt({0}))", "1 / sqrt(x)")
+_unary("tanh", _same_float(np.tanh), "tanh({0})", "hyperbolic tangent")
+_unary("sigmoid", _same_float(lambda x: 1.0 / (1.0 + np.exp(-x))), "(1 / (1 + exp(-{0})))", "1 / (1 + e ** -x)")
+_unary("erf", _same_float(erf), "erf({0})", "the error function")
+_unary("sin", _same_float(np.sin), "sin({0})", "sine")
+_unary("cos", _same_float(np.cos), "cos({0})", "cosine")
+_unary("negative", np.negative, "(-{0})", "-x", infer=_infer_unary)
+_unary("abs", np.abs, "({0} < 0 ? -{0} : {0})", "|x|", infer=_infer_unary)
+_unary("square", np.square, "({0} * {0})", "x * x", infer=_infer_unary)
+_unary("nn.relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), "({0} > 0 ? {0} : 0)", "max(x, 0)", infer=_infer_unary)
+_unary(
+    "nn.gelu",
+    _same_float(lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))),
+    "(0.5 * {0} * (1 + erf({0} * 0.7071067811865476)))",
+    "x * Phi(x), with erf",
+)
+_unary(
+    "nn.gelu_tanh",
+    _same_float(lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))),
+    "(0.5 * {0} * (1 + tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}))))",
+    "GELU, tanh approximation",
+)
+_unary("nn.silu", _same_float(lambda x: x / (1.0 + np.exp(-x))), "({0} / (1 + exp(-{0})))", "x * sigmoid(x)")
+
+register(
+    "clip",
+    num_args=1,
+    attrs={"min": AttrSpec("float"), "max": AttrSpec("float")},
+    infer=_infer_unary,
+    kind=OpPatternKind.ELEMWISE,
+    ref=lambda x, min, max: np.clip(x, min, max).astype(x.dtype),
+    c_expr="({0} < {min} ? {min} : {0} > {max} ? {max} : {0})",
+    doc="clamp x to [min, max]",
+)
+
+register(
+    "astype",
+    num_args=1,
+    attrs={"dtype": AttrSpec("dtype")},
+    infer=lambda info: TensorType(info.tensor(0).shape, info.attrs["dtype"]),
+    kind=OpPatternKind.ELEMWISE,
+    ref=lambda x, dtype: np.asarray(x).astype(dtypes.to_numpy(dtype)),
+    c_expr="(({dtype}){0})",
+    doc="convert to another dtype",
+)
+
+
+def _infer_where(info: CallInfo) -> TensorType:
+    if info.tensor(0).dtype != "bool":
+        raise info.error(f"condition {info.operand(0)} must have dtype bool")
+    return TensorType(broadcast_shapes(info), same_dtype(info, [1, 2]))
+
+
+register(
+    "where",
+    num_args=3,
+    infer=_infer_where,
+    kind=broadcast_kind,
+    ref=lambda c, a, b: np.where(c, a, b).astype(np.result_type(a, b)),
+    c_expr="({0} ? {1} : {2})",
+    doc="cond ? a : b, broadcasting",
+)

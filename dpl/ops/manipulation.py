@@ -1,0 +1,338 @@
+"""Data movement and creation: reshape, transpose, concat/split, slicing, gather, broadcast,
+expand/squeeze, full/zeros/ones. Injective in TVM unless the index map is simpler."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpl import dtypes
+from dpl.ir.types import TensorType, TupleType
+from dpl.ops._shapes import dim_product, normalize_axes, normalize_axis
+from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
+
+K = OpPatternKind
+
+
+# -- reshape -----------------------------------------------------------------------------------
+
+
+def _infer_reshape(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    shape = list(info.attrs["shape"])
+    if shape.count(-1) > 1:
+        raise info.error(f"shape {shape} may hold at most one -1")
+    if any(isinstance(d, int) and d < -1 for d in shape):
+        raise info.error(f"shape {shape} has a negative dimension")
+    have_n, have_syms = dim_product(x.shape)
+    if -1 in shape:
+        known = [d for d in shape if d != -1]
+        n, syms = dim_product(known)
+        rest = list(have_syms)
+        for s in syms:
+            if s not in rest:
+                raise info.error(f"cannot reshape {info.operand(0)} to {shape}: symbolic '{s}' is not a dimension of the input")
+            rest.remove(s)
+        if rest or n == 0 or have_n % n:
+            raise info.error(f"cannot infer the -1 of {shape} from {info.operand(0)}")
+        shape[shape.index(-1)] = have_n // n
+    if dim_product(shape) != (have_n, have_syms):
+        raise info.error(f"cannot reshape {info.operand(0)} to {shape}: element counts differ")
+    return TensorType(tuple(shape), x.dtype)
+
+
+register(
+    "reshape",
+    num_args=1,
+    attrs={"shape": AttrSpec("shape")},
+    infer=_infer_reshape,
+    kind=K.INJECTIVE,
+    ref=lambda x, shape: np.reshape(x, shape),
+    doc="same elements, new shape (one -1 may be inferred)",
+)
+
+# -- permute_dims ------------------------------------------------------------------------------
+
+
+def _perm(info: CallInfo, ndim: int):
+    axes = info.attrs["axes"]
+    if axes is None:
+        return tuple(reversed(range(ndim)))
+    if len(axes) != ndim:
+        raise info.error(f"axes {list(axes)} must list all {ndim} axes of {info.operand(0)}")
+    return normalize_axes(info, axes, ndim)
+
+
+def _infer_permute(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    return TensorType(tuple(x.shape[a] for a in _perm(info, x.ndim)), x.dtype)
+
+
+register(
+    "permute_dims",
+    num_args=1,
+    attrs={"axes": AttrSpec("ints", default=None)},
+    infer=_infer_permute,
+    kind=K.INJECTIVE,
+    ref=lambda x, axes: np.transpose(x, None if axes is None else [a % x.ndim for a in axes]),
+    doc="transpose; no axes reverses them",
+)
+
+# -- concat / split ----------------------------------------------------------------------------
+
+
+def _infer_concat(info: CallInfo) -> TensorType:
+    tup = info.arg_types[0]
+    if not isinstance(tup, TupleType) or not tup.fields:
+        raise info.error(f"operand {info.operand(0)} must be a non-empty tuple of tensors")
+    first = tup.fields[0]
+    axis = normalize_axis(info, info.attrs["axis"], first.ndim)
+    total_n, total_syms = 0, []
+    for t in tup.fields:
+        if not isinstance(t, TensorType) or t.ndim != first.ndim or t.dtype != first.dtype:
+            raise info.error(f"tuple fields {tup} must be tensors of one rank and dtype")
+        for i, (a, b) in enumerate(zip(t.shape, first.shape)):
+            if i != axis and a != b:
+                raise info.error(f"tuple fields {tup} differ in dimension {i}, which is not the concat axis")
+        d = t.shape[axis]
+        if isinstance(d, str):
+            total_syms.append(d)
+        else:
+            total_n += d
+    if total_syms:
+        raise info.error(f"concat along a symbolic dimension ({', '.join(total_syms)}) is not supported")
+    shape = list(first.shape)
+    shape[axis] = total_n
+    return TensorType(tuple(shape), first.dtype)
+
+
+register(
+    "concat",
+    num_args=1,
+    attrs={"axis": AttrSpec("axis", default=0)},
+    infer=_infer_concat,
+    kind=K.INJECTIVE,
+    ref=lambda tup, axis: np.concatenate(tup, axis=axis),
+    doc="join a tuple of tensors along axis",
+)
+
+
+def _split_points(info: CallInfo, size):
+    spec = info.attrs["indices_or_sections"]
+    if isinstance(spec, int):
+        if isinstance(size, str) or spec <= 0 or size % spec:
+            raise info.error(f"cannot split dimension {size} into {spec} equal sections")
+        step = size // spec
+        return [step * i for i in range(1, spec)]
+    if isinstance(size, str):
+        raise info.error(f"cannot split symbolic dimension '{size}' at indices")
+    points = list(spec)
+    if points != sorted(points) or any(p < 0 or p > size for p in points):
+        raise info.error(f"split indices {points} must be ascending and within 0..{size}")
+    return points
+
+
+def _infer_split(info: CallInfo) -> TupleType:
+    x = info.tensor(0)
+    axis = normalize_axis(info, info.attrs["axis"], x.ndim)
+    points = _split_points(info, x.shape[axis])
+    bounds = [0, *points, x.shape[axis]]
+    fields = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        shape = list(x.shape)
+        shape[axis] = hi - lo
+        fields.append(TensorType(tuple(shape), x.dtype))
+    return TupleType(tuple(fields))
+
+
+register(
+    "split",
+    num_args=1,
+    attrs={"indices_or_sections": AttrSpec("ints_or_int"), "axis": AttrSpec("axis", default=0)},
+    infer=_infer_split,
+    kind=K.INJECTIVE,
+    ref=lambda x, indices_or_sections, axis: tuple(
+        np.split(x, indices_or_sections if isinstance(indices_or_sections, int) else list(indices_or_sections), axis=axis)
+    ),
+    doc="split along axis into equal sections or at indices; gives a tuple",
+)
+
+# -- strided_slice -----------------------------------------------------------------------------
+
+
+def _slice_bounds(size: int, begin: int, end: int, stride: int):
+    return range(size)[slice(begin, end, stride)]
+
+
+def _infer_strided_slice(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    axes, begin, end = info.attrs["axes"], info.attrs["begin"], info.attrs["end"]
+    strides = info.attrs["strides"] or (1,) * len(axes)
+    if not len(axes) == len(begin) == len(end) == len(strides):
+        raise info.error("axes, begin, end and strides must have the same length")
+    if 0 in strides:
+        raise info.error("strides must not be 0")
+    shape = list(x.shape)
+    for a, b, e, s in zip(normalize_axes(info, axes, x.ndim), begin, end, strides):
+        if isinstance(shape[a], str):
+            raise info.error(f"cannot slice symbolic dimension '{shape[a]}' of {info.operand(0)}")
+        shape[a] = len(_slice_bounds(shape[a], b, e, s))
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _strided_slice_kind(info: CallInfo, out) -> OpPatternKind:
+    # TVM: begin 0 and stride 1 reads x at the output index itself, so it is ElemWise
+    strides = info.attrs["strides"] or (1,) * len(info.attrs["axes"])
+    if all(b == 0 for b in info.attrs["begin"]) and all(s == 1 for s in strides):
+        return K.ELEMWISE
+    return K.INJECTIVE
+
+
+def _strided_slice_ref(x, axes, begin, end, strides):
+    index = [slice(None)] * x.ndim
+    strides = strides or (1,) * len(axes)
+    for a, b, e, s in zip(axes, begin, end, strides):
+        index[a % x.ndim] = slice(b, e, s)
+    return x[tuple(index)]
+
+
+register(
+    "strided_slice",
+    num_args=1,
+    attrs={"axes": AttrSpec("ints"), "begin": AttrSpec("ints"), "end": AttrSpec("ints"), "strides": AttrSpec("ints", default=None)},
+    infer=_infer_strided_slice,
+    kind=_strided_slice_kind,
+    ref=_strided_slice_ref,
+    doc="x[begin:end:stride] along the given axes (Python slice rules)",
+)
+
+# -- take --------------------------------------------------------------------------------------
+
+
+def _infer_take(info: CallInfo) -> TensorType:
+    x, idx = info.tensor(0), info.tensor(1)
+    if not idx.dtype.startswith(("int", "uint")):
+        raise info.error(f"indices {info.operand(1)} must have an integer dtype")
+    axis = info.attrs["axis"]
+    if axis is None:
+        return TensorType(idx.shape, x.dtype)
+    a = normalize_axis(info, axis, x.ndim)
+    return TensorType(x.shape[:a] + idx.shape + x.shape[a + 1 :], x.dtype)
+
+
+register(
+    "take",
+    num_args=2,
+    attrs={"axis": AttrSpec("axis", default=None, optional=True)},
+    infer=_infer_take,
+    kind=K.OPAQUE,
+    ref=lambda x, idx, axis: np.take(x, idx, axis=axis),
+    doc="gather x at indices along axis (flattened x when no axis)",
+)
+
+# -- broadcast_to / expand_dims / squeeze ------------------------------------------------------
+
+
+def _infer_broadcast_to(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    shape = tuple(info.attrs["shape"])
+    if len(shape) < x.ndim:
+        raise info.error(f"cannot broadcast {info.operand(0)} to lower rank {list(shape)}")
+    for d, t in zip(reversed(x.shape), reversed(shape)):
+        if d != 1 and d != t:
+            raise info.error(f"cannot broadcast {info.operand(0)} to {list(shape)}")
+    return TensorType(shape, x.dtype)
+
+
+register(
+    "broadcast_to",
+    num_args=1,
+    attrs={"shape": AttrSpec("shape")},
+    infer=_infer_broadcast_to,
+    kind=K.BROADCAST,
+    ref=lambda x, shape: np.broadcast_to(x, shape).copy(),
+    doc="repeat x along broadcast dimensions",
+)
+
+
+def _infer_expand_dims(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    axes = info.attrs["axis"]
+    ndim = x.ndim + len(axes)
+    positions = normalize_axes(info, axes, ndim)
+    dims = iter(x.shape)
+    return TensorType(tuple(1 if i in positions else next(dims) for i in range(ndim)), x.dtype)
+
+
+register(
+    "expand_dims",
+    num_args=1,
+    attrs={"axis": AttrSpec("axes")},
+    infer=_infer_expand_dims,
+    kind=K.BROADCAST,
+    ref=lambda x, axis: np.expand_dims(x, tuple(a % (x.ndim + len(axis)) for a in axis)),
+    doc="insert unit dimensions at the given output positions",
+)
+
+
+def _squeeze_axes(info: CallInfo, x: TensorType):
+    axes = info.attrs["axis"]
+    if axes is None:
+        return tuple(i for i, d in enumerate(x.shape) if d == 1)
+    axes = normalize_axes(info, axes, x.ndim)
+    for a in axes:
+        if x.shape[a] != 1:
+            raise info.error(f"cannot squeeze axis {a} of {info.operand(0)}: its size is {x.shape[a]}")
+    return axes
+
+
+def _infer_squeeze(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    axes = _squeeze_axes(info, x)
+    return TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
+
+
+register(
+    "squeeze",
+    num_args=1,
+    attrs={"axis": AttrSpec("axes", default=None)},
+    infer=_infer_squeeze,
+    kind=K.BROADCAST,
+    ref=lambda x, axis: np.squeeze(x, None if axis is None else tuple(a % x.ndim for a in axis)),
+    doc="drop unit dimensions (all of them when no axis)",
+)
+
+# -- creation ----------------------------------------------------------------------------------
+
+
+def _infer_full(info: CallInfo) -> TensorType:
+    fill = info.tensor(0)
+    if fill.ndim != 0:
+        raise info.error(f"fill value {info.operand(0)} must be a scalar")
+    return TensorType(tuple(info.attrs["shape"]), info.attrs["dtype"] or fill.dtype)
+
+
+register(
+    "full",
+    num_args=1,
+    attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype", default=None)},
+    infer=_infer_full,
+    kind=K.ELEMWISE,
+    ref=lambda v, shape, dtype: np.full(shape, v, dtype=dtypes.to_numpy(dtype) if dtype else v.dtype),
+    doc="a tensor of the given shape filled with a scalar operand",
+)
+
+
+def _creation(name, value):
+    register(
+        name,
+        num_args=0,
+        attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype", default="float32")},
+        infer=lambda info: TensorType(tuple(info.attrs["shape"]), info.attrs["dtype"]),
+        kind=K.ELEMWISE,
+        ref=lambda shape, dtype: np.full(shape, value, dtype=dtypes.to_numpy(dtype)),
+        doc=f"a tensor of {value}s",
+    )
+
+
+_creation("zeros", 0)
+_creation("ones", 1)

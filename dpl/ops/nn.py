@@ -1,0 +1,304 @@
+"""Neural-network ops with internal structure: matrix product, normalisations, softmax,
+convolution and pooling. All OutEWiseFusable in TVM: they can absorb elementwise epilogues."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpl.ir.types import TensorType
+from dpl.ops._shapes import broadcast_shapes, normalize_axes, normalize_axis, same_dtype
+from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
+
+FUSABLE = OpPatternKind.OUT_EWISE_FUSABLE
+
+
+def _f64(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+# -- matmul ------------------------------------------------------------------------------------
+
+
+def _infer_matmul(info: CallInfo) -> TensorType:
+    a, b = info.tensor(0), info.tensor(1)
+    if a.ndim == 0 or b.ndim == 0:
+        raise info.error(f"operands {info.operand(0)} and {info.operand(1)} must have rank >= 1")
+    if a.dtype != b.dtype:
+        raise info.error(f"operands {info.operand(0)} and {info.operand(1)} have different dtypes")
+    a_shape = (1,) + a.shape if a.ndim == 1 else a.shape
+    b_shape = b.shape + (1,) if b.ndim == 1 else b.shape
+    k_a, k_b = a_shape[-1], b_shape[-2]
+    if k_a != k_b:
+        raise info.error(
+            f"operands {info.operand(0)} and {info.operand(1)} have mismatched reduction dimensions ({k_a} vs {k_b})"
+        )
+    batch = broadcast_shapes(
+        CallInfo(info.op, (TensorType(a_shape[:-2], a.dtype), TensorType(b_shape[:-2], b.dtype)), info.attrs, info.arg_names)
+    )
+    shape = batch + ((a_shape[-2],) if a.ndim > 1 else ()) + ((b_shape[-1],) if b.ndim > 1 else ())
+    return TensorType(shape, info.attrs["out_dtype"] or a.dtype)
+
+
+def _matmul_ref(a, b, out_dtype):
+    acc = np.float64 if a.dtype.kind == "f" else np.int64
+    return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype or a.dtype)
+
+
+register(
+    "matmul",
+    num_args=2,
+    attrs={"out_dtype": AttrSpec("dtype", default=None)},
+    infer=_infer_matmul,
+    kind=FUSABLE,
+    ref=_matmul_ref,
+    doc="matrix product with NumPy's batching and 1-D rules",
+)
+
+# -- softmax and normalisations ----------------------------------------------------------------
+
+
+def _infer_softmax(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    normalize_axis(info, info.attrs["axis"], x.ndim)
+    if not x.dtype.startswith(("float", "bfloat")):
+        raise info.error(f"operand {info.operand(0)} must have a floating-point dtype")
+    return x
+
+
+def _softmax_ref(x, axis):
+    z = _f64(x)
+    e = np.exp(z - z.max(axis=axis, keepdims=True))
+    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
+
+
+def _log_softmax_ref(x, axis):
+    z = _f64(x)
+    z = z - z.max(axis=axis, keepdims=True)
+    return (z - np.log(np.exp(z).sum(axis=axis, keepdims=True))).astype(x.dtype)
+
+
+register("nn.softmax", num_args=1, attrs={"axis": AttrSpec("axis", default=-1)}, infer=_infer_softmax, kind=FUSABLE, ref=_softmax_ref, doc="softmax along axis")
+register("nn.log_softmax", num_args=1, attrs={"axis": AttrSpec("axis", default=-1)}, infer=_infer_softmax, kind=FUSABLE, ref=_log_softmax_ref, doc="log of softmax along axis")
+
+
+def _infer_norm(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    axes = normalize_axes(info, info.attrs["axes"], x.ndim)
+    want = tuple(x.shape[a] for a in axes)
+    for i in range(1, len(info.arg_types)):
+        p = info.tensor(i)
+        if p.shape != want:
+            raise info.error(f"operand {info.operand(i)} must have shape {list(want)} (the normalised axes of {info.operand(0)})")
+    same_dtype(info)
+    return x
+
+
+def _param_view(p, x, axes):
+    """Reshape a parameter over the normalised axes so it broadcasts against x."""
+    shape = [1] * x.ndim
+    for a, d in zip(axes, p.shape):
+        shape[a] = d
+    return _f64(p).reshape(shape)
+
+
+def _rms_norm_ref(x, weight, axes, epsilon):
+    axes = tuple(a % x.ndim for a in axes)
+    z = _f64(x)
+    rms = np.sqrt(np.mean(z * z, axis=axes, keepdims=True) + epsilon)
+    return (z / rms * _param_view(weight, x, axes)).astype(x.dtype)
+
+
+def _layer_norm_ref(x, gamma, beta, axes, epsilon, center, scale):
+    axes = tuple(a % x.ndim for a in axes)
+    z = _f64(x)
+    mu = z.mean(axis=axes, keepdims=True)
+    var = ((z - mu) ** 2).mean(axis=axes, keepdims=True)
+    y = (z - mu) / np.sqrt(var + epsilon)
+    if scale:
+        y = y * _param_view(gamma, x, axes)
+    if center:
+        y = y + _param_view(beta, x, axes)
+    return y.astype(x.dtype)
+
+
+register(
+    "nn.rms_norm",
+    num_args=2,
+    attrs={"axes": AttrSpec("axes", default=(-1,)), "epsilon": AttrSpec("float", default=1e-5)},
+    infer=_infer_norm,
+    kind=FUSABLE,
+    ref=_rms_norm_ref,
+    doc="x / sqrt(mean(x^2) + eps) * weight",
+)
+register(
+    "nn.layer_norm",
+    num_args=3,
+    attrs={
+        "axes": AttrSpec("axes", default=(-1,)),
+        "epsilon": AttrSpec("float", default=1e-5),
+        "center": AttrSpec("bool", default=True),
+        "scale": AttrSpec("bool", default=True),
+    },
+    infer=_infer_norm,
+    kind=FUSABLE,
+    ref=_layer_norm_ref,
+    doc="(x - mean) / sqrt(var + eps) * gamma + beta",
+)
+
+# -- convolution and pooling (NCHW) ------------------------------------------------------------
+
+
+def _pair(info: CallInfo, key: str):
+    v = info.attrs[key]
+    v = (v,) if isinstance(v, int) else v
+    if len(v) == 1:
+        v = (v[0], v[0])
+    if len(v) != 2:
+        raise info.error(f"attribute '{key}' must have 1 or 2 values, got {list(v)}")
+    return v
+
+
+def _padding(info: CallInfo):
+    """(top, left, bottom, right), from 1, 2 or 4 values as in Relax."""
+    p = info.attrs["padding"]
+    p = (p,) if isinstance(p, int) else p
+    if len(p) == 1:
+        return (p[0],) * 4
+    if len(p) == 2:
+        return (p[0], p[1], p[0], p[1])
+    if len(p) == 4:
+        return tuple(p)
+    raise info.error(f"attribute 'padding' must have 1, 2 or 4 values, got {list(p)}")
+
+
+def _window_out(info, size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode=False):
+    if isinstance(size, str):
+        raise info.error(f"spatial dimension '{size}' of {info.operand(0)} must be static")
+    span = dilation * (kernel - 1) + 1
+    total = size + pad_lo + pad_hi - span
+    if total < 0:
+        raise info.error(f"window {kernel} (dilation {dilation}) is larger than the padded input {size + pad_lo + pad_hi}")
+    out = (total + stride - 1) // stride + 1 if ceil_mode else total // stride + 1
+    return out
+
+
+def _check_layout(info: CallInfo, key: str, want: str):
+    if info.attrs[key] != want:
+        raise info.error(f"only {key}=\"{want}\" is supported, got \"{info.attrs[key]}\"")
+
+
+def _infer_conv2d(info: CallInfo) -> TensorType:
+    _check_layout(info, "data_layout", "NCHW")
+    _check_layout(info, "kernel_layout", "OIHW")
+    x, w = info.tensor(0), info.tensor(1)
+    if x.ndim != 4 or w.ndim != 4:
+        raise info.error(f"operands {info.operand(0)} and {info.operand(1)} must have rank 4")
+    groups = info.attrs["groups"]
+    n, c, h, wd = x.shape
+    o, i, kh, kw = w.shape
+    if isinstance(c, int) and isinstance(i, int) and c != i * groups:
+        raise info.error(f"input channels {c} of {info.operand(0)} do not match {i} x groups {groups} of {info.operand(1)}")
+    if isinstance(o, int) and o % groups:
+        raise info.error(f"output channels {o} are not divisible by groups {groups}")
+    if x.dtype != w.dtype:
+        raise info.error(f"operands {info.operand(0)} and {info.operand(1)} have different dtypes")
+    sh, sw = _pair(info, "strides")
+    dh, dw = _pair(info, "dilation")
+    pt, pl, pb, pr = _padding(info)
+    oh = _window_out(info, h, kh, sh, dh, pt, pb)
+    ow = _window_out(info, wd, kw, sw, dw, pl, pr)
+    return TensorType((n, o, oh, ow), info.attrs["out_dtype"] or x.dtype)
+
+
+def _conv2d_ref(x, w, strides, padding, dilation, groups, data_layout, kernel_layout, out_dtype):
+    sh, sw = (strides, strides) if isinstance(strides, int) else (tuple(strides) * 2)[:2]
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else (tuple(dilation) * 2)[:2]
+    p = (padding,) if isinstance(padding, int) else tuple(padding)
+    pt, pl, pb, pr = p * 4 if len(p) == 1 else (p[0], p[1], p[0], p[1]) if len(p) == 2 else p
+    xp = np.pad(_f64(x), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    n, c, h, wd = xp.shape
+    o, ci, kh, kw = w.shape
+    oh = (h - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // groups
+    wf = _f64(w)
+    for g in range(groups):
+        xs = xp[:, g * ci : (g + 1) * ci]
+        for ki in range(kh):
+            for kj in range(kw):
+                patch = xs[:, :, ki * dh : ki * dh + sh * (oh - 1) + 1 : sh, kj * dw : kj * dw + sw * (ow - 1) + 1 : sw]
+                out[:, g * og : (g + 1) * og] += np.einsum("nchw,oc->nohw", patch, wf[g * og : (g + 1) * og, :, ki, kj])
+    return out.astype(out_dtype or x.dtype)
+
+
+register(
+    "nn.conv2d",
+    num_args=2,
+    attrs={
+        "strides": AttrSpec("ints_or_int", default=(1, 1)),
+        "padding": AttrSpec("ints_or_int", default=(0, 0, 0, 0)),
+        "dilation": AttrSpec("ints_or_int", default=(1, 1)),
+        "groups": AttrSpec("int", default=1),
+        "data_layout": AttrSpec("str", default="NCHW"),
+        "kernel_layout": AttrSpec("str", default="OIHW"),
+        "out_dtype": AttrSpec("dtype", default=None),
+    },
+    infer=_infer_conv2d,
+    kind=FUSABLE,
+    ref=_conv2d_ref,
+    doc="2-D convolution, NCHW data and OIHW weights",
+)
+
+
+def _infer_max_pool2d(info: CallInfo) -> TensorType:
+    _check_layout(info, "layout", "NCHW")
+    x = info.tensor(0)
+    if x.ndim != 4:
+        raise info.error(f"operand {info.operand(0)} must have rank 4")
+    kh, kw = _pair(info, "pool_size")
+    sh, sw = _pair(info, "strides")
+    dh, dw = _pair(info, "dilation")
+    pt, pl, pb, pr = _padding(info)
+    ceil = info.attrs["ceil_mode"]
+    oh = _window_out(info, x.shape[2], kh, sh, dh, pt, pb, ceil)
+    ow = _window_out(info, x.shape[3], kw, sw, dw, pl, pr, ceil)
+    return TensorType((x.shape[0], x.shape[1], oh, ow), x.dtype)
+
+
+def _max_pool2d_ref(x, pool_size, strides, padding, dilation, ceil_mode, layout):
+    info = CallInfo("nn.max_pool2d", (TensorType(x.shape, str(x.dtype)),), dict(pool_size=pool_size, strides=strides, padding=padding, dilation=dilation, ceil_mode=ceil_mode, layout=layout))
+    out_ty = _infer_max_pool2d(info)
+    kh, kw = _pair(info, "pool_size")
+    sh, sw = _pair(info, "strides")
+    dh, dw = _pair(info, "dilation")
+    pt, pl, pb, pr = _padding(info)
+    oh, ow = out_ty.shape[2], out_ty.shape[3]
+    # pad enough on the high side for ceil_mode windows; padding never wins a max
+    hi_h = max(pb, (oh - 1) * sh + dh * (kh - 1) + 1 - x.shape[2] - pt)
+    hi_w = max(pr, (ow - 1) * sw + dw * (kw - 1) + 1 - x.shape[3] - pl)
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, hi_h), (pl, hi_w)), constant_values=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min)
+    out = None
+    for ki in range(kh):
+        for kj in range(kw):
+            patch = xp[:, :, ki * dh : ki * dh + sh * (oh - 1) + 1 : sh, kj * dw : kj * dw + sw * (ow - 1) + 1 : sw]
+            out = patch if out is None else np.maximum(out, patch)
+    return out.astype(x.dtype)
+
+
+register(
+    "nn.max_pool2d",
+    num_args=1,
+    attrs={
+        "pool_size": AttrSpec("ints_or_int", default=(1, 1)),
+        "strides": AttrSpec("ints_or_int", default=(1, 1)),
+        "padding": AttrSpec("ints_or_int", default=(0, 0, 0, 0)),
+        "dilation": AttrSpec("ints_or_int", default=(1, 1)),
+        "ceil_mode": AttrSpec("bool", default=False),
+        "layout": AttrSpec("str", default="NCHW"),
+    },
+    infer=_infer_max_pool2d,
+    kind=FUSABLE,
+    ref=_max_pool2d_ref,
+    doc="2-D max pooling, NCHW",
+)

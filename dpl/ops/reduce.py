@@ -1,0 +1,43 @@
+"""Reductions over axes. TVM: ``sum``/``max``/``min``/``prod`` are CommReduce; ``mean`` is
+OutEWiseFusable, because its legalized form ends in an elementwise output block."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpl.ir.types import TensorType
+from dpl.ops._shapes import normalize_axes
+from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
+
+_REDUCE_ATTRS = {"axis": AttrSpec("axes", default=None), "keepdims": AttrSpec("bool", default=False)}
+
+
+def _infer_reduce(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    axes = normalize_axes(info, info.attrs["axis"], x.ndim)
+    if info.attrs["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return TensorType(shape, x.dtype)
+
+
+def _reduce_ref(fn, accumulate_in_float64=False):
+    def ref(x, axis, keepdims):
+        axes = None if axis is None else tuple(a % x.ndim for a in axis)
+        data = x.astype(np.float64) if accumulate_in_float64 and x.dtype.kind == "f" else x
+        return np.asarray(fn(data, axis=axes, keepdims=keepdims)).astype(x.dtype)
+
+    return ref
+
+
+def _reduction(name, fn, kind, doc, accumulate=True):
+    register(name, num_args=1, attrs=_REDUCE_ATTRS, infer=_infer_reduce, kind=kind, ref=_reduce_ref(fn, accumulate), doc=doc)
+
+
+_reduction("sum", np.sum, OpPatternKind.COMM_REDUCE, "sum over axes")
+_reduction("prod", np.prod, OpPatternKind.COMM_REDUCE, "product over axes")
+_reduction("max", np.max, OpPatternKind.COMM_REDUCE, "maximum over axes", accumulate=False)
+_reduction("min", np.min, OpPatternKind.COMM_REDUCE, "minimum over axes", accumulate=False)
+_reduction("mean", np.mean, OpPatternKind.OUT_EWISE_FUSABLE, "mean over axes")
+_reduction("variance", np.var, OpPatternKind.OUT_EWISE_FUSABLE, "population variance over axes")

@@ -1,0 +1,1 @@
+"""Shipped as dpl.patterns."""

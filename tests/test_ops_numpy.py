@@ -1,0 +1,210 @@
+"""Every op through the interpreter against NumPy written independently here."""
+
+import math
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.ir import FunctionBuilder, Module
+from dpl.ops import all_ops
+
+rng = np.random.default_rng(1234)
+
+
+def rand(*shape, dtype="float32"):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def pos(*shape):
+    return (rng.random(shape) + 0.5).astype("float32")
+
+
+def run_op(op, arrays, **attrs):
+    """Build main(params) -> op(params, attrs) and interpret it."""
+    fb = FunctionBuilder("main")
+    params = []
+    for i, a in enumerate(arrays):
+        if isinstance(a, tuple):
+            params.append(dpl.Tuple([fb.param(f"p{i}_{j}", str(x.dtype), x.shape) for j, x in enumerate(a)]))
+        else:
+            params.append(fb.param(f"p{i}", str(a.dtype), a.shape))
+    out = fb.emit(op, *params, **attrs)
+    flat = [x for a in arrays for x in (a if isinstance(a, tuple) else (a,))]
+    return dpl.interpret(Module([fb.ret(out)]), *flat)
+
+
+def np_erf(x):
+    return np.vectorize(math.erf)(x.astype(np.float64))
+
+
+def conv2d_direct(x, w, stride, pad, dil, groups):
+    n, c, h, wd = x.shape
+    o, ci, kh, kw = w.shape
+    xp = np.zeros((n, c, h + 2 * pad, wd + 2 * pad))
+    xp[:, :, pad : pad + h, pad : pad + wd] = x
+    oh = (h + 2 * pad - dil * (kh - 1) - 1) // stride + 1
+    ow = (wd + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for b in range(n):
+        for oc in range(o):
+            g = oc // og
+            for i in range(oh):
+                for j in range(ow):
+                    acc = 0.0
+                    for cc in range(ci):
+                        for ki in range(kh):
+                            for kj in range(kw):
+                                acc += xp[b, g * ci + cc, i * stride + ki * dil, j * stride + kj * dil] * w[oc, cc, ki, kj]
+                    out[b, oc, i, j] = acc
+    return out
+
+
+def max_pool_direct(x, k, s, pad):
+    n, c, h, w = x.shape
+    xp = np.full((n, c, h + 2 * pad, w + 2 * pad), -np.inf)
+    xp[:, :, pad : pad + h, pad : pad + w] = x
+    oh, ow = (h + 2 * pad - k) // s + 1, (w + 2 * pad - k) // s + 1
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            out[:, :, i, j] = xp[:, :, i * s : i * s + k, j * s : j * s + k].max(axis=(2, 3))
+    return out
+
+
+a34, b34, row4, col3 = rand(3, 4), rand(3, 4), rand(4), rand(3, 1)
+p34 = pos(3, 4)
+x2d, w2d = rand(5, 8), rand(8, 6)
+x3d = rand(2, 3, 4)
+img, ker = rand(2, 4, 7, 7), rand(6, 2, 3, 3)
+cond = rng.random((3, 4)) < 0.5
+idx = np.array([[0, 2], [1, 1]], dtype="int64")
+
+# op -> list of (arrays, attrs, expected)
+CASES = {
+    "add": [((a34, row4), {}, a34 + row4), ((col3, row4), {}, col3 + row4)],
+    "subtract": [((a34, col3), {}, a34 - col3)],
+    "multiply": [((a34, b34), {}, a34 * b34)],
+    "divide": [((a34, p34), {}, a34 / p34)],
+    "power": [((p34, b34), {}, p34.astype(np.float64) ** b34)],
+    "maximum": [((a34, b34), {}, np.where(a34 > b34, a34, b34))],
+    "minimum": [((a34, row4), {}, np.where(a34 < row4, a34, row4))],
+    "equal": [((a34, a34), {}, np.ones((3, 4), bool))],
+    "not_equal": [((a34, b34), {}, a34 != b34)],
+    "less": [((a34, b34), {}, a34 < b34)],
+    "less_equal": [((a34, row4), {}, a34 <= row4)],
+    "greater": [((a34, b34), {}, a34 > b34)],
+    "greater_equal": [((col3, row4), {}, col3 >= row4)],
+    "exp": [((a34,), {}, np.exp(a34.astype(np.float64)))],
+    "log": [((p34,), {}, np.log(p34.astype(np.float64)))],
+    "sqrt": [((p34,), {}, np.sqrt(p34.astype(np.float64)))],
+    "rsqrt": [((p34,), {}, 1 / np.sqrt(p34.astype(np.float64)))],
+    "tanh": [((a34,), {}, np.tanh(a34.astype(np.float64)))],
+    "sigmoid": [((a34,), {}, 1 / (1 + np.exp(-a34.astype(np.float64))))],
+    "erf": [((a34,), {}, np_erf(a34))],
+    "sin": [((a34,), {}, np.sin(a34.astype(np.float64)))],
+    "cos": [((a34,), {}, np.cos(a34.astype(np.float64)))],
+    "negative": [((a34,), {}, -a34)],
+    "abs": [((a34,), {}, np.where(a34 < 0, -a34, a34))],
+    "square": [((a34,), {}, a34 * a34)],
+    "clip": [((a34,), {"min": -0.5, "max": 0.5}, np.minimum(np.maximum(a34, -0.5), 0.5))],
+    "astype": [((a34,), {"dtype": "f16"}, a34.astype(np.float16)), ((a34 * 3,), {"dtype": "int32"}, np.trunc(a34 * 3).astype(np.int32))],
+    "where": [((cond, a34, row4), {}, np.where(cond, a34, np.broadcast_to(row4, (3, 4))))],
+    "nn.relu": [((a34,), {}, a34 * (a34 > 0))],
+    "nn.gelu": [((a34,), {}, 0.5 * a34 * (1 + np_erf(a34 / math.sqrt(2))))],
+    "nn.gelu_tanh": [((a34,), {}, 0.5 * a34 * (1 + np.tanh(0.7978845608028654 * (a34 + 0.044715 * a34.astype(np.float64) ** 3))))],
+    "nn.silu": [((a34,), {}, a34 / (1 + np.exp(-a34.astype(np.float64))))],
+    "matmul": [
+        ((x2d, w2d), {}, np.einsum("ik,kj->ij", x2d.astype(np.float64), w2d)),
+        ((rand(2, 5, 8), w2d), {}, None),  # batched, checked below against einsum
+        ((rand(8), w2d), {}, None),
+    ],
+    "nn.softmax": [((x3d,), {"axis": 1}, np.exp(x3d) / np.exp(x3d).sum(axis=1, keepdims=True))],
+    "nn.log_softmax": [((x3d,), {}, x3d - np.log(np.exp(x3d).sum(axis=-1, keepdims=True)))],
+    "nn.rms_norm": [((x3d, row4), {"epsilon": 1e-6}, x3d / np.sqrt((x3d.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * row4)],
+    "nn.layer_norm": [
+        (
+            (x3d, row4, rand(4)),
+            {"epsilon": 1e-5},
+            None,  # checked below
+        )
+    ],
+    "nn.conv2d": [
+        ((img, rand(6, 4, 3, 3)), {"padding": 1}, None),
+        ((img, ker), {"strides": 2, "groups": 2, "dilation": 2}, None),
+    ],
+    "nn.max_pool2d": [((img,), {"pool_size": 3, "strides": 2, "padding": 1}, max_pool_direct(img, 3, 2, 1))],
+    "sum": [((x3d,), {"axis": [1, 2]}, x3d.astype(np.float64).sum(axis=(1, 2))), ((x3d,), {"axis": [-1], "keepdims": True}, x3d.sum(-1, keepdims=True))],
+    "prod": [((p34,), {"axis": [0]}, p34.astype(np.float64).prod(0))],
+    "mean": [((x3d,), {"axis": [-1], "keepdims": True}, x3d.astype(np.float64).sum(-1, keepdims=True) / 4)],
+    "variance": [((x3d,), {"axis": [1]}, ((x3d - x3d.mean(1, keepdims=True)) ** 2).mean(1))],
+    "max": [((x3d,), {}, np.array(x3d.max()))],
+    "min": [((x3d,), {"axis": [0]}, x3d.min(0))],
+    "reshape": [((x3d,), {"shape": [6, -1]}, x3d.reshape(6, 4))],
+    "permute_dims": [((x3d,), {"axes": [2, 0, 1]}, x3d.transpose(2, 0, 1)), ((x3d,), {}, x3d.transpose(2, 1, 0))],
+    "concat": [(((a34, b34),), {"axis": 1}, np.hstack([a34, b34]))],
+    "split": [((x2d,), {"indices_or_sections": [1, 3], "axis": 0}, (x2d[:1], x2d[1:3], x2d[3:])), ((x2d,), {"indices_or_sections": 2, "axis": 1}, (x2d[:, :4], x2d[:, 4:]))],
+    "strided_slice": [((x3d,), {"axes": [2, 0], "begin": [1, 0], "end": [4, 2], "strides": [2, 1]}, x3d[0:2, :, 1:4:2])],
+    "take": [((x2d, idx), {"axis": 0}, x2d[idx]), ((x2d, idx), {}, x2d.reshape(-1)[idx])],
+    "broadcast_to": [((col3,), {"shape": [2, 3, 4]}, np.tile(col3, (2, 1, 4)))],
+    "expand_dims": [((a34,), {"axis": [0, -1]}, a34[None, :, :, None])],
+    "squeeze": [((rand(1, 3, 1),), {}, None)],
+    "full": [((np.array(2.5, "float32"),), {"shape": [2, 3]}, 2.5 * np.ones((2, 3)))],
+    "zeros": [((), {"shape": [2, 2], "dtype": "f16"}, np.zeros((2, 2), np.float16))],
+    "ones": [((), {"shape": [3]}, np.ones(3, np.float32))],
+}
+
+
+def expected_for(op, arrays, attrs, expected):
+    if expected is not None:
+        return expected
+    if op == "matmul":
+        a, b = arrays
+        return np.einsum("...k,kj->...j", a.astype(np.float64), b)
+    if op == "nn.layer_norm":
+        x, g, b = arrays
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + attrs["epsilon"]) * g + b
+    if op == "nn.conv2d":
+        x, w = arrays
+        return conv2d_direct(x, w, attrs.get("strides", 1), attrs.get("padding", 0), attrs.get("dilation", 1), attrs.get("groups", 1))
+    if op == "squeeze":
+        return arrays[0].reshape(3)
+    raise AssertionError(op)
+
+
+PARAMS = [pytest.param(op, i, id=f"{op}-{i}") for op, cases in CASES.items() for i in range(len(cases))]
+
+
+@pytest.mark.parametrize("op,i", PARAMS)
+def test_op_matches_numpy(op, i):
+    arrays, attrs, expected = CASES[op][i]
+    got = run_op(op, arrays, **attrs)
+    want = expected_for(op, arrays, attrs, expected)
+    if isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        pairs = list(zip(got, want))
+    else:
+        pairs = [(got, want)]
+    for g, w in pairs:
+        w = np.asarray(w)
+        assert g.shape == w.shape
+        if g.dtype == bool or g.dtype.kind in "iu":
+            np.testing.assert_array_equal(g, w)
+        else:
+            tol = 2e-3 if g.dtype == np.float16 else 2e-5
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol)
+
+
+def test_every_registered_op_is_tested():
+    assert sorted(all_ops()) == sorted(CASES)
+
+
+def test_result_dtypes_follow_inputs():
+    h = rand(3, 4).astype(np.float16)
+    assert run_op("exp", (h,)).dtype == np.float16
+    assert run_op("add", (h, h)).dtype == np.float16
+    assert run_op("matmul", (h, rand(4, 2).astype(np.float16))).dtype == np.float16
+    assert run_op("matmul", (x2d, w2d), out_dtype="f16").dtype == np.float16
