@@ -1,0 +1,331 @@
+"""The kernel IR: one fused group as one loop nest over scalar expressions.
+
+A :class:`Kernel` reads its parameter buffers and writes its output buffers; nothing else
+survives between its statements except scalar locals. Its body is a few statements:
+
+- :class:`Loop` ``for var in [0, extent): body`` over the output space;
+- :class:`Let` a scalar local (a register);
+- :class:`Reduce` a scalar local folded over reduction loops with a registry combiner
+  (``add``, ``maximum``, ...) from an initial value; its ``body`` holds the locals that
+  depend on the reduction variables (the prologue), its ``value`` is what is folded;
+- :class:`Store` ``buffer[indices] = value``.
+
+Scalar expressions are C-shaped: :class:`Const`, :class:`Var` (loop index, symbolic dim or
+local), :class:`Load`, :class:`Op` (a registry op, emitted through its ``c_expr`` template and
+evaluated through its NumPy reference), :class:`Bin` (integer index arithmetic and logic with
+C operators) and :class:`Select`. :func:`to_c` prints an expression as C, which is also how
+kernels print.
+
+Every statement of a kernel reads only parameters and writes only outputs, so the loops
+carry no dependences and a kernel can be run vectorised (see :mod:`dpl.kernel.evaluate`).
+Nodes are frozen and compare structurally, so lowering can memoise on them.
+"""
+
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+from typing import Any, Mapping, Union
+
+import attrs
+import numpy as np
+
+from dpl import dtypes
+from dpl.ir.types import Dim
+from dpl.ops.registry import get_op
+
+INDEX = "int64"  # the dtype of loop variables, dims and index arithmetic
+
+# -- scalar expressions ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Const:
+    value: Any  # a Python int, float or bool
+    dtype: str
+
+
+@attrs.frozen
+class Var:
+    """A loop variable, a symbolic dimension or a scalar local."""
+
+    name: str
+    dtype: str = INDEX
+
+
+@attrs.frozen
+class Load:
+    buffer: str
+    indices: tuple["Expr", ...] = attrs.field(converter=tuple)
+    dtype: str = "float32"
+
+
+@attrs.frozen
+class Op:
+    """A registry op on scalars; ``attrs`` is a tuple of (key, value) pairs, all of the op's."""
+
+    op: str
+    args: tuple["Expr", ...] = attrs.field(converter=tuple)
+    attrs: tuple[tuple[str, Any], ...] = ()
+    dtype: str = "float32"
+
+
+BIN_OPS = ("+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "&&")
+
+
+@attrs.frozen
+class Bin:
+    """Index arithmetic and logic: C operators on non-negative int64 (``/`` floors) or bool."""
+
+    op: str
+    a: "Expr"
+    b: "Expr"
+
+    @property
+    def dtype(self) -> str:
+        return INDEX if self.op in "+-*/%" else "bool"
+
+
+@attrs.frozen
+class Select:
+    """``cond ? a : b``; only the chosen side is evaluated (so it may guard a load)."""
+
+    cond: "Expr"
+    a: "Expr"
+    b: "Expr"
+
+    @property
+    def dtype(self) -> str:
+        return self.a.dtype
+
+
+Expr = Union[Const, Var, Load, Op, Bin, Select]
+
+# -- statements --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Let:
+    name: str
+    value: Expr
+
+
+@attrs.frozen
+class Axis:
+    var: Var
+    extent: Expr
+
+
+@attrs.frozen
+class Reduce:
+    name: str
+    dtype: str
+    combiner: str  # a registry binary op: add, multiply, maximum, minimum
+    init: Const
+    axes: tuple[Axis, ...] = attrs.field(converter=tuple)
+    body: tuple["Stmt", ...] = attrs.field(converter=tuple)
+    value: Expr = None
+
+
+@attrs.frozen
+class Store:
+    buffer: str
+    indices: tuple[Expr, ...] = attrs.field(converter=tuple)
+    value: Expr = None
+
+
+@attrs.frozen
+class Loop:
+    var: Var
+    extent: Expr
+    body: tuple["Stmt", ...] = attrs.field(converter=tuple)
+
+
+Stmt = Union[Let, Reduce, Store, Loop]
+
+# -- kernels -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Buffer:
+    name: str
+    shape: tuple[Dim, ...] = attrs.field(converter=tuple)
+    dtype: str = "float32"
+
+    def __str__(self) -> str:
+        return f"{self.name}: {dtypes.short(self.dtype)}[{', '.join(map(str, self.shape))}]"
+
+
+KINDS = ("elementwise", "reduce", "row", "matmul", "conv2d", "pool")
+
+
+def _frozen(value) -> Mapping[str, np.ndarray]:
+    return MappingProxyType({k: np.asarray(v) for k, v in dict(value or {}).items()})
+
+
+@attrs.frozen(eq=False)
+class Kernel:
+    """One fused group. ``body`` is a tuple of independent loop nests (usually one).
+
+    ``kind`` says what shape of kernel this is, for code generators that specialise:
+    ``elementwise`` (injective too), ``reduce``, ``row`` (reductions over a row whose results
+    are used across the same row), ``matmul`` / ``conv2d`` / ``pool`` (an anchor with its
+    epilogue). ``constants`` holds the data of non-scalar constants, read like parameters.
+    """
+
+    name: str
+    params: tuple[Buffer, ...] = attrs.field(converter=tuple)
+    outputs: tuple[Buffer, ...] = attrs.field(converter=tuple)
+    body: tuple[Stmt, ...] = attrs.field(converter=tuple)
+    kind: str = "elementwise"
+    constants: Mapping[str, np.ndarray] = attrs.field(converter=_frozen, factory=dict)
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """Symbolic dimensions, in order of first appearance in the parameters and outputs."""
+        seen: dict[str, None] = {}
+        for b in self.params + self.outputs:
+            for d in b.shape:
+                if isinstance(d, str):
+                    seen.setdefault(d)
+        return tuple(seen)
+
+    @property
+    def nests(self) -> tuple[Stmt, ...]:
+        return self.body
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.params + self.outputs:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def __str__(self) -> str:
+        return print_kernel(self)
+
+
+# -- printing (as C) ---------------------------------------------------------------------------
+
+C_TYPES = {
+    "float64": "double", "float32": "float", "float16": "half", "bfloat16": "bfloat16",
+    "int64": "int64_t", "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t",
+    "bool": "bool",
+}
+
+
+def _c_const(c: Const) -> str:
+    v = c.value
+    if isinstance(v, bool) or c.dtype == "bool":
+        return "1" if v else "0"
+    if dtypes.is_float(c.dtype):
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "-INFINITY"
+        text = repr(float(v))
+        return text + "f" if c.dtype == "float32" else text
+    return str(int(v))
+
+
+def to_c(e: Expr) -> str:
+    """The expression as C: registry ops through their ``c_expr`` templates."""
+    if isinstance(e, Const):
+        return _c_const(e)
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Load):
+        return f"{e.buffer}[{', '.join(to_c(i) for i in e.indices)}]"
+    if isinstance(e, Op):
+        template = get_op(e.op).c_expr
+        named = {k: C_TYPES[v] if k == "dtype" else v for k, v in e.attrs}
+        return template.format(*(to_c(a) for a in e.args), **named)
+    if isinstance(e, Bin):
+        return f"({to_c(e.a)} {e.op} {to_c(e.b)})"
+    if isinstance(e, Select):
+        return f"({to_c(e.cond)} ? {to_c(e.a)} : {to_c(e.b)})"
+    raise TypeError(f"not a kernel expression: {e!r}")
+
+
+def _print_stmts(stmts, indent: int, out: list[str]) -> None:
+    pad = "  " * indent
+    for s in stmts:
+        if isinstance(s, Loop):
+            out.append(f"{pad}for {s.var.name} in [0, {to_c(s.extent)}):")
+            _print_stmts(s.body, indent + 1, out)
+        elif isinstance(s, Let):
+            out.append(f"{pad}{dtypes.short(s.value.dtype)} {s.name} = {to_c(s.value)}")
+        elif isinstance(s, Reduce):
+            over = ", ".join(f"{a.var.name} in [0, {to_c(a.extent)})" for a in s.axes)
+            out.append(f"{pad}{dtypes.short(s.dtype)} {s.name} = {s.combiner}-reduce from {_c_const(s.init)} over {over}:")
+            _print_stmts(s.body, indent + 1, out)
+            out.append(f"{pad}  {to_c(s.value)}")
+        elif isinstance(s, Store):
+            out.append(f"{pad}{s.buffer}[{', '.join(to_c(i) for i in s.indices)}] = {to_c(s.value)}")
+        else:
+            raise TypeError(f"not a kernel statement: {s!r}")
+
+
+def print_kernel(k: Kernel) -> str:
+    params = ", ".join(map(str, k.params))
+    outputs = ", ".join(map(str, k.outputs))
+    lines = [f"kernel {k.name} [{k.kind}] ({params}) -> ({outputs}):"]
+    for name, value in k.constants.items():
+        lines.append(f"  const {name}: {dtypes.short(dtypes.from_numpy(value.dtype))}{list(value.shape)}")
+    _print_stmts(k.body, 1, lines)
+    return "\n".join(lines)
+
+
+# -- traversal ---------------------------------------------------------------------------------
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, Load):
+        return e.indices
+    if isinstance(e, Op):
+        return e.args
+    if isinstance(e, Bin):
+        return (e.a, e.b)
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    return ()
+
+
+def free_vars(node) -> frozenset[str]:
+    """Names a statement or expression reads and does not define itself."""
+    if isinstance(node, Var):
+        return frozenset((node.name,))
+    if isinstance(node, (Const, Load, Op, Bin, Select)):
+        return frozenset().union(*(free_vars(c) for c in children(node)))
+    if isinstance(node, Let):
+        return free_vars(node.value)
+    if isinstance(node, Store):
+        return frozenset().union(free_vars(node.value), *(free_vars(i) for i in node.indices))
+    if isinstance(node, Reduce):
+        inner = _block_free(node.body, free_vars(node.value))
+        bound = {a.var.name for a in node.axes}
+        return frozenset().union(inner - bound, *(free_vars(a.extent) for a in node.axes))
+    if isinstance(node, Loop):
+        return (_block_free(node.body, frozenset()) - {node.var.name}) | free_vars(node.extent)
+    raise TypeError(f"not a kernel node: {node!r}")
+
+
+def _block_free(stmts, tail: frozenset[str]) -> frozenset[str]:
+    """Free names of a statement sequence followed by an expression with free names ``tail``."""
+    free = set(tail)
+    for s in reversed(stmts):
+        if isinstance(s, (Let, Reduce)):
+            free.discard(s.name)
+        free |= free_vars(s)
+    return frozenset(free)
+
+
+def walk(stmts):
+    """Every statement, depth first, with the loops and reductions enclosing it."""
+    for s in stmts:
+        yield s
+        if isinstance(s, (Loop, Reduce)):
+            yield from walk(s.body)
+
+
+def walk_exprs(e: Expr):
+    yield e
+    for c in children(e):
+        yield from walk_exprs(c)

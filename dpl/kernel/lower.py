@@ -1,0 +1,383 @@
+"""Lowering: a Primitive function (one fused group) becomes one :class:`~dpl.kernel.ir.Kernel`.
+
+Each output gets a loop nest over its index space, and the group is inlined into the stored
+value by asking, recursively, "what is binding ``v`` at index ``idx``?" (:meth:`Lowerer.value`).
+Elementwise and injective producers answer with an index map onto their operands; reductions,
+matrix products and the high-level row ops answer with :class:`~dpl.kernel.ir.Reduce`
+statements. Every statement is hoisted to the outermost loop at which all it reads is defined,
+so a reduction over a row lands once per row, before the loop that uses it: that is what makes
+a softmax, a norm or a matmul with its epilogue one pass. The per-op rules live in
+:mod:`dpl.kernel.rules`. No intermediate buffer exists in the result: the only buffers are the
+function's parameters, its non-scalar constants and its outputs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dpl import dtypes
+from dpl.errors import DplError
+from dpl.ir.expr import Call, Constant, Expr as IRExpr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var as IRVar
+from dpl.ir.types import TensorType
+from dpl.kernel import ir
+from dpl.kernel.ir import INDEX, Axis, Bin, Buffer, Const, Kernel, Let, Load, Loop, Op, Reduce, Store, Var
+from dpl.ops.registry import CallInfo, check_attrs, describe, get_op
+
+
+class LoweringError(DplError):
+    """A fused group holds something that has no place in a single kernel."""
+
+
+def lower_function(fn: Function, name: str | None = None) -> Kernel:
+    """The one kernel computing ``fn``, or a :class:`LoweringError` naming what cannot be lowered."""
+    return Lowerer(fn).kernel(name or fn.name)
+
+
+def is_kernel_function(fn: Function) -> bool:
+    """Functions dpl's own kernels compile: fused groups and ``kernel.*`` composites."""
+    composite = fn.attrs.get("Composite")
+    return bool(fn.attrs.get("Primitive")) and (composite is None or str(composite).startswith("kernel."))
+
+
+def lower_module(mod: Module) -> dict[str, Kernel]:
+    """A kernel for every Primitive function of ``mod`` (other composites are left to their backend)."""
+    return {name: lower_function(fn) for name, fn in mod.functions.items() if is_kernel_function(fn)}
+
+
+# -- index arithmetic with constant folding ----------------------------------------------------
+
+
+def idx_const(v: int) -> Const:
+    return Const(int(v), INDEX)
+
+
+def dim(d) -> ir.Expr:
+    return Var(d, INDEX) if isinstance(d, str) else idx_const(d)
+
+
+def _is(e, v) -> bool:
+    return isinstance(e, Const) and e.value == v
+
+
+def add(a, b):
+    if isinstance(a, Const) and isinstance(b, Const):
+        return idx_const(a.value + b.value)
+    if _is(b, 0):
+        return a
+    if _is(a, 0):
+        return b
+    if isinstance(b, Const) and b.value < 0:
+        return Bin("-", a, idx_const(-b.value))
+    return Bin("+", a, b)
+
+
+def sub(a, b):
+    if isinstance(b, Const):
+        return add(a, idx_const(-b.value))
+    return Bin("-", a, b)
+
+
+def mul(a, b):
+    if isinstance(a, Const) and isinstance(b, Const):
+        return idx_const(a.value * b.value)
+    if _is(a, 0) or _is(b, 0):
+        return idx_const(0)
+    if _is(b, 1):
+        return a
+    if _is(a, 1):
+        return b
+    return Bin("*", a, b)
+
+
+def div(a, b):
+    if isinstance(a, Const) and isinstance(b, Const):
+        return idx_const(a.value // b.value)
+    return a if _is(b, 1) else Bin("/", a, b)
+
+
+def mod(a, b):
+    if isinstance(a, Const) and isinstance(b, Const):
+        return idx_const(a.value % b.value)
+    return idx_const(0) if _is(b, 1) else Bin("%", a, b)
+
+
+def conj(*conds):
+    conds = [c for c in conds if c is not None]
+    if not conds:
+        return None
+    out = conds[0]
+    for c in conds[1:]:
+        out = Bin("&&", out, c)
+    return out
+
+
+def accum_dtype(dtype: str) -> str:
+    """Accumulate and compute row statistics in f32 at least, integers in i64."""
+    if dtype == "float64":
+        return "float64"
+    if dtypes.is_float(dtype):
+        return "float32"
+    return "int64"
+
+
+def broadcast_index(arg_shape: Sequence, out_shape: Sequence, idx: tuple) -> tuple:
+    """The index of a broadcast operand: aligned from the right, unit dims read at 0."""
+    r, R = len(arg_shape), len(idx)
+    return tuple(
+        idx_const(0) if arg_shape[k] == 1 and out_shape[R - r + k] != 1 else idx[R - r + k] for k in range(r)
+    )
+
+
+# -- the lowerer -------------------------------------------------------------------------------
+
+
+def _operands(e: IRExpr):
+    if isinstance(e, Call):
+        return e.args
+    if isinstance(e, Tuple):
+        return e.fields
+    if isinstance(e, TupleGetItem):
+        return (e.tuple_value,)
+    return ()
+
+
+def _trivial(e: ir.Expr) -> bool:
+    return isinstance(e, (Const, Var, Load, Bin))
+
+
+class Lowerer:
+    """Lowers one function. Holds the open scopes: ``scopes[0]`` is the kernel level, each loop
+    or reduction opens one more; a statement goes to the deepest scope among what it reads."""
+
+    def __init__(self, fn: Function):
+        self.fn = fn
+        for p in fn.params:
+            if not isinstance(p.ty, TensorType):
+                raise LoweringError(f"function '{fn.name}': parameter '{p.name}' has type {p.ty}; kernels take tensors")
+        self.params = {id(p): p for p in fn.params}
+        self.defs = {id(b.var): b for b in fn.bindings}
+        self.uses = Counter(id(a) for b in fn.bindings for a in _operands(b.value))
+        self.uses.update(id(a) for a in (fn.ret.fields if isinstance(fn.ret, Tuple) else (fn.ret,)))
+        self.taken: set[str] = {p.name for p in fn.params}
+        self.constants: dict[str, np.ndarray] = {}
+        self.const_names: dict[int, str] = {}
+        self.anchors: list[str] = []
+        self.scopes: list[list] = [[]]
+        self.depth: dict[str, int] = {}
+        self.memo: dict = {}
+        self.guarded = 0
+
+    # -- names and scopes
+
+    def fresh(self, hint: str) -> str:
+        name, k = hint, 1
+        while name in self.taken:
+            name, k = f"{hint}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def place(self, stmt, name: str) -> None:
+        where = max((self.depth.get(v, 0) for v in ir.free_vars(stmt)), default=0)
+        self.scopes[where].append(stmt)
+        self.depth[name] = where
+
+    def let(self, hint: str, value: ir.Expr) -> ir.Expr:
+        if _trivial(value) or self.guarded:
+            return value  # inside a guarded branch nothing may run unconditionally
+        name = self.fresh(hint)
+        self.place(Let(name, value), name)
+        return Var(name, value.dtype)
+
+    def reduce(self, hint: str, combiner: str, dtype: str, extents: Sequence, body: Callable[[list], ir.Expr]) -> ir.Expr:
+        """A local folded with ``combiner`` over fresh loops of ``extents``; ``body(rvars)`` is
+        the value at one point. Unit extents become the index 0 and no loop."""
+        if self.guarded:
+            raise LoweringError("a reduction inside a guarded branch (concat, padding) cannot be lowered")
+        rvars, axes = [], []
+        self.scopes.append([])
+        level = len(self.scopes) - 1
+        for e in extents:
+            if e == 1:
+                rvars.append(idx_const(0))
+                continue
+            v = Var(self.fresh("r"), INDEX)
+            self.depth[v.name] = level
+            rvars.append(v)
+            axes.append(Axis(v, dim(e)))
+        value = self.cast(body(rvars), dtype)
+        stmts = self.scopes.pop()
+        if not axes:
+            for s in stmts:  # nothing to fold: the prologue's locals move out
+                self.place(s, s.name)
+            return value
+        name = self.fresh(hint)
+        self.place(Reduce(name, dtype, combiner, reduce_init(combiner, dtype), axes, stmts, value), name)
+        return Var(name, dtype)
+
+    def guard(self, cond, then: Callable[[], ir.Expr], otherwise: ir.Expr) -> ir.Expr:
+        """``cond ? then() : otherwise``, with ``then`` evaluated only where ``cond`` holds."""
+        if cond is None:
+            return then()
+        self.guarded += 1
+        try:
+            value = then()
+        finally:
+            self.guarded -= 1
+        return ir.Select(cond, value, self.cast(otherwise, value.dtype))
+
+    # -- scalar constructors
+
+    def op(self, name: str, *args: ir.Expr, **attrs) -> Op:
+        opdef = get_op(name)
+        full = check_attrs(opdef, attrs)
+        info = CallInfo(name, tuple(TensorType((), a.dtype) for a in args), full)
+        return Op(name, args, tuple(full.items()), opdef.infer(info).dtype)
+
+    def cast(self, e: ir.Expr, dtype: str) -> ir.Expr:
+        if e.dtype == dtype:
+            return e
+        if isinstance(e, Const):
+            return const(e.value, dtype)
+        return self.op("astype", e, dtype=dtype)
+
+    # -- the group, inlined
+
+    def load(self, name: str, dtype: str, idx: tuple) -> Load:
+        return Load(name, idx, dtype)
+
+    def value(self, e: IRExpr, idx: tuple) -> ir.Expr:
+        """The scalar value of dataflow expression ``e`` at index ``idx``."""
+        if isinstance(e, IRVar):
+            if id(e) in self.params:
+                return self.load(e.name, e.ty.dtype, idx)
+            binding = self.defs.get(id(e))
+            if binding is None:
+                raise LoweringError(f"function '{self.fn.name}': '{e.name}' is not defined in it")
+            key = (id(e), idx, self.guarded > 0)
+            hit = self.memo.get(key)
+            if hit is not None:
+                return hit
+            try:
+                v = self.value(binding.value, idx)
+            except LoweringError as err:
+                if "binding '" not in err.message:
+                    err.message = f"function '{self.fn.name}', binding '{e.name} = {describe(binding.value)}': {err.message}"
+                    err.args = (err.message,)
+                raise
+            if self.uses[id(e)] > 1:
+                v = self.let(e.name, v)
+            self.memo[key] = v
+            return v
+        if isinstance(e, Constant):
+            if e.is_scalar:
+                return const(e.value.item(), e.ty.dtype)
+            name = self.const_names.get(id(e))
+            if name is None:
+                name = self.fresh(e.name or "c")
+                self.const_names[id(e)] = name
+                self.constants[name] = np.asarray(e.value)
+            return self.load(name, e.ty.dtype, idx)
+        if isinstance(e, Call):
+            return self.call(e, idx)
+        if isinstance(e, TupleGetItem):
+            from dpl.kernel.rules import tuple_item
+
+            return tuple_item(self, e, idx)
+        raise LoweringError(f"a {type(e).__name__} value cannot be used as a tensor inside a kernel")
+
+    def call(self, c: Call, idx: tuple) -> ir.Expr:
+        from dpl.kernel.rules import RULES, elementwise
+
+        if isinstance(c.op, GlobalVar):
+            raise LoweringError(f"call of function '{c.op.name}' cannot be inlined into a kernel")
+        rule = RULES.get(c.op)
+        if rule is not None:
+            return rule(self, c, idx)
+        if get_op(c.op).c_expr is not None:
+            return elementwise(self, c, idx)
+        raise LoweringError(f"op '{c.op}' has no kernel lowering (it is opaque to fusion)")
+
+    # -- nests and the kernel
+
+    def nest(self, shape: tuple, stores: list[tuple[Buffer, IRExpr]]) -> list:
+        """One loop nest over ``shape`` storing each output of that shape."""
+        self.memo = {}
+        self.scopes = [[]]
+        idx, loops = [], []
+        for k, d in enumerate(shape):
+            if d == 1:
+                idx.append(idx_const(0))
+                continue
+            v = Var(self.fresh(f"i{k}"), INDEX)
+            self.scopes.append([])
+            self.depth[v.name] = len(self.scopes) - 1
+            loops.append((v, dim(d)))
+            idx.append(v)
+        idx = tuple(idx)
+        for buf, e in stores:
+            value = self.cast(self.value(e, idx), buf.dtype)
+            self.scopes[-1].append(Store(buf.name, idx, value))
+        body = list(self.scopes[-1])
+        for k in reversed(range(len(loops))):
+            var, extent = loops[k]
+            body = self.scopes[k] + [Loop(var, extent, tuple(body))]
+        return body
+
+    def kernel(self, name: str) -> Kernel:
+        fn = self.fn
+        rets = fn.ret.fields if isinstance(fn.ret, Tuple) else (fn.ret,)
+        outputs, by_shape = [], {}
+        for k, r in enumerate(rets):
+            if not isinstance(r.ty, TensorType):
+                raise LoweringError(f"function '{fn.name}': result {k} has type {r.ty}; kernels write tensors")
+            hint = r.name if isinstance(r, IRVar) else f"out{k}"
+            buf = Buffer(self.fresh(hint if hint not in self.taken else f"{hint}_out"), r.ty.shape, r.ty.dtype)
+            outputs.append(buf)
+            by_shape.setdefault(r.ty.shape, []).append((buf, r))
+        body = []
+        for shape, stores in by_shape.items():
+            body.extend(self.nest(shape, stores))
+        params = [Buffer(p.name, p.ty.shape, p.ty.dtype) for p in fn.params]
+        return Kernel(name, params, outputs, body, classify(body, self.anchors), self.constants)
+
+
+def const(value, dtype: str) -> Const:
+    if dtype == "bool":
+        return Const(bool(value), dtype)
+    if dtypes.is_float(dtype):
+        return Const(float(value), dtype)
+    return Const(int(value), dtype)
+
+
+def reduce_init(combiner: str, dtype: str) -> Const:
+    if combiner == "add":
+        return const(0, dtype)
+    if combiner == "multiply":
+        return const(1, dtype)
+    big = float("inf") if dtypes.is_float(dtype) else np.iinfo(dtype).max
+    if combiner == "maximum":
+        return const(-big if dtypes.is_float(dtype) else np.iinfo(dtype).min, dtype)
+    if combiner == "minimum":
+        return const(big, dtype)
+    raise LoweringError(f"no identity for the reduction combiner '{combiner}'")
+
+
+def classify(body, anchors: list[str]) -> str:
+    """``matmul``/``conv2d``/``pool`` for an anchor; ``row`` when a block computes a reduction
+    and then loops over the row with it; ``reduce``; else ``elementwise``."""
+    for a in ("matmul", "conv2d", "pool"):
+        if a in anchors:
+            return a
+    blocks = [body] + [s.body for s in ir.walk(body) if isinstance(s, Loop)]
+    has_reduce = False
+    for block in blocks:
+        seen = False
+        for s in block:
+            if isinstance(s, Reduce):
+                seen = has_reduce = True
+            elif seen and isinstance(s, Loop):
+                return "row"
+    return "reduce" if has_reduce else "elementwise"

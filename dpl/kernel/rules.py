@@ -1,0 +1,405 @@
+"""How each op lowers: the value of ``op(args)`` at an output index, as kernel IR.
+
+Elementwise and broadcast ops are their registry ``c_expr`` over broadcast-mapped operands
+(:func:`elementwise`); injective ops map the index onto their operand (transpose, reshape,
+slices, concat, split, expand/squeeze, broadcast); reductions, matrix products, convolution,
+pooling and the high-level row ops (softmax, norms) build :class:`~dpl.kernel.ir.Reduce`
+statements through :meth:`Lowerer.reduce`, which hoists them to once per row.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from dpl.ir.expr import Call, Tuple, TupleGetItem, Var as IRVar
+from dpl.kernel import ir
+from dpl.kernel.ir import Bin
+from dpl.kernel.lower import (
+    Lowerer, LoweringError, accum_dtype, add, broadcast_index, conj, const, dim, div, idx_const, mod, mul, sub,
+)
+
+Rule = Callable[[Lowerer, Call, tuple], ir.Expr]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str):
+    def register(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+        return fn
+
+    return register
+
+
+def _axes(axes, ndim: int) -> list[int]:
+    return sorted(range(ndim) if axes is None else {a % ndim for a in axes})
+
+
+def elementwise(lw: Lowerer, c: Call, idx: tuple) -> ir.Expr:
+    shape = c.ty.shape
+    args = [lw.value(a, broadcast_index(a.ty.shape, shape, idx)) for a in c.args]
+    return lw.op(c.op, *args, **dict(c.attrs))
+
+
+# -- injective ---------------------------------------------------------------------------------
+
+
+@rule("broadcast_to")
+def _broadcast_to(lw, c, idx):
+    x = c.args[0]
+    return lw.value(x, broadcast_index(x.ty.shape, c.ty.shape, idx))
+
+
+@rule("permute_dims")
+def _permute_dims(lw, c, idx):
+    x = c.args[0]
+    n = x.ty.ndim
+    perm = list(reversed(range(n))) if c.attrs["axes"] is None else [a % n for a in c.attrs["axes"]]
+    src = [None] * n
+    for k, a in enumerate(perm):
+        src[a] = idx[k]
+    return lw.value(x, tuple(src))
+
+
+def reshape_index(in_shape: tuple, out_shape: tuple, idx: tuple) -> tuple:
+    """Row-major reshape: equal leading and trailing dims pass through, the middle is
+    linearised over the output dims and split over the input dims."""
+    p = 0
+    while p < min(len(in_shape), len(out_shape)) and in_shape[p] == out_shape[p]:
+        p += 1
+    q = 0
+    while q < min(len(in_shape), len(out_shape)) - p and in_shape[-1 - q] == out_shape[-1 - q]:
+        q += 1
+    out_mid = out_shape[p : len(out_shape) - q]
+    in_mid = in_shape[p : len(in_shape) - q]
+    linear = idx_const(0)
+    for d, i in zip(out_mid, idx[p : len(out_shape) - q]):
+        linear = add(mul(linear, dim(d)), i)
+    parts = []
+    for k, d in enumerate(reversed(in_mid)):
+        if k == len(in_mid) - 1:
+            parts.append(linear)
+        else:
+            parts.append(mod(linear, dim(d)))
+            linear = div(linear, dim(d))
+    return idx[:p] + tuple(reversed(parts)) + idx[len(out_shape) - q :]
+
+
+@rule("reshape")
+def _reshape(lw, c, idx):
+    x = c.args[0]
+    return lw.value(x, reshape_index(x.ty.shape, c.ty.shape, idx))
+
+
+@rule("expand_dims")
+def _expand_dims(lw, c, idx):
+    n = c.ty.ndim
+    new = {a % n for a in c.attrs["axis"]}
+    return lw.value(c.args[0], tuple(i for k, i in enumerate(idx) if k not in new))
+
+
+@rule("squeeze")
+def _squeeze(lw, c, idx):
+    x = c.args[0]
+    shape = x.ty.shape
+    axes = {k for k, d in enumerate(shape) if d == 1} if c.attrs["axis"] is None else {a % x.ty.ndim for a in c.attrs["axis"]}
+    out = iter(idx)
+    return lw.value(x, tuple(idx_const(0) if k in axes else next(out) for k in range(len(shape))))
+
+
+@rule("strided_slice")
+def _strided_slice(lw, c, idx):
+    x = c.args[0]
+    src = list(idx)
+    strides = c.attrs["strides"] or (1,) * len(c.attrs["axes"])
+    for a, b, e, s in zip(c.attrs["axes"], c.attrs["begin"], c.attrs["end"], strides):
+        a %= x.ty.ndim
+        start = range(x.ty.shape[a])[slice(b, e, s)].start
+        src[a] = add(idx_const(start), mul(idx[a], idx_const(s)))
+    return lw.value(x, tuple(src))
+
+
+def _tuple_fields(lw: Lowerer, t) -> tuple:
+    """The field expressions of a tuple operand (a Tuple, or a variable bound to one)."""
+    while isinstance(t, IRVar) and id(t) in lw.defs:
+        t = lw.defs[id(t)].value
+    if isinstance(t, Tuple):
+        return t.fields
+    raise LoweringError("the tuple operand must be built inside the group")
+
+
+@rule("concat")
+def _concat(lw, c, idx):
+    fields = _tuple_fields(lw, c.args[0])
+    axis = c.attrs["axis"] % c.ty.ndim
+    offsets, at = [], 0
+    for f in fields:
+        offsets.append(at)
+        at += f.ty.shape[axis]
+
+    def field_at(k):
+        src = list(idx)
+        src[axis] = sub(idx[axis], idx_const(offsets[k]))
+        return lw.value(fields[k], tuple(src))
+
+    lw.guarded += 1  # each field is read only where the index falls inside it
+    try:
+        out = field_at(len(fields) - 1)
+        for k in reversed(range(len(fields) - 1)):
+            out = ir.Select(Bin("<", idx[axis], idx_const(offsets[k + 1])), field_at(k), out)
+    finally:
+        lw.guarded -= 1
+    return out
+
+
+def tuple_item(lw: Lowerer, e: TupleGetItem, idx: tuple) -> ir.Expr:
+    t = e.tuple_value
+    while isinstance(t, IRVar) and id(t) in lw.defs:
+        t = lw.defs[id(t)].value
+    if isinstance(t, Tuple):
+        return lw.value(t.fields[e.index], idx)
+    if isinstance(t, Call) and t.op == "split":
+        x = t.args[0]
+        axis = t.attrs["axis"] % x.ty.ndim
+        offset = sum(f.shape[axis] for f in t.ty.fields[: e.index % len(t.ty.fields)])
+        src = list(idx)
+        src[axis] = add(idx[axis], idx_const(offset))
+        return lw.value(x, tuple(src))
+    raise LoweringError(f"tuple item [{e.index}] of a {type(t).__name__} cannot be lowered")
+
+
+@rule("full")
+def _full(lw, c, idx):
+    return lw.cast(lw.value(c.args[0], ()), c.ty.dtype)
+
+
+@rule("zeros", "ones")
+def _zeros_ones(lw, c, idx):
+    return const(0 if c.op == "zeros" else 1, c.ty.dtype)
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+COMBINER = {"sum": "add", "mean": "add", "variance": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
+
+
+def count(lw: Lowerer, dims, dtype: str) -> ir.Expr:
+    """The number of elements over ``dims``, as a ``dtype`` scalar."""
+    n = idx_const(1)
+    for d in dims:
+        n = mul(n, dim(d))
+    return lw.cast(n, dtype)
+
+
+def row_index(idx: tuple, axes: list[int], rvars: list) -> tuple:
+    src = list(idx)
+    for a, r in zip(axes, rvars):
+        src[a] = r
+    return tuple(src)
+
+
+@rule(*COMBINER)
+def _reduction(lw, c, idx):
+    x = c.args[0]
+    xt = x.ty
+    axes = _axes(c.attrs["axis"], xt.ndim)
+    keep = c.attrs["keepdims"]
+
+    def at(rvars):
+        kept = iter(idx)
+        src = []
+        for d in range(xt.ndim):
+            if d in axes:
+                src.append(rvars[axes.index(d)])
+                if keep:
+                    next(kept)
+            else:
+                src.append(next(kept))
+        return tuple(src)
+
+    acc = accum_dtype(xt.dtype)
+    extents = [xt.shape[a] for a in axes]
+    hint = f"{c.op}"
+
+    def xv(rvars):
+        return lw.cast(lw.value(x, at(rvars)), acc)
+
+    if c.op == "variance":
+        mu = lw.let("mean", lw.op("divide", lw.reduce("sum", "add", acc, extents, xv), count(lw, extents, acc)))
+        sq = lw.reduce("sumsq", "add", acc, extents, lambda r: _square(lw, lw.op("subtract", xv(r), mu)))
+        out = lw.op("divide", sq, count(lw, extents, acc))
+    else:
+        out = lw.reduce(hint, COMBINER[c.op], acc, extents, xv)
+        if c.op == "mean":
+            out = lw.op("divide", out, count(lw, extents, acc))
+    return lw.cast(out, c.ty.dtype)
+
+
+def _square(lw, e):
+    return lw.op("multiply", e, e)
+
+
+# -- anchors -----------------------------------------------------------------------------------
+
+
+@rule("matmul")
+def _matmul(lw, c, idx):
+    a, b = c.args
+    ra, rb = a.ty.ndim, b.ty.ndim
+    out = c.ty.shape
+    nbatch = len(out) - (ra > 1) - (rb > 1)
+    batch = idx[:nbatch]
+    i = idx[nbatch] if ra > 1 else None
+    j = idx[-1] if rb > 1 else None
+    acc = accum_dtype(c.ty.dtype)
+    lw.anchors.append("matmul")
+
+    def product(rvars):
+        (k,) = rvars
+        a_idx = (k,) if ra == 1 else broadcast_index(a.ty.shape[:-2], out[:nbatch], batch) + (i, k)
+        b_idx = (k,) if rb == 1 else broadcast_index(b.ty.shape[:-2], out[:nbatch], batch) + (k, j)
+        return lw.op("multiply", lw.cast(lw.value(a, a_idx), acc), lw.cast(lw.value(b, b_idx), acc))
+
+    return lw.cast(lw.reduce("acc", "add", acc, [a.ty.shape[-1]], product), c.ty.dtype)
+
+
+def _pair(v):
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return (v[0], v[0]) if len(v) == 1 else v
+
+
+def _pads(v):
+    p = (v,) if isinstance(v, int) else tuple(v)
+    return p * 4 if len(p) == 1 else (p[0], p[1], p[0], p[1]) if len(p) == 2 else p
+
+
+def _window(lw, o, k, stride, dil, pad, size, out_size, ksize):
+    """The input position of output ``o`` and window offset ``k``, and the bounds test it
+    needs (None where the window never leaves the input)."""
+    pos = sub(add(mul(o, idx_const(stride)), mul(k, idx_const(dil))), idx_const(pad))
+    lo = Bin(">=", pos, idx_const(0)) if pad > 0 else None
+    last = (out_size - 1) * stride + (ksize - 1) * dil - pad
+    hi = Bin("<", pos, dim(size)) if last >= size else None
+    return pos, conj(lo, hi)
+
+
+@rule("nn.conv2d")
+def _conv2d(lw, c, idx):
+    x, w = c.args
+    _, _, H, W = x.ty.shape
+    O, CI, KH, KW = w.ty.shape
+    groups = c.attrs["groups"]
+    sh, sw = _pair(c.attrs["strides"])
+    dh, dw = _pair(c.attrs["dilation"])
+    pt, pl, _, _ = _pads(c.attrs["padding"])
+    _, _, OH, OW = c.ty.shape
+    n, oc, oy, ox = idx
+    group = div(oc, idx_const(O // groups)) if groups > 1 else idx_const(0)
+    acc = accum_dtype(c.ty.dtype)
+    lw.anchors.append("conv2d")
+
+    def product(rvars):
+        ci, ky, kx = rvars
+        hy, hy_ok = _window(lw, oy, ky, sh, dh, pt, H, OH, KH)
+        wx, wx_ok = _window(lw, ox, kx, sw, dw, pl, W, OW, KW)
+        chan = add(mul(group, idx_const(CI)), ci)
+        xv = lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, (n, chan, hy, wx)), acc), const(0, acc))
+        return lw.op("multiply", xv, lw.cast(lw.value(w, (oc, ci, ky, kx)), acc))
+
+    return lw.cast(lw.reduce("acc", "add", acc, [CI, KH, KW], product), c.ty.dtype)
+
+
+@rule("nn.max_pool2d")
+def _max_pool2d(lw, c, idx):
+    x = c.args[0]
+    _, _, H, W = x.ty.shape
+    KH, KW = _pair(c.attrs["pool_size"])
+    sh, sw = _pair(c.attrs["strides"])
+    dh, dw = _pair(c.attrs["dilation"])
+    pt, pl, _, _ = _pads(c.attrs["padding"])
+    _, _, OH, OW = c.ty.shape
+    n, ch, oy, ox = idx
+    lw.anchors.append("pool")
+    dtype = x.ty.dtype
+    lowest = float("-inf") if dtype.startswith(("float", "bfloat")) else int(np.iinfo(dtype).min)
+
+    def window(rvars):
+        ky, kx = rvars
+        hy, hy_ok = _window(lw, oy, ky, sh, dh, pt, H, OH, KH)
+        wx, wx_ok = _window(lw, ox, kx, sw, dw, pl, W, OW, KW)
+        return lw.guard(conj(hy_ok, wx_ok), lambda: lw.value(x, (n, ch, hy, wx)), const(lowest, dtype))
+
+    return lw.reduce("pool", "maximum", dtype, [KH, KW], window)
+
+
+# -- high-level row ops ------------------------------------------------------------------------
+
+
+def _row(lw, x, idx, axes, ct):
+    """Helpers over the rows of ``x`` along ``axes``: its value at a row point, in ``ct``."""
+    extents = [x.ty.shape[a] for a in axes]
+
+    def at(rvars):
+        return lw.cast(lw.value(x, row_index(idx, axes, rvars)), ct)
+
+    return extents, at
+
+
+@rule("nn.softmax", "nn.log_softmax")
+def _softmax(lw, c, idx):
+    x = c.args[0]
+    axes = [c.attrs["axis"] % x.ty.ndim]
+    ct = accum_dtype(x.ty.dtype)
+    extents, at = _row(lw, x, idx, axes, ct)
+    m = lw.reduce("rowmax", "maximum", ct, extents, at)
+    s = lw.reduce("rowsum", "add", ct, extents, lambda r: lw.op("exp", lw.op("subtract", at(r), m)))
+    here = lw.cast(lw.value(x, idx), ct)
+    if c.op == "nn.softmax":
+        out = lw.op("divide", lw.op("exp", lw.op("subtract", here, m)), s)
+    else:
+        out = lw.op("subtract", lw.op("subtract", here, m), lw.op("log", s))
+    return lw.cast(out, c.ty.dtype)
+
+
+def _param(lw, p, idx, axes, ct):
+    return lw.cast(lw.value(p, tuple(idx[a] for a in axes)), ct)
+
+
+@rule("nn.rms_norm")
+def _rms_norm(lw, c, idx):
+    x, weight = c.args
+    axes = _axes(c.attrs["axes"], x.ty.ndim)
+    ct = accum_dtype(x.ty.dtype)
+    extents, at = _row(lw, x, idx, axes, ct)
+    ss = lw.reduce("sumsq", "add", ct, extents, lambda r: _square(lw, at(r)))
+    ms = lw.op("divide", ss, count(lw, extents, ct))
+    inv = lw.let("inv_rms", lw.op("rsqrt", lw.op("add", ms, const(c.attrs["epsilon"], ct))))
+    here = lw.cast(lw.value(x, idx), ct)
+    out = lw.op("multiply", lw.op("multiply", here, inv), _param(lw, weight, idx, axes, ct))
+    return lw.cast(out, c.ty.dtype)
+
+
+@rule("nn.layer_norm")
+def _layer_norm(lw, c, idx):
+    x, gamma, beta = c.args
+    axes = _axes(c.attrs["axes"], x.ty.ndim)
+    ct = accum_dtype(x.ty.dtype)
+    extents, at = _row(lw, x, idx, axes, ct)
+    n = count(lw, extents, ct)
+    mu = lw.let("mean", lw.op("divide", lw.reduce("sum", "add", ct, extents, at), n))
+    var = lw.op("divide", lw.reduce("sumsq", "add", ct, extents, lambda r: _square(lw, lw.op("subtract", at(r), mu))), n)
+    inv = lw.let("inv_std", lw.op("rsqrt", lw.op("add", var, const(c.attrs["epsilon"], ct))))
+    out = lw.op("multiply", lw.op("subtract", lw.cast(lw.value(x, idx), ct), mu), inv)
+    if c.attrs["scale"]:
+        out = lw.op("multiply", out, _param(lw, gamma, idx, axes, ct))
+    if c.attrs["center"]:
+        out = lw.op("add", out, _param(lw, beta, idx, axes, ct))
+    return lw.cast(out, c.ty.dtype)
+
+
+@rule("take")
+def _take(lw, c, idx):
+    raise LoweringError("op 'take' is opaque: a data-dependent gather is its own kernel, not part of a fused one")
+
