@@ -191,6 +191,12 @@ class Lowerer:
         self.place(Let(name, value), name)
         return Var(name, value.dtype)
 
+    def invariant(self, value: ir.Expr) -> bool:
+        """Whether ``value`` does not change in the innermost open loop (so a Let hoists it)."""
+        if _trivial(value):
+            return False
+        return max((self.depth.get(v, 0) for v in ir.free_vars(value)), default=0) < len(self.scopes) - 1
+
     def reduce(self, hint: str, combiner: str, dtype: str, extents: Sequence, body: Callable[[list], ir.Expr]) -> ir.Expr:
         """A local folded with ``combiner`` over fresh loops of ``extents``; ``body(rvars)`` is
         the value at one point. Unit extents become the index 0 and no loop."""
@@ -267,7 +273,7 @@ class Lowerer:
                     err.message = f"function '{self.fn.name}', binding '{e.name} = {describe(binding.value)}': {err.message}"
                     err.args = (err.message,)
                 raise
-            if self.uses[id(e)] > 1:
+            if self.uses[id(e)] > 1 or self.invariant(v):
                 v = self.let(e.name, v)
             self.memo[key] = v
             return v

@@ -40,6 +40,8 @@ def _axes(axes, ndim: int) -> list[int]:
 def elementwise(lw: Lowerer, c: Call, idx: tuple) -> ir.Expr:
     shape = c.ty.shape
     args = [lw.value(a, broadcast_index(a.ty.shape, shape, idx)) for a in c.args]
+    if c.op == "astype":
+        return lw.cast(args[0], c.ty.dtype)  # a cast to the same dtype is no cast
     return lw.op(c.op, *args, **dict(c.attrs))
 
 
