@@ -239,6 +239,8 @@ class Lowerer:
     def op(self, name: str, *args: ir.Expr, **attrs) -> Op:
         opdef = get_op(name)
         full = check_attrs(opdef, attrs)
+        if opdef.c_expr is not None:  # a template naming an operand twice gets it as a local
+            args = tuple(self.let(f"{name.split('.')[-1]}_arg", a) if opdef.c_expr.count(f"{{{k}}}") > 1 else a for k, a in enumerate(args))
         info = CallInfo(name, tuple(TensorType((), a.dtype) for a in args), full)
         return Op(name, args, tuple(full.items()), opdef.infer(info).dtype)
 

@@ -142,17 +142,21 @@ def _concat(lw, c, idx):
         at += f.ty.shape[axis]
 
     def field_at(k):
+        # clamped into the field, so its loads (and any reduction or local hoisted out of the
+        # select) stay in bounds wherever they run; the select keeps the right field's value
+        i = sub(idx[axis], idx_const(offsets[k]))
+        if k > 0:
+            i = ir.Select(Bin("<", i, idx_const(0)), idx_const(0), i)
+        if k < len(fields) - 1:
+            last = idx_const(fields[k].ty.shape[axis] - 1)
+            i = ir.Select(Bin(">", i, last), last, i)
         src = list(idx)
-        src[axis] = sub(idx[axis], idx_const(offsets[k]))
+        src[axis] = i
         return lw.value(fields[k], tuple(src))
 
-    lw.guarded += 1  # each field is read only where the index falls inside it
-    try:
-        out = field_at(len(fields) - 1)
-        for k in reversed(range(len(fields) - 1)):
-            out = ir.Select(Bin("<", idx[axis], idx_const(offsets[k + 1])), field_at(k), out)
-    finally:
-        lw.guarded -= 1
+    out = field_at(len(fields) - 1)
+    for k in reversed(range(len(fields) - 1)):
+        out = ir.Select(Bin("<", idx[axis], idx_const(offsets[k + 1])), field_at(k), out)
     return out
 
 
@@ -240,6 +244,7 @@ def _reduction(lw, c, idx):
 
 
 def _square(lw, e):
+    e = lw.let("d", e)
     return lw.op("multiply", e, e)
 
 
