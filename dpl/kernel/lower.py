@@ -310,20 +310,23 @@ class Lowerer:
 
     # -- nests and the kernel
 
-    def nest(self, shape: tuple, stores: list[tuple[Buffer, IRExpr]]) -> list:
-        """One loop nest over ``shape`` storing each output of that shape."""
+    def nest(self, shape: tuple, stores: list[tuple[Buffer, IRExpr]], order: Sequence[int] | None = None) -> list:
+        """One loop nest over ``shape`` storing each output of that shape; ``order`` lists the
+        axes from the outermost loop in."""
         self.memo = {}
         self.scopes = [[]]
-        idx, loops = [], []
-        for k, d in enumerate(shape):
-            if d == 1:
-                idx.append(idx_const(0))
+        idx = [idx_const(0) if d == 1 else None for d in shape]
+        loops = []
+        self.loop_axis: dict[str, int] = {}
+        for k in order if order is not None else range(len(shape)):
+            if shape[k] == 1:
                 continue
             v = Var(self.fresh(f"i{k}"), INDEX)
             self.scopes.append([])
             self.depth[v.name] = len(self.scopes) - 1
-            loops.append((v, dim(d)))
-            idx.append(v)
+            loops.append((v, dim(shape[k])))
+            self.loop_axis[v.name] = k
+            idx[k] = v
         idx = tuple(idx)
         for buf, e in stores:
             value = self.cast(self.value(e, idx), buf.dtype)
@@ -333,6 +336,23 @@ class Lowerer:
             var, extent = loops[k]
             body = self.scopes[k] + [Loop(var, extent, tuple(body))]
         return body
+
+    def ordered_nest(self, shape: tuple, stores: list[tuple[Buffer, IRExpr]]) -> list:
+        """The nest, with the axes a reduction does not depend on moved innermost when that
+        saves recomputing it (a softmax over a middle axis runs once per row, not per element)."""
+        saved = set(self.taken), dict(self.constants), dict(self.const_names), list(self.anchors)
+        body = self.nest(shape, stores)
+        order = [k for k, d in enumerate(shape) if d != 1]
+        var_axis = self.loop_axis
+        wasted = set()
+        for stmt, loops in _with_loops(body, ()):
+            if isinstance(stmt, Reduce):
+                free = ir.free_vars(stmt)
+                wasted |= {var_axis[v] for v in loops if v in var_axis and v not in free}
+        if not wasted or order[-len(wasted):] == sorted(wasted):
+            return body
+        self.taken, self.constants, self.const_names, self.anchors = set(saved[0]), dict(saved[1]), dict(saved[2]), list(saved[3])
+        return self.nest(shape, stores, [k for k in order if k not in wasted] + sorted(wasted))
 
     def kernel(self, name: str) -> Kernel:
         fn = self.fn
@@ -347,9 +367,19 @@ class Lowerer:
             by_shape.setdefault(r.ty.shape, []).append((buf, r))
         body = []
         for shape, stores in by_shape.items():
-            body.extend(self.nest(shape, stores))
+            body.extend(self.ordered_nest(shape, stores))
         params = [Buffer(p.name, p.ty.shape, p.ty.dtype) for p in fn.params]
         return Kernel(name, params, outputs, body, classify(body, self.anchors), self.constants)
+
+
+def _with_loops(stmts, loops: tuple):
+    """Each statement with the names of the output loops around it."""
+    for s in stmts:
+        yield s, loops
+        if isinstance(s, Loop):
+            yield from _with_loops(s.body, loops + (s.var.name,))
+        elif isinstance(s, Reduce):
+            yield from _with_loops(s.body, loops)
 
 
 def const(value, dtype: str) -> Const:
