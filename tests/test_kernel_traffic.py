@@ -87,3 +87,11 @@ def test_decomposed_softmax_before_and_after_row_fusion():
     after = module_traffic(fuse_reductions(mod))
     assert (after.read, after.written) == (B, B)
     assert (after.read, after.written) == (minimum_traffic(mod["main"]).read, minimum_traffic(mod["main"]).written)
+
+
+def test_softmax_over_a_middle_axis_reduces_once_per_row():
+    fb = FunctionBuilder("f", attrs={"Primitive": True})
+    x = fb.param("x", "f32", (5, 3, 4))
+    t = function_traffic(fb.ret(fb.emit("nn.softmax", x, axis=1)))
+    # 20 rows of 3: max 1 op, sum 3 ops, output 3 ops per element of a row
+    assert t.flops == 20 * 3 * 7
