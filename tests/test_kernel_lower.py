@@ -401,8 +401,18 @@ def test_multi_output_different_shapes():
     e = fb.emit("exp", x)
     s = fb.emit("sum", e, axis=[1], keepdims=True)
     d = fb.emit("divide", e, s)
-    k = check(fb.ret(d, s), rtol=1e-5)
-    assert [o.shape for o in k.outputs] == [("n", 6), ("n", 1)]
+    m = fb.emit("max", x, axis=[1])
+    k = check(fb.ret(d, s, m), rtol=1e-5)
+    assert [o.shape for o in k.outputs] == [("n", 6), ("n", 1), ("n",)]
+    assert nests(k) == 1 and k.kind == "row"
+
+
+def test_multi_output_that_does_not_fit_one_nest():
+    fb = prim()
+    x = fb.param("x", "f32", (4, 6))
+    e = fb.emit("exp", x)
+    k = check(fb.ret(e, fb.emit("permute_dims", e)))
+    assert nests(k) == 2
 
 
 def test_returning_a_parameter_and_duplicates():

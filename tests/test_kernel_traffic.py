@@ -66,13 +66,21 @@ def test_matmul_bias_epilogue():
     assert t.intensity == pytest.approx(t.flops / (t.read + t.written))
 
 
-def test_nests_of_different_shapes_each_read_the_input():
+def test_row_statistic_and_row_share_one_read():
     fb = FunctionBuilder("f", attrs={"Primitive": True})
     x = fb.param("x", "f32", (4, 6))
     s = fb.emit("sum", x, axis=[1], keepdims=True)
-    k = lower_function(fb.ret(fb.emit("divide", x, s), s))
-    assert kernel_traffic(k).read == 2 * 4 * 6 * 4
-    assert kernel_traffic(k).written == (4 * 6 + 4) * 4
+    t = function_traffic(fb.ret(fb.emit("divide", x, s), s))
+    assert (t.read, t.written, t.flops) == (4 * 6 * 4, (4 * 6 + 4) * 4, 2 * 4 * 6)
+
+
+def test_nests_of_unrelated_shapes_each_read_the_input():
+    fb = FunctionBuilder("f", attrs={"Primitive": True})
+    x = fb.param("x", "f32", (4, 6))
+    e = fb.emit("exp", x)
+    k = lower_function(fb.ret(e, fb.emit("permute_dims", e)))
+    assert len(k.body) == 2
+    assert kernel_traffic(k) == Traffic(read=2 * 4 * 6 * 4, written=2 * 4 * 6 * 4, flops=2 * 4 * 6)
 
 
 def test_decomposed_softmax_before_and_after_row_fusion():

@@ -310,9 +310,10 @@ class Lowerer:
 
     # -- nests and the kernel
 
-    def nest(self, shape: tuple, stores: list[tuple[Buffer, IRExpr]], order: Sequence[int] | None = None) -> list:
-        """One loop nest over ``shape`` storing each output of that shape; ``order`` lists the
-        axes from the outermost loop in."""
+    def nest(self, shape: tuple, stores: list, order: Sequence[int] | None = None) -> list:
+        """One loop nest over ``shape`` storing each output ``(buffer, value, axes)``, where
+        ``axes`` maps each output axis to a nest axis (None: a unit axis, index 0);
+        ``order`` lists the nest axes from the outermost loop in."""
         self.memo = {}
         self.scopes = [[]]
         idx = [idx_const(0) if d == 1 else None for d in shape]
@@ -328,16 +329,18 @@ class Lowerer:
             self.loop_axis[v.name] = k
             idx[k] = v
         idx = tuple(idx)
-        for buf, e in stores:
-            value = self.cast(self.value(e, idx), buf.dtype)
-            self.scopes[-1].append(Store(buf.name, idx, value))
+        for buf, e, axes in stores:
+            at = tuple(idx_const(0) if a is None else idx[a] for a in axes)
+            store = Store(buf.name, at, self.cast(self.value(e, at), buf.dtype))
+            # an output over fewer axes is stored in the loop of the last axis it has
+            self.scopes[max((self.depth.get(v, 0) for v in ir.free_vars(store)), default=0)].append(store)
         body = list(self.scopes[-1])
         for k in reversed(range(len(loops))):
             var, extent = loops[k]
             body = self.scopes[k] + [Loop(var, extent, tuple(body))]
         return body
 
-    def ordered_nest(self, shape: tuple, stores: list[tuple[Buffer, IRExpr]]) -> list:
+    def ordered_nest(self, shape: tuple, stores: list) -> list:
         """The nest, with the axes a reduction does not depend on moved innermost when that
         saves recomputing it (a softmax over a middle axis runs once per row, not per element)."""
         saved = set(self.taken), dict(self.constants), dict(self.const_names), list(self.anchors)
@@ -357,19 +360,46 @@ class Lowerer:
     def kernel(self, name: str) -> Kernel:
         fn = self.fn
         rets = fn.ret.fields if isinstance(fn.ret, Tuple) else (fn.ret,)
-        outputs, by_shape = [], {}
+        outputs = []
         for k, r in enumerate(rets):
             if not isinstance(r.ty, TensorType):
                 raise LoweringError(f"function '{fn.name}': result {k} has type {r.ty}; kernels write tensors")
             hint = r.name if isinstance(r, IRVar) else f"out{k}"
-            buf = Buffer(self.fresh(hint if hint not in self.taken else f"{hint}_out"), r.ty.shape, r.ty.dtype)
-            outputs.append(buf)
-            by_shape.setdefault(r.ty.shape, []).append((buf, r))
+            outputs.append(Buffer(self.fresh(hint if hint not in self.taken else f"{hint}_out"), r.ty.shape, r.ty.dtype))
+        # outputs share a nest when one's axes fit into another's (a row statistic and the row)
+        nests: list[tuple[tuple, list]] = []
+        by_size = sorted(range(len(rets)), key=lambda k: -sum(d != 1 for d in rets[k].ty.shape))
+        for k in by_size:
+            shape = rets[k].ty.shape
+            for nest_shape, stores in nests:
+                axes = fit_axes(shape, nest_shape)
+                if axes is not None:
+                    stores.append((outputs[k], rets[k], axes))
+                    break
+            else:
+                nests.append((shape, [(outputs[k], rets[k], fit_axes(shape, shape))]))
         body = []
-        for shape, stores in by_shape.items():
+        for shape, stores in nests:
             body.extend(self.ordered_nest(shape, stores))
         params = [Buffer(p.name, p.ty.shape, p.ty.dtype) for p in fn.params]
         return Kernel(name, params, outputs, body, classify(body, self.anchors), self.constants)
+
+
+def fit_axes(sub: tuple, shape: tuple) -> list | None:
+    """Nest axes for each axis of an output of shape ``sub`` inside a nest over ``shape``, in
+    order and with equal sizes (None for unit axes); None when it does not fit."""
+    axes, k = [], 0
+    for d in sub:
+        if d == 1:
+            axes.append(None)
+            continue
+        while k < len(shape) and shape[k] != d:
+            k += 1
+        if k == len(shape):
+            return None
+        axes.append(k)
+        k += 1
+    return axes
 
 
 def _with_loops(stmts, loops: tuple):
