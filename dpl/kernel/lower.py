@@ -13,6 +13,7 @@ function's parameters, its non-scalar constants and its outputs.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -33,7 +34,13 @@ class LoweringError(DplError):
 
 def lower_function(fn: Function, name: str | None = None) -> Kernel:
     """The one kernel computing ``fn``, or a :class:`LoweringError` naming what cannot be lowered."""
-    return Lowerer(fn).kernel(name or fn.name)
+    # inlining recurses along the group's chains: allow a few frames per binding
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 1000 + 8 * len(fn.bindings)))
+    try:
+        return Lowerer(fn).kernel(name or fn.name)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def is_kernel_function(fn: Function) -> bool:
@@ -142,6 +149,20 @@ def _operands(e: IRExpr):
     if isinstance(e, TupleGetItem):
         return (e.tuple_value,)
     return ()
+
+
+MAX_INLINE = 48  # a binding's expression larger than this many nodes becomes a local
+
+
+def _larger_than(e: ir.Expr, limit: int) -> bool:
+    """Whether ``e`` has more than ``limit`` nodes (stops counting early)."""
+    todo, n = [e], 0
+    while todo:
+        n += 1
+        if n > limit:
+            return True
+        todo.extend(ir.children(todo.pop()))
+    return False
 
 
 def _trivial(e: ir.Expr) -> bool:
@@ -275,7 +296,7 @@ class Lowerer:
                     err.message = f"function '{self.fn.name}', binding '{e.name} = {describe(binding.value)}': {err.message}"
                     err.args = (err.message,)
                 raise
-            if self.uses[id(e)] > 1 or self.invariant(v):
+            if self.uses[id(e)] > 1 or self.invariant(v) or _larger_than(v, MAX_INLINE):
                 v = self.let(e.name, v)
             self.memo[key] = v
             return v
