@@ -174,3 +174,16 @@ def test_pass_schedules_the_call_after_late_inputs():
     names = [b.var.name for b in out["main"].bindings]
     assert names.index(w.name) < names.index(y.name)
     same_numbers(mod, out)
+
+
+def test_pass_is_idempotent_and_leaves_dead_chains():
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (3, 5))
+    softmax(fb, fb.emit("negative", x))  # dead: nothing uses it
+    mod = Module([fb.ret(softmax(fb, x))])
+    once = fuse_reductions(mod)
+    assert len(primitives(once)) == 1
+    twice = fuse_reductions(once)
+    assert sorted(twice.functions) == sorted(once.functions)
+    assert [b.var.name for b in twice["main"].bindings] == [b.var.name for b in once["main"].bindings]
+    same_numbers(mod, twice)

@@ -222,7 +222,7 @@ class Lowerer:
         """A local folded with ``combiner`` over fresh loops of ``extents``; ``body(rvars)`` is
         the value at one point. Unit extents become the index 0 and no loop."""
         if self.guarded:
-            raise LoweringError("a reduction inside a guarded branch (concat, padding) cannot be lowered")
+            raise LoweringError("a reduction cannot feed a padded window (convolution or pooling) in the same kernel")
         rvars, axes = [], []
         self.scopes.append([])
         level = len(self.scopes) - 1

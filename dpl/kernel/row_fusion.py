@@ -46,7 +46,8 @@ class FuseReductions:
         for name, fn in mod.functions.items():
             if fn.attrs.get("Primitive") or fn.attrs.get("Composite") or fn.attrs.get("Codegen"):
                 continue
-            groups = [g for g in find_row_groups(fn) if len(g) >= self.min_size]
+            graph = _Graph(fn)
+            groups = [g for g in find_row_groups(fn) if len(g) >= self.min_size and _outputs(fn, graph, set(g))]
             if not groups:
                 continue
             new_fn, made = _outline(fn, groups, set(functions))
@@ -168,9 +169,14 @@ def _substitute(e, env: dict[int, Var]):
     return e
 
 
+def _outputs(fn: Function, g: _Graph, group: set[int]) -> list[Var]:
+    """Members whose value is needed outside the group (a dead chain has none)."""
+    ret_ids = {id(v) for v in _vars_in(fn.ret)}
+    return [fn.bindings[i].var for i in sorted(group) if id(fn.bindings[i].var) in ret_ids or any(u not in group for u in g.users[i])]
+
+
 def _outline(fn: Function, groups: list[list[int]], taken_fns: set[str]):
     g = _Graph(fn)
-    ret_ids = {id(v) for v in _vars_in(fn.ret)}
     member_of = {i: k for k, grp in enumerate(groups) for i in grp}
     made: list[Function] = []
     nodes = []  # (priority, deps as binding indices, new bindings)
@@ -183,7 +189,7 @@ def _outline(fn: Function, groups: list[list[int]], taken_fns: set[str]):
             for v in _vars_in(b.value):
                 if id(v) not in inside and all(v is not u for u in inputs):
                     inputs.append(v)
-        outputs = [fn.bindings[i].var for i in grp if id(fn.bindings[i].var) in ret_ids or any(member_of.get(u) != k for u in g.users[i])]
+        outputs = _outputs(fn, g, set(grp))
         env = {id(v): Var(v.name, v.ty) for v in inputs}
         body = []
         for b in members:
