@@ -78,6 +78,7 @@ def test_elementwise_chain_symbolic():
     y = fb.param("y", "f32", ("n", 8))
     k = check(fb.ret(fb.emit("add", fb.emit("exp", x), y)), kind="elementwise")
     assert "exp(x[i0, i1])" in str(k)
+    assert k.dims == ("n",)
 
 
 def test_bias_relu_scale_with_constants():

@@ -81,6 +81,6 @@ def random_group(seed: int):
     return fb.ret(*outs)
 
 
-@pytest.mark.parametrize("seed", range(150))
+@pytest.mark.parametrize("seed", range(300))
 def test_random_group(seed):
     check(random_group(seed), rtol=1e-4, atol=1e-4, trials=1)

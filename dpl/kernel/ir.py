@@ -190,10 +190,6 @@ class Kernel:
                     seen.setdefault(d)
         return tuple(seen)
 
-    @property
-    def nests(self) -> tuple[Stmt, ...]:
-        return self.body
-
     def buffer(self, name: str) -> Buffer:
         for b in self.params + self.outputs:
             if b.name == name:
