@@ -3,10 +3,10 @@
 A kernel *must* read each buffer it loads once and write each output once; a row kept in cache
 while several reductions pass over it is not read again. So a loop nest's reads are the full
 size of every distinct buffer it loads, its writes the size of what it stores. (A kernel with
-several nests, one per output shape, reads its inputs once per nest.) Arithmetic counts one
-operation per registry op applied to a scalar (a cast counts none) and one per combine of a
-reduction, times the iterations of the loops around it; index arithmetic and selects are
-addressing, not arithmetic.
+several nests, for outputs whose axes do not fit one nest, reads its inputs once per nest.)
+Arithmetic counts one operation per registry op applied to a scalar (a cast counts none) and
+one per combine of a reduction, times the iterations of the loops around it; index arithmetic
+and selects are addressing, not arithmetic.
 
 Functions and modules add their kernels up. :func:`unfused_traffic` prices a function as if
 every op were its own kernel (each intermediate written and read back), and
