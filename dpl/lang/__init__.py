@@ -1,0 +1,75 @@
+"""The ``.dpl`` pattern language: grammar (grammar/dpl.lark), parser, compiler, rewriting.
+
+    rules = dpl.lang.load_rules("cublas")             # a shipped library, by name
+    rules = dpl.lang.load_rules("my_patterns.dpl")    # a file
+    rules = dpl.lang.parse_rules(text, "inline.dpl")  # text
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from typing import Iterable, Sequence
+
+from dpl.errors import DplError
+from dpl.lang.compiler import CompiledFile, DplErrors, LangError, Rule, compile_file
+from dpl.lang.hooks import check_hook
+from dpl.lang.parser import DplSyntaxError, parse_file
+
+
+class PatternFileError(DplError):
+    """A pattern file or library that cannot be found or read."""
+
+
+def parse_rules(text: str, filename: str = "<string>") -> tuple[Rule, ...]:
+    """Compile ``.dpl`` text; every error of the text is reported together."""
+    return compile_file(parse_file(text, filename)).rules
+
+
+def shipped_libraries() -> list[str]:
+    return sorted(p.name[:-4] for p in resources.files("dpl.patterns").iterdir() if p.name.endswith(".dpl"))
+
+
+def _read(source: str) -> tuple[str, str]:
+    """(text, filename) of a path or of a shipped library name such as ``"cublas"``."""
+    if source.endswith(".dpl") or os.sep in source or "/" in source:
+        try:
+            with open(source, encoding="utf-8") as f:
+                return f.read(), source
+        except FileNotFoundError:
+            raise PatternFileError(f"pattern file '{source}' does not exist") from None
+        except IsADirectoryError:
+            raise PatternFileError(f"'{source}' is a directory, not a pattern file") from None
+        except UnicodeDecodeError:
+            raise PatternFileError(f"'{source}' is not a UTF-8 text file") from None
+        except OSError as err:
+            raise PatternFileError(f"cannot read '{source}': {err.strerror}") from None
+    entry = resources.files("dpl.patterns").joinpath(f"{source}.dpl")
+    if not entry.is_file():
+        raise PatternFileError(f"no shipped pattern library '{source}'", hint=f"shipped libraries: {', '.join(shipped_libraries())}")
+    return entry.read_text(encoding="utf-8"), f"{source}.dpl"
+
+
+def load_rules(sources: str | Sequence[str]) -> tuple[Rule, ...]:
+    """Rules of one or several files/libraries, in the order given (that order is priority)."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [os.fspath(sources)]
+    rules: list[Rule] = []
+    errors: list[DplError] = []
+    for source in sources:
+        text, filename = _read(os.fspath(source))
+        try:
+            rules.extend(parse_rules(text, filename))
+        except DplErrors as err:
+            errors.extend(err.errors)
+        except DplError as err:
+            errors.append(err)
+    if errors:
+        raise errors[0] if len(errors) == 1 else DplErrors(errors)
+    return tuple(rules)
+
+
+__all__ = [
+    "CompiledFile", "DplErrors", "DplSyntaxError", "LangError", "PatternFileError", "Rule", "check_hook",
+    "load_rules", "parse_rules", "shipped_libraries",
+]
