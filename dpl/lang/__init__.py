@@ -1,8 +1,12 @@
-"""The ``.dpl`` pattern language: grammar (grammar/dpl.lark), parser, compiler, rewriting.
+"""The ``.dpl`` pattern language: grammar (grammar/dpl.lark), parser, compiler.
 
-    rules = dpl.lang.load_rules("cublas")             # a shipped library, by name
-    rules = dpl.lang.load_rules("my_patterns.dpl")    # a file
-    rules = dpl.lang.parse_rules(text, "inline.dpl")  # text
+    patterns = dpl.load_patterns("cublas")               # a shipped library, by name
+    patterns = dpl.load_patterns(["my.dpl", "cublas"])   # files and libraries, in priority order
+    patterns = dpl.parse_patterns(text, "inline.dpl")    # text
+    mod = patterns.apply_rewrites(mod)                   # the rewrite rules, to a fixed point
+
+Both return a :class:`dpl.pattern.PatternSet`; ``load_rules`` / ``parse_rules`` give the
+compiled rules themselves (names, docs, ops, spans) for tools such as ``dpl check``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from importlib import resources
 from typing import Iterable, Sequence
 
 from dpl.errors import DplError
-from dpl.lang.compiler import CompiledFile, DplErrors, LangError, Rule, compile_file
+from dpl.lang.compiler import CompiledFile, DplErrors, LangError, Rule, compile_file, pattern_set
+from dpl.pattern.fusion import PatternSet
 from dpl.lang.hooks import check_hook
 from dpl.lang.parser import DplSyntaxError, parse_file
 
@@ -69,7 +74,16 @@ def load_rules(sources: str | Sequence[str]) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def parse_patterns(text: str, filename: str = "<string>") -> PatternSet:
+    return pattern_set(parse_rules(text, filename))
+
+
+def load_patterns(sources: str | Sequence[str]) -> PatternSet:
+    return pattern_set(load_rules(sources))
+
+
 __all__ = [
+    "PatternSet", "load_patterns", "parse_patterns",
     "CompiledFile", "DplErrors", "DplSyntaxError", "LangError", "PatternFileError", "Rule", "check_hook",
     "load_rules", "parse_rules", "shipped_libraries",
 ]

@@ -23,12 +23,14 @@ import attrs
 from dpl import dtypes
 from dpl.errors import DplError, Span
 from dpl.ir.builder import const
-from dpl.ir.expr import Expr, Tuple, TupleGetItem
+from dpl.ir.expr import Expr, Tuple, TupleGetItem, Var
 from dpl.lang import ast
 from dpl.lang.hooks import lookup_hook
 from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, evaluate
 from dpl.ops.registry import REQUIRED, get_op, make_call
 from dpl.pattern import nodes as P
+from dpl.pattern.fusion import FusionPattern, PatternSet, RewriteRule
+from dpl.pattern.match import NoMatch
 
 
 class LangError(DplError):
@@ -105,14 +107,9 @@ class Rule:
         roots = P.root_ops(self.pattern)
         return "|".join(sorted(roots)) if roots else "*"
 
-    def view(self, match: Mapping[P.Pattern, Expr], func=None) -> MatchView:
-        exprs = {}
-        for name, pat in self.names.items():
-            try:
-                exprs[name] = match[pat]
-            except KeyError:
-                continue
-        return MatchView(exprs, func)
+    def view(self, match: Mapping[P.Pattern, Expr], users=None) -> MatchView:
+        exprs = {name: match[pat] for name, pat in self.names.items() if pat in match}
+        return MatchView(exprs, users)
 
     def check(self, view: MatchView) -> tuple[bool, str | None]:
         """Run the ``where`` predicates and the hooks: (accepted, reason when not)."""
@@ -134,6 +131,56 @@ class Rule:
 class CompiledFile:
     path: str
     rules: tuple[Rule, ...]
+
+
+# -- what rules become: the DPL objects FuseOpsByPattern and rewriting consume ---------------
+
+
+def _users_from(ctx):
+    """users(expr) over a fusion CheckContext: the values of the bindings that use ``expr``."""
+    value_of = {id(var): value for value, var in ctx.value_to_bound_var.items()}
+
+    def users(e: Expr) -> list:
+        var = e if isinstance(e, Var) else ctx.value_to_bound_var.get(e)
+        return [value_of.get(id(u), u) for u in ctx.var_usages.get(var, ())] if var is not None else []
+
+    return users
+
+
+def fusion_pattern(rule: Rule) -> FusionPattern:
+    """A ``pattern`` rule as TVM's FusionPattern; its check runs the where clauses and hooks."""
+
+    def check(ctx) -> bool | NoMatch:
+        ok, why = rule.check(rule.view(ctx.match, _users_from(ctx)))
+        return True if ok else NoMatch(rule.pattern, ctx.matched_expr, "check", why)
+
+    has_check = bool(rule.predicates or rule.hooks)
+    return FusionPattern(rule.name, rule.pattern, rule.annotations, check if has_check else None, origin=_origin(rule.span))
+
+
+def rewrite_rule(rule: Rule) -> RewriteRule:
+    """A ``rewrite`` rule; a replacement that cannot be built or does not keep the type of
+    the value it replaces means "no match" (a library rule never breaks a module)."""
+
+    def rewriter(value: Expr, match) -> Expr | None:
+        view = rule.view(match)
+        ok, _ = rule.check(view)
+        if not ok:
+            return None
+        try:
+            new = rule.replacement(view, lambda e: e)
+        except DplError:
+            return None
+        return new if new.ty == value.ty else None
+
+    return RewriteRule(rule.name, rule.pattern, rewriter, origin=_origin(rule.span))
+
+
+def pattern_set(rules) -> PatternSet:
+    return PatternSet(
+        tuple(fusion_pattern(r) for r in rules if r.kind == "pattern"),
+        tuple(rewrite_rule(r) for r in rules if r.kind == "rewrite"),
+    )
 
 
 # -- the compiler ------------------------------------------------------------------------------

@@ -28,11 +28,11 @@ class _Unknown(Exception):
 
 
 class MatchView:
-    """What a predicate sees: the expression each pattern name matched, and the function."""
+    """What a predicate sees: the expression each pattern name matched and, when the caller
+    knows the function, who uses each value (``users(expr)`` -> binding vars)."""
 
-    def __init__(self, exprs: Mapping[str, Expr], func: Function | None = None, users: Mapping[int, list] | None = None):
+    def __init__(self, exprs: Mapping[str, Expr], users: Callable[[Expr], list] | None = None):
         self.exprs = exprs
-        self.func = func
         self._users = users
 
     def expr(self, name: str) -> Expr:
@@ -41,23 +41,10 @@ class MatchView:
         return self.exprs[name]
 
     def users(self, e: Expr) -> list:
-        """The bindings of the function whose values use ``e`` (``[]`` without a function)."""
+        """The values of the bindings that use ``e`` (the function's return is not a use)."""
         if self._users is None:
-            self._users = {}
-            if self.func is not None:
-                from dpl.lang._uses import users_of
-
-                self._users = users_of(self.func)
-        return self._users.get(id(_var_of(self, e)), [])
-
-
-def _var_of(view: MatchView, e: Expr) -> Expr:
-    if isinstance(e, Var) or view.func is None:
-        return e
-    for b in view.func.bindings:
-        if b.value is e:
-            return b.var
-    return e
+            raise _Unknown("uses are not known here (only fusion patterns see the function's uses)")
+        return self._users(e)
 
 
 def _tensor(e: Expr, fn: str) -> TensorType:
@@ -84,7 +71,11 @@ def _attr(e: Expr, key: str) -> Any:
 
 def _only_used_by(view: MatchView, a: Expr, b: Expr) -> bool:
     users = view.users(a)
-    return len(users) == 1 and users[0] is _var_of(view, b)
+    return len(users) == 1 and users[0] is b
+
+
+def _used_by(view: MatchView, a: Expr, b: Expr) -> bool:
+    return any(u is b for u in view.users(a))
 
 
 # name -> (number of arguments, which arguments are pattern names, implementation)
@@ -96,7 +87,7 @@ FUNCTIONS: dict[str, tuple[int, tuple[bool, ...], Callable]] = {
     "value": (1, (True,), lambda view, e: _value(e)),
     "attr": (2, (True, False), lambda view, e, key: _attr(e, key)),
     "only_used_by": (2, (True, True), _only_used_by),
-    "used_by": (2, (True, True), lambda view, a, b: any(u is _var_of(view, b) for u in view.users(a))),
+    "used_by": (2, (True, True), _used_by),
     "len": (1, (False,), lambda view, v: len(v)),
 }
 
