@@ -280,7 +280,7 @@ class _DeclCompiler:
         n = len(c.args)
         if c.optional and n == 0:
             self.err(LangError, f"optional '{c.op}?' needs the operand it may be skipped to", c.span)
-        if (n < lo if c.rest else (n < lo or (hi >= 0 and n > hi))):
+        if (hi >= 0 and n > hi) or (n < lo and not c.rest):
             want = str(lo) if lo == hi else f"{lo} to {hi}" if hi >= 0 else f"at least {lo}"
             from dpl.errors import ArityError
 

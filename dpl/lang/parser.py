@@ -148,6 +148,9 @@ class _ToAst(Transformer):
     def priority_clause(self, meta, c):
         return ("priority", int(c[0]))
 
+    def where_op(self, meta, c):
+        return "where"
+
     def dotted(self, meta, parts):
         return ".".join(str(p) for p in parts)
 
