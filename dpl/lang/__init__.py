@@ -27,8 +27,20 @@ class PatternFileError(DplError):
 
 
 def parse_rules(text: str, filename: str = "<string>") -> tuple[Rule, ...]:
-    """Compile ``.dpl`` text; every error of the text is reported together."""
-    return compile_file(parse_file(text, filename)).rules
+    """Compile ``.dpl`` text; every error of the text (and of what it imports) is reported together."""
+    return compile_file(parse_file(text, filename), _resolve).rules
+
+
+def _resolve(decl, importer: str):
+    """(key, syntax tree) of an import: a quoted path relative to the importing file, or a
+    shipped library by name."""
+    if decl.is_path:
+        base = os.path.dirname(importer) if os.path.isfile(importer) else os.getcwd()
+        source = os.path.normpath(os.path.join(base, decl.target))
+    else:
+        source = decl.target
+    text, filename = _read(source)
+    return filename, parse_file(text, filename)
 
 
 def shipped_libraries() -> list[str]:
@@ -49,6 +61,8 @@ def _read(source: str) -> tuple[str, str]:
             raise PatternFileError(f"'{source}' is not a UTF-8 text file") from None
         except OSError as err:
             raise PatternFileError(f"cannot read '{source}': {err.strerror}") from None
+    if not source.isidentifier():
+        raise PatternFileError(f"'{source}' is neither a .dpl file nor a shipped library name")
     entry = resources.files("dpl.patterns").joinpath(f"{source}.dpl")
     if not entry.is_file():
         raise PatternFileError(f"no shipped pattern library '{source}'", hint=f"shipped libraries: {', '.join(shipped_libraries())}")

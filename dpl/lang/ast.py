@@ -248,6 +248,28 @@ class PatternDecl:
 
 
 @attrs.frozen
+class ImportDecl:
+    target: str  # a path (quoted in the source) or a shipped library name
+    is_path: bool
+    span: Span
+
+
+@attrs.frozen
+class DefDecl:
+    name: str
+    params: tuple[str, ...]
+    body: PExpr
+    span: Span
+
+
+@attrs.frozen
+class EquivDecl:
+    left: PExpr
+    right: PExpr
+    span: Span
+
+
+@attrs.frozen
 class File:
     path: str
-    decls: tuple[CodegenDecl | PatternDecl, ...]
+    decls: tuple[CodegenDecl | ImportDecl | DefDecl | EquivDecl | PatternDecl, ...]

@@ -25,6 +25,7 @@ from dpl.errors import DplError, Span
 from dpl.ir.builder import const
 from dpl.ir.expr import Expr, Tuple, TupleGetItem, Var
 from dpl.lang import ast
+from dpl.lang.expand import MAX_VARIANTS, Scope, apply_equivs, check_def, check_equiv, expand_macros
 from dpl.lang.hooks import lookup_hook
 from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, evaluate
 from dpl.ops.registry import REQUIRED, get_op, make_call
@@ -97,6 +98,7 @@ class Rule:
     doc: str | None
     span: Span
     ops: tuple[str, ...]  # the ops the pattern mentions, in order
+    variants: int = 1  # how many written-out patterns the equivalences made of this one
 
     @property
     def codegen(self) -> str | None:
@@ -186,27 +188,82 @@ def pattern_set(rules) -> PatternSet:
 # -- the compiler ------------------------------------------------------------------------------
 
 
-def compile_file(tree: ast.File) -> CompiledFile:
+class ImportError_(LangError):
+    """An import that cannot be resolved, or a cycle of imports."""
+
+
+def compile_file(tree: ast.File, resolver=None) -> CompiledFile:
+    """Compile a file; ``resolver(import_decl, importing_file) -> (key, ast.File)`` reads
+    imported files (see :func:`dpl.lang.load_rules`)."""
     errors: list[DplError] = []
-    rules: list[Rule] = []
-    prefix: str | None = None
+    rules = _Unit(resolver, errors).compile(tree, Scope(), ())
     seen: dict[str, Span] = {}
-    for decl in tree.decls:
-        if isinstance(decl, ast.CodegenDecl):
-            prefix = decl.name
-            continue
-        rule = _DeclCompiler(decl, prefix, errors).compile()
-        if rule is None:
-            continue
+    unique = []
+    for rule in rules:
         if rule.name in seen:
-            errors.append(DuplicatePatternError(f"{decl.kind} '{rule.name}' is already defined at {seen[rule.name]}", decl.span))
+            errors.append(DuplicatePatternError(f"{rule.kind} '{rule.name}' is already defined at {seen[rule.name]}", rule.span))
             continue
-        seen[rule.name] = decl.span
-        rules.append(rule)
+        seen[rule.name] = rule.span
+        unique.append(rule)
     if errors:
         raise errors[0] if len(errors) == 1 else DplErrors(errors)
-    order = sorted(range(len(rules)), key=lambda i: (-rules[i].priority, i))
-    return CompiledFile(tree.path, tuple(rules[i] for i in order))
+    order = sorted(range(len(unique)), key=lambda i: (-unique[i].priority, i))
+    return CompiledFile(tree.path, tuple(unique[i] for i in order))
+
+
+class _Unit:
+    """Compiles a file and, through the resolver, what it imports (each file once)."""
+
+    def __init__(self, resolver, errors: list[DplError]):
+        self.resolver, self.errors = resolver, errors
+        self.done: dict[str, Scope] = {}
+
+    def compile(self, tree: ast.File, scope: Scope, stack: tuple[str, ...]) -> list[Rule]:
+        rules: list[Rule] = []
+        prefix: str | None = None
+        for decl in tree.decls:
+            if isinstance(decl, ast.CodegenDecl):
+                prefix = decl.name
+            elif isinstance(decl, ast.ImportDecl):
+                rules.extend(self._import(decl, tree.path, scope, stack))
+            elif isinstance(decl, ast.DefDecl):
+                check_def(decl, scope, self.errors)
+            elif isinstance(decl, ast.EquivDecl):
+                if check_equiv(decl, self.errors):
+                    scope.equivs.append(decl)
+            else:
+                rule = _DeclCompiler(decl, prefix, scope, self.errors).compile()
+                if rule is not None:
+                    rules.append(rule)
+        return rules
+
+    def _import(self, decl: ast.ImportDecl, importer: str, scope: Scope, stack: tuple[str, ...]) -> list[Rule]:
+        if self.resolver is None:
+            self.errors.append(ImportError_("imports need a file to resolve them against", decl.span))
+            return []
+        try:
+            key, tree = self.resolver(decl, importer)
+        except DplError as err:
+            self.errors.append(err.with_span(decl.span))
+            return []
+        if key in stack or key == importer:
+            chain = " -> ".join((*stack, importer, key)) if importer not in stack else " -> ".join((*stack, key))
+            self.errors.append(ImportError_(f"import cycle: {chain}", decl.span))
+            return []
+        if key in self.done:  # imported before: its definitions, not its rules again
+            _merge(scope, self.done[key])
+            return []
+        inner = Scope()
+        rules = self.compile(tree, inner, (*stack, importer))
+        self.done[key] = inner
+        _merge(scope, inner)
+        return rules
+
+
+def _merge(scope: Scope, other: Scope) -> None:
+    for name, d in other.macros.items():
+        scope.macros.setdefault(name, d)
+    scope.equivs.extend(e for e in other.equivs if e not in scope.equivs)
 
 
 def _origin(span: Span) -> str:
@@ -214,12 +271,23 @@ def _origin(span: Span) -> str:
 
 
 class _DeclCompiler:
-    def __init__(self, decl: ast.PatternDecl, prefix: str | None, errors: list[DplError]):
+    def __init__(self, decl: ast.PatternDecl, prefix: str | None, scope: Scope, errors: list[DplError]):
         self.decl, self.prefix, self.errors = decl, prefix, errors
         self.n_errors = len(errors)
         body = decl.body
-        self.bindings: dict[str, ast.Binding] = {}
+        self.variants = 1
+        expanded = []
         for b in body.bindings:
+            value = expand_macros(b.value, scope, errors)
+            value, n = apply_equivs(value, scope.equivs)
+            self.variants *= n
+            expanded.append(attrs.evolve(b, value=value))
+        if self.variants > MAX_VARIANTS:
+            self.err(LangError, f"{decl.kind} '{decl.name}' expands into {self.variants} variants (the limit is {MAX_VARIANTS})", decl.span,
+                     hint="write the pattern more specifically, or split it")
+        self.memo: dict[int, P.Pattern] = {}
+        self.bindings: dict[str, ast.Binding] = {}
+        for b in expanded:
             if b.name == "_":
                 self.err(DuplicateNameError, "'_' cannot be bound", b.span)
             elif b.name in self.bindings:
@@ -326,6 +394,15 @@ class _DeclCompiler:
         return pat
 
     def expr(self, e: ast.PExpr) -> P.Pattern:
+        # one syntax node -> one pattern object, also where equivalences reuse a node twice
+        if id(e) in self.memo:
+            return self.memo[id(e)]
+        pat = self._expr(e)
+        if not isinstance(e, ast.Ref):
+            self.memo[id(e)] = pat
+        return pat
+
+    def _expr(self, e: ast.PExpr) -> P.Pattern:
         if isinstance(e, ast.Ref):
             return self.name_pattern(e.name, e.span)
         if isinstance(e, ast.Anything):
@@ -419,7 +496,7 @@ class _DeclCompiler:
             return None
         return Rule(
             d.kind, name, self.final[roots[0]], dict(self.final), annotations, predicates, tuple(hooks), replacement,
-            d.body.priority or 0, d.doc, d.span, tuple(dict.fromkeys(self.ops)),
+            d.body.priority or 0, d.doc, d.span, tuple(dict.fromkeys(self.ops)), self.variants,
         )
 
 

@@ -102,6 +102,22 @@ class _ToAst(Transformer):
     def codegen_decl(self, meta, c):
         return ast.CodegenDecl(str(c[0]), self.sp(meta))
 
+    def import_decl(self, meta, c):
+        token = c[0]
+        is_path = token.type == "ESCAPED_STRING"
+        target = str(token)[1:-1] if is_path else str(token)
+        return ast.ImportDecl(target, is_path, self.src.of(token))
+
+    def def_decl(self, meta, c):
+        name, *params, body = c
+        return ast.DefDecl(str(name), tuple(str(p) for p in params), body, self.src.of(name))
+
+    def equiv_decl(self, meta, c):
+        left, op, right = c
+        if str(op) != "==":
+            raise DplSyntaxError(f"an equivalence is written with '==', not '{op}'", self.src.of(op))
+        return ast.EquivDecl(left, right, self.sp(meta))
+
     def _doc(self, line: int) -> str | None:
         lines = []
         while line - 1 in self.docs:
@@ -344,7 +360,9 @@ def _syntax_error(err: UnexpectedInput, src: _Source) -> DplSyntaxError:
     elif isinstance(err, UnexpectedCharacters):
         char = src.lines[line - 1][col - 1] if line - 1 < len(src.lines) and col - 1 < len(src.lines[line - 1]) else "?"
         what = f"unexpected character '{char}'"
+        # the lexer's list is over-broad (LALR merges states); name it only when short
         expected = sorted({_describe_terminal(t) for t in (err.allowed or ())})
+        expected = expected if len(expected) <= 6 else []
         end = col + 1
     else:  # UnexpectedEOF
         what = "unexpected end of file"
