@@ -12,3 +12,5 @@ from dpl.pattern.context import Edge, GraphPattern, PatternContext, iter_graph_m
 from dpl.pattern.rewrite import (
     RewriteError, RewriteNotConverged, RewriteTypeError, remove_dead_bindings, rewrite_bindings, rewrite_call,
 )
+from dpl.pattern.fusion import CheckContext, FusionPattern, PatternSet, RewriteRule
+from dpl.pattern.explain import Explanation, explain

@@ -211,6 +211,13 @@ class Matcher:
             return Match(dict(self.memo), self.syms)
         return self.failure
 
+    def label(self, e) -> str:
+        """``lv1 = exp(x)`` for a bound value, else the expression (for messages)."""
+        if not hasattr(self, "_var_of"):
+            self._var_of = {id(v): k for k, v in self.var2val.items()}
+        var = self._var_of.get(id(e))
+        return f"{var.name} = {show(e)}" if var is not None else show(e)
+
     def unwrap(self, e):
         while isinstance(e, Var):
             value = self.var2val.get(e)
@@ -243,8 +250,8 @@ class Matcher:
             if prev is e or (isinstance(e, str) and prev == e):
                 return True
             return self.fail(p, raw, "consistency", lambda: (
-                f"this pattern object is used more than once; it already matched {show(prev)}, "
-                f"and here meets {show(e)}, a different value (a repeated pattern must bind the same value)"))
+                f"this pattern object is used more than once; it already matched {self.label(prev)}, "
+                f"and here meets {self.label(e)}, a different value (a repeated pattern must bind the same value)"))
         cacheable = id(p) not in self.dependent
         if cacheable:
             hit = self._cache.get((p, id(e)))
