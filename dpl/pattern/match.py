@@ -292,7 +292,7 @@ class Matcher:
     def _op(self, p, e, raw):
         if isinstance(e, str) and e == p.name:
             return True
-        return self.fail(p, raw, "op", lambda: f"expected op {p.name}, found {show(e, 0)}")
+        return self.fail(p, raw, "op", lambda: f"expected op {p.name}, found {_op_text(e)}")
 
     def _global_var(self, p, e, raw):
         if not isinstance(e, GlobalVar):
@@ -330,7 +330,7 @@ class Matcher:
         op = p.op
         if isinstance(op, n.OpPattern):  # fast path of the common case, same result as visit()
             if e.op != op.name:
-                return self.fail(p, raw, "op", lambda: f"expected op {op.name}, found {show(e.op, 0)}")
+                return self.fail(p, raw, "op", lambda: f"expected op {op.name}, found {_op_text(e.op)}")
             prev = self.memo.get(op, _MISSING)
             if prev is _MISSING:
                 self.remember(op, e.op)
@@ -361,7 +361,7 @@ class Matcher:
             return self.fail(p, raw, "attribute", lambda: f"attributes are asked of {_kind_name(e)}, which has none")
         for key, want in constraints.items():
             if key not in e.attrs:
-                return self.fail(p, raw, "attribute", lambda: f"{show(e.op, 0)} has no attribute '{key}'")
+                return self.fail(p, raw, "attribute", lambda: f"{_op_text(e.op)} has no attribute '{key}'")
             got = e.attrs[key]
             if not attr_equal(want, got):
                 return self.fail(p, raw, "attribute", lambda: f"attribute {key}: expected {want!r}, found {got!r}")
@@ -472,6 +472,14 @@ class Matcher:
         if ok:
             return self.fail(p, raw, "not", lambda: f"{show(e)} matches {p.inner!r}, which is excluded")
         return True
+
+
+def _op_text(op) -> str:
+    if isinstance(op, str):
+        return op
+    if isinstance(op, GlobalVar):
+        return f"@{op.name}"
+    return _kind_name(op)
 
 
 def _dims(shape) -> str:

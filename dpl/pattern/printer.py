@@ -18,11 +18,18 @@ from dpl.pattern import nodes as n
 def format_pattern(p: n.Pattern) -> str:
     uses: Counter[int] = Counter()
 
-    def count(q: n.Pattern):
+    def count(q: n.Pattern, skip: n.Pattern | None = None):
+        if q is skip:
+            return
         uses[id(q)] += 1
-        if uses[id(q)] == 1:
-            for c in q.children():
-                count(c)
+        if uses[id(q)] > 1:
+            return
+        if isinstance(q, n.OptionalPattern):  # the outer pattern contains the inner once more
+            count(q.inner)
+            count(q.outer, skip=q.inner)
+            return
+        for c in q.children():
+            count(c, skip)
 
     count(p)
     names: dict[int, str] = {}
