@@ -315,7 +315,7 @@ class Matcher:
     def _const(self, p, e, raw):
         if not isinstance(e, Constant):
             return self.fail(p, raw, "kind", lambda: f"expected a constant, found {_kind_name(e)}")
-        if p.value is not None and not (e.value.shape == p.value.shape and np.array_equal(e.value, p.value)):
+        if p.value is not None and not _same_constant(e.value, p.value):
             return self.fail(p, raw, "value", lambda: f"expected the constant {p.value.tolist()!r}, found {e.value.tolist()!r}")
         return True
 
@@ -480,6 +480,18 @@ def _op_text(op) -> str:
     if isinstance(op, GlobalVar):
         return f"@{op.name}"
     return _kind_name(op)
+
+
+def _same_constant(value: np.ndarray, wanted: np.ndarray) -> bool:
+    """A constant equals a pattern's value when they agree in the constant's own dtype:
+    ``is_const(0.7071067811865476)`` matches the f32 constant 0.70710677. A fractional
+    value never matches an integer constant."""
+    if value.shape != wanted.shape:
+        return False
+    if value.dtype.kind in "iub" and wanted.dtype.kind == "f" and not np.all(wanted == np.round(wanted)):
+        return False
+    with np.errstate(all="ignore"):
+        return bool(np.array_equal(value, wanted.astype(value.dtype), equal_nan=value.dtype.kind == "f"))
 
 
 def _dims(shape) -> str:
