@@ -16,6 +16,7 @@ from dpl.pattern import (
     FusionPattern, GraphPattern, Match, NoMatch, PatternContext, PatternSet, explain, is_const, is_expr, is_gv, is_op,
     is_tuple, is_tuple_get_item, is_var, match, match_graph, rewrite_bindings, rewrite_call, wildcard,
 )
+from dpl.lang import check_hook, load_patterns, parse_patterns
 
 __version__ = "0.1.0"
 
@@ -27,4 +28,6 @@ __all__ = [
     "FusionPattern", "GraphPattern", "Match", "NoMatch", "PatternContext", "PatternSet", "explain", "is_const",
     "is_expr", "is_gv", "is_op", "is_tuple", "is_tuple_get_item", "is_var", "match", "match_graph", "pattern",
     "rewrite_bindings", "rewrite_call", "wildcard",
+    # dpl.lang
+    "check_hook", "load_patterns", "parse_patterns",
 ]
