@@ -162,18 +162,18 @@ def _shared_or_symbolic(root: n.Pattern) -> set[int]:
     """Ids of the nodes whose result depends on the rest of the match (they contain a node
     used twice in ``root``, or a symbolic dimension). The others can be cached per expression."""
     uses: dict[int, int] = {}
-    order: list[n.Pattern] = []
+    order: list[n.Pattern] = []  # post-order: every node after all of its children
 
     def count(p):
         uses[id(p)] = uses.get(id(p), 0) + 1
         if uses[id(p)] == 1:
-            order.append(p)
             for c in p.children():
                 count(c)
+            order.append(p)
 
     count(root)
     dependent: set[int] = set()
-    for p in reversed(order):  # children before parents
+    for p in order:
         if uses[id(p)] > 1 or (isinstance(p, n.ShapePattern) and any(isinstance(d, str) for d in p.shape)) \
                 or any(id(c) in dependent for c in p.children()):
             dependent.add(id(p))
