@@ -25,7 +25,7 @@ from dpl.errors import DplError, Span
 from dpl.ir.builder import const
 from dpl.ir.expr import Expr, Tuple, TupleGetItem, Var
 from dpl.lang import ast
-from dpl.lang.expand import MAX_VARIANTS, Scope, apply_equivs, check_def, check_equiv, expand_macros
+from dpl.lang.expand import MAX_VARIANTS, Scope, apply_equivs, check_def, check_equiv, count_variants, expand_macros
 from dpl.lang.hooks import lookup_hook
 from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, evaluate
 from dpl.ops.registry import REQUIRED, get_op, make_call
@@ -98,7 +98,7 @@ class Rule:
     doc: str | None
     span: Span
     ops: tuple[str, ...]  # the ops the pattern mentions, in order
-    variants: int = 1  # how many written-out patterns the equivalences made of this one
+    variants: int = 1  # how many plain patterns this one stands for (alternatives, optional ops, equivalences)
 
     @property
     def codegen(self) -> str | None:
@@ -279,8 +279,8 @@ class _DeclCompiler:
         expanded = []
         for b in body.bindings:
             value = expand_macros(b.value, scope, errors)
-            value, n = apply_equivs(value, scope.equivs)
-            self.variants *= n
+            value, _ = apply_equivs(value, scope.equivs)
+            self.variants *= count_variants(value)
             expanded.append(attrs.evolve(b, value=value))
         if self.variants > MAX_VARIANTS:
             self.err(LangError, f"{decl.kind} '{decl.name}' expands into {self.variants} variants (the limit is {MAX_VARIANTS})", decl.span,

@@ -220,3 +220,14 @@ def apply_equivs(e: ast.PExpr, equivs: list[ast.EquivDecl]) -> tuple[ast.PExpr, 
                 continue
             break
     return e, variants
+
+
+def count_variants(e: ast.PExpr) -> int:
+    """How many plain patterns an expression stands for: alternatives add, operands multiply,
+    an optional op doubles."""
+    if isinstance(e, ast.Alt):
+        return count_variants(e.left) + count_variants(e.right)
+    n = 2 if isinstance(e, ast.Call) and e.optional else 1
+    for child in _children(e):
+        n *= count_variants(child)
+    return n
