@@ -11,6 +11,12 @@ from dpl.ir import (
     TupleGetItem, TupleType, Var, const, structural_equal, structural_hash,
 )
 from dpl.ops import OpPatternKind, make_call, op_kind
+from dpl import pattern
+from dpl.pattern import (
+    FusionPattern, GraphPattern, Match, NoMatch, PatternContext, PatternSet, explain, is_const, is_expr, is_gv, is_op,
+    is_tuple, is_tuple_get_item, is_var, match, match_graph, rewrite_bindings, rewrite_call, wildcard,
+)
+from dpl.lang import check_hook, load_patterns, parse_patterns
 
 __version__ = "0.1.0"
 
@@ -18,4 +24,10 @@ __all__ = [
     "Binding", "Call", "Constant", "DplError", "Function", "FunctionBuilder", "GlobalVar", "Module",
     "OpPatternKind", "TensorType", "Tuple", "TupleGetItem", "TupleType", "Var", "const", "dtypes",
     "interpret", "make_call", "op_kind", "structural_equal", "structural_hash",
+    # dpl.pattern
+    "FusionPattern", "GraphPattern", "Match", "NoMatch", "PatternContext", "PatternSet", "explain", "is_const",
+    "is_expr", "is_gv", "is_op", "is_tuple", "is_tuple_get_item", "is_var", "match", "match_graph", "pattern",
+    "rewrite_bindings", "rewrite_call", "wildcard",
+    # dpl.lang
+    "check_hook", "load_patterns", "parse_patterns",
 ]

@@ -91,7 +91,7 @@ def run_function(mod: Module | None, fn: Function, arrays: list[Any]) -> Any:
     dims: dict[str, int] = {}
     frame = _Frame(mod, fn, dims)
     for p, a in zip(fn.params, arrays):
-        a = tuple(np.asarray(x) for x in a) if isinstance(a, (tuple, list)) else np.asarray(a)
+        a = tuple(np.asarray(x) for x in a) if isinstance(p.ty, TupleType) and isinstance(a, (tuple, list)) else np.asarray(a)
         _bind_type(p.ty, a, dims, f"parameter '{p.name}' of '{fn.name}'")
         frame.env[id(p)] = a
     for b in fn.bindings:

@@ -8,6 +8,11 @@ from dpl.ir.types import Dim, TensorType
 from dpl.ops.registry import CallInfo
 
 
+def fmt_dims(dims) -> str:
+    """A dim list as the text form writes it: ``[n, 4]``."""
+    return "[" + ", ".join(map(str, dims)) + "]"
+
+
 def broadcast_shapes(info: CallInfo, indices: Sequence[int] | None = None) -> tuple[Dim, ...]:
     """NumPy broadcasting of the operands' shapes; a symbolic dim only matches itself or 1."""
     indices = range(len(info.arg_types)) if indices is None else indices

@@ -7,7 +7,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.ir.types import TensorType, TupleType
-from dpl.ops._shapes import dim_product, normalize_axes, normalize_axis
+from dpl.ops._shapes import dim_product, fmt_dims, normalize_axes, normalize_axis
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
 
 K = OpPatternKind
@@ -20,9 +20,9 @@ def _infer_reshape(info: CallInfo) -> TensorType:
     x = info.tensor(0)
     shape = list(info.attrs["shape"])
     if shape.count(-1) > 1:
-        raise info.error(f"shape {shape} may hold at most one -1")
+        raise info.error(f"shape {fmt_dims(shape)} may hold at most one -1")
     if any(isinstance(d, int) and d < -1 for d in shape):
-        raise info.error(f"shape {shape} has a negative dimension")
+        raise info.error(f"shape {fmt_dims(shape)} has a negative dimension")
     have_n, have_syms = dim_product(x.shape)
     if -1 in shape:
         known = [d for d in shape if d != -1]
@@ -30,13 +30,17 @@ def _infer_reshape(info: CallInfo) -> TensorType:
         rest = list(have_syms)
         for s in syms:
             if s not in rest:
-                raise info.error(f"cannot reshape {info.operand(0)} to {shape}: symbolic '{s}' is not a dimension of the input")
+                raise info.error(f"cannot reshape {info.operand(0)} to {fmt_dims(shape)}: symbolic '{s}' is not a dimension of the input")
             rest.remove(s)
-        if rest or n == 0 or have_n % n:
-            raise info.error(f"cannot infer the -1 of {shape} from {info.operand(0)}")
-        shape[shape.index(-1)] = have_n // n
+        if len(rest) == 1 and have_n == n:
+            inferred = rest[0]  # the -1 stands for the one symbolic dim left over
+        elif not rest and n and have_n % n == 0:
+            inferred = have_n // n
+        else:
+            raise info.error(f"cannot infer the -1 of {fmt_dims(shape)} from {info.operand(0)}")
+        shape[shape.index(-1)] = inferred
     if dim_product(shape) != (have_n, have_syms):
-        raise info.error(f"cannot reshape {info.operand(0)} to {shape}: element counts differ")
+        raise info.error(f"cannot reshape {info.operand(0)} to {fmt_dims(shape)}: element counts differ")
     return TensorType(tuple(shape), x.dtype)
 
 
@@ -236,10 +240,10 @@ def _infer_broadcast_to(info: CallInfo) -> TensorType:
     x = info.tensor(0)
     shape = tuple(info.attrs["shape"])
     if len(shape) < x.ndim:
-        raise info.error(f"cannot broadcast {info.operand(0)} to lower rank {list(shape)}")
+        raise info.error(f"cannot broadcast {info.operand(0)} to lower rank {fmt_dims(shape)}")
     for d, t in zip(reversed(x.shape), reversed(shape)):
         if d != 1 and d != t:
-            raise info.error(f"cannot broadcast {info.operand(0)} to {list(shape)}")
+            raise info.error(f"cannot broadcast {info.operand(0)} to {fmt_dims(shape)}")
     return TensorType(shape, x.dtype)
 
 

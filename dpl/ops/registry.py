@@ -79,8 +79,8 @@ class AttrSpec:
                 raise bad("a dtype")
             try:
                 return dtypes.canonical(value)
-            except DplError as err:
-                raise bad(f"a dtype ({err.message})") from None
+            except DplError:
+                raise bad("a dtype such as f32, f16 or i64") from None
         if kind in ("axis",):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise bad("an integer axis")
@@ -171,6 +171,8 @@ def get_op(name: str) -> OpDef:
     if op is None:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
         hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else None
+        if name.startswith("relax.") and name[6:] in _REGISTRY:
+            hint = f"dpl op names have no 'relax.' prefix: write '{name[6:]}'"
         raise UnknownOpError(f"unknown op '{name}'", hint=hint)
     return op
 

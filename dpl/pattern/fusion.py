@@ -1,0 +1,147 @@
+"""What the ``.dpl`` compiler produces and FuseOpsByPattern consumes: named fusion patterns
+and ordered sets of them, plus rewrite rules.
+
+``FusionPattern(name, pattern, annotation_patterns, check, attrs_getter)`` is TVM's
+``FusionPattern``: ``name`` is the composite name (``"cublas.matmul_bias"``, the codegen
+prefix before the first dot), ``annotation_patterns`` names sub-patterns whose matched
+expressions the check and the attrs getter see, ``check(ctx)`` may veto a match and answers a
+bool or a :class:`Match`/:class:`NoMatch` (a NoMatch keeps its reason), and
+``attrs_getter(annotated)`` returns extra attributes for the composite function.
+
+A :class:`PatternSet` keeps fusion patterns in priority order (earlier wins, as in TVM) and
+rewrite rules (applied before fusion, in order).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping
+
+import attrs
+
+from dpl.ir.expr import Expr, Function, Module, Var
+from dpl.pattern import nodes as n
+from dpl.pattern.match import Match, NoMatch
+
+
+def _mapping(value) -> Mapping[str, n.Pattern]:
+    return MappingProxyType(dict(value or {}))
+
+
+@attrs.frozen
+class CheckContext:
+    """What a check sees (TVM's ``PatternCheckContext``): the matched root value, the
+    annotated expressions by name, the matched bindings {var: value}, the users of every
+    variable of the function, and value -> bound variable for the bindings seen so far."""
+
+    matched_expr: Expr
+    annotated_expr: Mapping[str, Expr]
+    matched_bindings: Mapping[Var, Expr]
+    var_usages: Mapping[Var, tuple[Var, ...]]
+    value_to_bound_var: Mapping[Expr, Var]
+    match: Match | None = None
+
+
+@attrs.frozen(eq=False)
+class FusionPattern:
+    name: str
+    pattern: n.Pattern
+    annotation_patterns: Mapping[str, n.Pattern] = attrs.field(factory=dict, converter=_mapping)
+    check: Callable[[CheckContext], Any] | None = None
+    attrs_getter: Callable[[Mapping[str, Expr]], Mapping[str, Any]] | None = None
+    origin: str = attrs.field(factory=n._origin, kw_only=True)
+
+    def __attrs_post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise n.PatternError(f"a fusion pattern needs a non-empty name, got {self.name!r}")
+        if not isinstance(self.pattern, n.Pattern):
+            raise n.PatternError(f"fusion pattern '{self.name}': expected a pattern, got {type(self.pattern).__name__}")
+        for key, p in self.annotation_patterns.items():
+            if not isinstance(p, n.Pattern):
+                raise n.PatternError(f"fusion pattern '{self.name}': annotation '{key}' is not a pattern")
+        if self.check is not None and not callable(self.check):
+            raise n.PatternError(f"fusion pattern '{self.name}': check must be callable")
+        if self.attrs_getter is not None and not callable(self.attrs_getter):
+            raise n.PatternError(f"fusion pattern '{self.name}': attrs_getter must be callable")
+
+    @property
+    def codegen(self) -> str | None:
+        """The codegen prefix: the name up to its first dot (None without a dot)."""
+        return self.name.split(".", 1)[0] if "." in self.name else None
+
+    def annotated(self, m: Match) -> dict[str, Expr]:
+        """Each annotation present in the match -> the expression it bound."""
+        return {key: m[p] for key, p in self.annotation_patterns.items() if p in m}
+
+    def run_check(self, ctx: CheckContext) -> Match | NoMatch:
+        """The check's verdict as a Match or a NoMatch with a reason."""
+        if self.check is None:
+            return ctx.match if ctx.match is not None else Match({})
+        verdict = self.check(ctx)
+        if isinstance(verdict, (Match, NoMatch)):
+            return verdict
+        if verdict:
+            return ctx.match if ctx.match is not None else Match({})
+        return NoMatch(self.pattern, ctx.matched_expr, "check",
+                       f"the check of fusion pattern '{self.name}' (built at {self.origin}) rejected the match")
+
+    def __repr__(self):
+        return f"FusionPattern({self.name!r}, {self.pattern!r})"
+
+
+@attrs.frozen(eq=False)
+class RewriteRule:
+    """``pattern`` rewritten by ``rewriter(value, match)`` (see :func:`dpl.pattern.rewrite_call`)."""
+
+    name: str
+    pattern: n.Pattern
+    rewriter: Callable[[Expr, Match], Expr | None]
+    origin: str = attrs.field(factory=n._origin, kw_only=True)
+
+    def apply(self, target: Function | Module) -> Function | Module:
+        from dpl.pattern.rewrite import rewrite_call
+
+        return rewrite_call(self.pattern, self.rewriter, target)
+
+
+@attrs.frozen(eq=False)
+class PatternSet:
+    """Fusion patterns in priority order plus rewrite rules; names are unique."""
+
+    patterns: tuple[FusionPattern, ...] = attrs.field(default=(), converter=tuple)
+    rewrites: tuple[RewriteRule, ...] = attrs.field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self):
+        seen: dict[str, str] = {}
+        for item in (*self.patterns, *self.rewrites):
+            if item.name in seen:
+                raise n.PatternError(f"the pattern set has two rules named '{item.name}' "
+                                     f"(built at {seen[item.name]} and {item.origin})")
+            seen[item.name] = item.origin
+        for p in self.patterns:
+            if not isinstance(p, FusionPattern):
+                raise n.PatternError(f"PatternSet.patterns holds FusionPatterns, got {type(p).__name__}")
+        for r in self.rewrites:
+            if not isinstance(r, RewriteRule):
+                raise n.PatternError(f"PatternSet.rewrites holds RewriteRules, got {type(r).__name__}")
+
+    def __iter__(self) -> Iterator[FusionPattern]:
+        return iter(self.patterns)
+
+    def __len__(self) -> int:
+        return len(self.patterns)
+
+    def __getitem__(self, name: str) -> FusionPattern | RewriteRule:
+        for item in (*self.patterns, *self.rewrites):
+            if item.name == name:
+                return item
+        raise KeyError(name)
+
+    def __add__(self, other: "PatternSet") -> "PatternSet":
+        """Both sets, ``self`` first (so its patterns take priority)."""
+        return PatternSet(self.patterns + other.patterns, self.rewrites + other.rewrites)
+
+    def apply_rewrites(self, target: Function | Module) -> Function | Module:
+        for rule in self.rewrites:
+            target = rule.apply(target)
+        return target

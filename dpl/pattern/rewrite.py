@@ -1,0 +1,276 @@
+"""Rewriting functions with patterns: ``rewrite_call`` (one root) and ``rewrite_bindings``
+(graph patterns), as in TVM Relax.
+
+``rewrite_call(pattern, rewriter, func)`` matches every binding's value; for a match it calls
+``rewriter(value, match)``. Returning the original value (or ``None``) means "no match": if
+the pattern is a top-level ``|``, its next alternative is then tried, as in TVM. Rounds repeat
+until nothing changes (a fixed point), at most ``max_iterations`` times, else
+:class:`RewriteNotConverged` names the pattern. After each round, dead bindings are removed.
+
+A replacement may be any expression built from the matched values. Sub-expressions that are
+values of existing bindings are replaced by those bindings' variables (so nothing is computed
+twice), and new nested calls get new bindings with fresh names that clash with none of the
+function's. A replacement whose type differs from the value it replaces is rejected with a
+:class:`RewriteTypeError` naming both types. Functions and modules are never mutated: a new
+function is returned, or the same object when nothing matched.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from dpl.errors import DplError
+from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, replace
+from dpl.pattern import nodes as n
+from dpl.pattern.context import GraphPattern, PatternContext, _as_graph, _leaf_vars, iter_graph_matches
+from dpl.pattern.match import Match, Matcher, PatternIndex
+
+DEFAULT_MAX_ITERATIONS = 64
+
+
+class RewriteError(DplError):
+    """A rewriter returned something that cannot replace what it matched."""
+
+
+class RewriteTypeError(RewriteError):
+    """A replacement's type differs from the type of the value it replaces."""
+
+
+class RewriteNotConverged(RewriteError):
+    """Rewriting did not reach a fixed point within the iteration bound."""
+
+
+def _where(p) -> str:
+    return f"{p!r} (built at {getattr(p, 'origin', '?')})"
+
+
+def _alternatives(p: n.Pattern) -> list[n.Pattern]:
+    if isinstance(p, n.OrPattern):
+        return _alternatives(p.left) + _alternatives(p.right)
+    return [p]
+
+
+def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | None], func: Function | Module,
+                 *, max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Function | Module:
+    """Rewrite every binding whose value ``pattern`` matches, to a fixed point."""
+    if not isinstance(pattern, n.Pattern):
+        raise n.PatternError(f"rewrite_call: expected a pattern, got {type(pattern).__name__}")
+    if isinstance(func, Module):
+        return _per_function(func, lambda f: rewrite_call(pattern, rewriter, f, max_iterations=max_iterations))
+    _check_function(func, "rewrite_call")
+    alternatives = _alternatives(pattern)
+    index = PatternIndex(alternatives)
+    current = func
+    for _ in range(max_iterations):
+        new = _round(pattern, alternatives, index, rewriter, current)
+        if new is current:
+            return current
+        current = new
+    raise RewriteNotConverged(
+        f"rewrite_call did not converge after {max_iterations} rounds with pattern {_where(pattern)}",
+        hint="the rewriter probably builds an expression its own pattern matches again")
+
+
+def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
+    matcher = Matcher(func)
+    replaced: dict[Var, Expr] = {}
+    for b in func.bindings:
+        if isinstance(b.value, Var):
+            continue  # an alias: its value is matched (and rewritten) at its own binding
+        for alt in index.candidates(b.value):
+            m = matcher.match(alt, b.value)
+            if not m:
+                continue
+            if alt is not pattern:
+                m._map[pattern] = b.value  # TVM also maps the top-level | to the value
+            new = rewriter(b.value, m)
+            if new is None or new is b.value:
+                continue  # "no match": try the next alternative
+            _check_replacement(b.var, b.value, new, pattern)
+            replaced[b.var] = new
+            break
+    if not replaced:
+        return func
+    return remove_dead_bindings(_rebuild(func, replaced))
+
+
+def _check_replacement(var: Var, old: Expr, new, pattern) -> None:
+    if not isinstance(new, (Var, Constant, Call, Tuple, TupleGetItem)):
+        raise RewriteError(f"the rewriter of {_where(pattern)} returned {type(new).__name__} for {var.name}, not an expression")
+    if new.ty != old.ty:
+        raise RewriteTypeError(
+            f"the rewriter of {_where(pattern)} replaced {var.name}: {old.ty} with a value of type {new.ty}",
+            hint="a replacement must have the type of the value it replaces")
+
+
+def _check_function(func, who: str) -> None:
+    if not isinstance(func, Function):
+        raise DplError(f"{who}: expected a Function or Module, got {type(func).__name__}")
+
+
+def _per_function(mod: Module, fn) -> Module:
+    changed = {name: fn(f) for name, f in mod.functions.items()}
+    if all(changed[k] is mod.functions[k] for k in changed):
+        return mod
+    return Module(changed)
+
+
+class _Rebuild:
+    """Builds a new function from ``func`` with some binding values replaced."""
+
+    def __init__(self, func: Function, replaced: Mapping[Var, Expr]):
+        self.func = func
+        self.taken = {p.name for p in func.params} | {b.var.name for b in func.bindings}
+        self.bound_value = {id(b.value): b.var for b in func.bindings}
+        self.bound_value.update({id(v): k for k, v in replaced.items()})
+        self.alias: dict[Var, Expr] = {}
+        self.out: list[Binding] = []
+        self.fresh: dict[int, Var] = {}
+
+    def fresh_name(self, base: str) -> str:
+        i = 0
+        while f"{base}_{i}" in self.taken:
+            i += 1
+        name = f"{base}_{i}"
+        self.taken.add(name)
+        return name
+
+    def normalize(self, e: Expr, owner: Var, top: bool) -> Expr:
+        if isinstance(e, Var):
+            return self.alias.get(e, e)
+        if isinstance(e, (Constant, GlobalVar)):
+            return e
+        if not top:
+            bound = self.bound_value.get(id(e)) or self.fresh.get(id(e))
+            if bound is not None and bound is not owner:
+                return self.alias.get(bound, bound)
+        if isinstance(e, Call):
+            args = tuple(self.normalize(a, owner, False) for a in e.args)
+            new = e if all(x is y for x, y in zip(args, e.args)) else replace(e, args=args)
+        elif isinstance(e, Tuple):
+            fields = tuple(self.normalize(f, owner, False) for f in e.fields)
+            return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
+        elif isinstance(e, TupleGetItem):
+            inner = self.normalize(e.tuple_value, owner, False)
+            return e if inner is e.tuple_value else TupleGetItem(inner, e.index)
+        else:
+            raise RewriteError(f"cannot place a {type(e).__name__} in a function body")
+        if top:
+            return new
+        var = Var(self.fresh_name(owner.name), new.ty)
+        self.out.append(Binding(var, new))
+        self.fresh[id(e)] = var
+        return var
+
+    def run(self, replaced: Mapping[Var, Expr]) -> Function:
+        for b in self.func.bindings:
+            if b.var in replaced:
+                value = self.normalize(replaced[b.var], b.var, True)
+            else:
+                value = _substitute(b.value, self.alias)
+            if isinstance(value, Var) and b.var in replaced:
+                self.alias[b.var] = value  # ``lv = x``: later uses read x directly
+                continue
+            self.out.append(b if value is b.value else Binding(b.var, value))
+        ret = _substitute(self.func.ret, self.alias)
+        return Function(self.func.name, self.func.params, _topological(self.out), ret, self.func.attrs)
+
+
+def _rebuild(func: Function, replaced: Mapping[Var, Expr]) -> Function:
+    return _Rebuild(func, replaced).run(replaced)
+
+
+def _substitute(e: Expr, alias: Mapping[Var, Expr]) -> Expr:
+    if not alias:
+        return e
+    if isinstance(e, Var):
+        return alias.get(e, e)
+    if isinstance(e, Call):
+        args = tuple(_substitute(a, alias) for a in e.args)
+        return e if all(x is y for x, y in zip(args, e.args)) else replace(e, args=args)
+    if isinstance(e, Tuple):
+        fields = tuple(_substitute(f, alias) for f in e.fields)
+        return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
+    if isinstance(e, TupleGetItem):
+        inner = _substitute(e.tuple_value, alias)
+        return e if inner is e.tuple_value else TupleGetItem(inner, e.index)
+    return e
+
+
+def _topological(bindings: list[Binding]) -> list[Binding]:
+    """Bindings ordered so every variable is defined before use, keeping the given order
+    wherever it already is (a graph rewrite may have a value use a later binding)."""
+    by_var = {b.var: b for b in bindings}
+    done: set = set()
+    active: set = set()
+    out: list[Binding] = []
+
+    def emit(b: Binding):
+        if b.var in done:
+            return
+        if b.var in active:
+            raise RewriteError(f"the rewrite made {b.var.name} depend on itself (a cycle)")
+        active.add(b.var)
+        deps: list[Var] = []
+        _leaf_vars(b.value, deps)
+        for d in deps:
+            if d in by_var:
+                emit(by_var[d])
+        active.discard(b.var)
+        done.add(b.var)
+        out.append(b)
+
+    for b in bindings:
+        emit(b)
+    return out
+
+
+def remove_dead_bindings(func: Function) -> Function:
+    """``func`` without the bindings nothing (transitively) returned uses."""
+    live: set = set()
+    roots: list[Var] = []
+    _leaf_vars(func.ret, roots)
+    live.update(roots)
+    keep: list[Binding] = []
+    for b in reversed(func.bindings):
+        if b.var not in live:
+            continue
+        keep.append(b)
+        deps: list[Var] = []
+        _leaf_vars(b.value, deps)
+        live.update(deps)
+    if len(keep) == len(func.bindings):
+        return func
+    return Function(func.name, func.params, tuple(reversed(keep)), func.ret, func.attrs)
+
+
+def rewrite_bindings(graph: GraphPattern | PatternContext, rewriter, func: Function | Module,
+                     *, max_iterations: int | None = None) -> Function | Module:
+    """Rewrite with a graph pattern: ``rewriter(matches: {pattern: Var}, bindings: {Var: Expr})``
+    returns ``{Var: new value}`` for the bindings to replace. Matching repeats on the bindings
+    not yet rewritten until the graph no longer matches."""
+    g = _as_graph(graph)
+    if isinstance(func, Module):
+        return _per_function(func, lambda f: rewrite_bindings(g, rewriter, f, max_iterations=max_iterations))
+    _check_function(func, "rewrite_bindings")
+    bound = max_iterations if max_iterations is not None else len(func.bindings) + 1
+    done: set = set()
+    current = func
+    for _ in range(bound):
+        found = next(iter_graph_matches(g, current, exclude=done), None)
+        if found is None:
+            return remove_dead_bindings(current) if current is not func else func
+        values = {b.var: b.value for b in current.bindings}
+        out = rewriter(found, values) or {}
+        replaced = {}
+        for var, new in out.items():
+            if var not in values:
+                raise RewriteError(f"the rewriter of {g!r} returned a value for {getattr(var, 'name', var)!r}, "
+                                   "which is not a binding of the function")
+            if new is not values[var]:
+                _check_replacement(var, values[var], new, g)
+                replaced[var] = new
+        done.update(replaced or found.values())
+        if replaced:
+            current = _rebuild(current, replaced)
+    raise RewriteNotConverged(f"rewrite_bindings did not converge after {bound} rounds with {g!r}")

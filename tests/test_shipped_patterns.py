@@ -1,0 +1,274 @@
+"""The shipped libraries (patterns/*.dpl): each pattern against its hand-written Python DPL
+twin on a corpus of modules (same bindings matched and accepted), each pattern matching the
+graph it is meant for, and each rewrite checked numerically with the interpreter."""
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.ir import FunctionBuilder, const
+from dpl.lang import load_patterns
+from dpl.lang.matching import find_matches
+from dpl.pattern import FusionPattern, is_const, is_op, wildcard
+
+rng = np.random.default_rng(0)
+
+# -- the corpus --------------------------------------------------------------------------------
+
+
+def mlp(act=None, bias=True, dtype="f32"):
+    fb = FunctionBuilder("main")
+    x = fb.param("x", dtype, ("n", 64))
+    w = fb.param("w", dtype, (64, 32))
+    y = fb.emit("matmul", x, w, name="mm")
+    if bias:
+        y = fb.emit("add", y, fb.param("b", dtype, (32,)), name="biased")
+    if act:
+        y = fb.emit(act, y, name="act")
+    return fb.ret(y)
+
+
+def batched():
+    fb = FunctionBuilder("main")
+    a, b = fb.param("a", "f32", (4, 8, 16)), fb.param("b", "f32", (4, 16, 8))
+    return fb.ret(fb.emit("matmul", a, b, name="bmm"))
+
+
+def int_matmul():
+    fb = FunctionBuilder("main")
+    a, b = fb.param("a", "i32", (8, 16)), fb.param("b", "i32", (16, 8))
+    return fb.ret(fb.emit("matmul", a, b, name="imm"))
+
+
+def swiglu_block():
+    fb = FunctionBuilder("main")
+    x, wg, wu = fb.param("x", "f32", ("n", 64)), fb.param("wg", "f32", (64, 96)), fb.param("wu", "f32", (64, 96))
+    gate = fb.emit("matmul", x, wg, name="gate")
+    up = fb.emit("matmul", x, wu, name="up")
+    act = fb.emit("nn.silu", gate, name="act")
+    return fb.ret(fb.emit("multiply", up, act, name="h"))
+
+
+def residual_rmsnorm(sum_used_later=False):
+    fb = FunctionBuilder("main")
+    x, r, w = fb.param("x", "f32", ("n", 64)), fb.param("r", "f32", ("n", 64)), fb.param("w", "f32", (64,))
+    s = fb.emit("add", x, r, name="s")
+    normed = fb.emit("nn.rms_norm", s, w, name="normed")
+    out = fb.emit("add", normed, s, name="out") if sum_used_later else normed
+    return fb.ret(out)
+
+
+def attention(mask=True, scale_by="multiply"):
+    fb = FunctionBuilder("main")
+    q, k, v = fb.param("q", "f32", (2, 8, 16)), fb.param("k", "f32", (2, 16, 8)), fb.param("v", "f32", (2, 8, 16))
+    s = fb.emit("matmul", q, k, name="scores")
+    z = fb.emit(scale_by, s, 0.25, name="scaled")
+    if mask:
+        z = fb.emit("add", z, fb.param("mask", "f32", (8, 8)), name="masked")
+    p = fb.emit("nn.softmax", z, name="probs")
+    return fb.ret(fb.emit("matmul", p, v, name="ctx"))
+
+
+def gelus():
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (4, 8))
+    a = fb.emit("nn.gelu", x, name="g1")
+    b = fb.emit("nn.gelu_tanh", a, name="g2")
+    return fb.ret(fb.emit("nn.relu", b, name="r"))
+
+
+CORPUS = {
+    "mlp_relu": mlp("nn.relu"), "mlp_gelu": mlp("nn.gelu"), "mlp_silu_f16": mlp("nn.silu", dtype="f16"),
+    "mlp_tanh": mlp("tanh"), "mlp_nobias": mlp(bias=False), "mlp_bias": mlp(), "batched": batched(),
+    "int_matmul": int_matmul(), "swiglu": swiglu_block(), "residual": residual_rmsnorm(),
+    "residual_reused": residual_rmsnorm(True), "attention": attention(), "attention_nomask": attention(False, "divide"),
+    "gelus": gelus(),
+}
+
+# -- the Python twins --------------------------------------------------------------------------
+
+FLOATS = ("float16", "bfloat16", "float32")
+
+
+def _rank(e):
+    return e.ty.ndim
+
+
+def _twin_cublas():
+    def floats(ctx, x):
+        return ctx.annotated_expr[x].ty.dtype in FLOATS
+
+    x, w, b = wildcard(), wildcard(), wildcard()
+    mm = is_op("matmul")(x, w)
+    y = is_op("add")(mm, b)
+    act = is_op("nn.relu")(y) | is_op("nn.gelu")(y) | is_op("nn.gelu_tanh")(y) | is_op("nn.silu")(y)
+    ann = {"lhs": x, "rhs": w, "bias": b}
+    bias_ok = lambda c: _rank(c.annotated_expr["rhs"]) == 2 and _rank(c.annotated_expr["bias"]) == 1 and floats(c, "lhs")
+    x2, w2, b2 = wildcard(), wildcard(), wildcard()
+    x3, w3 = wildcard(), wildcard()
+    x4, w4 = wildcard(), wildcard()
+    return [
+        FusionPattern("cublas.matmul_bias_act", act, ann, bias_ok),
+        FusionPattern("cublas.matmul_bias", is_op("add")(is_op("matmul")(x2, w2), b2), {"lhs": x2, "rhs": w2, "bias": b2}, bias_ok),
+        FusionPattern("cublas.batch_matmul", is_op("matmul")(x3, w3), {"lhs": x3, "rhs": w3},
+                      lambda c: _rank(c.annotated_expr["lhs"]) >= 3 and _rank(c.annotated_expr["rhs"]) >= 3 and floats(c, "lhs")),
+        FusionPattern("cublas.matmul", is_op("matmul")(x4, w4), {"lhs": x4, "rhs": w4},
+                      lambda c: _rank(c.annotated_expr["lhs"]) >= 2 and _rank(c.annotated_expr["rhs"]) == 2 and floats(c, "lhs")),
+    ]
+
+
+def _twin_llm():
+    gate, up = wildcard(), wildcard()
+    swiglu = is_op("multiply")(is_op("nn.silu")(gate), up)
+    a, b, w = wildcard(), wildcard(), wildcard()
+    add_rms = is_op("nn.rms_norm")(is_op("add")(a, b), w)
+    x = wildcard()
+    gelu = is_op("nn.gelu")(x) | is_op("nn.gelu_tanh")(x)
+    q, k, scale, mask, v = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
+    s = is_op("matmul")(q, k)
+    z = is_op("multiply")(s, scale) | is_op("divide")(s, scale)
+    m = z.optional(lambda t: is_op("add")(t, mask))
+    att = is_op("matmul")(is_op("nn.softmax")(m), v)
+    return [
+        FusionPattern("kernel.swiglu", swiglu),
+        FusionPattern("kernel.add_rms_norm", add_rms),
+        FusionPattern("kernel.gelu", gelu),
+        FusionPattern("kernel.attention", att, {"q": q}, lambda c: True),
+    ]
+
+
+TWINS = {"cublas": _twin_cublas, "llm": _twin_llm}
+
+
+def summary(found):
+    return sorted((f.pattern, f.binding, f.bindings, f.accepted) for f in found)
+
+
+@pytest.mark.parametrize("library", sorted(TWINS))
+@pytest.mark.parametrize("module", sorted(CORPUS))
+def test_library_matches_its_python_twin(library, module):
+    func = CORPUS[module]
+    assert summary(find_matches(load_patterns(library), func)) == summary(find_matches(TWINS[library](), func))
+
+
+def test_every_shipped_pattern_has_a_twin():
+    for library, twin in TWINS.items():
+        assert [p.name for p in load_patterns(library)] == [p.name for p in twin()]
+
+
+def accepted_roots(library, module):
+    return {(f.pattern, f.binding) for f in find_matches(load_patterns(library), CORPUS[module]) if f.accepted}
+
+
+@pytest.mark.parametrize(
+    "library,module,expected",
+    [
+        ("cublas", "mlp_relu", {("cublas.matmul_bias_act", "act"), ("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
+        ("cublas", "mlp_tanh", {("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
+        ("cublas", "batched", {("cublas.batch_matmul", "bmm")}),
+        ("cublas", "int_matmul", set()),
+        ("llm", "swiglu", {("kernel.swiglu", "h")}),
+        ("llm", "residual", {("kernel.add_rms_norm", "normed")}),
+        ("llm", "gelus", {("kernel.gelu", "g1"), ("kernel.gelu", "g2")}),
+        ("llm", "attention", {("kernel.attention", "ctx")}),
+        ("llm", "attention_nomask", {("kernel.attention", "ctx")}),
+        ("llm", "mlp_relu", set()),
+    ],
+)
+def test_patterns_match_what_they_are_meant_for(library, module, expected):
+    assert accepted_roots(library, module) == expected
+
+
+# -- rewrites: numerics --------------------------------------------------------------------------
+
+
+def llama_rmsnorm(dtype="f16", square="power", w_first=True, cast=True):
+    fb = FunctionBuilder("main")
+    x, w = fb.param("x", dtype, ("n", 64)), fb.param("w", dtype, (64,))
+    h = fb.emit("astype", x, dtype="f32", name="h32") if cast else x
+    sq = fb.emit("power", h, const(2.0, "f32" if cast else dtype), name="sq") if square == "power" else fb.emit("multiply", h, h, name="sq")
+    var = fb.emit("mean", sq, axis=[-1], keepdims=True, name="var")
+    r = fb.emit("rsqrt", fb.emit("add", var, const(1e-6, "f32" if cast else dtype), name="ve"), name="r")
+    n = fb.emit("multiply", h, r, name="normed")
+    back = fb.emit("astype", n, dtype=dtype, name="back") if cast else n
+    out = fb.emit("multiply", w, back, name="out") if w_first else fb.emit("multiply", back, w, name="out")
+    return fb.ret(out)
+
+
+def erf_gelu():
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (4, 32))
+    e = fb.emit("erf", fb.emit("divide", x, 1.4142135623730951, name="xs"), name="e")
+    a = fb.emit("add", e, 1.0, name="a")
+    return fb.ret(fb.emit("multiply", fb.emit("multiply", x, 0.5, name="half"), a, name="out"))
+
+
+def tanh_gelu():
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (4, 32))
+    cube = fb.emit("power", x, 3.0, name="cube")
+    inner = fb.emit("add", x, fb.emit("multiply", cube, 0.044715, name="c"), name="inner")
+    t = fb.emit("tanh", fb.emit("multiply", inner, 0.7978845608028654, name="s"), name="t")
+    a = fb.emit("add", t, 1.0, name="a")
+    return fb.ret(fb.emit("multiply", fb.emit("multiply", x, 0.5, name="half"), a, name="out"))
+
+
+def silu_by_hand():
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (4, 32))
+    return fb.ret(fb.emit("multiply", x, fb.emit("sigmoid", x, name="s"), name="out"))
+
+
+def softmax_by_hand(stable=True):
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (4, 32))
+    src = fb.emit("subtract", x, fb.emit("max", x, axis=[-1], keepdims=True, name="m"), name="d") if stable else x
+    e = fb.emit("exp", src, name="e")
+    return fb.ret(fb.emit("divide", e, fb.emit("sum", e, axis=[-1], keepdims=True, name="s"), name="out"))
+
+
+def layer_norm_by_hand():
+    fb = FunctionBuilder("main")
+    x, g, b = fb.param("x", "f32", (4, 32)), fb.param("g", "f32", (32,)), fb.param("b", "f32", (32,))
+    mu = fb.emit("mean", x, axis=[-1], keepdims=True, name="mu")
+    d = fb.emit("subtract", x, mu, name="d")
+    var = fb.emit("mean", fb.emit("multiply", d, d, name="dd"), axis=[-1], keepdims=True, name="var")
+    n = fb.emit("divide", d, fb.emit("sqrt", fb.emit("add", var, 1e-5, name="ve"), name="sd"), name="n")
+    return fb.ret(fb.emit("add", fb.emit("multiply", n, g, name="ng"), b, name="out"))
+
+
+REWRITES = [
+    ("rms_norm f16 power w*x", llama_rmsnorm(), "nn.rms_norm"),
+    ("rms_norm f16 square x*w", llama_rmsnorm(square="mul", w_first=False), "nn.rms_norm"),
+    ("rms_norm f32 no casts", llama_rmsnorm("f32", cast=False), "nn.rms_norm"),
+    ("gelu erf", erf_gelu(), "nn.gelu"),
+    ("gelu tanh", tanh_gelu(), "nn.gelu_tanh"),
+    ("silu", silu_by_hand(), "nn.silu"),
+    ("softmax stable", softmax_by_hand(), "nn.softmax"),
+    ("softmax plain", softmax_by_hand(False), "nn.softmax"),
+    ("layer_norm", layer_norm_by_hand(), "nn.layer_norm"),
+]
+
+
+def inputs(func):
+    arrays = []
+    for p in func.params:
+        shape = tuple(5 if isinstance(d, str) else d for d in p.ty.shape)
+        arrays.append(rng.standard_normal(shape).astype(dpl.dtypes.to_numpy(p.ty.dtype)))
+    return arrays
+
+
+@pytest.mark.parametrize("name,func,op", REWRITES, ids=[r[0] for r in REWRITES])
+def test_rewrite_to_standard_op(name, func, op):
+    new = load_patterns("rewrites").apply_rewrites(func)
+    assert [b.value.op for b in new.bindings] == [op]
+    args = inputs(func)
+    want, got = dpl.interpret(func, *args), dpl.interpret(new, *args)
+    tol = 2e-3 if want.dtype == np.float16 else 1e-5
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+def test_rewrites_leave_other_code_alone():
+    for module in ["mlp_relu", "attention", "swiglu", "residual"]:
+        func = CORPUS[module]
+        assert dpl.structural_equal(load_patterns("rewrites").apply_rewrites(func), func)
