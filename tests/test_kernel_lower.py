@@ -454,3 +454,34 @@ def test_tuple_parameter_is_an_error():
     t = fb.param("t", dpl.TupleType([dpl.TensorType((3,), "f32")]))
     with pytest.raises(LoweringError, match="parameter 't'"):
         lower_function(fb.ret(fb.emit("exp", fb.item(t, 0))))
+
+
+# -- the kernel.* composites of patterns/llm.dpl -----------------------------------------------
+
+
+def composite(name):
+    return FunctionBuilder(f"kernel_{name}", attrs={"Primitive": True, "Composite": f"kernel.{name}"})
+
+
+def test_llm_composite_swiglu_and_add_rms_norm():
+    fb = composite("swiglu")
+    g = fb.param("gate", "f16", ("n", 32))
+    u = fb.param("up", "f16", ("n", 32))
+    check(fb.ret(fb.emit("multiply", fb.emit("nn.silu", g), u)), rtol=2e-3, atol=2e-3, kind="elementwise")
+    fb = composite("add_rms_norm")
+    a = fb.param("a", "f32", ("n", 16))
+    b = fb.param("b", "f32", ("n", 16))
+    w = fb.param("w", "f32", (16,))
+    one_row_kernel(check(fb.ret(fb.emit("nn.rms_norm", fb.emit("add", a, b), w)), rtol=1e-5))
+
+
+def test_llm_composite_attention_is_one_kernel():
+    fb = composite("attention")
+    q = fb.param("q", "f32", (2, "t", 8))
+    k = fb.param("k", "f32", (2, 8, "t"))
+    v = fb.param("v", "f32", (2, "t", 4))
+    mask = fb.param("mask", "f32", ("t", "t"))
+    z = fb.emit("multiply", fb.emit("matmul", q, k), 0.35)
+    p = fb.emit("nn.softmax", fb.emit("add", z, mask))
+    kern = check(fb.ret(fb.emit("matmul", p, v)), rtol=1e-4, atol=1e-5, kind="matmul")
+    assert len(kern.body) == 1
