@@ -10,6 +10,8 @@ from dpl.ir import (
     Binding, Call, Constant, Function, FunctionBuilder, GlobalVar, Module, TensorType, Tuple,
     TupleGetItem, TupleType, Var, const, structural_equal, structural_hash,
 )
+from dpl.ir.parser import parse
+from dpl.ir.serialize import load, save
 from dpl.ops import OpPatternKind, make_call, op_kind
 from dpl import pattern
 from dpl.pattern import (
@@ -23,7 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Binding", "Call", "Constant", "DplError", "Function", "FunctionBuilder", "GlobalVar", "Module",
     "OpPatternKind", "TensorType", "Tuple", "TupleGetItem", "TupleType", "Var", "const", "dtypes",
-    "interpret", "make_call", "op_kind", "structural_equal", "structural_hash",
+    "interpret", "load", "make_call", "op_kind", "parse", "save", "structural_equal", "structural_hash",
     # dpl.pattern
     "FusionPattern", "GraphPattern", "Match", "NoMatch", "PatternContext", "PatternSet", "explain", "is_const",
     "is_expr", "is_gv", "is_op", "is_tuple", "is_tuple_get_item", "is_var", "match", "match_graph", "pattern",

@@ -54,6 +54,39 @@ def _summarise(result) -> str:
     return "\n".join(lines)
 
 
+def cmd_print(args) -> int:
+    from dpl.ir.serialize import load
+
+    print(load(args.file).script(), end="")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from dpl.interpret import interpret
+    from dpl.ir.serialize import load
+
+    mod = load(args.file)
+    if args.entry not in mod.functions:
+        raise DplError(f"'{args.file}' has no function '{args.entry}' (it has: {', '.join(mod.functions)})")
+    dims = dict(_dim(d) for d in args.dim)
+    print(_summarise(interpret(mod, *random_inputs(mod[args.entry], args.seed, dims), entry=args.entry)))
+    return 0
+
+
+def _dim(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    if not name or not value.isdigit():
+        raise DplError(f"--dim takes NAME=SIZE, got '{text}'")
+    return name, int(value)
+
+
+def cmd_check(args) -> int:
+    from dpl.lang.tool import check_report
+
+    print(check_report(args.files))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from dpl.interpret import interpret
 
@@ -66,9 +99,21 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpl", description="rewrite and fuse tensor-program graphs")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="build a Llama-style MLP block, print it and run it")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(func=cmd_demo)
+    p = sub.add_parser("print", help="parse and check a module file, print it in canonical form")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_print)
+    p = sub.add_parser("run", help="run a module file on random inputs; print output shapes, dtypes, checksums")
+    p.add_argument("file")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--entry", default="main")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dimension (default 8)")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("check", help="validate .dpl pattern files (or shipped library names) and list their rules")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("demo", help="build a Llama-style MLP block in Python, print it and run it")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

@@ -22,7 +22,7 @@ replace = attrs.evolve
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return MappingProxyType(dict(value or {}))
+    return MappingProxyType({k: freeze_attr_value(v) for k, v in (value or {}).items()})
 
 
 def freeze_attr_value(value: Any) -> Any:

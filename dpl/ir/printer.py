@@ -62,9 +62,19 @@ def format_attr_value(value: Any) -> str:
     return format_scalar(value)
 
 
+def _shortest(value: Any, dtype: np.dtype) -> str:
+    """The shortest literal that reads back to the same value of ``dtype``."""
+    if dtype.kind != "f" or dtype == np.float64:
+        return format_scalar(value.item() if isinstance(value, np.generic) else value)
+    text = str(np.asarray(value, dtype=np.float32 if dtype.itemsize >= 4 else dtype)[()])
+    if text in ("inf", "-inf", "nan"):
+        return text
+    return text if any(c in text for c in ".en") else text + ".0"
+
+
 def format_scalar_constant(const: Constant) -> str:
     value = const.value.item()
-    text = format_scalar(value)
+    text = _shortest(const.value[()], const.value.dtype)
     default = DEFAULT_LITERAL_DTYPE[type(value)]
     return text if const.ty.dtype == default else f"{text}:{dtypes.short(const.ty.dtype)}"
 
@@ -72,7 +82,7 @@ def format_scalar_constant(const: Constant) -> str:
 def format_tensor_values(value: np.ndarray) -> str:
     def nest(a):
         if a.ndim == 0:
-            return format_scalar(a.item())
+            return _shortest(a[()], a.dtype)
         return "[" + ", ".join(nest(x) for x in a) + "]"
 
     return nest(np.asarray(value))

@@ -3,62 +3,23 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.exceptions import UnexpectedInput, VisitError
 
 from dpl import dtypes
 from dpl.errors import DplError, Span
+from dpl.syntax import DplSyntaxError, Source as _Source, syntax_error
 from dpl.lang import ast
-
-
-class DplSyntaxError(DplError):
-    """The text does not follow the grammar."""
-
-
-# terminal names as a reader would say them, for "expected ..." hints
-_TERMINALS = {
-    "NAME": "a name", "DTYPE_NAME": "a dtype", "SIGNED_INT": "an integer", "INT": "an integer",
-    "SIGNED_NUMBER": "a number", "ESCAPED_STRING": "a string", "COMP_OP": "a comparison",
-    "ADD_OP": "'+' or '-'", "MUL_OP": "'*', '/' or '%'", "OPTIONAL": "'?'", "$END": "end of file",
-}
 
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    grammar = resources.files("dpl.grammar").joinpath("dpl.lark").read_text(encoding="utf-8")
-    return Lark(
-        grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False,
+    # read from the installed package (dpl.grammar), never a path relative to this file
+    return Lark.open_from_package(
+        "dpl.grammar", "dpl.lark", parser="lalr", propagate_positions=True, maybe_placeholders=False,
         lexer_callbacks={"DOC": lambda token: _DOC_SINK[-1](token) if _DOC_SINK else token},
     )
-
-
-def _describe_terminal(name: str) -> str:
-    if name in _TERMINALS:
-        return _TERMINALS[name]
-    terminal = next((t for t in _lark().terminals if t.name == name), None)
-    if terminal is not None and terminal.pattern.type == "str":
-        return f"'{terminal.pattern.value}'"
-    return name.lower()
-
-
-class _Source:
-    def __init__(self, text: str, filename: str):
-        self.lines = text.splitlines()
-        self.filename = filename
-
-    def span(self, line: int, col: int, end_line: int | None = None, end_col: int | None = None) -> Span:
-        source = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-        if end_line != line or end_col is None or end_col <= col:
-            end_col = col + 1
-        return Span(self.filename, line, col, end_col, source)
-
-    def of(self, node) -> Span:
-        meta = node.meta if hasattr(node, "meta") else node
-        if isinstance(node, Token):
-            return self.span(node.line, node.column, node.end_line, node.end_column)
-        return self.span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
 class _Lit(tuple):
@@ -346,39 +307,6 @@ class _ToAst(Transformer):
         return ast.RItem(c[0], int(c[1]), self.sp(meta))
 
 
-def _syntax_error(err: UnexpectedInput, src: _Source) -> DplSyntaxError:
-    line, col = getattr(err, "line", 1) or 1, getattr(err, "column", 1) or 1
-    if isinstance(err, UnexpectedToken):
-        token = err.token
-        if token.type == "$END":
-            what = "unexpected end of file"
-            line, col = len(src.lines) or 1, len(src.lines[-1]) + 1 if src.lines else 1
-        else:
-            what = f"unexpected '{token}'"
-        expected = sorted({_describe_terminal(t) for t in err.expected})
-        end = col + max(1, len(str(token))) if token.type != "$END" else col + 1
-    elif isinstance(err, UnexpectedCharacters):
-        char = src.lines[line - 1][col - 1] if line - 1 < len(src.lines) and col - 1 < len(src.lines[line - 1]) else "?"
-        what = f"unexpected character '{char}'"
-        # the lexer's list is over-broad (LALR merges states); name it only when short
-        expected = sorted({_describe_terminal(t) for t in (err.allowed or ())})
-        expected = expected if len(expected) <= 6 else []
-        end = col + 1
-    else:  # UnexpectedEOF
-        what = "unexpected end of file"
-        expected = sorted({_describe_terminal(t) for t in getattr(err, "expected", ())})
-        line, col = len(src.lines) or 1, (len(src.lines[-1]) + 1) if src.lines else 1
-        end = col + 1
-    hint = f"expected {_join(expected)}" if expected else None
-    return DplSyntaxError(what, src.span(line, col, line, end), hint=hint)
-
-
-def _join(items: list[str]) -> str:
-    if len(items) <= 1:
-        return "".join(items)
-    return ", ".join(items[:-1]) + " or " + items[-1]
-
-
 def parse_file(text: str, filename: str = "<string>") -> ast.File:
     """The syntax tree of a ``.dpl`` text; a :class:`DplSyntaxError` pointing at the spot otherwise."""
     src = _Source(text, filename)
@@ -392,7 +320,7 @@ def parse_file(text: str, filename: str = "<string>") -> ast.File:
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as err:
-        raise _syntax_error(err, src) from None
+        raise syntax_error(err, src, _lark()) from None
     finally:
         _DOC_SINK.pop()
     try:
