@@ -18,6 +18,7 @@ _TERMINALS = {
     "NAME": "a name", "DTYPE_NAME": "a dtype", "SIGNED_INT": "an integer", "INT": "an integer",
     "SIGNED_NUMBER": "a number", "ESCAPED_STRING": "a string", "COMP_OP": "a comparison",
     "ADD_OP": "'+' or '-'", "MUL_OP": "'*', '/' or '%'", "OPTIONAL": "'?'", "$END": "end of file",
+    "SPECIAL_FLOAT": "a number",
 }
 
 

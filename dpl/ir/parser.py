@@ -16,7 +16,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedInput
 
 from dpl import dtypes
-from dpl.errors import DplError, Span
+from dpl.errors import AttributeValueError, DplError, Span, UnknownAttributeError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.printer import DECORATORS, DEFAULT_LITERAL_DTYPE
 from dpl.ir.types import TensorType, TupleType, Type
@@ -128,11 +128,15 @@ class _Reader:
         else:
             self.error(ConstantValueError, f"constant '{name}' has no value", name,
                        hint="write '= [...]' after its type, or load the module with dpl.load so the .npz sidecar is read")
+            self.consts[str(name)] = _POISON
             return
         if array is None:
+            self.consts[str(name)] = _POISON
             return
         if array.shape != ty.shape or array.dtype != dtypes.to_numpy(ty.dtype):
-            self.error(ConstantValueError, f"constant '{name}' is declared {ty} but its value is {dtypes.from_numpy(array.dtype) if array.dtype.name in dtypes.SHORT_NAMES else array.dtype}{list(array.shape)}", name)
+            got = dtypes.short(array.dtype.name) if array.dtype.name in dtypes.SHORT_NAMES else array.dtype.name
+            self.error(ConstantValueError, f"constant '{name}' is declared {ty} but its value is {got}[{', '.join(map(str, array.shape))}]", name)
+            self.consts[str(name)] = _POISON
             return
         self.consts[str(name)] = Constant(array, ty, name=str(name))
 
@@ -267,6 +271,8 @@ class _Reader:
         if value is not None:
             return value
         if name in self.consts:
+            if self.consts[name] is _POISON:
+                raise _Poisoned
             return self.consts[name]
         self.error(UndefinedNameError, f"undefined name '{name}'", token)
         raise _Poisoned
@@ -289,9 +295,11 @@ class _Reader:
         op_node, *arg_nodes = node.children
         op = ".".join(str(t) for t in op_node.children)
         args, kwargs, poisoned = [], {}, False
+        key_nodes = {}
         for a in arg_nodes:
             if isinstance(a, Tree) and a.data == "kwarg":
                 key, value = a.children
+                key_nodes[str(key)] = key
                 if str(key) in kwargs:
                     self.error(DuplicateNameError, f"attribute '{key}' is given twice", key)
                     poisoned = True
@@ -307,6 +315,11 @@ class _Reader:
             return self.call_function(op, args, kwargs, op_node)
         try:
             return make_call(op, args, kwargs)
+        except (UnknownAttributeError, AttributeValueError) as err:
+            # point at the attribute the message names, if it was written
+            key = next((k for k in key_nodes if f"'{k}'" in err.message), None)
+            self.errors.append(err.with_span(self.span(key_nodes[key] if key else op_node)))
+            raise _Poisoned from None
         except DplError as err:
             self.errors.append(err.with_span(self.span(op_node)))
             raise _Poisoned from None
