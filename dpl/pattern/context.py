@@ -328,7 +328,9 @@ def match_graph(graph: GraphPattern | PatternContext, func: Function):
     search = _GraphSearch(_as_graph(graph), func)
     for found in search.search():
         return found
-    return search.best or NoMatch(None, None, "graph", "no assignment of variables satisfies the graph")
+    if search.best is not None:
+        return search.best
+    return NoMatch(None, None, "graph", "no assignment of variables satisfies the graph")
 
 
 def iter_graph_matches(graph: GraphPattern | PatternContext, func: Function, exclude=None) -> Iterator[dict]:

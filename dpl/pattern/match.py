@@ -85,6 +85,8 @@ class NoMatch:
         return [leaf for c in self.causes for leaf in c.leaves()]
 
     def __str__(self):
+        if self.pattern is None:
+            return f"no match: {self.reason}"
         where = getattr(self.pattern, "origin", "?")
         return f"{where}: no match: {self.pattern!r} met {show(self.expr)}: {self.reason}"
 
