@@ -225,7 +225,7 @@ def test_no_match_is_falsy_and_builds_its_reason_lazily():
     fn, v = small()
     got = match(is_op("exp")(wildcard()), v["r"], fn)
     assert isinstance(got, NoMatch) and not got
-    assert callable(got._reason)
+    assert callable(got._reason)  # not built yet
     assert got.reason == "expected op exp, found nn.relu"
     assert got.kind == "op" and got.expr is v["r"]
     assert "test_pattern_match.py" in str(got)

@@ -245,10 +245,11 @@ class _GraphSearch:
                             queue.append(b)
         return order
 
-    def note(self, depth: int, pattern, expr, kind, reason) -> None:
+    def note(self, depth: int, pattern, expr, kind, reason, failure: NoMatch | None = None) -> None:
+        """Keep the failure of the deepest partial assignment: the most telling one."""
         if depth > self.best_depth:
             self.best_depth = depth
-            self.best = NoMatch(pattern, expr, kind, reason)
+            self.best = failure if failure is not None else NoMatch(pattern, expr, kind, reason)
 
     def node_matches(self, p: n.Pattern, v: Var, depth: int) -> bool:
         key = (p, v)
@@ -257,7 +258,7 @@ class _GraphSearch:
             m = self.matcher.match(p, v)
             ok = self.node_ok[key] = bool(m)
             if not ok:
-                self.note(depth, m.pattern, m.expr, m.kind, m._reason)
+                self.note(depth, None, None, None, None, failure=m)
         return ok
 
     def candidates(self, p: n.Pattern, assigned: dict) -> list[Var]:
