@@ -28,10 +28,12 @@ def functions(draw):
             values.append(fb.emit(draw(st.sampled_from(BINARY)), a, draw(st.sampled_from(same))))
         elif kind == "astype":
             values.append(fb.emit("astype", a, dtype=OTHER_DTYPE[a.ty.dtype]))
-        elif kind == "mean":
+        elif kind == "mean" and a.ty.ndim == 2:
             values.append(fb.emit("mean", a, axis=[-1], keepdims=draw(st.booleans())))
-        else:
+        elif kind == "clip":
             values.append(fb.emit("clip", a, min=-1.0, max=draw(st.sampled_from([0.5, 1.0, 2.0]))))
+        else:
+            values.append(fb.emit("exp", a))
     root = values[-1]
     return fb.ret(root), root
 
