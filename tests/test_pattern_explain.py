@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 import dpl
-from dpl.ir import FunctionBuilder, call, const
+from dpl.ir import FunctionBuilder, call
 from dpl.pattern import (
-    CheckContext, FusionPattern, GraphPattern, Match, NoMatch, PatternContext, PatternError, PatternSet, RewriteRule,
-    explain, has_dtype, is_const, is_op, is_var, iter_graph_matches, match_graph, wildcard,
+    CheckContext, FusionPattern, GraphPattern, NoMatch, PatternContext, PatternError, PatternSet, RewriteRule,
+    explain, is_const, is_op, is_var, iter_graph_matches, match_graph, wildcard,
 )
 
 
@@ -144,6 +144,27 @@ def test_chains_index_their_patterns():
     assert (g[0], g[1], g[2]) == (a, b, c) and len(g.edges) == 2
     f = a.fork_to(b, c)
     assert [e.consumer for e in f.edges] == [b, c]
+
+
+def test_dup_gives_an_independent_copy_of_a_chain():
+    fn = chain_fn()
+    x = is_var("x")
+    chain = is_op("exp")(wildcard()) >> is_op("nn.relu")(wildcard())
+    copy = chain.dup()
+    assert copy[0] is not chain[0] and repr(copy[0]) == repr(chain[0]) and copy[0].origin == chain[0].origin
+    three = GraphPattern.union(x.fork_to(chain, copy, chain.dup()), chain, copy)
+    got = match_graph(three, fn)
+    assert got and {got[chain[0]].name, got[copy[0]].name} <= {"e0", "e1", "e2"}
+    assert got[chain[0]] is not got[copy[0]]
+    four = GraphPattern.union(x.fork_to(chain, copy, chain.dup(), chain.dup()), chain, copy)
+    assert not match_graph(four, fn)
+
+
+def test_dup_keeps_sharing_inside_a_pattern():
+    w = wildcard()
+    p = is_op("add")(w, w)
+    q = p.dup()
+    assert q.args[0] is q.args[1] and q.args[0] is not w
 
 
 # -- FusionPattern, PatternSet ---------------------------------------------------------------------

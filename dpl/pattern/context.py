@@ -95,6 +95,14 @@ class GraphPattern:
                     pats.append(p)
         return GraphPattern(tuple(edges), tuple(pats))
 
+    def dup(self) -> "GraphPattern":
+        """The same graph over fresh pattern objects (TVM's ``PatternSeq.dup``), e.g. to ask
+        for two independent copies of a chain."""
+        memo: dict = {}
+        pats = tuple(p.dup(memo) for p in self.patterns)
+        edges = tuple(Edge(e.producer.dup(memo), e.consumer.dup(memo), e.kind, e.index) for e in self.edges)
+        return GraphPattern(edges, pats)
+
     def __add__(self, other: "GraphPattern") -> "GraphPattern":
         return GraphPattern.union(self, other)
 
