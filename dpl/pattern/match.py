@@ -252,26 +252,36 @@ class Matcher:
         self.log.append(("p", p))
 
     def visit(self, p: n.Pattern, raw) -> bool:
-        e = self.unwrap(raw)
-        prev = self.memo.get(p, _MISSING)
+        e = raw
+        while type(e) is Var:  # look through bindings (the hot path of unwrap)
+            value = self.var2val.get(e)
+            if value is None:
+                break
+            e = value
+        memo = self.memo
+        prev = memo.get(p, _MISSING)
         if prev is not _MISSING:
             if prev is e or (isinstance(e, str) and prev == e):
                 return True
             return self.fail(p, raw, "consistency", _why_repeated, self, prev, e)
-        cacheable = id(p) not in self.dependent and type(p) in _CACHED_KINDS
+        cacheable = type(p) in _CACHED_KINDS and id(p) not in self.dependent
         if cacheable:
             hit = self._cache.get((p, id(e)))
             if hit is not None and hit[0] is e:
-                if isinstance(hit[1], NoMatch):
+                if type(hit[1]) is NoMatch:
                     self.failure = hit[1]
                     return False
                 for q, v in hit[1]:
                     self.remember(q, v)
                 return True
-        mark = self.mark()
-        ok = self.dispatch(p, e, raw)
+        mark = len(self.log)
+        method = _DISPATCH.get(type(p))
+        if method is None:
+            raise n.PatternError(f"cannot match a {type(p).__name__}: not a pattern kind the matcher knows")
+        ok = method(self, p, e, raw)
         if ok:
-            self.remember(p, e)
+            memo[p] = e
+            self.log.append(("p", p))
             if cacheable:
                 self._cache[(p, id(e))] = (e, tuple(self.memo_since(mark)))
         else:
@@ -284,12 +294,6 @@ class Matcher:
         for kind, key in self.log[mark:]:
             if kind == "p":
                 yield key, self.memo[key]
-
-    def dispatch(self, p, e, raw) -> bool:
-        method = _DISPATCH.get(type(p))
-        if method is None:
-            raise n.PatternError(f"cannot match a {type(p).__name__}")
-        return method(self, p, e, raw)
 
     # -- one method per pattern kind --------------------------------------------------------
     def _wildcard(self, p, e, raw):
@@ -347,8 +351,11 @@ class Matcher:
             return self.fail(p, raw, "arity", _why_arity, p.varg_default_wildcard, want, got)
         if p.attrs and not self.check_attrs(p, e, raw, p.attrs):
             return False
-        mark = self.mark()
-        if all(self.visit(q, a) for q, a in zip(p.args, e.args)):
+        mark = len(self.log)
+        for q, a in zip(p.args, e.args):
+            if not self.visit(q, a):
+                break
+        else:
             return True
         if e.op in COMMUTATIVE_OPS and want == 2 and got == 2:
             first = self.failure
