@@ -307,3 +307,17 @@ def test_backtrack_oracle(tvm):
     first, second = is_op("add")(w, w), is_op("add")(v, u)
     mine = rewrite_call(first | second, lambda e, m: e if first in m else call("subtract", m[v], call("negative", m[u])), fn)
     assert ops(mine) == _tvm_ops(theirs)
+
+
+def test_bad_rewriter_results_are_clear_errors():
+    from dpl.pattern import RewriteError
+
+    fn, _ = build_dpl(DOUBLE)
+    w, p = doubling()
+    with pytest.raises(RewriteError, match="not an expression"):
+        rewrite_call(p, lambda e, m: [m[w]], fn)
+    g = is_op("add")(wildcard(), wildcard()) ^ is_op("add")(wildcard(), wildcard())
+    with pytest.raises(RewriteError, match="must return a mapping"):
+        rewrite_bindings(g, lambda m, b: [1], fn)
+    with pytest.raises(RewriteError, match="not a binding"):
+        rewrite_bindings(g, lambda m, b: {fn.params[0]: fn.params[0]}, fn)
