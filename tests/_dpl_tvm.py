@@ -12,9 +12,6 @@ The last statement is returned.
 
 from __future__ import annotations
 
-import numpy as np
-
-import dpl
 import dpl.pattern as dp
 from dpl.ir import FunctionBuilder, Tuple, const
 
@@ -50,7 +47,6 @@ def build_dpl(spec):
 
 
 def build_tvm(spec):
-    import tvm
     from tvm import relax as rx
     from tvm.script import relax as R
 
@@ -145,11 +141,3 @@ class _TvmOp:
 
     def __or__(self, other):
         return _TvmOp(self.p | other.p)
-
-
-def describe(value, names) -> str:
-    """A side-independent name for a matched expression: the binding (or param) it is."""
-    for name, e in names.items():
-        if e is value:
-            return name
-    return type(value).__name__

@@ -225,7 +225,7 @@ def test_no_match_is_falsy_and_builds_its_reason_lazily():
     fn, v = small()
     got = match(is_op("exp")(wildcard()), v["r"], fn)
     assert isinstance(got, NoMatch) and not got
-    assert callable(got._reason)
+    assert callable(got._reason)  # not built yet
     assert got.reason == "expected op exp, found nn.relu"
     assert got.kind == "op" and got.expr is v["r"]
     assert "test_pattern_match.py" in str(got)
@@ -277,3 +277,21 @@ def test_match_bindings_finds_every_binding_in_order():
 
 def test_dpl_reexports_the_pattern_language():
     assert dpl.is_op is is_op and dpl.match is match and callable(dpl.explain)
+
+
+def test_bad_constraints_are_build_errors():
+    with pytest.raises(PatternError, match="keepdims"):
+        is_op("mean")(wildcard(), keepdims="yes")
+    with pytest.raises(PatternError, match="unknown dtype"):
+        wildcard().has_dtype("f33")
+    with pytest.raises(PatternError, match="dimension"):
+        wildcard().has_shape([1.5])
+    with pytest.raises(PatternError, match="index"):
+        is_tuple_get_item(wildcard(), "0")
+    with pytest.raises(PatternError, match="expected a pattern"):
+        match("exp", call("exp", FunctionBuilder("f").param("x", "f32", (1,))))
+
+
+def test_matching_something_that_is_not_an_expression_is_a_plain_no_match():
+    got = match(is_op("exp")(wildcard()), 3)
+    assert not got and got.kind == "kind" and "int" in got.reason

@@ -95,6 +95,14 @@ class GraphPattern:
                     pats.append(p)
         return GraphPattern(tuple(edges), tuple(pats))
 
+    def dup(self) -> "GraphPattern":
+        """The same graph over fresh pattern objects (TVM's ``PatternSeq.dup``), e.g. to ask
+        for two independent copies of a chain."""
+        memo: dict = {}
+        pats = tuple(p.dup(memo) for p in self.patterns)
+        edges = tuple(Edge(e.producer.dup(memo), e.consumer.dup(memo), e.kind, e.index) for e in self.edges)
+        return GraphPattern(edges, pats)
+
     def __add__(self, other: "GraphPattern") -> "GraphPattern":
         return GraphPattern.union(self, other)
 
@@ -245,10 +253,11 @@ class _GraphSearch:
                             queue.append(b)
         return order
 
-    def note(self, depth: int, pattern, expr, kind, reason) -> None:
+    def note(self, depth: int, pattern, expr, kind, reason, failure: NoMatch | None = None) -> None:
+        """Keep the failure of the deepest partial assignment: the most telling one."""
         if depth > self.best_depth:
             self.best_depth = depth
-            self.best = NoMatch(pattern, expr, kind, reason)
+            self.best = failure if failure is not None else NoMatch(pattern, expr, kind, reason)
 
     def node_matches(self, p: n.Pattern, v: Var, depth: int) -> bool:
         key = (p, v)
@@ -257,7 +266,7 @@ class _GraphSearch:
             m = self.matcher.match(p, v)
             ok = self.node_ok[key] = bool(m)
             if not ok:
-                self.note(depth, m.pattern, m.expr, m.kind, m._reason)
+                self.note(depth, None, None, None, None, failure=m)
         return ok
 
     def candidates(self, p: n.Pattern, assigned: dict) -> list[Var]:
@@ -328,7 +337,9 @@ def match_graph(graph: GraphPattern | PatternContext, func: Function):
     search = _GraphSearch(_as_graph(graph), func)
     for found in search.search():
         return found
-    return search.best or NoMatch(None, None, "graph", "no assignment of variables satisfies the graph")
+    if search.best is not None:
+        return search.best
+    return NoMatch(None, None, "graph", "no assignment of variables satisfies the graph")
 
 
 def iter_graph_matches(graph: GraphPattern | PatternContext, func: Function, exclude=None) -> Iterator[dict]:

@@ -64,10 +64,11 @@ class NoMatch:
     category (``op``, ``attribute``, ``dtype``, ``shape``, ``consistency``, ``bound-var``...)
     and ``reason`` a message built lazily. ``causes`` holds each alternative's failure."""
 
-    __slots__ = ("pattern", "expr", "kind", "_reason", "causes")
+    __slots__ = ("pattern", "expr", "kind", "_reason", "_args", "causes")
 
-    def __init__(self, pattern, expr, kind: str, reason: str | Callable[[], str], causes: tuple = ()):
-        self.pattern, self.expr, self.kind, self._reason, self.causes = pattern, expr, kind, reason, causes
+    def __init__(self, pattern, expr, kind: str, reason: str | Callable[..., str], causes: tuple = (), args: tuple = ()):
+        self.pattern, self.expr, self.kind, self.causes = pattern, expr, kind, causes
+        self._reason, self._args = reason, args
 
     def __bool__(self):
         return False
@@ -75,7 +76,7 @@ class NoMatch:
     @property
     def reason(self) -> str:
         if callable(self._reason):
-            self._reason = self._reason()
+            self._reason, self._args = self._reason(*self._args), ()
         return self._reason
 
     def leaves(self) -> list["NoMatch"]:
@@ -85,6 +86,8 @@ class NoMatch:
         return [leaf for c in self.causes for leaf in c.leaves()]
 
     def __str__(self):
+        if self.pattern is None:
+            return f"no match: {self.reason}"
         where = getattr(self.pattern, "origin", "?")
         return f"{where}: no match: {self.pattern!r} met {show(self.expr)}: {self.reason}"
 
@@ -194,6 +197,10 @@ class Matcher:
             self.var2val[b.var] = b.value
         self._cache: dict[tuple, Any] = {}
         self._dependent: dict[int, tuple[n.Pattern, set[int]]] = {}
+        self.memo: dict = {}
+        self.log: list = []
+        self.syms: dict[str, Any] = {}
+        self.failure: NoMatch | None = None
 
     # -- public ---------------------------------------------------------------------------
     def match(self, pattern: n.Pattern, expr: Expr) -> Match | NoMatch:
@@ -203,10 +210,10 @@ class Matcher:
         if entry is None or entry[0] is not pattern:
             entry = self._dependent[id(pattern)] = (pattern, _shared_or_symbolic(pattern))
         self.dependent = entry[1]
-        self.memo: dict = {}
-        self.log: list = []
-        self.syms: dict[str, Any] = {}
-        self.failure: NoMatch | None = None
+        self.memo.clear()
+        self.log.clear()
+        self.syms.clear()
+        self.failure = None
         if self.visit(pattern, expr):
             return Match(dict(self.memo), self.syms)
         return self.failure
@@ -227,8 +234,9 @@ class Matcher:
         return e
 
     # -- machinery ------------------------------------------------------------------------
-    def fail(self, p, expr, kind: str, reason, causes=()) -> bool:
-        self.failure = NoMatch(p, expr, kind, reason, causes)
+    def fail(self, p, expr, kind: str, why, *args, causes=()) -> bool:
+        """Record a failure; the reason is ``why(*args)``, built only when read."""
+        self.failure = NoMatch(p, expr, kind, why, causes, args)
         return False
 
     def mark(self) -> int:
@@ -244,28 +252,36 @@ class Matcher:
         self.log.append(("p", p))
 
     def visit(self, p: n.Pattern, raw) -> bool:
-        e = self.unwrap(raw)
-        prev = self.memo.get(p, _MISSING)
+        e = raw
+        while type(e) is Var:  # look through bindings (the hot path of unwrap)
+            value = self.var2val.get(e)
+            if value is None:
+                break
+            e = value
+        memo = self.memo
+        prev = memo.get(p, _MISSING)
         if prev is not _MISSING:
             if prev is e or (isinstance(e, str) and prev == e):
                 return True
-            return self.fail(p, raw, "consistency", lambda: (
-                f"this pattern object is used more than once; it already matched {self.label(prev)}, "
-                f"and here meets {self.label(e)}, a different value (a repeated pattern must bind the same value)"))
-        cacheable = id(p) not in self.dependent
+            return self.fail(p, raw, "consistency", _why_repeated, self, prev, e)
+        cacheable = type(p) in _CACHED_KINDS and id(p) not in self.dependent
         if cacheable:
             hit = self._cache.get((p, id(e)))
             if hit is not None and hit[0] is e:
-                if isinstance(hit[1], NoMatch):
+                if type(hit[1]) is NoMatch:
                     self.failure = hit[1]
                     return False
                 for q, v in hit[1]:
                     self.remember(q, v)
                 return True
-        mark = self.mark()
-        ok = self.dispatch(p, e, raw)
+        mark = len(self.log)
+        method = _DISPATCH.get(type(p))
+        if method is None:
+            raise n.PatternError(f"cannot match a {type(p).__name__}: not a pattern kind the matcher knows")
+        ok = method(self, p, e, raw)
         if ok:
-            self.remember(p, e)
+            memo[p] = e
+            self.log.append(("p", p))
             if cacheable:
                 self._cache[(p, id(e))] = (e, tuple(self.memo_since(mark)))
         else:
@@ -279,12 +295,6 @@ class Matcher:
             if kind == "p":
                 yield key, self.memo[key]
 
-    def dispatch(self, p, e, raw) -> bool:
-        method = _DISPATCH.get(type(p))
-        if method is None:
-            raise n.PatternError(f"cannot match a {type(p).__name__}")
-        return method(self, p, e, raw)
-
     # -- one method per pattern kind --------------------------------------------------------
     def _wildcard(self, p, e, raw):
         return True
@@ -292,61 +302,60 @@ class Matcher:
     def _op(self, p, e, raw):
         if isinstance(e, str) and e == p.name:
             return True
-        return self.fail(p, raw, "op", lambda: f"expected op {p.name}, found {_op_text(e)}")
+        return self.fail(p, raw, "op", _why_op, p.name, e)
 
     def _global_var(self, p, e, raw):
         if not isinstance(e, GlobalVar):
-            return self.fail(p, raw, "kind", lambda: f"expected a function reference, found {_kind_name(e)}")
+            return self.fail(p, raw, "kind", _why_kind, "a function reference", e)
         if p.name is not None and e.name != p.name:
-            return self.fail(p, raw, "name", lambda: f"expected @{p.name}, found @{e.name} (names compare exactly)")
+            return self.fail(p, raw, "name", "expected @{}, found @{} (names compare exactly)".format, p.name, e.name)
         return True
 
     def _var(self, p, e, raw):
         if isinstance(raw, Var) and raw in self.var2val:
-            return self.fail(p, raw, "bound-var", lambda: (
-                f"{raw.name} is bound in the function (= {show(e)}); is_var matches only unbound "
-                "variables such as parameters"))
+            return self.fail(p, raw, "bound-var", _why_bound, raw, e)
         if not isinstance(e, Var):
-            return self.fail(p, raw, "kind", lambda: f"expected a variable, found {_kind_name(e)}")
+            return self.fail(p, raw, "kind", _why_kind, "a variable", e)
         if p.name is not None and e.name != p.name:
-            return self.fail(p, raw, "name", lambda: f"expected variable {p.name}, found {e.name}")
+            return self.fail(p, raw, "name", "expected variable {}, found {}".format, p.name, e.name)
         return True
 
     def _const(self, p, e, raw):
         if not isinstance(e, Constant):
-            return self.fail(p, raw, "kind", lambda: f"expected a constant, found {_kind_name(e)}")
+            return self.fail(p, raw, "kind", _why_kind, "a constant", e)
         if p.value is not None and not _same_constant(e.value, p.value):
-            return self.fail(p, raw, "value", lambda: f"expected the constant {p.value.tolist()!r}, found {e.value.tolist()!r}")
+            return self.fail(p, raw, "value", _why_value, p.value, e.value)
         return True
 
     def _expr(self, p, e, raw):
         if raw is p.expr or e is p.expr or expr_equal(p.expr, e) or expr_equal(p.expr, raw):
             return True
-        return self.fail(p, raw, "expr", lambda: f"expected the expression {show(p.expr)}, found {show(e)}")
+        return self.fail(p, raw, "expr", _why_expr, p.expr, e)
 
     def _call(self, p: n.CallPattern, e, raw):
         if not isinstance(e, Call):
-            return self.fail(p, raw, "kind", lambda: f"expected a call, found {_kind_name(e)}")
+            return self.fail(p, raw, "kind", _why_kind, "a call", e)
         op = p.op
         if isinstance(op, n.OpPattern):  # fast path of the common case, same result as visit()
             if e.op != op.name:
-                return self.fail(p, raw, "op", lambda: f"expected op {op.name}, found {_op_text(e.op)}")
+                return self.fail(p, raw, "op", _why_op, op.name, e.op)
             prev = self.memo.get(op, _MISSING)
             if prev is _MISSING:
                 self.remember(op, e.op)
             elif prev != e.op:
-                return self.fail(op, e.op, "consistency", lambda: f"this op pattern already matched {prev}")
+                return self.fail(op, e.op, "consistency", "this op pattern already matched {}".format, prev)
         elif not self.visit(op, e.op):
             return False
         want, got = len(p.args), len(e.args)
         if (got < want) if p.varg_default_wildcard else (got != want):
-            return self.fail(p, raw, "arity", lambda: (
-                f"expected {'at least ' if p.varg_default_wildcard else ''}{want} argument"
-                f"{'s' if want != 1 else ''}, found {got}"))
+            return self.fail(p, raw, "arity", _why_arity, p.varg_default_wildcard, want, got)
         if p.attrs and not self.check_attrs(p, e, raw, p.attrs):
             return False
-        mark = self.mark()
-        if all(self.visit(q, a) for q, a in zip(p.args, e.args)):
+        mark = len(self.log)
+        for q, a in zip(p.args, e.args):
+            if not self.visit(q, a):
+                break
+        else:
             return True
         if e.op in COMMUTATIVE_OPS and want == 2 and got == 2:
             first = self.failure
@@ -358,13 +367,13 @@ class Matcher:
 
     def check_attrs(self, p, e, raw, constraints) -> bool:
         if not isinstance(e, Call):
-            return self.fail(p, raw, "attribute", lambda: f"attributes are asked of {_kind_name(e)}, which has none")
+            return self.fail(p, raw, "attribute", _why_no_attrs, e)
         for key, want in constraints.items():
             if key not in e.attrs:
-                return self.fail(p, raw, "attribute", lambda: f"{_op_text(e.op)} has no attribute '{key}'")
+                return self.fail(p, raw, "attribute", _why_missing_attr, e.op, key)
             got = e.attrs[key]
             if not attr_equal(want, got):
-                return self.fail(p, raw, "attribute", lambda: f"attribute {key}: expected {want!r}, found {got!r}")
+                return self.fail(p, raw, "attribute", "attribute {}: expected {!r}, found {!r}".format, key, want, got)
         return True
 
     def _attr(self, p, e, raw):
@@ -372,14 +381,15 @@ class Matcher:
 
     def _tuple(self, p: n.TuplePattern, e, raw):
         if not isinstance(e, Tuple):
-            return self.fail(p, raw, "kind", lambda: f"expected a tuple, found {_kind_name(e)}")
+            return self.fail(p, raw, "kind", _why_kind, "a tuple", e)
         if len(e.fields) != len(p.fields):
-            return self.fail(p, raw, "arity", lambda: f"expected a tuple of {len(p.fields)}, found {len(e.fields)} fields")
+            return self.fail(p, raw, "arity", "expected a tuple of {}, found {} fields".format, len(p.fields), len(e.fields))
         if not p.unordered:
             return all(self.visit(q, f) for q, f in zip(p.fields, e.fields))
         if self._permute(p.fields, list(e.fields), 0, [False] * len(e.fields)):
             return True
-        return self.fail(p, raw, "unordered", lambda: "no assignment of the tuple's fields to the patterns matches", (self.failure,) if self.failure else ())
+        return self.fail(p, raw, "unordered", "no assignment of the tuple's fields to the patterns matches",
+                         causes=(self.failure,) if self.failure is not None else ())
 
     def _permute(self, pats, fields, i, used) -> bool:
         if i == len(pats):
@@ -398,18 +408,18 @@ class Matcher:
 
     def _item(self, p: n.TupleGetItemPattern, e, raw):
         if not isinstance(e, TupleGetItem):
-            return self.fail(p, raw, "kind", lambda: f"expected a tuple item, found {_kind_name(e)}")
+            return self.fail(p, raw, "kind", _why_kind, "a tuple item", e)
         if p.index is not None:
             size = len(e.tuple_value.ty.fields)
             if e.index % size != p.index % size:
-                return self.fail(p, raw, "index", lambda: f"expected item {p.index}, found item {e.index}")
+                return self.fail(p, raw, "index", "expected item {}, found item {}".format, p.index, e.index)
         return self.visit(p.tuple, e.tuple_value)
 
     def _tensor_type(self, p, e, raw, what: str):
         ty = None if isinstance(e, (str, GlobalVar)) else getattr(e, "ty", None)
         if isinstance(ty, TensorType):
             return ty
-        self.fail(p, raw, what, lambda: f"a {what} is asked of {_kind_name(e)}, which is not a tensor")
+        self.fail(p, raw, what, _why_not_tensor, what, e)
         return None
 
     def _dtype(self, p: n.DTypePattern, e, raw):
@@ -417,7 +427,7 @@ class Matcher:
         if ty is None:
             return False
         if ty.dtype != p.dtype:
-            return self.fail(p, raw, "dtype", lambda: f"expected dtype {p.dtype}, found {ty.dtype} ({show(e, 0)}: {ty})")
+            return self.fail(p, raw, "dtype", _why_dtype, p.dtype, e, ty)
         return self.visit(p.inner, raw)
 
     def _shape(self, p: n.ShapePattern, e, raw):
@@ -425,7 +435,7 @@ class Matcher:
         if ty is None:
             return False
         if ty.ndim != len(p.shape):
-            return self.fail(p, raw, "shape", lambda: f"expected rank {len(p.shape)}, found {ty} of rank {ty.ndim}")
+            return self.fail(p, raw, "shape", "expected rank {}, found {} of rank {}".format, len(p.shape), ty, ty.ndim)
         mark = self.mark()
         for axis, (want, got) in enumerate(zip(p.shape, ty.shape)):
             if want is None:
@@ -433,7 +443,7 @@ class Matcher:
             if isinstance(want, int):
                 if want != got:
                     self.rollback(mark)
-                    return self.fail(p, raw, "shape", lambda: f"expected shape {_dims(p.shape)}, found {ty}: dimension {axis} is {got}, not {want}")
+                    return self.fail(p, raw, "shape", _why_shape, p.shape, ty, axis, got, want)
                 continue
             bound = self.syms.get(want, _MISSING)
             if bound is _MISSING:
@@ -441,8 +451,9 @@ class Matcher:
                 self.log.append(("s", want))
             elif bound != got:
                 self.rollback(mark)
-                return self.fail(p, raw, "consistency", lambda: (
-                    f"symbolic dimension '{want}' is already bound to {bound}, but dimension {axis} of {ty} is {got}"))
+                return self.fail(p, raw, "consistency",
+                                 "symbolic dimension '{}' is already bound to {}, but dimension {} of {} is {}".format,
+                                 want, bound, axis, ty, got)
         return self.visit(p.inner, raw)
 
     def _or(self, p: n.OrPattern, e, raw):
@@ -453,7 +464,7 @@ class Matcher:
         self.rollback(mark)
         if self.visit(p.right, raw):
             return True
-        return self.fail(p, raw, "alternatives", "no alternative matches", (first, self.failure))
+        return self.fail(p, raw, "alternatives", "no alternative matches", causes=(first, self.failure))
 
     def _optional(self, p: n.OptionalPattern, e, raw):
         mark = self.mark()
@@ -470,8 +481,59 @@ class Matcher:
         ok = self.visit(p.inner, raw)
         self.rollback(mark)
         if ok:
-            return self.fail(p, raw, "not", lambda: f"{show(e)} matches {p.inner!r}, which is excluded")
+            return self.fail(p, raw, "not", "{} matches {!r}, which is excluded".format, show(e), p.inner)
         return True
+
+
+# -- failure reasons, formatted only when read ---------------------------------------------------
+
+def _why_repeated(matcher, prev, e) -> str:
+    return (f"this pattern object is used more than once; it already matched {matcher.label(prev)}, "
+            f"and here meets {matcher.label(e)}, a different value (a repeated pattern must bind the same value)")
+
+
+def _why_op(want, found) -> str:
+    return f"expected op {want}, found {_op_text(found)}"
+
+
+def _why_kind(want, e) -> str:
+    return f"expected {want}, found {_kind_name(e)}"
+
+
+def _why_bound(var, value) -> str:
+    return f"{var.name} is bound in the function (= {show(value)}); is_var matches only unbound variables such as parameters"
+
+
+def _why_value(want, got) -> str:
+    return f"expected the constant {want.tolist()!r}, found {got.tolist()!r}"
+
+
+def _why_expr(want, e) -> str:
+    return f"expected the expression {show(want)}, found {show(e)}"
+
+
+def _why_arity(at_least, want, got) -> str:
+    return f"expected {'at least ' if at_least else ''}{want} argument{'s' if want != 1 else ''}, found {got}"
+
+
+def _why_no_attrs(e) -> str:
+    return f"attributes are asked of {_kind_name(e)}, which has none"
+
+
+def _why_missing_attr(op, key) -> str:
+    return f"{_op_text(op)} has no attribute '{key}'"
+
+
+def _why_not_tensor(what, e) -> str:
+    return f"a {what} is asked of {_kind_name(e)}, which is not a tensor"
+
+
+def _why_dtype(want, e, ty) -> str:
+    return f"expected dtype {want}, found {ty.dtype} ({show(e, 0)}: {ty})"
+
+
+def _why_shape(shape, ty, axis, got, want) -> str:
+    return f"expected shape {_dims(shape)}, found {ty}: dimension {axis} is {got}, not {want}"
 
 
 def _op_text(op) -> str:
@@ -497,6 +559,10 @@ def _same_constant(value: np.ndarray, wanted: np.ndarray) -> bool:
 def _dims(shape) -> str:
     return "[" + ", ".join("_" if d is None else str(d) for d in shape) + "]"
 
+
+# leaves are cheaper to match again than to look up; composite patterns are cached
+_CACHED_KINDS = frozenset({n.CallPattern, n.TuplePattern, n.TupleGetItemPattern, n.OrPattern, n.AndPattern,
+                           n.NotPattern, n.OptionalPattern, n.AttrPattern, n.DTypePattern, n.ShapePattern})
 
 _DISPATCH = {
     n.WildcardPattern: Matcher._wildcard,

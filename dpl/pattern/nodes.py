@@ -147,6 +147,23 @@ class Pattern:
             yield p
             stack.extend(reversed(p.children()))
 
+    def dup(self, memo: dict | None = None) -> "Pattern":
+        """A copy with new identities for every node (sharing inside it kept), so it binds
+        independently of the original."""
+        memo = {} if memo is None else memo
+        if id(self) in memo:
+            return memo[id(self)]
+        changes = {}
+        for field in attrs.fields(type(self)):
+            value = getattr(self, field.name)
+            if isinstance(value, Pattern):
+                changes[field.name] = value.dup(memo)
+            elif isinstance(value, tuple) and value and all(isinstance(v, Pattern) for v in value):
+                changes[field.name] = tuple(v.dup(memo) for v in value)
+        copy = attrs.evolve(self, **changes)
+        memo[id(self)] = copy
+        return copy
+
     def __repr__(self) -> str:
         from dpl.pattern.printer import format_pattern
 

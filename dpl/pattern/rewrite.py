@@ -261,7 +261,11 @@ def rewrite_bindings(graph: GraphPattern | PatternContext, rewriter, func: Funct
         if found is None:
             return remove_dead_bindings(current) if current is not func else func
         values = {b.var: b.value for b in current.bindings}
-        out = rewriter(found, values) or {}
+        out = rewriter(found, values)
+        if out is None:
+            out = {}
+        if not isinstance(out, Mapping):
+            raise RewriteError(f"the rewriter of {g!r} must return a mapping {{Var: new value}}, got {type(out).__name__}")
         replaced = {}
         for var, new in out.items():
             if var not in values:
