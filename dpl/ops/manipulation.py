@@ -1,5 +1,7 @@
 """Data movement and creation: reshape, transpose, concat/split, slicing, gather, broadcast,
-expand/squeeze, full/zeros/ones. Injective in TVM unless the index map is simpler."""
+expand/squeeze, full/zeros/ones. Injective in TVM unless the index map is simpler: a call that
+reads its input at the output index (an identity permutation, a slice from 0 with stride 1, a
+split into one piece...) is ElemWise."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 from dpl import dtypes
 from dpl.ir.types import TensorType, TupleType
 from dpl.ops._shapes import dim_product, fmt_dims, normalize_axes, normalize_axis
+from dpl.ops.elementwise import broadcast_kind
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
 
 K = OpPatternKind
@@ -71,12 +74,17 @@ def _infer_permute(info: CallInfo) -> TensorType:
     return TensorType(tuple(x.shape[a] for a in _perm(info, x.ndim)), x.dtype)
 
 
+def _permute_kind(info: CallInfo, out) -> OpPatternKind:
+    perm = _perm(info, info.tensor(0).ndim)
+    return K.ELEMWISE if perm == tuple(range(len(perm))) else K.INJECTIVE
+
+
 register(
     "permute_dims",
     num_args=1,
     attrs={"axes": AttrSpec("ints", default=None)},
     infer=_infer_permute,
-    kind=K.INJECTIVE,
+    kind=_permute_kind,
     ref=lambda x, axes: np.transpose(x, None if axes is None else [a % x.ndim for a in axes]),
     doc="transpose; no axes reverses them",
 )
@@ -114,7 +122,7 @@ register(
     num_args=1,
     attrs={"axis": AttrSpec("axis", default=0)},
     infer=_infer_concat,
-    kind=K.INJECTIVE,
+    kind=lambda info, out: K.ELEMWISE if len(info.arg_types[0].fields) == 1 else K.INJECTIVE,
     ref=lambda tup, axis: np.concatenate(tup, axis=axis),
     doc="join a tuple of tensors along axis",
 )
@@ -153,7 +161,7 @@ register(
     num_args=1,
     attrs={"indices_or_sections": AttrSpec("ints_or_int"), "axis": AttrSpec("axis", default=0)},
     infer=_infer_split,
-    kind=K.INJECTIVE,
+    kind=lambda info, out: K.ELEMWISE if len(out.fields) == 1 else K.INJECTIVE,
     ref=lambda x, indices_or_sections, axis: tuple(
         np.split(x, indices_or_sections if isinstance(indices_or_sections, int) else list(indices_or_sections), axis=axis)
     ),
@@ -184,11 +192,16 @@ def _infer_strided_slice(info: CallInfo) -> TensorType:
 
 
 def _strided_slice_kind(info: CallInfo, out) -> OpPatternKind:
-    # TVM: begin 0 and stride 1 reads x at the output index itself, so it is ElemWise
+    # TVM: a slice that starts at 0 with stride 1 on every axis reads x at the output index
+    # itself, so it is ElemWise; begin is clamped first (begin -8 of a dimension 8 starts at 0)
+    x = info.tensor(0)
     strides = info.attrs["strides"] or (1,) * len(info.attrs["axes"])
-    if all(b == 0 for b in info.attrs["begin"]) and all(s == 1 for s in strides):
-        return K.ELEMWISE
-    return K.INJECTIVE
+    axes = normalize_axes(info, info.attrs["axes"], x.ndim)
+    for a, b, e, s in zip(axes, info.attrs["begin"], info.attrs["end"], strides):
+        kept = _slice_bounds(x.shape[a], b, e, s)
+        if kept.start != 0 or kept.step != 1:
+            return K.INJECTIVE
+    return K.ELEMWISE
 
 
 def _strided_slice_ref(x, axes, begin, end, strides):
@@ -252,7 +265,7 @@ register(
     num_args=1,
     attrs={"shape": AttrSpec("shape")},
     infer=_infer_broadcast_to,
-    kind=K.BROADCAST,
+    kind=lambda info, out: K.ELEMWISE if info.tensor(0).shape == out.shape else K.BROADCAST,
     ref=lambda x, shape: np.broadcast_to(x, shape).copy(),
     doc="repeat x along broadcast dimensions",
 )
@@ -272,7 +285,7 @@ register(
     num_args=1,
     attrs={"axis": AttrSpec("axes")},
     infer=_infer_expand_dims,
-    kind=K.BROADCAST,
+    kind=lambda info, out: K.BROADCAST if info.attrs["axis"] else K.ELEMWISE,
     ref=lambda x, axis: np.expand_dims(x, tuple(a % (x.ndim + len(axis)) for a in axis)),
     doc="insert unit dimensions at the given output positions",
 )
@@ -300,7 +313,7 @@ register(
     num_args=1,
     attrs={"axis": AttrSpec("axes", default=None)},
     infer=_infer_squeeze,
-    kind=K.BROADCAST,
+    kind=lambda info, out: K.BROADCAST if _squeeze_axes(info, info.tensor(0)) else K.ELEMWISE,
     ref=lambda x, axis: np.squeeze(x, None if axis is None else tuple(a % x.ndim for a in axis)),
     doc="drop unit dimensions (all of them when no axis)",
 )
@@ -320,7 +333,7 @@ register(
     num_args=1,
     attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype", default=None)},
     infer=_infer_full,
-    kind=K.ELEMWISE,
+    kind=broadcast_kind,  # ElemWise for a constant fill (folded into the kernel), else Broadcast
     ref=lambda v, shape, dtype: np.full(shape, v, dtype=dtypes.to_numpy(dtype) if dtype else v.dtype),
     doc="a tensor of the given shape filled with a scalar operand",
 )

@@ -1,5 +1,6 @@
 """Neural-network ops with internal structure: matrix product, normalisations, softmax,
-convolution and pooling. All OutEWiseFusable in TVM: they can absorb elementwise epilogues."""
+convolution and pooling. OutEWiseFusable in TVM (they can absorb elementwise epilogues), except
+a matrix-vector product, which TVM sees as a plain reduction."""
 
 from __future__ import annotations
 
@@ -44,12 +45,21 @@ def _matmul_ref(a, b, out_dtype):
     return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype or a.dtype)
 
 
+def _matmul_kind(info: CallInfo, out) -> OpPatternKind:
+    # TVM calls a reduction block OutEWiseFusable only if it is an FMA whose two loads each miss
+    # an output index (data reuse); with a 1-D operand one load has every output index, so a
+    # matrix-vector or vector-vector product is a plain CommReduce
+    if info.tensor(0).ndim >= 2 and info.tensor(1).ndim >= 2:
+        return FUSABLE
+    return OpPatternKind.COMM_REDUCE
+
+
 register(
     "matmul",
     num_args=2,
     attrs={"out_dtype": AttrSpec("dtype", default=None)},
     infer=_infer_matmul,
-    kind=FUSABLE,
+    kind=_matmul_kind,
     ref=_matmul_ref,
     doc="matrix product with NumPy's batching and 1-D rules",
 )

@@ -1,5 +1,6 @@
 """Reductions over axes. TVM: ``sum``/``max``/``min``/``prod`` are CommReduce; ``mean`` is
-OutEWiseFusable, because its legalized form ends in an elementwise output block."""
+OutEWiseFusable, because its legalized form ends in an elementwise output block. A reduction
+over no axis at all (``axis=[]``, or a rank-0 input) is a copy, hence ElemWise."""
 
 from __future__ import annotations
 
@@ -31,8 +32,17 @@ def _reduce_ref(fn, accumulate_in_float64=False):
     return ref
 
 
+def _reduce_kind(kind: OpPatternKind):
+    def kind_of(info: CallInfo, out) -> OpPatternKind:
+        if not normalize_axes(info, info.attrs["axis"], info.tensor(0).ndim):
+            return OpPatternKind.ELEMWISE
+        return kind
+
+    return kind_of
+
+
 def _reduction(name, fn, kind, doc, accumulate=True):
-    register(name, num_args=1, attrs=_REDUCE_ATTRS, infer=_infer_reduce, kind=kind, ref=_reduce_ref(fn, accumulate), doc=doc)
+    register(name, num_args=1, attrs=_REDUCE_ATTRS, infer=_infer_reduce, kind=_reduce_kind(kind), ref=_reduce_ref(fn, accumulate), doc=doc)
 
 
 _reduction("sum", np.sum, OpPatternKind.COMM_REDUCE, "sum over axes")
