@@ -47,12 +47,18 @@ def _infer_reshape(info: CallInfo) -> TensorType:
     return TensorType(tuple(shape), x.dtype)
 
 
+def _reshape_kind(info: CallInfo, out) -> OpPatternKind:
+    # TVM 0.27 unravels the flat index with ``% n`` for a symbolic input dimension n; a load
+    # index using a variable that is not an output index makes the whole kernel Opaque
+    return K.INJECTIVE if info.tensor(0).is_static else K.OPAQUE
+
+
 register(
     "reshape",
     num_args=1,
     attrs={"shape": AttrSpec("shape")},
     infer=_infer_reshape,
-    kind=K.INJECTIVE,
+    kind=_reshape_kind,
     ref=lambda x, shape: np.reshape(x, shape),
     doc="same elements, new shape (one -1 may be inferred)",
 )
