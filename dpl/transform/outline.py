@@ -116,6 +116,7 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
     if not groups:
         return func
     bindings = func.bindings
+    groups = [_without_outer_items(bindings, g) for g in groups]
     owner: dict[int, int] = {}  # binding index -> group number
     for g, group in enumerate(groups):
         for i in group.members:
@@ -175,6 +176,17 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
         stuck = sorted({bindings[i].var.name for i, g in owner.items() if missing[("g", g)]})
         raise CycleError(f"fusing the groups of '{func.name}' would create a cyclic dependency (involving {', '.join(stuck)})")
     return attrs.evolve(func, bindings=tuple(out))
+
+
+def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
+    """TVM splits a tuple parameter that the group only reads items of into one parameter per
+    item, and the items are taken in the caller: a tuple item of a value from outside the group
+    stays outside it."""
+    inside = {id(bindings[i].var) for i in group.members}
+    keep = tuple(i for i in group.members
+                 if not (isinstance(bindings[i].value, TupleGetItem) and isinstance(bindings[i].value.tuple_value, Var)
+                         and id(bindings[i].value.tuple_value) not in inside))
+    return group if len(keep) == len(group.members) else attrs.evolve(group, members=keep)
 
 
 def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: FunctionTable, lift_constants: bool,
