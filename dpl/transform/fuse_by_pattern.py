@@ -130,7 +130,7 @@ class _Partition:
         if cand.root in self.group_of:
             self.report(cand, False, f"its root {self.name(cand.root)} is already in an earlier match")
             return
-        leak = self.leak(cand)
+        leak = self.leak(cand, self.declared_outputs(cand))
         if leak is not None and not self.allow_leaks:
             self.report(cand, False, leak)
             return
@@ -155,9 +155,15 @@ class _Partition:
             extra = dict(self.pattern.attrs_getter(cand.context.annotated_expr) or {})
         return {"Composite": self.pattern.name, **extra}
 
-    def leak(self, cand: Candidate) -> str | None:
+    def declared_outputs(self, cand: Candidate) -> set[int]:
+        """Binding indices of the intermediates the pattern declares as outputs."""
+        m = cand.context.match
+        values = {id(m[p]) for p in self.pattern.outputs if p in m}
+        return {i for i in cand.members if id(self.func.bindings[i].value) in values}
+
+    def leak(self, cand: Candidate, declared: set[int] = frozenset()) -> str | None:
         """An intermediate of the match that is used outside it (or returned), if any."""
-        for i in sorted(cand.members - {cand.root}):
+        for i in sorted(cand.members - {cand.root} - declared):
             if id(self.func.bindings[i].var) in self.returned:
                 return f"its intermediate {self.name(i)} is returned by '{self.func.name}' (allow_leaks=True exports it)"
             outside = [u for u in self.users[i] if u not in cand.members]
