@@ -317,8 +317,6 @@ def test_tvm_rejects_the_dpl_only_calls(tvm, cid, op, args, attrs, kind, tvm_err
 
 def test_kind_depends_on_constness():
     """``full`` of a constant is ElemWise, of a tensor Broadcast: the kind reads the call."""
-    from dpl.ir import call
-
     fill = Var("v", TensorType((), F))
-    assert dpl.op_kind(call("full", const(1.0), shape=[4, 8])) == E
-    assert dpl.op_kind(call("full", fill, shape=[4, 8])) == B
+    assert dpl.op_kind(dpl_call("full", const(1.0), shape=[4, 8])) == E
+    assert dpl.op_kind(dpl_call("full", fill, shape=[4, 8])) == B
