@@ -1,5 +1,7 @@
 """Data movement and creation: reshape, transpose, concat/split, slicing, gather, broadcast,
-expand/squeeze, full/zeros/ones. Injective in TVM unless the index map is simpler."""
+expand/squeeze, full/zeros/ones. Injective in TVM unless the index map is simpler: a call that
+reads its input at the output index (an identity permutation, a slice from 0 with stride 1, a
+split into one piece) is ElemWise, as TVM finds by looking at the loads of the kernel."""
 
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ register(
     num_args=1,
     attrs={"axes": AttrSpec("ints", default=None)},
     infer=_infer_permute,
-    kind=K.INJECTIVE,
+    kind=lambda info, out: K.ELEMWISE if _perm(info, out.ndim) == tuple(range(out.ndim)) else K.INJECTIVE,
     ref=lambda x, axes: np.transpose(x, None if axes is None else [a % x.ndim for a in axes]),
     doc="transpose; no axes reverses them",
 )
@@ -109,12 +111,20 @@ def _infer_concat(info: CallInfo) -> TensorType:
     return TensorType(tuple(shape), first.dtype)
 
 
+def _concat_kind(info: CallInfo, out) -> OpPatternKind:
+    # one field with elements, the others empty: that field is read at the output index
+    axis = info.attrs["axis"] % out.ndim
+    if sum(1 for t in info.arg_types[0].fields if t.shape[axis] != 0) <= 1:
+        return K.ELEMWISE
+    return K.INJECTIVE
+
+
 register(
     "concat",
     num_args=1,
     attrs={"axis": AttrSpec("axis", default=0)},
     infer=_infer_concat,
-    kind=K.INJECTIVE,
+    kind=_concat_kind,
     ref=lambda tup, axis: np.concatenate(tup, axis=axis),
     doc="join a tuple of tensors along axis",
 )
@@ -153,7 +163,7 @@ register(
     num_args=1,
     attrs={"indices_or_sections": AttrSpec("ints_or_int"), "axis": AttrSpec("axis", default=0)},
     infer=_infer_split,
-    kind=K.INJECTIVE,
+    kind=lambda info, out: K.ELEMWISE if len(out.fields) == 1 else K.INJECTIVE,
     ref=lambda x, indices_or_sections, axis: tuple(
         np.split(x, indices_or_sections if isinstance(indices_or_sections, int) else list(indices_or_sections), axis=axis)
     ),
@@ -184,11 +194,15 @@ def _infer_strided_slice(info: CallInfo) -> TensorType:
 
 
 def _strided_slice_kind(info: CallInfo, out) -> OpPatternKind:
-    # TVM: begin 0 and stride 1 reads x at the output index itself, so it is ElemWise
-    strides = info.attrs["strides"] or (1,) * len(info.attrs["axes"])
-    if all(b == 0 for b in info.attrs["begin"]) and all(s == 1 for s in strides):
-        return K.ELEMWISE
-    return K.INJECTIVE
+    # TVM: a slice from 0 with stride 1 reads x at the output index itself, so it is ElemWise;
+    # the begin counts after Python's normalisation (-8 of 8 is 0; so is -100)
+    x = info.tensor(0)
+    axes = normalize_axes(info, info.attrs["axes"], x.ndim)
+    strides = info.attrs["strides"] or (1,) * len(axes)
+    for a, b, s in zip(axes, info.attrs["begin"], strides):
+        if s != 1 or range(x.shape[a])[b:].start != 0:
+            return K.INJECTIVE
+    return K.ELEMWISE
 
 
 def _strided_slice_ref(x, axes, begin, end, strides):
@@ -236,6 +250,11 @@ register(
 # -- broadcast_to / expand_dims / squeeze ------------------------------------------------------
 
 
+def _broadcast_kind(info: CallInfo, out) -> OpPatternKind:
+    """Broadcast, unless the call changes no dimension (then x is read at the output index)."""
+    return K.ELEMWISE if info.tensor(0).shape == out.shape else K.BROADCAST
+
+
 def _infer_broadcast_to(info: CallInfo) -> TensorType:
     x = info.tensor(0)
     shape = tuple(info.attrs["shape"])
@@ -252,7 +271,7 @@ register(
     num_args=1,
     attrs={"shape": AttrSpec("shape")},
     infer=_infer_broadcast_to,
-    kind=K.BROADCAST,
+    kind=_broadcast_kind,
     ref=lambda x, shape: np.broadcast_to(x, shape).copy(),
     doc="repeat x along broadcast dimensions",
 )
@@ -272,7 +291,7 @@ register(
     num_args=1,
     attrs={"axis": AttrSpec("axes")},
     infer=_infer_expand_dims,
-    kind=K.BROADCAST,
+    kind=_broadcast_kind,
     ref=lambda x, axis: np.expand_dims(x, tuple(a % (x.ndim + len(axis)) for a in axis)),
     doc="insert unit dimensions at the given output positions",
 )
@@ -300,7 +319,7 @@ register(
     num_args=1,
     attrs={"axis": AttrSpec("axes", default=None)},
     infer=_infer_squeeze,
-    kind=K.BROADCAST,
+    kind=_broadcast_kind,
     ref=lambda x, axis: np.squeeze(x, None if axis is None else tuple(a % x.ndim for a in axis)),
     doc="drop unit dimensions (all of them when no axis)",
 )
@@ -320,7 +339,8 @@ register(
     num_args=1,
     attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype", default=None)},
     infer=_infer_full,
-    kind=K.ELEMWISE,
+    # TVM folds a constant fill into the kernel (no load: ElemWise); a fill tensor is broadcast
+    kind=lambda info, out: K.ELEMWISE if info.is_scalar_const(0) or out.ndim == 0 else K.BROADCAST,
     ref=lambda v, shape, dtype: np.full(shape, v, dtype=dtypes.to_numpy(dtype) if dtype else v.dtype),
     doc="a tensor of the given shape filled with a scalar operand",
 )

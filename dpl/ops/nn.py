@@ -1,5 +1,6 @@
 """Neural-network ops with internal structure: matrix product, normalisations, softmax,
-convolution and pooling. All OutEWiseFusable in TVM: they can absorb elementwise epilogues."""
+convolution and pooling. All OutEWiseFusable in TVM (they can absorb elementwise epilogues),
+except a matmul with a 1-D operand, which TVM sees as a plain CommReduce."""
 
 from __future__ import annotations
 
@@ -44,12 +45,20 @@ def _matmul_ref(a, b, out_dtype):
     return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype or a.dtype)
 
 
+def _matmul_kind(info: CallInfo, out) -> OpPatternKind:
+    # TVM calls a reduction block a multiply-add (OutEWiseFusable) only when each operand
+    # misses some output index; a 1-D operand covers every output index of its product
+    if info.tensor(0).ndim == 1 or info.tensor(1).ndim == 1:
+        return OpPatternKind.COMM_REDUCE
+    return FUSABLE
+
+
 register(
     "matmul",
     num_args=2,
     attrs={"out_dtype": AttrSpec("dtype", default=None)},
     infer=_infer_matmul,
-    kind=FUSABLE,
+    kind=_matmul_kind,
     ref=_matmul_ref,
     doc="matrix product with NumPy's batching and 1-D rules",
 )

@@ -1,5 +1,6 @@
-"""Reductions over axes. TVM: ``sum``/``max``/``min``/``prod`` are CommReduce; ``mean`` is
-OutEWiseFusable, because its legalized form ends in an elementwise output block."""
+"""Reductions over axes. TVM: ``sum``/``max``/``min``/``prod`` are CommReduce; ``mean`` and
+``variance`` are OutEWiseFusable, because their legalized forms end in an elementwise output
+block. A reduction over no axes (``axis=[]``, or a 0-d input) is a copy: ElemWise."""
 
 from __future__ import annotations
 
@@ -31,8 +32,18 @@ def _reduce_ref(fn, accumulate_in_float64=False):
     return ref
 
 
+def _reduce_kind(kind: OpPatternKind):
+    def kind_fn(info: CallInfo, out) -> OpPatternKind:
+        axes = info.attrs["axis"]
+        if info.tensor(0).ndim == 0 or (axes is not None and len(axes) == 0):
+            return OpPatternKind.ELEMWISE
+        return kind
+
+    return kind_fn
+
+
 def _reduction(name, fn, kind, doc, accumulate=True):
-    register(name, num_args=1, attrs=_REDUCE_ATTRS, infer=_infer_reduce, kind=kind, ref=_reduce_ref(fn, accumulate), doc=doc)
+    register(name, num_args=1, attrs=_REDUCE_ATTRS, infer=_infer_reduce, kind=_reduce_kind(kind), ref=_reduce_ref(fn, accumulate), doc=doc)
 
 
 _reduction("sum", np.sum, OpPatternKind.COMM_REDUCE, "sum over axes")

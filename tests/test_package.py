@@ -1,0 +1,138 @@
+"""The package as users get it: the wheel's contents, and the wheel installed in a fresh venv.
+
+The wheel is built from a copy of the source tree (so the build leaves nothing in the
+checkout) with ``python -m build``, which fetches its build backend like any pip install.
+The fresh venv has no system site-packages; its pip fetches dpl's own dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: pytest brings tomli there
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = {"grammar": ["ir.lark", "dpl.lark", "types.lark"], "patterns": ["cublas.dpl", "llm.dpl", "rewrites.dpl"]}
+
+
+def run(cmd, **kw):
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def clean_env():
+    """The environment without anything that would let the fresh venv see this checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    junk = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".venv*")
+    shutil.copytree(ROOT, src, ignore=junk)
+    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp / "dist"), str(src)], env=clean_env())
+    wheels = list((tmp / "dist").glob("dpl-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.mark.slow
+def test_wheel_ships_grammar_patterns_and_backends_inside_dpl(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    for folder, files in SHIPPED.items():
+        assert f"dpl/{folder}/__init__.py" in names, f"dpl/{folder}/ missing from the wheel"
+        for f in files:
+            assert f"dpl/{folder}/{f}" in names, f"dpl/{folder}/{f} missing from the wheel"
+    assert "dpl/backends/__init__.py" in names
+    tops = {n.split("/")[0] for n in names} - {"dpl"}
+    assert len(tops) == 1 and tops.pop().endswith(".dist-info"), f"top-level entries besides dpl/: {tops}"
+    for stray in ("backends", "grammar", "patterns", "tests", "examples"):
+        assert not any(n.startswith(stray + "/") for n in names), f"top-level {stray}/ in the wheel"
+
+
+SMOKE = textwrap.dedent(
+    '''
+    import importlib.util, sys
+    from pathlib import Path
+
+    import numpy as np
+
+    import dpl
+
+    here = Path(dpl.__file__).resolve()
+    assert Path(sys.prefix).resolve() in here.parents, f"dpl imported from {here}, not the venv"
+    for name in ("backends", "grammar", "patterns"):
+        assert importlib.util.find_spec(name) is None, f"top-level '{name}' is importable"
+    try:
+        import backends  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise AssertionError("import backends worked")
+    import dpl.backends, dpl.grammar, dpl.patterns  # noqa: E401,F401
+
+    mod = dpl.parse("""
+    func main(x: f32[2, 3], b: f32[3]) -> f32[2, 3] {
+      y = add(x, b)
+      z = nn.relu(y)
+      return z
+    }
+    """)
+    pats = dpl.load_patterns("cublas")
+    assert [p.name for p in pats.patterns][:1] == ["cublas.matmul_bias_act"], pats
+    x = np.array([[1.0, -2.0, 3.0], [-4.0, 5.0, -6.0]], dtype=np.float32)
+    b = np.array([0.5, 0.5, -0.5], dtype=np.float32)
+    out = dpl.interpret(mod, x, b)
+    assert np.array_equal(out, np.maximum(x + b, 0)), out
+    print("dpl", dpl.__version__, "ok")
+    '''
+)
+
+
+@pytest.mark.slow
+def test_wheel_works_in_a_fresh_venv(wheel, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False, symlinks=os.name != "nt").create(env_dir)
+    py = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    env = clean_env()
+    run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)], env=env)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    (cwd / "smoke.py").write_text(SMOKE)
+    proc = run([py, "smoke.py"], cwd=cwd, env=env)
+    assert proc.stdout.strip().endswith("ok"), proc.stdout
+
+
+def test_every_package_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    mapped = config.get("package-dir", {})
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "dpl").rglob("__init__.py")}
+    assert found - listed == set(), f"packages missing from [tool.setuptools] packages: {sorted(found - listed)}"
+    for name, folder in mapped.items():
+        assert name in listed, f"mapped package {name} is not in [tool.setuptools] packages"
+        assert (ROOT / folder / "__init__.py").is_file(), f"{name} maps to {folder}/, which has no __init__.py"
+    for folder in ("grammar", "patterns", "backends"):
+        assert mapped.get(f"dpl.{folder}") == folder, f"dpl.{folder} must map to the top-level {folder}/"
+    for name in listed:
+        top, *rest = name.split(".")
+        folder = Path(mapped[name]) if name in mapped else Path(mapped.get(top, top), *rest)
+        assert (ROOT / folder / "__init__.py").is_file(), f"listed package {name} has no {folder}/__init__.py"
+    data = config.get("package-data", {})
+    assert "*.lark" in data.get("dpl.grammar", []) and "*.dpl" in data.get("dpl.patterns", [])
