@@ -19,6 +19,8 @@ from dpl.pattern import (
     is_tuple, is_tuple_get_item, is_var, match, match_graph, rewrite_bindings, rewrite_call, wildcard,
 )
 from dpl.lang import check_hook, load_patterns, parse_patterns
+from dpl.trace import Trace
+from dpl.apply import apply
 
 __version__ = "0.1.0"
 
@@ -32,4 +34,6 @@ __all__ = [
     "rewrite_bindings", "rewrite_call", "wildcard",
     # dpl.lang
     "check_hook", "load_patterns", "parse_patterns",
+    # passes
+    "Trace", "apply",
 ]

@@ -87,6 +87,20 @@ def cmd_check(args) -> int:
     return 0
 
 
+def cmd_fuse(args) -> int:
+    from dpl.apply import apply
+    from dpl.ir.serialize import load
+    from dpl.trace import Trace
+
+    mod = load(args.file)
+    trace = Trace()
+    fused = apply(mod, args.patterns or (), annotate_codegen=not args.no_codegen, fuse=not args.no_auto, trace=trace)
+    print(fused.script(), end="")
+    if args.report:
+        print("\n# report\n" + "\n".join(f"# {line}" for line in trace.report().splitlines()))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from dpl.interpret import interpret
 
@@ -111,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="validate .dpl pattern files (or shipped library names) and list their rules")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("fuse", help="rewrite and fuse a module file with pattern files or libraries; print the result")
+    p.add_argument("file")
+    p.add_argument("--patterns", "-p", action="append", default=[], metavar="P",
+                   help="a .dpl file or a shipped library (cublas, llm, rewrites); repeat it, earlier ones win")
+    p.add_argument("--report", action="store_true", help="also print which matches were accepted or rejected, and why")
+    p.add_argument("--no-codegen", action="store_true", help="leave composites unwrapped (no Codegen functions)")
+    p.add_argument("--no-auto", action="store_true", help="skip automatic fusion of what no pattern claimed")
+    p.set_defaults(func=cmd_fuse)
     p = sub.add_parser("demo", help="build a Llama-style MLP block in Python, print it and run it")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)

@@ -1,11 +1,8 @@
 """The package as users get it: the wheel's contents, and the wheel installed in a fresh venv.
 
-``grammar/``, ``patterns/`` and ``backends/`` live at the top of the repository but ship inside
-``dpl`` (pyproject's ``package-dir``), so a wheel that holds a top-level ``grammar`` package,
-or lacks a ``.lark`` file, would break every install that is not editable. These tests build
-the wheel from a copy of the source tree (nothing is written into the checkout), read its file
-list, then install it with its dependencies into a venv without system site-packages and use
-it from a directory outside the repository.
+The wheel is built from a copy of the source tree (so the build leaves nothing in the
+checkout) with ``python -m build``, which fetches its build backend like any pip install.
+The fresh venv has no system site-packages; its pip fetches dpl's own dependencies.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import venv
 import zipfile
 from pathlib import Path
 
@@ -22,140 +20,145 @@ import pytest
 
 try:
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli")
+except ImportError:  # Python 3.10: pytest brings tomli there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = {"grammar": ["ir.lark", "dpl.lark", "types.lark"], "patterns": ["cublas.dpl", "llm.dpl", "rewrites.dpl"]}
 MAPPED = {"dpl.grammar": "grammar", "dpl.patterns": "patterns", "dpl.backends": "backends"}
 DATA_SUFFIXES = (".lark", ".dpl")
 
 
-def pyproject() -> dict:
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)
-
-
-def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The project's wheel, built (with build isolation) from a copy of the source tree."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    junk = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "tmp", ".venv")
-    shutil.copytree(ROOT, src, ignore=junk)
-    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp / "dist"), str(src)])
-    (built,) = (tmp / "dist").glob("dpl-*.whl")
-    return built
-
-
 def package_dirs() -> dict[str, Path]:
-    """Every package of the source tree (a folder with ``__init__.py``), by its import name."""
+    """Every package of the source tree (a folder with ``__init__.py``) by its import name,
+    including subpackages of the folders mapped into dpl (``backends/cuda`` is dpl.backends.cuda)."""
     roots = {"dpl": ROOT / "dpl", **{pkg: ROOT / folder for pkg, folder in MAPPED.items()}}
     found = {}
     for pkg, root in roots.items():
         for init in root.rglob("__init__.py"):
-            if "__pycache__" in init.parts:
-                continue
-            rel = init.parent.relative_to(root).parts
-            found[".".join((pkg, *rel))] = init.parent
+            if "__pycache__" not in init.parts:
+                found[".".join((pkg, *init.parent.relative_to(root).parts))] = init.parent
     return found
 
 
-def test_pyproject_maps_the_top_level_folders_into_dpl():
-    setuptools = pyproject()["tool"]["setuptools"]
-    for pkg, folder in MAPPED.items():
-        assert setuptools["package-dir"][pkg] == folder
-    data = setuptools["package-data"]
-    assert "*.lark" in data["dpl.grammar"] and "*.dpl" in data["dpl.patterns"]
+def run(cmd, **kw):
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
 
 
-def test_every_package_is_listed_in_pyproject():
-    listed = set(pyproject()["tool"]["setuptools"]["packages"])
-    found = package_dirs()
-    assert {"dpl", *MAPPED} <= set(found)
-    missing = sorted(set(found) - listed)
-    assert not missing, f"add these packages to [tool.setuptools] packages in pyproject.toml: {missing}"
-    stale = sorted(listed - set(found))
-    assert not stale, f"pyproject.toml lists packages that do not exist: {stale}"
+def clean_env():
+    """The environment without anything that would let the fresh venv see this checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    junk = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".venv*")
+    shutil.copytree(ROOT, src, ignore=junk)
+    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp / "dist"), str(src)], env=clean_env())
+    wheels = list((tmp / "dist").glob("dpl-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
 
 
 @pytest.mark.slow
-def test_wheel_holds_dpl_and_only_dpl(wheel):
+def test_wheel_ships_grammar_patterns_and_backends_inside_dpl(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    for folder, files in SHIPPED.items():
+        assert f"dpl/{folder}/__init__.py" in names, f"dpl/{folder}/ missing from the wheel"
+        for f in files:
+            assert f"dpl/{folder}/{f}" in names, f"dpl/{folder}/{f} missing from the wheel"
+    assert "dpl/backends/__init__.py" in names
+    tops = {n.split("/")[0] for n in names} - {"dpl"}
+    assert len(tops) == 1 and tops.pop().endswith(".dist-info"), f"top-level entries besides dpl/: {tops}"
+    for stray in ("backends", "grammar", "patterns", "tests", "examples"):
+        assert not any(n.startswith(stray + "/") for n in names), f"top-level {stray}/ in the wheel"
+
+
+@pytest.mark.slow
+def test_wheel_holds_every_module_and_data_file_of_the_source(wheel):
+    """Not only the files named above: every .py, .lark and .dpl file of every package folder,
+    so a new grammar, pattern library or subpackage cannot be left out of installs."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith((".dist-info", ".data"))}
-    assert top == {"dpl"}, f"the wheel has top-level entries besides dpl: {sorted(top - {'dpl'})}"
     for pkg, folder in package_dirs().items():
         inside = pkg.replace(".", "/")
         for f in sorted(folder.iterdir()):
             if f.suffix == ".py" or f.suffix in DATA_SUFFIXES:
                 assert f"{inside}/{f.name}" in names, f"the wheel lacks {inside}/{f.name} (from {f.relative_to(ROOT)})"
-    for pkg in MAPPED:
-        assert f"{pkg.replace('.', '/')}/__init__.py" in names
-    shipped = [n for n in names if n.endswith(DATA_SUFFIXES)]
-    assert any(n.startswith("dpl/grammar/") for n in shipped) and any(n.startswith("dpl/patterns/") for n in shipped)
 
 
 SMOKE = textwrap.dedent(
-    """
-    import importlib, importlib.resources, os, sys
+    '''
+    import importlib.util, sys
+    from pathlib import Path
+
     import numpy as np
 
-    import dpl, dpl.grammar, dpl.patterns, dpl.backends
-    from dpl.ir import FunctionBuilder, Module
-    from dpl.lang import shipped_libraries
+    import dpl
 
-    venv = os.path.realpath(sys.argv[1])
-    assert os.path.realpath(dpl.__file__).startswith(venv), f"dpl imported from {dpl.__file__}"
+    here = Path(dpl.__file__).resolve()
+    assert Path(sys.prefix).resolve() in here.parents, f"dpl imported from {here}, not the venv"
     for name in ("backends", "grammar", "patterns"):
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError:
-            pass
-        else:
-            raise AssertionError(f"'import {name}' works: the wheel installed a top-level package")
+        assert importlib.util.find_spec(name) is None, f"top-level '{name}' is importable"
+    try:
+        import backends  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise AssertionError("import backends worked")
+    import dpl.backends, dpl.grammar, dpl.patterns  # noqa: E401,F401
 
-    # a small function, interpreted
-    fb = FunctionBuilder("main")
-    x = fb.param("x", "f32", ("n", 3))
-    w = fb.param("w", "f32", (3, 4))
-    y = fb.emit("matmul", x, w, name="y")
-    z = fb.emit("nn.relu", fb.emit("add", y, 0.5), name="z")
-    mod = Module([fb.ret(z)])
-    rng = np.random.default_rng(0)
-    xv = rng.standard_normal((2, 3)).astype("float32")
-    wv = rng.standard_normal((3, 4)).astype("float32")
-    got = dpl.interpret(mod, xv, wv)
-    assert np.allclose(got, np.maximum(xv @ wv + 0.5, 0), atol=1e-5), got
-
-    # the grammar and pattern files are package data, read through importlib.resources
-    grammars = sorted(p.name for p in importlib.resources.files("dpl.grammar").iterdir() if p.name.endswith(".lark"))
-    assert grammars, "no .lark file in dpl.grammar"
-    assert dpl.structural_equal(dpl.parse(str(mod)), mod)
-    for lib in shipped_libraries():
-        dpl.load_patterns(lib)
-    print("ok", len(grammars), "grammars,", len(shipped_libraries()), "pattern libraries")
-    """
+    mod = dpl.parse("""
+    func main(x: f32[2, 3], b: f32[3]) -> f32[2, 3] {
+      y = add(x, b)
+      z = nn.relu(y)
+      return z
+    }
+    """)
+    pats = dpl.load_patterns("cublas")
+    assert [p.name for p in pats.patterns][:1] == ["cublas.matmul_bias_act"], pats
+    x = np.array([[1.0, -2.0, 3.0], [-4.0, 5.0, -6.0]], dtype=np.float32)
+    b = np.array([0.5, 0.5, -0.5], dtype=np.float32)
+    out = dpl.interpret(mod, x, b)
+    assert np.array_equal(out, np.maximum(x + b, 0)), out
+    print("dpl", dpl.__version__, "ok")
+    '''
 )
 
 
 @pytest.mark.slow
 def test_wheel_works_in_a_fresh_venv(wheel, tmp_path):
-    venv = tmp_path / "venv"
-    # no pip inside the venv (faster); the running pip installs into it through --python
-    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
-    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    cfg = (venv / "pyvenv.cfg").read_text()
-    assert "include-system-site-packages = false" in cfg
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check", str(wheel)])
-    work = tmp_path / "elsewhere"
-    work.mkdir()
-    script = work / "smoke.py"
-    script.write_text(SMOKE)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
-    proc = run([str(python), "-I", str(script), str(venv)], cwd=work, env=env)
-    assert proc.stdout.startswith("ok"), proc.stdout
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False, symlinks=os.name != "nt").create(env_dir)
+    py = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    env = clean_env()
+    run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)], env=env)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    (cwd / "smoke.py").write_text(SMOKE)
+    proc = run([py, "smoke.py"], cwd=cwd, env=env)
+    assert proc.stdout.strip().endswith("ok"), proc.stdout
+
+
+def test_every_package_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    mapped = config.get("package-dir", {})
+    found = set(package_dirs())
+    assert found - listed == set(), f"packages missing from [tool.setuptools] packages: {sorted(found - listed)}"
+    for name, folder in mapped.items():
+        assert name in listed, f"mapped package {name} is not in [tool.setuptools] packages"
+        assert (ROOT / folder / "__init__.py").is_file(), f"{name} maps to {folder}/, which has no __init__.py"
+    for folder in ("grammar", "patterns", "backends"):
+        assert mapped.get(f"dpl.{folder}") == folder, f"dpl.{folder} must map to the top-level {folder}/"
+    for name in listed:
+        top, *rest = name.split(".")
+        folder = Path(mapped[name]) if name in mapped else Path(mapped.get(top, top), *rest)
+        assert (ROOT / folder / "__init__.py").is_file(), f"listed package {name} has no {folder}/__init__.py"
+    data = config.get("package-data", {})
+    assert "*.lark" in data.get("dpl.grammar", []) and "*.dpl" in data.get("dpl.patterns", [])

@@ -229,6 +229,7 @@ class Body:
     annotates: tuple[tuple[str, str, Span], ...]  # (key, name, span)
     checks: tuple[tuple[str, Span], ...]
     priority: int | None
+    outputs: tuple[tuple[str, Span], ...] = ()
 
 
 @attrs.frozen

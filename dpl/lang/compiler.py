@@ -98,6 +98,7 @@ class Rule:
     doc: str | None
     span: Span
     ops: tuple[str, ...]  # the ops the pattern mentions, in order
+    outputs: tuple[P.Pattern, ...] = ()  # intermediates the fused function also returns
     variants: int = 1  # how many plain patterns this one stands for (alternatives, optional ops, equivalences)
 
     @property
@@ -157,7 +158,8 @@ def fusion_pattern(rule: Rule) -> FusionPattern:
         return True if ok else NoMatch(rule.pattern, ctx.matched_expr, "check", why)
 
     has_check = bool(rule.predicates or rule.hooks)
-    return FusionPattern(rule.name, rule.pattern, rule.annotations, check if has_check else None, origin=_origin(rule.span))
+    return FusionPattern(rule.name, rule.pattern, rule.annotations, check if has_check else None, outputs=rule.outputs,
+                         origin=_origin(rule.span))
 
 
 def rewrite_rule(rule: Rule) -> RewriteRule:
@@ -491,12 +493,20 @@ class _DeclCompiler:
                          hint="register it from Python with @dpl.check_hook(\"" + hook_name + "\") before loading the file")
             else:
                 hooks.append((hook_name, hook))
+        outputs = []
+        for out_name, span in d.body.outputs:
+            if out_name not in self.bindings:
+                self.err(UndefinedNameError, f"'{out_name}' in outputs is not a binding of the pattern", span)
+            elif d.kind == "rewrite":
+                self.err(LangError, "a rewrite has no outputs: its replacement takes the root's place", span)
+            else:
+                outputs.append(self.final[out_name])
         replacement = _ReplCompiler(self, known).compile(d.replacement) if d.replacement is not None else None
         if self.failed or name is None:
             return None
         return Rule(
             d.kind, name, self.final[roots[0]], dict(self.final), annotations, predicates, tuple(hooks), replacement,
-            d.body.priority or 0, d.doc, d.span, tuple(dict.fromkeys(self.ops)), self.variants,
+            d.body.priority or 0, d.doc, d.span, tuple(dict.fromkeys(self.ops)), tuple(outputs), self.variants,
         )
 
 

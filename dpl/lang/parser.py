@@ -95,13 +95,13 @@ class _ToAst(Transformer):
         return ast.PatternDecl("rewrite", name, body, repl, self._doc(meta.line), self.src.span(meta.line, meta.column, meta.line, meta.column + 7))
 
     def body(self, meta, stmts):
-        kinds = {k: [] for k in ("binding", "annotation", "where", "annotate", "check", "priority")}
+        kinds = {k: [] for k in ("binding", "annotation", "where", "annotate", "check", "priority", "outputs")}
         for kind, value in stmts:
-            kinds[kind].extend(value if kind == "annotate" else [value])
+            kinds[kind].extend(value if kind in ("annotate", "outputs") else [value])
         priority = kinds["priority"][-1] if kinds["priority"] else None
         return ast.Body(
             tuple(kinds["binding"]), tuple(kinds["annotation"]), tuple(kinds["where"]),
-            tuple(kinds["annotate"]), tuple(kinds["check"]), priority,
+            tuple(kinds["annotate"]), tuple(kinds["check"]), priority, tuple(kinds["outputs"]),
         )
 
     def binding(self, meta, c):
@@ -121,6 +121,9 @@ class _ToAst(Transformer):
 
     def check_clause(self, meta, c):
         return ("check", (c[0], self.sp(meta)))
+
+    def outputs_clause(self, meta, c):
+        return ("outputs", [(str(t), self.src.of(t)) for t in c])
 
     def priority_clause(self, meta, c):
         return ("priority", int(c[0]))

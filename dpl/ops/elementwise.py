@@ -25,10 +25,8 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 def broadcast_kind(info: CallInfo, out) -> OpPatternKind:
     """TVM: a broadcast op with one operand read at the output index is ElemWise as a whole;
-    only a pure broadcast (every operand broadcast) stays Broadcast. Scalar constants are
-    folded into the kernel and read nowhere, so an op reading no operand is ElemWise."""
-    read = [t for i, t in enumerate(info.arg_types) if not info.is_scalar_const(i)]
-    if not read or any(is_full_shape(t, out) for t in read):
+    only a pure broadcast (every operand broadcast) stays Broadcast."""
+    if any(is_full_shape(t, out) for t in info.arg_types):
         return OpPatternKind.ELEMWISE
     return OpPatternKind.BROADCAST
 

@@ -1,7 +1,7 @@
 """Data movement and creation: reshape, transpose, concat/split, slicing, gather, broadcast,
 expand/squeeze, full/zeros/ones. Injective in TVM unless the index map is simpler: a call that
 reads its input at the output index (an identity permutation, a slice from 0 with stride 1, a
-split into one piece...) is ElemWise."""
+split into one piece) is ElemWise, as TVM finds by looking at the loads of the kernel."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import numpy as np
 from dpl import dtypes
 from dpl.ir.types import TensorType, TupleType
 from dpl.ops._shapes import dim_product, fmt_dims, normalize_axes, normalize_axis
-from dpl.ops.elementwise import broadcast_kind
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
 
 K = OpPatternKind
@@ -80,17 +79,12 @@ def _infer_permute(info: CallInfo) -> TensorType:
     return TensorType(tuple(x.shape[a] for a in _perm(info, x.ndim)), x.dtype)
 
 
-def _permute_kind(info: CallInfo, out) -> OpPatternKind:
-    perm = _perm(info, info.tensor(0).ndim)
-    return K.ELEMWISE if perm == tuple(range(len(perm))) else K.INJECTIVE
-
-
 register(
     "permute_dims",
     num_args=1,
     attrs={"axes": AttrSpec("ints", default=None)},
     infer=_infer_permute,
-    kind=_permute_kind,
+    kind=lambda info, out: K.ELEMWISE if _perm(info, out.ndim) == tuple(range(out.ndim)) else K.INJECTIVE,
     ref=lambda x, axes: np.transpose(x, None if axes is None else [a % x.ndim for a in axes]),
     doc="transpose; no axes reverses them",
 )
@@ -123,12 +117,21 @@ def _infer_concat(info: CallInfo) -> TensorType:
     return TensorType(tuple(shape), first.dtype)
 
 
+def _concat_kind(info: CallInfo, out) -> OpPatternKind:
+    # TVM reads field k at (output index - the sizes of the fields before it); only when every
+    # offset is 0, i.e. every field but the last is empty, is each load at the output index
+    axis = info.attrs["axis"] % out.ndim
+    if all(t.shape[axis] == 0 for t in info.arg_types[0].fields[:-1]):
+        return K.ELEMWISE
+    return K.INJECTIVE
+
+
 register(
     "concat",
     num_args=1,
     attrs={"axis": AttrSpec("axis", default=0)},
     infer=_infer_concat,
-    kind=lambda info, out: K.ELEMWISE if len(info.arg_types[0].fields) == 1 else K.INJECTIVE,
+    kind=_concat_kind,
     ref=lambda tup, axis: np.concatenate(tup, axis=axis),
     doc="join a tuple of tensors along axis",
 )
@@ -198,14 +201,13 @@ def _infer_strided_slice(info: CallInfo) -> TensorType:
 
 
 def _strided_slice_kind(info: CallInfo, out) -> OpPatternKind:
-    # TVM: a slice that starts at 0 with stride 1 on every axis reads x at the output index
-    # itself, so it is ElemWise; begin is clamped first (begin -8 of a dimension 8 starts at 0)
+    # TVM: a slice from 0 with stride 1 reads x at the output index itself, so it is ElemWise;
+    # the begin counts after Python's normalisation (-8 of 8 is 0; so is -100)
     x = info.tensor(0)
-    strides = info.attrs["strides"] or (1,) * len(info.attrs["axes"])
     axes = normalize_axes(info, info.attrs["axes"], x.ndim)
-    for a, b, e, s in zip(axes, info.attrs["begin"], info.attrs["end"], strides):
-        kept = _slice_bounds(x.shape[a], b, e, s)
-        if kept.start != 0 or kept.step != 1:
+    strides = info.attrs["strides"] or (1,) * len(axes)
+    for a, b, s in zip(axes, info.attrs["begin"], strides):
+        if s != 1 or range(x.shape[a])[b:].start != 0:
             return K.INJECTIVE
     return K.ELEMWISE
 
@@ -255,6 +257,11 @@ register(
 # -- broadcast_to / expand_dims / squeeze ------------------------------------------------------
 
 
+def _broadcast_kind(info: CallInfo, out) -> OpPatternKind:
+    """Broadcast, unless the call changes no dimension (then x is read at the output index)."""
+    return K.ELEMWISE if info.tensor(0).shape == out.shape else K.BROADCAST
+
+
 def _infer_broadcast_to(info: CallInfo) -> TensorType:
     x = info.tensor(0)
     shape = tuple(info.attrs["shape"])
@@ -271,7 +278,7 @@ register(
     num_args=1,
     attrs={"shape": AttrSpec("shape")},
     infer=_infer_broadcast_to,
-    kind=lambda info, out: K.ELEMWISE if info.tensor(0).shape == out.shape else K.BROADCAST,
+    kind=_broadcast_kind,
     ref=lambda x, shape: np.broadcast_to(x, shape).copy(),
     doc="repeat x along broadcast dimensions",
 )
@@ -291,7 +298,7 @@ register(
     num_args=1,
     attrs={"axis": AttrSpec("axes")},
     infer=_infer_expand_dims,
-    kind=lambda info, out: K.BROADCAST if info.attrs["axis"] else K.ELEMWISE,
+    kind=_broadcast_kind,
     ref=lambda x, axis: np.expand_dims(x, tuple(a % (x.ndim + len(axis)) for a in axis)),
     doc="insert unit dimensions at the given output positions",
 )
@@ -319,7 +326,7 @@ register(
     num_args=1,
     attrs={"axis": AttrSpec("axes", default=None)},
     infer=_infer_squeeze,
-    kind=lambda info, out: K.BROADCAST if _squeeze_axes(info, info.tensor(0)) else K.ELEMWISE,
+    kind=_broadcast_kind,
     ref=lambda x, axis: np.squeeze(x, None if axis is None else tuple(a % x.ndim for a in axis)),
     doc="drop unit dimensions (all of them when no axis)",
 )
@@ -339,7 +346,8 @@ register(
     num_args=1,
     attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype", default=None)},
     infer=_infer_full,
-    kind=broadcast_kind,  # ElemWise for a constant fill (folded into the kernel), else Broadcast
+    # TVM folds a constant fill into the kernel (no load: ElemWise); a fill tensor is broadcast
+    kind=lambda info, out: K.ELEMWISE if info.is_scalar_const(0) or out.ndim == 0 else K.BROADCAST,
     ref=lambda v, shape, dtype: np.full(shape, v, dtype=dtypes.to_numpy(dtype) if dtype else v.dtype),
     doc="a tensor of the given shape filled with a scalar operand",
 )

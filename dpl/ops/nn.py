@@ -1,6 +1,6 @@
 """Neural-network ops with internal structure: matrix product, normalisations, softmax,
-convolution and pooling. OutEWiseFusable in TVM (they can absorb elementwise epilogues), except
-a matrix-vector product, which TVM sees as a plain reduction."""
+convolution and pooling. All OutEWiseFusable in TVM (they can absorb elementwise epilogues),
+except a matmul with a 1-D operand, which TVM sees as a plain CommReduce."""
 
 from __future__ import annotations
 
@@ -46,12 +46,11 @@ def _matmul_ref(a, b, out_dtype):
 
 
 def _matmul_kind(info: CallInfo, out) -> OpPatternKind:
-    # TVM calls a reduction block OutEWiseFusable only if it is an FMA whose two loads each miss
-    # an output index (data reuse); with a 1-D operand one load has every output index, so a
-    # matrix-vector or vector-vector product is a plain CommReduce
-    if info.tensor(0).ndim >= 2 and info.tensor(1).ndim >= 2:
-        return FUSABLE
-    return OpPatternKind.COMM_REDUCE
+    # TVM calls a reduction block a multiply-add (OutEWiseFusable) only when each operand
+    # misses some output index; a 1-D operand covers every output index of its product
+    if info.tensor(0).ndim == 1 or info.tensor(1).ndim == 1:
+        return OpPatternKind.COMM_REDUCE
+    return FUSABLE
 
 
 register(

@@ -1,6 +1,6 @@
-"""Reductions over axes. TVM: ``sum``/``max``/``min``/``prod`` are CommReduce; ``mean`` is
-OutEWiseFusable, because its legalized form ends in an elementwise output block. A reduction
-over no axis at all (``axis=[]``, or a rank-0 input) is a copy, hence ElemWise."""
+"""Reductions over axes. TVM: ``sum``/``max``/``min``/``prod`` are CommReduce; ``mean`` and
+``variance`` are OutEWiseFusable, because their legalized forms end in an elementwise output
+block. A reduction over no axes (``axis=[]``, or a 0-d input) is a copy: ElemWise."""
 
 from __future__ import annotations
 
@@ -33,12 +33,13 @@ def _reduce_ref(fn, accumulate_in_float64=False):
 
 
 def _reduce_kind(kind: OpPatternKind):
-    def kind_of(info: CallInfo, out) -> OpPatternKind:
-        if not normalize_axes(info, info.attrs["axis"], info.tensor(0).ndim):
+    def kind_fn(info: CallInfo, out) -> OpPatternKind:
+        axes = info.attrs["axis"]
+        if info.tensor(0).ndim == 0 or (axes is not None and len(axes) == 0):
             return OpPatternKind.ELEMWISE
         return kind
 
-    return kind_of
+    return kind_fn
 
 
 def _reduction(name, fn, kind, doc, accumulate=True):

@@ -108,13 +108,13 @@ class CallInfo:
     arg_types: tuple[Type, ...]
     attrs: Mapping[str, Any]
     arg_names: tuple[str, ...] = ()
-    # which operands are Constants: TVM folds a scalar constant into the kernel, so it is not
-    # an input the kind analysis sees (``full(1.5)`` is ElemWise, ``full(%v)`` Broadcast)
-    arg_is_const: tuple[bool, ...] = ()
+    # which operands are Constants: TVM folds a scalar constant into the kernel, so it is no
+    # load and cannot make a call Broadcast (``full`` of a constant is ElemWise)
+    const_args: tuple[bool, ...] = ()
 
     def is_scalar_const(self, i: int) -> bool:
         ty = self.arg_types[i]
-        return i < len(self.arg_is_const) and self.arg_is_const[i] and isinstance(ty, TensorType) and ty.ndim == 0
+        return i < len(self.const_args) and self.const_args[i] and isinstance(ty, TensorType) and ty.ndim == 0
 
     def error(self, message: str) -> TypeInferenceError:
         return TypeInferenceError(f"op '{self.op}': {message}")
@@ -239,15 +239,15 @@ def make_call(op: str, args: Sequence[Expr], attrs: Mapping[str, Any] | None = N
     args = tuple(args)
     check_arity(opdef, len(args))
     full = check_attrs(opdef, attrs or {})
-    info = CallInfo(op, tuple(a.ty for a in args), full, tuple(describe(a) for a in args), _const_flags(args))
+    info = CallInfo(op, tuple(a.ty for a in args), full, tuple(describe(a) for a in args), _const_args(args))
     return Call(op, args, full, opdef.infer(info))
 
 
 def call_info(call: Call) -> CallInfo:
-    return CallInfo(call.op, tuple(a.ty for a in call.args), call.attrs, tuple(describe(a) for a in call.args), _const_flags(call.args))
+    return CallInfo(call.op, tuple(a.ty for a in call.args), call.attrs, tuple(describe(a) for a in call.args), _const_args(call.args))
 
 
-def _const_flags(args: Sequence[Expr]) -> tuple[bool, ...]:
+def _const_args(args: Sequence[Expr]) -> tuple[bool, ...]:
     return tuple(isinstance(a, Constant) for a in args)
 
 

@@ -49,6 +49,9 @@ class FusionPattern:
     annotation_patterns: Mapping[str, n.Pattern] = attrs.field(factory=dict, converter=_mapping)
     check: Callable[[CheckContext], Any] | None = None
     attrs_getter: Callable[[Mapping[str, Expr]], Mapping[str, Any]] | None = None
+    # sub-patterns whose values the fused function also returns (beyond TVM: a multi-output
+    # fusion such as Add+RMSNorm whose sum is used later); other intermediates must not leak
+    outputs: tuple[n.Pattern, ...] = attrs.field(default=(), converter=tuple, kw_only=True)
     origin: str = attrs.field(factory=n._origin, kw_only=True)
 
     def __attrs_post_init__(self):

@@ -1,0 +1,64 @@
+"""``dpl.apply``: the one call that runs the whole flow on a module.
+
+    rewrites (.dpl ``rewrite`` rules, to a fixed point)
+      -> FuseOpsByPattern (fusion patterns in priority order, Composite functions,
+         optionally wrapped in Codegen functions)
+      -> automatic fusion (FuseOps) of whatever no pattern claimed
+
+The switches mirror TT-XLA's options so a user can bisect a problem; ``trace`` collects every
+decision. Applying ``dpl.apply`` to its own output changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence, Union
+
+from dpl.errors import DplError
+from dpl.ir.expr import Module
+from dpl.pattern.fusion import FusionPattern, PatternSet
+from dpl.trace import Trace
+
+PatternsLike = Union[PatternSet, FusionPattern, str, os.PathLike, Sequence["PatternsLike"]]
+
+
+def as_pattern_set(patterns: PatternsLike) -> PatternSet:
+    """A PatternSet from a set, a path, a shipped library name, a FusionPattern, or a list of
+    these (earlier entries take priority)."""
+    if isinstance(patterns, PatternSet):
+        return patterns
+    if isinstance(patterns, FusionPattern):
+        return PatternSet((patterns,))
+    if isinstance(patterns, (str, os.PathLike)):
+        from dpl.lang import load_patterns
+
+        return load_patterns(os.fspath(patterns))
+    if isinstance(patterns, Sequence):
+        result = PatternSet()
+        for item in patterns:
+            result = result + as_pattern_set(item)
+        return result
+    raise DplError(f"patterns must be a PatternSet, a FusionPattern, a .dpl path, a library name or a list of these, got {type(patterns).__name__}")
+
+
+def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, composites: bool = True,
+          annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
+          trace: Trace | None = None) -> Module:
+    """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring)."""
+    if not isinstance(mod, Module):
+        raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
+    patterns = as_pattern_set(patterns)
+    if rewrites and patterns.rewrites:
+        mod = patterns.apply_rewrites(mod)
+    if composites and patterns.patterns:
+        from dpl.transform.fuse_by_pattern import fuse_ops_by_pattern
+
+        mod = fuse_ops_by_pattern(mod, patterns.patterns, bind_constants=bind_constants, annotate_codegen=annotate_codegen,
+                                  allow_leaks=allow_leaks, trace=trace)
+    if fuse:
+        try:
+            from dpl.transform.fuse_ops import fuse_ops
+        except ImportError:
+            raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
+        mod = fuse_ops(mod)
+    return mod

@@ -1,0 +1,270 @@
+"""FuseOpsByPattern: matches of fusion patterns become ``Composite`` functions (TVM semantics).
+
+Patterns run in priority order, each over the whole module, and the module is rewritten before
+the next one runs, so an earlier pattern's composites are opaque calls to the later ones. For
+one pattern, bindings are visited in order; a match is checked (the pattern's ``check`` sees
+TVM's PatternCheckContext), then resolved against earlier matches of the same pattern (a
+match overlapping an earlier group is dropped unless it contains it all). Only the bindings
+that call and tuple-item sub-patterns matched join the group — never what a wildcard, a
+variable or a constant matched.
+
+Beyond TVM 0.27, which raises on a match whose fusion would create a cycle and silently turns
+a swallowed intermediate into an extra output: dpl rejects such matches and says why, unless
+``allow_leaks=True`` asks for TVM's extra-output behaviour. Every decision is reported to an
+optional :class:`dpl.trace.Trace`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import attrs
+
+from dpl.errors import DplError
+from dpl.ir.expr import Call, Function, GlobalVar, Module, Var
+from dpl.pattern import nodes as P
+from dpl.pattern.fusion import CheckContext, FusionPattern
+from dpl.pattern.match import Matcher, PatternIndex
+from dpl.transform.outline import FunctionTable, Group, leaves, outline
+
+
+class CodegenNameError(DplError):
+    """A composite name without a ``prefix.`` when codegen annotation was asked for."""
+
+
+def var_usages(func: Function) -> dict[Var, tuple[Var, ...]]:
+    """{var: binding vars that use it}, params included; the return is not a use (as in TVM)."""
+    users: dict[Var, list[Var]] = {p: [] for p in func.params}
+    for b in func.bindings:
+        users.setdefault(b.var, [])
+        for v in leaves(b.value):
+            if isinstance(v, Var):
+                lst = users.setdefault(v, [])
+                if b.var not in lst:
+                    lst.append(b.var)
+    return {k: tuple(v) for k, v in users.items()}
+
+
+@attrs.frozen
+class Candidate:
+    """One match at one binding, with its check context."""
+
+    root: int  # binding index
+    members: frozenset[int]  # binding indices the match pulls in, root included
+    context: CheckContext
+
+
+def matches(pattern: FusionPattern, func: Function) -> Iterable[Candidate]:
+    """Every match of ``pattern`` rooted at a call binding of ``func``, in binding order."""
+    position = {id(b.value): i for i, b in enumerate(func.bindings)}
+    index = PatternIndex([pattern.pattern])
+    matcher = Matcher(func)
+    usages = var_usages(func)
+    seen: dict = {}
+    for i, b in enumerate(func.bindings):
+        seen[b.value] = b.var
+        if not isinstance(b.value, Call) or not index.candidates(b.value):
+            continue
+        m = matcher.match(pattern.pattern, b.value)
+        if not m:
+            continue
+        members = {i}
+        matched = {b.var: b.value}
+        for p, e in m.items():
+            if isinstance(p, (P.CallPattern, P.TupleGetItemPattern)) and id(e) in position:
+                j = position[id(e)]
+                members.add(j)
+                matched[func.bindings[j].var] = e
+        ctx = CheckContext(b.value, pattern.annotated(m), matched, usages, dict(seen), m)
+        yield Candidate(i, frozenset(members), ctx)
+
+
+class _Partition:
+    """Groups of one pattern over one function, with TVM's overlap rule and dpl's safety rules."""
+
+    def __init__(self, func: Function, pattern: FusionPattern, allow_leaks: bool, trace):
+        self.func, self.pattern, self.allow_leaks, self.trace = func, pattern, allow_leaks, trace
+        self.group_of: dict[int, int] = {}  # binding index -> group id (its root's index)
+        self.groups: dict[int, set[int]] = {}
+        self.group_attrs: dict[int, dict] = {}
+        self.index_of = {id(b.var): i for i, b in enumerate(func.bindings)}
+        self.returned = {id(v) for v in leaves(func.ret) if isinstance(v, Var)}
+        self.users: dict[int, list[int]] = {i: [] for i in range(len(func.bindings))}
+        for i, b in enumerate(func.bindings):
+            for leaf in leaves(b.value):
+                j = self.index_of.get(id(leaf))
+                if j is not None and i not in self.users[j]:
+                    self.users[j].append(i)
+
+    def name(self, i: int) -> str:
+        return self.func.bindings[i].var.name
+
+    def report(self, cand: Candidate, accepted: bool, reason: str | None = None) -> None:
+        if self.trace is not None:
+            members = tuple(self.name(i) for i in sorted(cand.members))
+            self.trace.record(self.pattern.name, self.func.name, self.name(cand.root), members, accepted, reason)
+
+    def run(self) -> list[Group]:
+        for cand in matches(self.pattern, self.func):
+            self.consider(cand)
+        groups = []
+        for gid, members in sorted(self.groups.items(), key=lambda kv: max(kv[1])):
+            groups.append(Group(tuple(sorted(members)), self.group_attrs[gid]))
+        return groups
+
+    def consider(self, cand: Candidate) -> None:
+        verdict = self.pattern.run_check(cand.context)
+        if not verdict:
+            self.report(cand, False, f"check said no: {verdict.reason}")
+            return
+        absorbed: set[int] = set()
+        for i in cand.members - {cand.root}:
+            gid = self.group_of.get(i)
+            if gid is None:
+                continue
+            if not self.groups[gid] <= cand.members:
+                earlier = ", ".join(self.name(j) for j in sorted(self.groups[gid]))
+                self.report(cand, False, f"overlaps an earlier match of this pattern ({earlier}) without containing it")
+                return
+            absorbed.add(gid)
+        if cand.root in self.group_of:
+            self.report(cand, False, f"its root {self.name(cand.root)} is already in an earlier match")
+            return
+        leak = self.leak(cand, self.declared_outputs(cand))
+        if leak is not None and not self.allow_leaks:
+            self.report(cand, False, leak)
+            return
+        cycle = self.cycle(cand, absorbed)
+        if cycle is not None:
+            self.report(cand, False, cycle)
+            return
+        gid = cand.root
+        members = set(cand.members)
+        for old in absorbed:
+            members |= self.groups.pop(old)
+            self.group_attrs.pop(old)
+        self.groups[gid] = members
+        self.group_attrs[gid] = self.composite_attrs(cand)
+        for i in members:
+            self.group_of[i] = gid
+        self.report(cand, True)
+
+    def composite_attrs(self, cand: Candidate) -> dict:
+        extra = {}
+        if self.pattern.attrs_getter is not None:
+            extra = dict(self.pattern.attrs_getter(cand.context.annotated_expr) or {})
+        return {"Composite": self.pattern.name, **extra}
+
+    def declared_outputs(self, cand: Candidate) -> set[int]:
+        """Binding indices of the intermediates the pattern declares as outputs."""
+        m = cand.context.match
+        values = {id(m[p]) for p in self.pattern.outputs if p in m}
+        return {i for i in cand.members if id(self.func.bindings[i].value) in values}
+
+    def leak(self, cand: Candidate, declared: set[int] = frozenset()) -> str | None:
+        """An intermediate of the match that is used outside it (or returned), if any."""
+        for i in sorted(cand.members - {cand.root} - declared):
+            if id(self.func.bindings[i].var) in self.returned:
+                return f"its intermediate {self.name(i)} is returned by '{self.func.name}' (allow_leaks=True exports it)"
+            outside = [u for u in self.users[i] if u not in cand.members]
+            if outside:
+                return f"its intermediate {self.name(i)} is also used by {self.name(outside[0])} (allow_leaks=True exports it)"
+        return None
+
+    def cycle(self, cand: Candidate, absorbed: set[int]) -> str | None:
+        """A path that leaves the would-be group and comes back into it, through bindings or
+        through other groups (which will become single calls)."""
+        members = set(cand.members)
+        for gid in absorbed:
+            members |= self.groups[gid]
+        last = max(members)
+        stack = [(u, i) for i in members for u in self.users[i] if u not in members]
+        seen: set[int] = set()
+        while stack:
+            node, src = stack.pop()
+            if node in seen or node > last:
+                continue
+            seen.add(node)
+            gid = self.group_of.get(node)
+            nexts = self.groups[gid] if gid is not None and gid not in absorbed else {node}
+            for n in nexts:
+                for u in self.users[n]:
+                    if u in members:
+                        return (f"fusing it would create a cycle: {self.name(src)} leaves the match and "
+                                f"comes back through {self.name(node)} into {self.name(u)}")
+                    stack.append((u, src))
+                if n != node:
+                    seen.add(n)
+        return None
+
+
+def _entry_functions(mod: Module, entry_functions: Sequence[str] | None) -> list[str]:
+    if entry_functions is not None:
+        for name in entry_functions:
+            if name not in mod.functions:
+                raise DplError(f"entry function '{name}' is not in the module (it has: {', '.join(mod.functions)})")
+        return list(entry_functions)
+    return [n for n, f in mod.functions.items() if not any(k in f.attrs for k in ("Primitive", "Composite", "Codegen"))]
+
+
+def fuse_ops_by_pattern(mod: Module, patterns: Sequence[FusionPattern], bind_constants: bool = True,
+                        annotate_codegen: bool = False, entry_functions: Sequence[str] | None = None,
+                        allow_leaks: bool = False, trace=None) -> Module:
+    """Composite functions for the matches of ``patterns`` (see the module docstring)."""
+    patterns = list(patterns)
+    if annotate_codegen:
+        for p in patterns:
+            if p.codegen is None:
+                raise CodegenNameError(f"pattern '{p.name}' has no codegen prefix (a name such as 'cublas.{p.name}')",
+                                       hint="annotate_codegen takes the backend from the part of the name before the first '.'")
+    names = _entry_functions(mod, entry_functions)
+    for pattern in patterns:
+        table = FunctionTable(mod)
+        for name in names:
+            func = table.functions[name]
+            groups = _Partition(func, pattern, allow_leaks, trace).run()
+            if groups:
+                table.functions[name] = outline(func, groups, table, lift_constants=not bind_constants)
+        mod = table.module()
+    if annotate_codegen:
+        mod = annotate_codegen_functions(mod, names)
+    return mod
+
+
+def annotate_codegen_functions(mod: Module, callers: Sequence[str]) -> Module:
+    """Wrap each composite call in a function ``{Codegen: prefix, global_symbol: name}`` named
+    ``<composite function>_<prefix>`` that calls the composite (which loses ``Primitive``)."""
+    from dpl.ir.expr import Binding
+    from dpl.ops.registry import call_function
+
+    functions = dict(mod.functions)
+    wrappers: dict[str, str] = {}
+    for name, fn in mod.functions.items():
+        if "Composite" in fn.attrs and "Primitive" in fn.attrs:
+            functions[name] = attrs.evolve(fn, attrs={k: v for k, v in fn.attrs.items() if k != "Primitive"})
+    for caller in callers:
+        func = functions[caller]
+        new_bindings = []
+        changed = False
+        for b in func.bindings:
+            v = b.value
+            if isinstance(v, Call) and isinstance(v.op, GlobalVar) and "Composite" in mod.functions[v.op.name].attrs:
+                comp = functions[v.op.name]
+                if v.op.name not in wrappers:
+                    prefix = comp.attrs["Composite"].split(".", 1)[0]
+                    wname, k = f"{v.op.name}_{prefix}", 0
+                    while wname in functions:
+                        k += 1
+                        wname = f"{v.op.name}_{prefix}{k}"
+                    params = [Var(p.name, p.ty) for p in comp.params]
+                    out = Var("output", comp.ret_type)
+                    body = [Binding(out, call_function(GlobalVar(v.op.name), params, comp.ret_type))]
+                    functions[wname] = Function(wname, params, body, out, {"Codegen": prefix, "global_symbol": wname})
+                    wrappers[v.op.name] = wname
+                new_bindings.append(Binding(b.var, attrs.evolve(v, op=GlobalVar(wrappers[v.op.name]))))
+                changed = True
+            else:
+                new_bindings.append(b)
+        if changed:
+            functions[caller] = attrs.evolve(func, bindings=tuple(new_bindings))
+    return Module(functions)

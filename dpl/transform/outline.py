@@ -1,0 +1,233 @@
+"""Turn groups of bindings into module-level functions and calls of them (TVM's OperatorFusor).
+
+Given a function and disjoint groups of its bindings, each group becomes a function:
+
+* parameters: the values the group uses but does not define, in order of first use, named
+  like the outer values (constants stay inside unless ``lift_constants``: then each becomes a
+  parameter ``param_<i>``, scalars included, as in TVM);
+* outputs: the group's values returned by the function first, then those used by bindings
+  outside the group, in order of first use there; one output is returned directly, several
+  as a tuple that the caller unpacks with tuple items bound to the original variables;
+* the body keeps the original binding names; the caller calls the function where the group's
+  last binding was, in an order that is topological over groups and otherwise the original;
+* the name is ``fused_`` + the ops of the group, and structurally identical functions are
+  shared (one function, several calls).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Iterable, Mapping, Sequence
+
+import attrs
+
+from dpl.errors import DplError
+from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
+from dpl.ir.structural import structural_equal, structural_hash
+from dpl.ops.registry import call_function
+
+
+class CycleError(DplError):
+    """Fusing the groups as given would make a group depend on itself."""
+
+
+@attrs.frozen
+class Group:
+    """Bindings (by index into ``func.bindings``) that become one function with ``attrs``."""
+
+    members: tuple[int, ...]
+    attrs: Mapping[str, Any]
+
+
+def leaves(e: Expr) -> Iterable[Expr]:
+    """The vars and constants an expression reads, left to right."""
+    if isinstance(e, (Var, Constant)):
+        yield e
+    elif isinstance(e, Call):
+        for a in e.args:
+            yield from leaves(a)
+    elif isinstance(e, Tuple):
+        for f in e.fields:
+            yield from leaves(f)
+    elif isinstance(e, TupleGetItem):
+        yield from leaves(e.tuple_value)
+
+
+def substitute(e: Expr, table: Mapping[int, Expr]) -> Expr:
+    """``e`` with vars and constants replaced by id; untouched subtrees are shared."""
+    if isinstance(e, (Var, Constant)):
+        return table.get(id(e), e)
+    if isinstance(e, Call):
+        args = tuple(substitute(a, table) for a in e.args)
+        return e if all(x is y for x, y in zip(args, e.args)) else attrs.evolve(e, args=args)
+    if isinstance(e, Tuple):
+        fields = tuple(substitute(f, table) for f in e.fields)
+        return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
+    if isinstance(e, TupleGetItem):
+        inner = substitute(e.tuple_value, table)
+        return e if inner is e.tuple_value else TupleGetItem(inner, e.index)
+    return e
+
+
+def op_names(bindings: Sequence[Binding]) -> list[str]:
+    """The part of a fused function's name each binding gives (TVM's naming)."""
+    names = []
+    for b in bindings:
+        v = b.value
+        if isinstance(v, Call):
+            if isinstance(v.op, GlobalVar):
+                names.append(v.op.name.removeprefix("fused_"))
+            else:
+                names.append(v.op.replace(".", "_"))
+    return names
+
+
+class FunctionTable:
+    """The module's functions plus new ones: shares structurally identical functions and gives
+    new ones unique names (``name``, ``name1``, ``name2`` ... as TVM's BlockBuilder does)."""
+
+    def __init__(self, mod: Module):
+        self.functions: dict[str, Function] = dict(mod.functions)
+        self._by_hash: dict[int, list[str]] = {}
+
+    def add(self, fn: Function) -> str:
+        key = structural_hash(attrs.evolve(fn, name=""), names=False)
+        for name in self._by_hash.get(key, []):
+            if structural_equal(attrs.evolve(self.functions[name], name=""), attrs.evolve(fn, name=""), names=False):
+                return name
+        name, i = fn.name, 0
+        while name in self.functions:
+            i += 1
+            name = f"{fn.name}{i}"
+        self.functions[name] = attrs.evolve(fn, name=name)
+        self._by_hash.setdefault(key, []).append(name)
+        return name
+
+    def module(self) -> Module:
+        return Module(self.functions)
+
+
+def _ret_vars(func: Function) -> list[Var]:
+    return [e for e in leaves(func.ret) if isinstance(e, Var)]
+
+
+def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, lift_constants: bool) -> Function:
+    """``func`` with every group replaced by a call of a new (or shared) function in ``table``."""
+    if not groups:
+        return func
+    bindings = func.bindings
+    groups = [_without_outer_items(bindings, g) for g in groups]
+    owner: dict[int, int] = {}  # binding index -> group number
+    for g, group in enumerate(groups):
+        for i in group.members:
+            owner[i] = g
+    index_of_var = {id(b.var): i for i, b in enumerate(bindings)}
+    returned = {id(v) for v in _ret_vars(func)}
+
+    # outputs of each group: returned values first (binding order), then external uses
+    outputs: list[list[Var]] = [[bindings[i].var for i in sorted(g.members) if id(bindings[i].var) in returned] for g in groups]
+    for i, b in enumerate(bindings):
+        for leaf in leaves(b.value):
+            j = index_of_var.get(id(leaf))
+            if j is None or j not in owner or owner.get(i) == owner[j]:
+                continue
+            outs = outputs[owner[j]]
+            if leaf not in outs:
+                outs.append(leaf)
+
+    calls: dict[int, list[Binding]] = {}  # group -> the caller's new bindings
+    taken = {p.name for p in func.params} | {b.var.name for b in bindings}
+    for g, group in enumerate(groups):
+        members = sorted(group.members)
+        if not outputs[g]:
+            calls[g] = []  # a dead group: dropped, as TVM does
+            continue
+        calls[g] = _make_call([bindings[i] for i in members], outputs[g], group.attrs, table, lift_constants, taken)
+
+    # emit: units are groups and single bindings; topological, else in original order
+    unit_of = lambda i: ("g", owner[i]) if i in owner else ("b", i)  # noqa: E731
+    position: dict[tuple, int] = {}
+    for i in range(len(bindings)):
+        u = unit_of(i)
+        position[u] = max(position.get(u, -1), i)
+    deps: dict[tuple, set] = {u: set() for u in position}
+    users: dict[tuple, set] = {u: set() for u in position}
+    for i, b in enumerate(bindings):
+        u = unit_of(i)
+        for leaf in leaves(b.value):
+            j = index_of_var.get(id(leaf))
+            if j is not None and unit_of(j) != u:
+                deps[u].add(unit_of(j))
+                users[unit_of(j)].add(u)
+    missing = {u: len(d) for u, d in deps.items()}
+    ready = [(position[u], u) for u, n in missing.items() if n == 0]
+    heapq.heapify(ready)
+    out: list[Binding] = []
+    done = 0
+    while ready:
+        _, u = heapq.heappop(ready)
+        done += 1
+        out.extend(calls[u[1]] if u[0] == "g" else [bindings[u[1]]])
+        for v in users[u]:
+            missing[v] -= 1
+            if missing[v] == 0:
+                heapq.heappush(ready, (position[v], v))
+    if done != len(position):
+        stuck = sorted({bindings[i].var.name for i, g in owner.items() if missing[("g", g)]})
+        raise CycleError(f"fusing the groups of '{func.name}' would create a cyclic dependency (involving {', '.join(stuck)})")
+    return attrs.evolve(func, bindings=tuple(out))
+
+
+def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
+    """TVM splits a tuple parameter that the group only reads items of into one parameter per
+    item, and the items are taken in the caller: a tuple item of a value from outside the group
+    stays outside it."""
+    inside = {id(bindings[i].var) for i in group.members}
+    keep = tuple(i for i in group.members
+                 if not (isinstance(bindings[i].value, TupleGetItem) and isinstance(bindings[i].value.tuple_value, Var)
+                         and id(bindings[i].value.tuple_value) not in inside))
+    return group if len(keep) == len(group.members) else attrs.evolve(group, members=keep)
+
+
+def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: FunctionTable, lift_constants: bool,
+               taken: set[str]) -> list[Binding]:
+    defined = {id(b.var) for b in members}
+    params: list[Var] = []
+    args: list[Expr] = []
+    renamed: dict[int, Expr] = {}
+    for b in members:
+        for leaf in leaves(b.value):
+            if id(leaf) in defined or id(leaf) in renamed:
+                continue
+            if isinstance(leaf, Constant):
+                if not lift_constants:
+                    continue
+                p = Var(f"param_{sum(isinstance(a, Constant) for a in args)}", leaf.ty)
+            else:
+                p = Var(leaf.name, leaf.ty)
+            renamed[id(leaf)] = p
+            params.append(p)
+            args.append(leaf)
+    inner: list[Binding] = []
+    for b in members:
+        var = Var(b.var.name, b.var.ty)
+        inner.append(Binding(var, substitute(b.value, renamed)))
+        renamed[id(b.var)] = var
+    ret = renamed[id(outputs[0])] if len(outputs) == 1 else Tuple(tuple(renamed[id(v)] for v in outputs))
+    fn_attrs = {"Primitive": True, **group_attrs}
+    name = "fused_" + "_".join(op_names(members))
+    fn = Function(name, params, inner, ret, fn_attrs)
+    gv = GlobalVar(table.add(fn))
+    call = call_function(gv, args, ret.ty)
+    if len(outputs) == 1:
+        return [Binding(outputs[0], call)]
+    k = 0
+    while f"lv{k}" in taken:
+        k += 1
+    taken.add(f"lv{k}")
+    tup = Var(f"lv{k}", call.ty)
+    order = {id(b.var): i for i, b in enumerate(members)}
+    items = [Binding(tup, call)]
+    for v in sorted(outputs, key=lambda v: order[id(v)]):
+        items.append(Binding(v, TupleGetItem(tup, outputs.index(v))))
+    return items

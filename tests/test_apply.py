@@ -1,0 +1,82 @@
+"""dpl.apply end to end: text module and pattern libraries in, fused module out; the result
+computes what the original computes, the input is untouched, and applying twice is a no-op."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.errors import DplError
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def random_args(func, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in func.params:
+        shape = tuple(5 if isinstance(d, str) else d for d in p.ty.shape)
+        out.append(rng.standard_normal(shape).astype(dpl.dtypes.to_numpy(p.ty.dtype)))
+    return out
+
+
+def assert_same_numbers(a, b, func, tol=1e-4):
+    args = random_args(func)
+    x, y = dpl.interpret(a, *args), dpl.interpret(b, *args)
+    for u, v in zip(x if isinstance(x, tuple) else (x,), y if isinstance(y, tuple) else (y,)):
+        t = 5e-3 if u.dtype == np.float16 else tol
+        np.testing.assert_allclose(u.astype(np.float64), v.astype(np.float64), rtol=t, atol=t)
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.ir")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("libraries", [["cublas"], ["rewrites", "llm", "cublas"], ["llm"]], ids="+".join)
+def test_apply_keeps_numbers_input_and_is_idempotent(example, libraries):
+    mod = dpl.load(example)
+    before = mod.script()
+    out = dpl.apply(mod, libraries, fuse=False)
+    assert mod.script() == before
+    assert_same_numbers(mod, out, mod["main"])
+    again = dpl.apply(out, libraries, fuse=False)
+    assert dpl.structural_equal(again, out)
+
+
+def test_decomposed_rmsnorm_becomes_one_two_output_composite():
+    mod = dpl.load(EXAMPLES / "residual_rmsnorm.ir")
+    trace = dpl.Trace()
+    out = dpl.apply(mod, ["rewrites", "llm"], fuse=False, trace=trace)
+    [comp] = [f for f in out.functions.values() if "Composite" in f.attrs]
+    assert comp.attrs["Composite"] == "kernel.add_rms_norm"
+    assert [b.value.op for b in comp.bindings] == ["add", "nn.rms_norm"]
+    assert isinstance(comp.ret, dpl.Tuple) and [v.name for v in comp.ret.fields] == ["s", "out"]
+    assert trace.accepted("kernel.add_rms_norm")
+    assert_same_numbers(mod, out, mod["main"])
+
+
+def test_switches_bisect_the_flow():
+    mod = dpl.load(EXAMPLES / "residual_rmsnorm.ir")
+    only_rewrites = dpl.apply(mod, ["rewrites", "llm"], composites=False, fuse=False)
+    assert not any("Composite" in f.attrs for f in only_rewrites.functions.values())
+    assert "nn.rms_norm" in only_rewrites.script()
+    no_rewrites = dpl.apply(mod, ["rewrites", "llm"], rewrites=False, fuse=False)
+    assert "nn.rms_norm" not in no_rewrites.script()
+    no_codegen = dpl.apply(mod, ["rewrites", "llm"], annotate_codegen=False, fuse=False)
+    assert not any("Codegen" in f.attrs for f in no_codegen.functions.values())
+
+
+def test_patterns_given_every_way(tmp_path):
+    mod = dpl.load(EXAMPLES / "llama_mlp.ir")
+    path = tmp_path / "mine.dpl"
+    path.write_text("pattern mine.silu_mul { a = nn.silu(g); out = multiply(a, u) }\n")
+    for patterns in [str(path), path, [path, "cublas"], dpl.load_patterns(str(path)), list(dpl.load_patterns(str(path)).patterns)]:
+        out = dpl.apply(mod, patterns, fuse=False)
+        assert any(f.attrs.get("Composite") == "mine.silu_mul" for f in out.functions.values())
+    with pytest.raises(DplError, match="patterns must be"):
+        dpl.apply(mod, 3, fuse=False)
+    with pytest.raises(DplError, match="no shipped pattern library 'cublass'"):
+        dpl.apply(mod, "cublass", fuse=False)
+
+
+def test_outputs_clause_errors():
+    with pytest.raises(DplError, match="'t' in outputs is not a binding of the pattern"):
+        dpl.parse_patterns("pattern k.p { s = add(a, b); out = exp(s); outputs t }")
