@@ -11,6 +11,8 @@ from dpl.ir import (
     TupleGetItem, TupleType, Var, const, structural_equal, structural_hash,
 )
 from dpl.ops import OpPatternKind, make_call, op_kind
+from dpl.backends.registry import register_codegen
+from dpl.runtime import FusionConfig, build
 
 __version__ = "0.1.0"
 
@@ -18,4 +20,5 @@ __all__ = [
     "Binding", "Call", "Constant", "DplError", "Function", "FunctionBuilder", "GlobalVar", "Module",
     "OpPatternKind", "TensorType", "Tuple", "TupleGetItem", "TupleType", "Var", "const", "dtypes",
     "interpret", "make_call", "op_kind", "structural_equal", "structural_hash",
+    "FusionConfig", "build", "register_codegen",
 ]
