@@ -353,7 +353,7 @@ class Choice:
 
     def explain(self) -> str:
         if self.backend is None:
-            return "no backend of the target can run it: " + "; ".join(f"{n}: {r}" for n, r in self.passed_over)
+            return "no backend of the target can run it: " + "; ".join(f"{n} {r}" for n, r in self.passed_over)
         if not self.passed_over:
             return f"{self.backend.name} (first choice)"
         why = "; ".join(f"{n} {r}" for n, r in self.passed_over)

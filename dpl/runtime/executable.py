@@ -83,7 +83,7 @@ class Executable(Compiler):
         while True:
             backend = choice.backend
             if backend is None:
-                why = "; ".join(f"{n}: {r}" for n, r in choice.passed_over)
+                why = "; ".join(f"{n} {r}" for n, r in choice.passed_over)
                 raise BackendError(f"no backend of target {self.target_name} can run {unit.describe()}: {why}")
             ekey = exact_key(unit.function, shapes, dtypes)
             kernel = self.scheduler.cache.get(backend.name, ekey)
