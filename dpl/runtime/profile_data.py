@@ -41,18 +41,19 @@ class ProfileData:
         return {"version": 1, "single": self.single, "fused": self.fused, "separate": self.separate, "groups": list(self.groups)}
 
 
-_CACHE: dict[str, tuple[float, ProfileData]] = {}
+_CACHE: dict[str, tuple[tuple[int, int], ProfileData]] = {}
 
 
 def load_profile(path: str | os.PathLike) -> ProfileData:
-    """Read a profile file (re-read only when it changed on disk)."""
+    """Read a profile file (re-read when its time stamp or size changed)."""
     path = os.fspath(path)
     try:
-        mtime = os.stat(path).st_mtime_ns
+        st = os.stat(path)
+        stamp = (st.st_mtime_ns, st.st_size)
     except OSError as err:
         raise ProfileError(f"cannot read profile '{path}': {err.strerror}") from None
     hit = _CACHE.get(path)
-    if hit is not None and hit[0] == mtime:
+    if hit is not None and hit[0] == stamp:
         return hit[1]
     try:
         with open(path, encoding="utf-8") as f:
@@ -68,7 +69,7 @@ def load_profile(path: str | os.PathLike) -> ProfileData:
             raise ProfileError(f"profile '{path}': '{key}' must map names to times in milliseconds")
         tables[key] = {str(k): float(v) for k, v in table.items()}
     data = ProfileData(**tables, groups=tuple(raw.get("groups", ())))
-    _CACHE[path] = (mtime, data)
+    _CACHE[path] = (stamp, data)
     return data
 
 
