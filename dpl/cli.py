@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="build a Llama-style MLP block, print it and run it")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
+    from dpl.runtime.profiler import add_profile_command
+
+    add_profile_command(sub)
     return parser
 
 

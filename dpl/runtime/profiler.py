@@ -75,13 +75,16 @@ def profile_module(
     dims: dict[str, int] | None = None,
     repeat: int = 20,
     seed: int = 0,
-    progress: TextIO | None = sys.stderr,
+    progress: TextIO | bool | None = True,
 ) -> ProfileData:
     """Measure the Primitive groups of ``mod`` and write (merge into) the profile at ``path``.
 
     Inputs are ``inputs`` or random arrays, symbolic dims taking their size from ``dims``
-    (default 1024 so groups are big enough to be worth measuring).
+    (default 1024 so groups are big enough to be worth measuring). ``progress`` draws a bar on
+    stderr (True), on a given stream, or not at all (None / False).
     """
+    if progress is True:
+        progress = sys.stderr
     rng = np.random.default_rng(seed)
     exe = build(mod, target, config=FusionConfig(enable_fusion=False))
     if inputs is None:
@@ -104,7 +107,7 @@ def profile_module(
         if key not in seen:
             seen.add(key)
             todo.append((fn, shapes, dtypes, key))
-    bar = _Progress(len(todo), progress)
+    bar = _Progress(len(todo), progress or None)
     for fn, shapes, dtypes, key in todo:
         arrays = [_random(s, d, rng) for s, d in zip(shapes, dtypes)]
         op_ms = _time_ops(exe, fn, arrays, repeat)
@@ -170,3 +173,45 @@ def _time_fused(exe, backend, fn: Function, arrays, repeat: int) -> float | None
     dims = bind_dims([t for p in fn.params for t in leaf_types(p.ty)], [a.shape for a in arrays], [p.name for p in fn.params])
     outs = _empty_like_type(concrete(fn.ret.ty, dims, fn.name))
     return _median_ms(lambda: kernel(arrays, outs), repeat)
+
+
+# -- the `dpl profile` command ------------------------------------------------------------------
+
+
+def add_profile_command(subparsers) -> None:
+    """Add ``dpl profile MODULE`` to the command line (called by :mod:`dpl.cli`)."""
+    p = subparsers.add_parser("profile", help="time each fused group op by op and fused on this machine; write the profile file")
+    p.add_argument("module", help="a module file in the text form")
+    p.add_argument("-o", "--output", default="profile_result.json", help="the profile file to write or update")
+    p.add_argument("--target", default="cpu", help="numpy, cpu, cuda or a backend name (default cpu)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dim (default 1024)")
+    p.add_argument("--repeat", type=int, default=20, help="timed runs per kernel (the median is kept)")
+    p.set_defaults(func=run_profile_command)
+
+
+def run_profile_command(args) -> int:
+    import dpl
+    from dpl.errors import DplError
+
+    load = getattr(dpl, "load", None)
+    if load is None:
+        raise DplError("'dpl profile' reads a module in the text form, and this dpl has no text parser yet (dpl.load)")
+    dims = {}
+    for item in args.dim:
+        name, _, size = item.partition("=")
+        if not name or not size.isdigit():
+            raise DplError(f"--dim takes NAME=SIZE, got '{item}'")
+        dims[name] = int(size)
+    data = profile_module(load(args.module), args.output, target=args.target, dims=dims, repeat=args.repeat)
+    print(format_profile(data))
+    print(f"wrote {args.output}")
+    return 0
+
+
+def format_profile(data: ProfileData) -> str:
+    lines = [f"{'group':<28} {'shapes':<24} {'ops':<28} {'separate ms':>12} {'fused ms':>10}"]
+    for g in data.groups:
+        shapes = " ".join("x".join(map(str, s)) for s in g["input_shapes"])
+        fused = "-" if g.get("fused") is None else f"{g['fused']:.4f}"
+        lines.append(f"{g['function'][:28]:<28} {shapes[:24]:<24} {g['compatible_key'][:28]:<28} {g['separate']:>12.4f} {fused:>10}")
+    return "\n".join(lines)
