@@ -15,7 +15,7 @@ An output that is an input, a constant or an output already given is copied at t
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import attrs
 import numpy as np
@@ -50,15 +50,15 @@ class Step:
     outputs: tuple[int, ...]
 
 
-class Compiler:
-    """What the planner asks of the executable: kernels for ops, functions and groups."""
+class Compiler(Protocol):
+    """What the planner asks of the executable: (kernel, backend name) for a single op or a
+    composite/codegen function, and (ScheduledGroup, backend name) for a Primitive group."""
 
     def op_kernel(self, fn: Function, shapes, dtypes) -> tuple[Callable, str]: ...
 
     def function_kernel(self, fn: Function, shapes, dtypes) -> tuple[Callable, str]: ...
 
-    def group(self, fn: Function, shapes, dtypes):  # -> ScheduledGroup and backend name
-        ...
+    def group(self, fn: Function, shapes, dtypes) -> tuple[Any, str | None]: ...
 
 
 def single_op_function(call: Call) -> tuple[Function, list[Expr]]:
