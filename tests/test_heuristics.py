@@ -8,7 +8,6 @@ import pytest
 
 import dpl
 from dpl.errors import DplError
-from dpl.ir import FunctionBuilder
 from dpl.runtime import (
     SEED_FUSION_OPS, FusionConfig, FusionHeuristics, FusionScheduler, ProfileError, compatible_key, exact_key,
 )

@@ -11,7 +11,7 @@ input shapes. A kernel that fails to compile falls back to the next backend of t
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import attrs
 import numpy as np

@@ -24,7 +24,7 @@ from dpl import dtypes as dt
 from dpl.backends.registry import flatten, leaf_types
 from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
-from dpl.ir.types import TensorType, TupleType
+from dpl.ir.types import TupleType
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 
 
