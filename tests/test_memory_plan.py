@@ -120,3 +120,54 @@ def test_a_value_never_read_is_freed_at_once():
 
     plan = check(*build_main(body))
     assert plan.peak_bytes == F32_16x16  # the dead value's buffer is reused by relu
+
+
+# -- an invariant on random graphs -----------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+UNARY = ["nn.relu", "exp", "tanh", "negative", "abs", "sigmoid"]
+
+
+@st.composite
+def random_graphs(draw):
+    """A random DAG of unary and binary ops over values of two sizes, some returned, some dead."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (8, 16))
+    values = [x]
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(st.sampled_from(["unary", "binary", "reduce"]))
+        a = draw(st.sampled_from(values))
+        if kind == "unary":
+            values.append(fb.emit(draw(st.sampled_from(UNARY)), a))
+        elif kind == "binary":
+            b = draw(st.sampled_from(values))
+            values.append(fb.emit(draw(st.sampled_from(["add", "multiply", "subtract"])), a, b))
+        elif a.ty.shape == (8, 16):
+            values.append(fb.emit("max", a, axis=[1], keepdims=True))  # (8, 1): broadcasts back
+    outs = draw(st.lists(st.sampled_from(values[1:] or values), min_size=1, max_size=3))
+    return Module([fb.ret(*outs)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_graphs())
+def test_no_two_live_values_share_a_buffer(mod):
+    exe = dpl.build(mod, "numpy")
+    x = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    got, want = exe(x), dpl.interpret(mod, x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        np.testing.assert_array_equal(g, w)
+    plan = exe.plan(x)
+    live = {}  # buffer -> (first step, last step)
+    for i, s in enumerate(plan.steps):
+        for b in (*s.inputs, *s.outputs):
+            first, _ = live.get(b, (i, i))
+            live[b] = (first, i)
+    temps = sorted(plan.slot_of)
+    for i, a in enumerate(temps):
+        assert plan.buffers[a].nbytes <= plan.slot_sizes[plan.slot_of[a]]
+        for b in temps[i + 1:]:
+            if plan.slot_of[a] == plan.slot_of[b]:
+                (a0, a1), (b0, b1) = live[a], live[b]
+                assert a1 < b0 or b1 < a0, f"buffers {a} and {b} share slot {plan.slot_of[a]} while both live"
+    assert plan.peak_bytes <= plan.unplanned_bytes
