@@ -103,6 +103,9 @@ def test_a_compile_error_falls_back_to_running_the_group_op_by_op(plugin):
     assert "primitive function 'fused_silu_multiply'" in text and "-> testplug (first choice)" in text
     assert ("compile error on testplug (testplug cannot generate code for 'fused_silu_multiply'); runs op by op") in text
     assert "op nn.silu" in text and "numpy by fall-back (testplug runs no op functions)" in text
+    [record] = [f for f in exe.fallbacks if f.runs_on == "op by op"]
+    assert record.unit == "primitive function 'fused_silu_multiply'" and record.skipped == "testplug"
+    assert record.reason == "failed to compile: testplug cannot generate code for 'fused_silu_multiply'"
 
 
 def test_a_compile_error_raises_without_fallback_on_error(plugin):

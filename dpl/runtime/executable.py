@@ -6,6 +6,8 @@ scheduler about every Primitive group at each concrete shape, compiles kernels t
 kernel cache, and keeps one memory-planned :class:`~dpl.runtime.plan.Plan` per signature of
 input shapes. A kernel that fails to compile falls back to the next backend of the target
 (composites, codegen functions, single ops) or to running its ops one by one (groups).
+
+An Executable reuses its plans' buffers from call to call: call it from one thread at a time.
 """
 
 from __future__ import annotations
@@ -112,7 +114,10 @@ class Executable(Compiler):
         if choice.backend is None:
             decision = FusionDecision(False, "backend", "no backend of the target compiles this group")
             return ScheduledGroup(None, decision, "runs op by op"), None
-        return self.scheduler.prepare(fn, choice.backend, shapes, dtypes, self.module), choice.backend.name
+        group = self.scheduler.prepare(fn, choice.backend, shapes, dtypes, self.module)
+        if group.error is not None:
+            self.fallbacks.append(Fallback(choice.unit.describe(), choice.backend.name, f"failed to compile: {group.error}", "op by op"))
+        return group, choice.backend.name
 
     # -- plans ----------------------------------------------------------------------------------
     def _plan_for(self, specs) -> Plan:

@@ -37,6 +37,7 @@ class ScheduledGroup:
     kernel: Any
     decision: FusionDecision
     note: str
+    error: str | None = None  # the compile error that sent a group the heuristics fused op by op
 
     @property
     def fused(self) -> bool:
@@ -67,7 +68,7 @@ class FusionScheduler:
             if not self.config.fallback_on_error:
                 raise FusionError(f"backend '{backend.name}' failed to compile group '{graph.name}': {why}",
                                   hint="FusionConfig(fallback_on_error=True) runs the group op by op instead") from err
-            return ScheduledGroup(None, decision, f"compile error on {backend.name} ({why}); runs op by op")
+            return ScheduledGroup(None, decision, f"compile error on {backend.name} ({why}); runs op by op", why)
         self.cache.put(backend.name, key, kernel)
         return ScheduledGroup(kernel, decision, f"fused kernel compiled by {backend.name}")
 
