@@ -171,6 +171,8 @@ def _as_backend(obj: Any, prefix: str | None = None) -> Backend:
         obj = _FunctionBackend(prefix or getattr(obj, "__name__", "plugin"), obj)
     if not isinstance(obj, Backend):
         raise BackendError(f"{obj!r} is neither a Backend nor a compile function")
+    if prefix is not None and obj.name == Backend.name:  # an unnamed backend takes its prefix's name
+        obj.name = prefix
     if prefix is not None and prefix not in obj.prefixes:
         obj.prefixes = (*obj.prefixes, prefix)
     return obj

@@ -203,7 +203,7 @@ class Executable(Compiler):
         for sig, plan in self._plans.items():
             shapes = ", ".join(f"{dt.short(dt.from_numpy(np.dtype(d)))}{list(s)}" for s, d in sig)
             lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel calls, "
-                         f"arena {plan.peak_bytes} bytes in {len(plan.slot_sizes)} buffers "
+                         f"arena {plan.peak_bytes} bytes in {len(plan.slot_sizes)} buffer(s) "
                          f"(without reuse {plan.unplanned_bytes}), outputs {plan.output_bytes} bytes")
             for name, shapes_, group in plan.decisions:
                 lines.append(f"  group {name} at {' '.join(map(str, (list(s) for s in shapes_)))}: {group}")
