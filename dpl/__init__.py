@@ -21,6 +21,8 @@ from dpl.pattern import (
 from dpl.lang import check_hook, load_patterns, parse_patterns
 from dpl.trace import Trace
 from dpl.apply import apply
+from dpl.backends.registry import register_codegen
+from dpl.runtime import FusionConfig, build
 
 __version__ = "0.1.0"
 
@@ -36,4 +38,6 @@ __all__ = [
     "check_hook", "load_patterns", "parse_patterns",
     # passes
     "Trace", "apply",
+    # runtime
+    "FusionConfig", "build", "register_codegen",
 ]

@@ -1,0 +1,408 @@
+"""The backend registry: who can run what, and the targets that order them.
+
+A backend is data plus a small class: a name, the codegen prefixes it owns, a
+:class:`Capabilities` table and ``compile(function, ...)`` returning a kernel. A kernel uses
+destination passing: ``kernel(inputs, outputs)`` reads the flat list of input arrays and
+writes every output array in place; it never writes an input.
+
+Backends come from three places: the ones shipped here, ``register_codegen("prefix")`` in the
+running process, and installed plugins that declare an entry point in the group
+``dpl.backends`` (the object named there is a Backend subclass, an instance, or a function
+returning one). A target is an ordered list of backends; each function runs on the first one
+that is available and capable, and every backend passed over is recorded with the reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.metadata
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from dpl.errors import DplError
+from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
+from dpl.ir.types import TensorType, TupleType, Type
+
+ENTRY_POINT_GROUP = "dpl.backends"
+
+KINDS = ("op", "primitive", "composite", "codegen", "function")
+
+Kernel = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
+
+
+class CompileError(DplError):
+    """A backend could not compile a function it was offered."""
+
+
+class BackendError(DplError):
+    """A backend or target name that does not resolve, or a plugin that does not load."""
+
+
+@attrs.frozen
+class Capabilities:
+    """What a backend can run. ``None`` means "anything" for dtypes and ops."""
+
+    kinds: frozenset[str] = attrs.field(default=frozenset(KINDS), converter=frozenset)
+    composites: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # fnmatch globs over composite names
+    dtypes: frozenset[str] | None = attrs.field(default=None, converter=lambda v: None if v is None else frozenset(v))
+    ops: frozenset[str] | None = attrs.field(default=None, converter=lambda v: None if v is None else frozenset(v))
+
+
+@attrs.frozen
+class Unit:
+    """One thing to run: a single op, a Primitive group, a composite or a codegen wrapper.
+
+    ``name`` is the op name, the composite name, the codegen prefix or the function name;
+    ``composites`` are the composite names a codegen wrapper calls; ``ops`` every op inside.
+    """
+
+    kind: str
+    name: str
+    function: Function
+    ops: tuple[str, ...]
+    dtypes: frozenset[str]
+    composites: tuple[str, ...] = ()
+
+    @property
+    def prefix(self) -> str | None:
+        if self.kind == "codegen":
+            return self.name
+        if self.kind == "composite":
+            return self.name.split(".", 1)[0]
+        return None
+
+    def describe(self) -> str:
+        if self.kind == "op":
+            return f"op {self.name}"
+        if self.kind in ("composite", "codegen"):
+            return f"{self.kind} '{self.name}' ({self.function.name})"
+        return f"{self.kind} function '{self.function.name}'"
+
+
+class Backend:
+    """Base of every backend. Subclasses set the class attributes and override ``compile``."""
+
+    name: str = "backend"
+    prefixes: tuple[str, ...] = ()
+    capabilities: Capabilities = Capabilities()
+
+    def available(self) -> tuple[bool, str]:
+        """Whether this backend can run on this machine, and why not."""
+        return True, "available"
+
+    def compile(self, function: Function, *, module: Module | None = None, shapes: Sequence[tuple[int, ...]] = ()) -> Kernel:
+        """A kernel for ``function`` at these concrete input ``shapes``; raise CompileError when not."""
+        raise CompileError(f"backend '{self.name}' does not compile anything")
+
+    def can_run(self, unit: Unit) -> tuple[bool, str]:
+        """Whether the capability table covers ``unit``, and why not."""
+        caps = self.capabilities
+        if unit.kind not in caps.kinds:
+            return False, f"runs no {unit.kind} functions"
+        if caps.dtypes is not None and not unit.dtypes <= caps.dtypes:
+            return False, f"has no support for dtype {', '.join(sorted(unit.dtypes - caps.dtypes))}"
+        if unit.kind == "composite" and not self._claims(unit.name):
+            return False, f"has no kernel for composite '{unit.name}'"
+        if unit.kind == "codegen" and unit.prefix not in self.prefixes:
+            unclaimed = [c for c in unit.composites if not self._claims(c)]
+            if unclaimed or not unit.composites:
+                return False, f"does not own codegen prefix '{unit.prefix}'"
+        if unit.kind in ("op", "primitive") and caps.ops is not None:
+            missing = sorted(set(unit.ops) - caps.ops)
+            if missing:
+                return False, f"has no kernel for op {', '.join(missing)}"
+        return True, "capable"
+
+    def _claims(self, composite: str) -> bool:
+        prefix = composite.split(".", 1)[0]
+        return prefix in self.prefixes or any(fnmatch.fnmatchcase(composite, g) for g in self.capabilities.composites)
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+class UnavailableBackend(Backend):
+    """A backend the design names but this installation cannot provide; it says why."""
+
+    def __init__(self, name: str, prefixes: Sequence[str], reason: str):
+        self.name, self.prefixes, self.reason = name, tuple(prefixes), reason
+
+    def available(self) -> tuple[bool, str]:
+        return False, self.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry
+
+_BACKENDS: dict[str, Backend] = {}
+_PLUGIN_ERRORS: dict[str, str] = {}
+_plugins_loaded = False
+
+# named targets: the order in which backends are tried
+TARGETS: dict[str, tuple[str, ...]] = {
+    "numpy": ("numpy",),
+    "cpu": ("cpu", "numpy"),
+    "cuda": ("cupy", "cpu", "numpy"),
+}
+
+
+def register_backend(backend: Backend, *, replace: bool = True) -> Backend:
+    """Add ``backend`` under its name. A real backend replaces a placeholder of the same name."""
+    if not isinstance(backend, Backend):
+        raise BackendError(f"{backend!r} is not a dpl Backend")
+    old = _BACKENDS.get(backend.name)
+    if old is not None and not replace and not isinstance(old, UnavailableBackend):
+        raise BackendError(f"a backend named '{backend.name}' is already registered")
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> None:
+    _BACKENDS.pop(name, None)
+
+
+def _as_backend(obj: Any, prefix: str | None = None) -> Backend:
+    """A Backend from a subclass, an instance, or a plain compile function."""
+    if isinstance(obj, type) and issubclass(obj, Backend):
+        obj = obj()
+    elif not isinstance(obj, Backend) and callable(obj):
+        obj = _FunctionBackend(prefix or getattr(obj, "__name__", "plugin"), obj)
+    if not isinstance(obj, Backend):
+        raise BackendError(f"{obj!r} is neither a Backend nor a compile function")
+    if prefix is not None and obj.name == Backend.name:  # an unnamed backend takes its prefix's name
+        obj.name = prefix
+    if prefix is not None and prefix not in obj.prefixes:
+        obj.prefixes = (*obj.prefixes, prefix)
+    return obj
+
+
+class _FunctionBackend(Backend):
+    """``@register_codegen("x") def compile(fn, module=..., shapes=...)`` — a backend from a function."""
+
+    capabilities = Capabilities(kinds=("composite", "codegen"))
+
+    def __init__(self, name: str, fn: Callable[..., Kernel]):
+        self.name, self._fn = name, fn
+
+    def compile(self, function, *, module=None, shapes=()):
+        return self._fn(function, module=module, shapes=shapes)
+
+
+def register_codegen(prefix: str, backend: Any = None):
+    """Claim codegen ``prefix`` for a backend, in-process.
+
+    Use as a decorator on a Backend subclass or a compile function, or call it with an
+    instance: ``register_codegen("mylib", MyBackend())``. Returns what it was given.
+    """
+    if not isinstance(prefix, str) or not prefix or "." in prefix:
+        raise BackendError(f"a codegen prefix is a name without dots, got {prefix!r}")
+
+    def decorate(obj):
+        register_backend(_as_backend(obj, prefix))
+        return obj
+
+    return decorate if backend is None else decorate(backend)
+
+
+def load_plugins(*, reload: bool = False) -> dict[str, str]:
+    """Register every backend installed under the entry-point group ``dpl.backends``.
+
+    A plugin that fails to load never breaks dpl: it becomes an unavailable backend whose
+    reason is the error. Returns the errors by entry-point name.
+    """
+    global _plugins_loaded
+    if _plugins_loaded and not reload:
+        return dict(_PLUGIN_ERRORS)
+    _plugins_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, type) and not isinstance(obj, Backend):
+                obj = obj()  # a factory
+            register_backend(_as_backend(obj))
+            _PLUGIN_ERRORS.pop(ep.name, None)
+        except Exception as err:  # a broken plugin is reported, not fatal
+            reason = f"plugin '{ep.name}' ({ep.value}) failed to load: {type(err).__name__}: {err}"
+            _PLUGIN_ERRORS[ep.name] = reason
+            if ep.name not in _BACKENDS:
+                register_backend(UnavailableBackend(ep.name, (), reason))
+    return dict(_PLUGIN_ERRORS)
+
+
+def _ensure_builtin() -> None:
+    if "numpy" in _BACKENDS:
+        return
+    from dpl.backends.cupy_backend import CupyBackend
+    from dpl.backends.numpy_backend import NumpyBackend
+
+    register_backend(NumpyBackend())
+    register_backend(CupyBackend())
+    if "cpu" not in _BACKENDS:
+        register_backend(UnavailableBackend("cpu", ("cpu", "kernel"), "the generated-C CPU backend is not built yet"))
+
+
+def get_backend(name: str) -> Backend:
+    _ensure_builtin()
+    load_plugins()
+    if name not in _BACKENDS:
+        raise BackendError(f"unknown backend '{name}' (registered: {', '.join(sorted(_BACKENDS))})")
+    return _BACKENDS[name]
+
+
+def backends() -> dict[str, Backend]:
+    """Every registered backend by name (built-in, in-process and plugins)."""
+    _ensure_builtin()
+    load_plugins()
+    return dict(_BACKENDS)
+
+
+def resolve_target(target: str | Backend | Iterable[str | Backend]) -> tuple[Backend, ...]:
+    """The ordered backends of a target: a named target, a backend name, or a list of either."""
+    if isinstance(target, (str, Backend)):
+        target = [target]
+    out: list[Backend] = []
+    for item in target:
+        if isinstance(item, Backend):
+            out.append(item)
+        elif isinstance(item, str) and item in TARGETS:
+            out.extend(get_backend(n) for n in TARGETS[item])
+        elif isinstance(item, str):
+            try:
+                out.append(get_backend(item))
+            except BackendError as err:
+                raise BackendError(err.message, hint=f"named targets: {', '.join(TARGETS)}") from None
+        else:
+            raise BackendError(f"a target is a name or a Backend, got {item!r}")
+    if not out:
+        raise BackendError("the target names no backend")
+    unique: dict[str, Backend] = {}
+    for b in out:
+        unique.setdefault(b.name, b)
+    return tuple(unique.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# what a function is, for choosing its backend
+
+
+def _leaf_dtypes(ty: Type) -> set[str]:
+    if isinstance(ty, TupleType):
+        return set().union(*(_leaf_dtypes(t) for t in ty.fields)) if ty.fields else set()
+    return {ty.dtype}
+
+
+def function_ops(fn: Function, module: Module | None) -> tuple[str, ...]:
+    """Every op called in ``fn``, in order, following calls of module functions."""
+    out: list[str] = []
+
+    def visit(e):
+        if isinstance(e, Call):
+            for a in e.args:
+                visit(a)
+            if isinstance(e.op, str):
+                out.append(e.op)
+            elif module is not None and e.op.name in module.functions:
+                out.extend(function_ops(module[e.op.name], module))
+        elif isinstance(e, Tuple):
+            for f in e.fields:
+                visit(f)
+        elif isinstance(e, TupleGetItem):
+            visit(e.tuple_value)
+
+    for b in fn.bindings:
+        visit(b.value)
+    return tuple(out)
+
+
+def function_dtypes(fn: Function) -> frozenset[str]:
+    tys = [p.ty for p in fn.params] + [b.var.ty for b in fn.bindings] + [fn.ret.ty]
+    return frozenset(set().union(*(_leaf_dtypes(t) for t in tys)))
+
+
+def classify(fn: Function, module: Module | None) -> Unit:
+    """The unit a call of module function ``fn`` is: codegen, composite, primitive or plain."""
+    ops, dts = function_ops(fn, module), function_dtypes(fn)
+    attrs_ = fn.attrs
+    if "Codegen" in attrs_:
+        inner = []
+        for b in fn.bindings:
+            v = b.value
+            if isinstance(v, Call) and isinstance(v.op, GlobalVar) and module is not None and v.op.name in module.functions:
+                comp = module[v.op.name].attrs.get("Composite")
+                if comp:
+                    inner.append(comp)
+        return Unit("codegen", str(attrs_["Codegen"]), fn, ops, dts, tuple(inner))
+    if "Composite" in attrs_:
+        return Unit("composite", str(attrs_["Composite"]), fn, ops, dts)
+    if attrs_.get("Primitive"):
+        return Unit("primitive", fn.name, fn, ops, dts)
+    return Unit("function", fn.name, fn, ops, dts)
+
+
+@attrs.frozen
+class Choice:
+    """The backend chosen for a unit, and every backend passed over before it, with reasons."""
+
+    unit: Unit
+    backend: Backend | None
+    passed_over: tuple[tuple[str, str], ...]  # (backend name, reason)
+
+    @property
+    def by_fallback(self) -> bool:
+        return bool(self.passed_over)
+
+    def explain(self) -> str:
+        if self.backend is None:
+            return "no backend of the target can run it: " + "; ".join(f"{n} {r}" for n, r in self.passed_over)
+        if not self.passed_over:
+            return f"{self.backend.name} (first choice)"
+        why = "; ".join(f"{n} {r}" for n, r in self.passed_over)
+        return f"{self.backend.name} by fall-back ({why})"
+
+
+def choose(unit: Unit, target: Sequence[Backend], skip: Mapping[str, str] | None = None) -> Choice:
+    """The first backend of ``target`` that is available and capable for ``unit``."""
+    passed: list[tuple[str, str]] = []
+    for backend in target:
+        if skip and backend.name in skip:
+            passed.append((backend.name, skip[backend.name]))
+            continue
+        ok, why = backend.available()
+        if not ok:
+            passed.append((backend.name, f"is unavailable: {why}"))
+            continue
+        ok, why = backend.can_run(unit)
+        if not ok:
+            passed.append((backend.name, why))
+            continue
+        return Choice(unit, backend, tuple(passed))
+    return Choice(unit, None, tuple(passed))
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers for kernels: flat lists of arrays <-> the nested values of a function's signature
+
+
+def flatten(value: Any) -> list[np.ndarray]:
+    if isinstance(value, tuple):
+        return [a for v in value for a in flatten(v)]
+    return [value]
+
+
+def unflatten(types: Sequence[Type], flat: Sequence[np.ndarray]) -> list[Any]:
+    it = iter(flat)
+
+    def build(ty):
+        if isinstance(ty, TupleType):
+            return tuple(build(t) for t in ty.fields)
+        return next(it)
+
+    return [build(t) for t in types]
+
+
+def leaf_types(ty: Type) -> list[TensorType]:
+    if isinstance(ty, TupleType):
+        return [t for f in ty.fields for t in leaf_types(f)]
+    return [ty]

@@ -1,0 +1,278 @@
+"""The Executable: a module built for a target, run on NumPy arrays.
+
+It chooses a backend for every function the entry calls (the first of the target that is
+available and capable; every one passed over is recorded with its reason), asks the fusion
+scheduler about every Primitive group at each concrete shape, compiles kernels through the
+kernel cache, and keeps one memory-planned :class:`~dpl.runtime.plan.Plan` per signature of
+input shapes. A kernel that fails to compile falls back to the next backend of the target
+(composites, codegen functions, single ops) or to running its ops one by one (groups).
+
+An Executable reuses its plans' buffers from call to call: call it from one thread at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+import numpy as np
+
+from dpl import dtypes as dt
+from dpl.backends.registry import Backend, BackendError, Choice, Unit, choose, classify, function_dtypes, leaf_types, resolve_target
+from dpl.errors import DplError
+from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
+from dpl.ir.types import TupleType
+from dpl.runtime.cache import KernelCache
+from dpl.runtime.config import FusionConfig
+from dpl.runtime.heuristics import FusionDecision
+from dpl.runtime.keys import exact_key
+from dpl.runtime.plan import Compiler, Plan, Planner
+from dpl.runtime.scheduler import FusionScheduler, ScheduledGroup
+
+
+class RunError(DplError):
+    """Arrays given to an Executable that do not fit its entry function or its outputs."""
+
+
+@attrs.frozen
+class Fallback:
+    """A backend passed over for a unit, and why; ``runs_on`` is where the unit went instead."""
+
+    unit: str
+    skipped: str
+    reason: str
+    runs_on: str | None
+
+    def __str__(self) -> str:
+        return f"{self.unit}: {self.skipped} {self.reason} -> runs on {self.runs_on or 'nothing'}"
+
+
+class Executable(Compiler):
+    def __init__(self, module: Module, target: Any = "cpu", config: FusionConfig | None = None, *, entry: str = "main", cache: KernelCache | None = None):
+        if not isinstance(module, Module):
+            raise DplError(f"build takes a Module, got {type(module).__name__}")
+        if entry not in module.functions:
+            raise DplError(f"module has no function '{entry}' (it has: {', '.join(module.functions)})")
+        self.module, self.entry = module, module[entry]
+        self.target_name = target if isinstance(target, str) else "[" + ", ".join(t if isinstance(t, str) else t.name for t in target) + "]"
+        self.target: tuple[Backend, ...] = resolve_target(target)
+        self.config = config or FusionConfig()
+        self.scheduler = FusionScheduler(self.config, cache=cache)
+        self.fallbacks: list[Fallback] = []
+        self.choices: dict[str, Choice] = {}  # by module function name, or "op NAME dtypes"
+        self._failed: dict[str, dict[str, str]] = {}  # choice key -> {backend: compile error}
+        self._plans: dict[tuple, Plan] = {}
+        for name in _called_functions(module, self.entry):
+            unit = classify(module[name], module)
+            self._choose(name, unit)
+        if all(t.is_static for p in self.entry.params for t in leaf_types(p.ty)):
+            self._plan_for([(t.shape, dt.to_numpy(t.dtype)) for p in self.entry.params for t in leaf_types(p.ty)])
+
+    # -- choosing and compiling ------------------------------------------------------------------
+    def _choose(self, key: str, unit: Unit) -> Choice:
+        choice = choose(unit, self.target, self._failed.get(key))
+        self.choices[key] = choice
+        seen = {(f.unit, f.skipped) for f in self.fallbacks}
+        for name, reason in choice.passed_over:
+            if (unit.describe(), name) not in seen:
+                self.fallbacks.append(Fallback(unit.describe(), name, reason, choice.backend.name if choice.backend else None))
+        return choice
+
+    def _compile(self, key: str, unit: Unit, shapes, dtypes):
+        """Compile ``unit`` on its chosen backend, falling back along the target on errors."""
+        choice = self.choices.get(key) or self._choose(key, unit)
+        while True:
+            backend = choice.backend
+            if backend is None:
+                why = "; ".join(f"{n} {r}" for n, r in choice.passed_over)
+                raise BackendError(f"no backend of target {self.target_name} can run {unit.describe()}: {why}")
+            ekey = exact_key(unit.function, shapes, dtypes)
+            kernel = self.scheduler.cache.get(backend.name, ekey)
+            if kernel is not None:
+                return kernel, backend.name
+            try:
+                kernel = backend.compile(unit.function, module=self.module, shapes=tuple(shapes))
+            except Exception as err:  # a backend's compiler failing is a reason to fall back
+                why = err.message if isinstance(err, DplError) else f"{type(err).__name__}: {err}"
+                self._failed.setdefault(key, {})[backend.name] = f"failed to compile: {why}"
+                choice = self._choose(key, unit)
+                continue
+            self.scheduler.cache.put(backend.name, ekey, kernel)
+            return kernel, backend.name
+
+    def op_kernel(self, fn: Function, shapes, dtypes):
+        dts = function_dtypes(fn)
+        unit = Unit("op", fn.name, fn, (fn.name,), dts)
+        return self._compile(f"op {fn.name} {','.join(sorted(dts))}", unit, shapes, dtypes)
+
+    def function_kernel(self, fn: Function, shapes, dtypes):
+        return self._compile(fn.name, classify(fn, self.module), shapes, dtypes)
+
+    def group(self, fn: Function, shapes, dtypes) -> tuple[ScheduledGroup, str | None]:
+        choice = self.choices.get(fn.name) or self._choose(fn.name, classify(fn, self.module))
+        if choice.backend is None:
+            decision = FusionDecision(False, "backend", "no backend of the target compiles this group")
+            return ScheduledGroup(None, decision, "runs op by op"), None
+        group = self.scheduler.prepare(fn, choice.backend, shapes, dtypes, self.module)
+        if group.error is not None:
+            self.fallbacks.append(Fallback(choice.unit.describe(), choice.backend.name, f"failed to compile: {group.error}", "op by op"))
+        return group, choice.backend.name
+
+    # -- plans ----------------------------------------------------------------------------------
+    def _plan_for(self, specs) -> Plan:
+        signature = tuple((tuple(s), str(np.dtype(d))) for s, d in specs)
+        plan = self._plans.get(signature)
+        if plan is None:
+            plan = Planner(self.module, self.entry, self).plan(specs)
+            self._plans[signature] = plan
+        return plan
+
+    def _flat_inputs(self, arrays) -> list[np.ndarray]:
+        params = self.entry.params
+        if len(arrays) != len(params):
+            names = ", ".join(p.name for p in params)
+            raise RunError(f"'{self.entry.name}' takes {len(params)} inputs ({names}), got {len(arrays)}")
+        flat = []
+        for p, a in zip(params, arrays):
+            if isinstance(p.ty, TupleType):
+                flat.extend(np.asarray(x) for x in _flatten_value(a))
+            else:
+                flat.append(np.asarray(a))
+        return flat
+
+    def plan(self, *arrays) -> Plan:
+        """The plan that runs these inputs (made at the first call of each input signature)."""
+        flat = self._flat_inputs(arrays)
+        return self._plan_for([(a.shape, a.dtype) for a in flat])
+
+    @property
+    def plans(self) -> dict[tuple, Plan]:
+        return dict(self._plans)
+
+    # -- running --------------------------------------------------------------------------------
+    def __call__(self, *arrays, out=None) -> Any:
+        """Run the entry function; returns fresh arrays, or fills and returns ``out``."""
+        flat = self._flat_inputs(arrays)
+        plan = self._plan_for([(a.shape, a.dtype) for a in flat])
+        outs = None if out is None else self._check_out(plan, out, flat)
+        return plan.run(flat, outs)
+
+    def _check_out(self, plan: Plan, out, inputs) -> list[np.ndarray]:
+        outs = _flatten_value(out)
+        if len(outs) != len(plan.out_specs):
+            raise RunError(f"out= needs {len(plan.out_specs)} arrays, got {len(outs)}")
+        for i, (o, (shape, dtype)) in enumerate(zip(outs, plan.out_specs)):
+            if not isinstance(o, np.ndarray) or o.shape != tuple(shape) or o.dtype != dtype:
+                got = f"{o.dtype}{list(o.shape)}" if isinstance(o, np.ndarray) else type(o).__name__
+                raise RunError(f"out[{i}] must be a {dtype} array of shape {tuple(shape)}, got {got}")
+            if any(np.may_share_memory(o, a) for a in inputs):
+                raise RunError(f"out[{i}] overlaps an input; outputs are written while inputs are read")
+            if any(np.may_share_memory(o, p) for p in outs[:i]):
+                raise RunError(f"out[{i}] overlaps another output")
+        return outs
+
+    def profile(self, *arrays, repeat: int = 10) -> "ProfileReport":
+        """Per-kernel times of running these inputs (mean and minimum over ``repeat`` runs)."""
+        flat = self._flat_inputs(arrays)
+        plan = self._plan_for([(a.shape, a.dtype) for a in flat])
+        times: dict[int, list[float]] = {id(s): [] for s in plan.steps}
+
+        def timer(step, run):
+            t0 = time.perf_counter()
+            run()
+            times[id(step)].append((time.perf_counter() - t0) * 1e3)
+
+        plan.run(flat, None)  # warm up
+        for _ in range(max(1, repeat)):
+            plan.run(flat, None, timer=timer)
+        rows = [ProfileRow(i, s.label, s.function, s.backend, float(np.mean(times[id(s)])), float(np.min(times[id(s)])))
+                for i, s in enumerate(plan.steps)]
+        return ProfileReport(tuple(rows))
+
+    # -- reporting ------------------------------------------------------------------------------
+    def summary(self) -> str:
+        lines = [f"target {self.target_name}: " + " -> ".join(b.name for b in self.target)]
+        for b in self.target:
+            ok, why = b.available()
+            lines.append(f"  {b.name:<8} {'available' if ok else 'unavailable: ' + why}")
+        lines.append("functions:")
+        for key, choice in self.choices.items():
+            unit = choice.unit
+            lines.append(f"  {unit.describe():<44} -> {choice.explain()}")
+        for sig, plan in self._plans.items():
+            shapes = ", ".join(f"{dt.short(dt.from_numpy(np.dtype(d)))}{list(s)}" for s, d in sig)
+            lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel calls, "
+                         f"arena {plan.peak_bytes} bytes in {len(plan.slot_sizes)} buffer(s) "
+                         f"(without reuse {plan.unplanned_bytes}), outputs {plan.output_bytes} bytes")
+            for name, shapes_, group in plan.decisions:
+                lines.append(f"  group {name} at {' '.join(map(str, (list(s) for s in shapes_)))}: {group}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Executable of '{self.entry.name}' for target {self.target_name}, {len(self._plans)} plan(s)>"
+
+
+@attrs.frozen
+class ProfileRow:
+    index: int
+    label: str
+    function: str
+    backend: str
+    mean_ms: float
+    min_ms: float
+
+
+@attrs.frozen
+class ProfileReport:
+    rows: tuple[ProfileRow, ...]
+
+    @property
+    def total_ms(self) -> float:
+        return sum(r.mean_ms for r in self.rows)
+
+    def __str__(self) -> str:
+        out = [f"{'#':>3}  {'kernel':<36} {'function':<24} {'backend':<8} {'mean ms':>9} {'min ms':>9}"]
+        for r in self.rows:
+            out.append(f"{r.index:>3}  {r.label:<36} {r.function:<24} {r.backend:<8} {r.mean_ms:>9.4f} {r.min_ms:>9.4f}")
+        out.append(f"     {'total':<36} {'':<24} {'':<8} {self.total_ms:>9.4f}")
+        return "\n".join(out)
+
+
+def _flatten_value(value) -> list:
+    if isinstance(value, (tuple, list)):
+        return [a for v in value for a in _flatten_value(v)]
+    return [value]
+
+
+def _called_functions(module: Module, fn: Function) -> list[str]:
+    """Module functions ``fn`` calls, in order; plain (attribute-free) ones are looked through."""
+    out: list[str] = []
+
+    def visit(e):
+        if isinstance(e, Call):
+            for a in e.args:
+                visit(a)
+            if isinstance(e.op, GlobalVar) and e.op.name in module.functions and e.op.name not in out:
+                callee = module[e.op.name]
+                if callee.attrs:
+                    out.append(e.op.name)
+                else:
+                    for b in callee.bindings:
+                        visit(b.value)
+        elif isinstance(e, Tuple):
+            for f in e.fields:
+                visit(f)
+        elif isinstance(e, TupleGetItem):
+            visit(e.tuple_value)
+
+    for b in fn.bindings:
+        visit(b.value)
+    visit(fn.ret)
+    return out
+
+
+def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = None, entry: str = "main", cache: KernelCache | None = None) -> Executable:
+    """Build ``mod`` for ``target``: ``"cpu"``, ``"numpy"``, ``"cuda"``, a backend name, a
+    Backend, or a list of them tried in order."""
+    return Executable(mod, target, config, entry=entry, cache=cache)

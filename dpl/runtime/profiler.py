@@ -1,0 +1,215 @@
+"""``dpl profile``: measure every group of a module op by op and fused, on this machine.
+
+For each Primitive group the entry calls (at the concrete shapes of the given or random
+inputs), each op is timed alone with the single-op kernel of the target's backend, then the
+group as one fused kernel; the medians go into the profile file (see
+:mod:`dpl.runtime.profile_data`), merged into what the file already holds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Sequence, TextIO
+
+import numpy as np
+
+from dpl import dtypes as dt
+from dpl.backends.registry import flatten, leaf_types, unflatten
+from dpl.ir.expr import Call, Constant, Function, Module, Tuple, TupleGetItem, Var
+from dpl.ir.types import TupleType
+from dpl.runtime.config import FusionConfig
+from dpl.runtime.executable import build
+from dpl.runtime.keys import compatible_key, exact_key, group_ops
+from dpl.runtime.plan import single_op_function
+from dpl.runtime.profile_data import ProfileData, load_profile, save_profile
+from dpl.runtime.shapes import bind_dims, concrete
+
+
+def _median_ms(run, repeat: int) -> float:
+    run()  # warm up (and compile caches)
+    samples = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(samples))
+
+
+def _random(shape, dtype: str, rng) -> np.ndarray:
+    npd = dt.to_numpy(dtype)
+    if npd.kind == "f":
+        return (rng.standard_normal(shape) * 0.5 + 0.1).astype(npd)
+    if npd.kind == "b":
+        return rng.random(shape) < 0.5
+    return rng.integers(1, 4, shape).astype(npd)
+
+
+def _empty_like_type(ty) -> list[np.ndarray]:
+    return [np.empty(t.shape, dt.to_numpy(t.dtype)) for t in leaf_types(ty)]
+
+
+class _Progress:
+    def __init__(self, total: int, stream: TextIO | None, width: int = 30):
+        self.total, self.stream, self.width, self.done = total, stream, width, 0
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.stream is None:
+            return
+        filled = self.width * self.done // max(1, self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label[:40]:<40}")
+        if self.done == self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def profile_module(
+    mod: Module,
+    path: str | os.PathLike,
+    *,
+    target: Any = "cpu",
+    inputs: Sequence[np.ndarray] | None = None,
+    dims: dict[str, int] | None = None,
+    repeat: int = 20,
+    seed: int = 0,
+    progress: TextIO | bool | None = True,
+) -> ProfileData:
+    """Measure the Primitive groups of ``mod`` and write (merge into) the profile at ``path``.
+
+    Inputs are ``inputs`` or random arrays, symbolic dims taking their size from ``dims``
+    (default 1024 so groups are big enough to be worth measuring). ``progress`` draws a bar on
+    stderr (True), on a given stream, or not at all (None / False).
+    """
+    if progress is True:
+        progress = sys.stderr
+    rng = np.random.default_rng(seed)
+    exe = build(mod, target, config=FusionConfig(enable_fusion=False))
+    if inputs is None:
+        dims = dict(dims or {})
+        inputs = []
+        for p in exe.entry.params:
+            leaves = [_random(tuple(dims.setdefault(d, 1024) if isinstance(d, str) else d for d in t.shape), t.dtype, rng) for t in leaf_types(p.ty)]
+            inputs.append(tuple(leaves) if isinstance(p.ty, TupleType) else leaves[0])
+    plan = exe.plan(*inputs)
+
+    old = load_profile(path) if os.path.exists(path) else ProfileData()
+    single, fused, separate = dict(old.single), dict(old.fused), dict(old.separate)
+    groups = [g for g in old.groups]
+    seen: set[str] = set()
+    todo = []
+    for name, shapes, _ in plan.decisions:
+        fn = mod[name]
+        dtypes = [t.dtype for p in fn.params for t in leaf_types(p.ty)]
+        key = exact_key(fn, shapes, dtypes)
+        if key not in seen:
+            seen.add(key)
+            todo.append((fn, shapes, dtypes, key))
+    bar = _Progress(len(todo), progress or None)
+    for fn, shapes, dtypes, key in todo:
+        arrays = [_random(s, d, rng) for s, d in zip(shapes, dtypes)]
+        op_ms = _time_ops(exe, fn, arrays, repeat)
+        sep = sum(ms for _, ms in op_ms)
+        choice = exe.choices.get(fn.name)
+        fused_ms = None
+        if choice is not None and choice.backend is not None:
+            fused_ms = _time_fused(exe, choice.backend, fn, arrays, repeat)
+        for op, ms in op_ms:
+            single[op] = ms
+        separate[key] = sep
+        record = {
+            "function": fn.name, "exact_key": key, "compatible_key": compatible_key(fn), "ops": list(group_ops(fn)),
+            "input_shapes": [list(s) for s in shapes], "input_dtypes": list(dtypes),
+            "single": {op: ms for op, ms in op_ms}, "separate": sep, "fused": fused_ms,
+            "backend": choice.backend.name if choice is not None and choice.backend is not None else None,
+        }
+        if fused_ms is not None:
+            fused[key] = fused_ms
+            fused[compatible_key(fn)] = fused_ms
+        groups = [g for g in groups if g.get("exact_key") != key] + [record]
+        bar.step(fn.name)
+    data = ProfileData(single, fused, separate, tuple(groups))
+    save_profile(data, path)
+    return data
+
+
+def _time_ops(exe, fn: Function, arrays, repeat: int) -> list[tuple[str, float]]:
+    """Time every op of ``fn`` alone with its single-op kernel, feeding each the real values."""
+    env: dict[int, Any] = {id(p): a for p, a in zip(fn.params, unflatten([p.ty for p in fn.params], arrays))}
+    dims = bind_dims([t for p in fn.params for t in leaf_types(p.ty)], [a.shape for a in arrays], [p.name for p in fn.params])
+
+    def value(e):
+        if isinstance(e, Var):
+            return env[id(e)]
+        if isinstance(e, Constant):
+            return e.value
+        if isinstance(e, Tuple):
+            return tuple(value(f) for f in e.fields)
+        if isinstance(e, TupleGetItem):
+            return value(e.tuple_value)[e.index]
+        raise TypeError(f"a group binding of kind {type(e).__name__} is not timed")
+
+    out = []
+    for b in fn.bindings:
+        if not (isinstance(b.value, Call) and isinstance(b.value.op, str)):
+            env[id(b.var)] = value(b.value)
+            continue
+        single, operands = single_op_function(b.value)
+        ins = [a for o in operands for a in flatten(value(o))]
+        kernel, _ = exe.op_kernel(single, [a.shape for a in ins], [dt.from_numpy(a.dtype) for a in ins])
+        outs = _empty_like_type(concrete(b.value.ty, dims, b.var.name))
+        out.append((b.value.op, _median_ms(lambda: kernel(ins, outs), repeat)))
+        env[id(b.var)] = unflatten([b.var.ty], outs)[0]
+    return out
+
+
+def _time_fused(exe, backend, fn: Function, arrays, repeat: int) -> float | None:
+    try:
+        kernel = backend.compile(fn, module=exe.module, shapes=tuple(a.shape for a in arrays))
+    except Exception:  # no fused time: the heuristics then decide by profile_fallback
+        return None
+    dims = bind_dims([t for p in fn.params for t in leaf_types(p.ty)], [a.shape for a in arrays], [p.name for p in fn.params])
+    outs = _empty_like_type(concrete(fn.ret.ty, dims, fn.name))
+    return _median_ms(lambda: kernel(arrays, outs), repeat)
+
+
+# -- the `dpl profile` command ------------------------------------------------------------------
+
+
+def add_profile_command(subparsers) -> None:
+    """Add ``dpl profile MODULE`` to the command line (called by :mod:`dpl.cli`)."""
+    p = subparsers.add_parser("profile", help="time each fused group op by op and fused on this machine; write the profile file")
+    p.add_argument("module", help="a module file in the text form")
+    p.add_argument("-o", "--output", default="profile_result.json", help="the profile file to write or update")
+    p.add_argument("--target", default="cpu", help="numpy, cpu, cuda or a backend name (default cpu)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dim (default 1024)")
+    p.add_argument("--repeat", type=int, default=20, help="timed runs per kernel (the median is kept)")
+    p.set_defaults(func=run_profile_command)
+
+
+def run_profile_command(args) -> int:
+    import dpl
+    from dpl.errors import DplError
+
+    load = dpl.load
+    dims = {}
+    for item in args.dim:
+        name, _, size = item.partition("=")
+        if not name or not size.isdigit():
+            raise DplError(f"--dim takes NAME=SIZE, got '{item}'")
+        dims[name] = int(size)
+    data = profile_module(load(args.module), args.output, target=args.target, dims=dims, repeat=args.repeat)
+    print(format_profile(data))
+    print(f"wrote {args.output}")
+    return 0
+
+
+def format_profile(data: ProfileData) -> str:
+    lines = [f"{'group':<28} {'shapes':<24} {'ops':<28} {'separate ms':>12} {'fused ms':>10}"]
+    for g in data.groups:
+        shapes = " ".join("x".join(map(str, s)) for s in g["input_shapes"])
+        fused = "-" if g.get("fused") is None else f"{g['fused']:.4f}"
+        lines.append(f"{g['function'][:28]:<28} {shapes[:24]:<24} {g['compatible_key'][:28]:<28} {g['separate']:>12.4f} {fused:>10}")
+    return "\n".join(lines)

@@ -1,0 +1,218 @@
+"""Backends from outside: a plugin installed by entry point (a real dist-info on sys.path, so
+importlib.metadata finds it) that injects compile errors, and in-process register_codegen."""
+
+import importlib
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.backends import Backend, Capabilities, backends, get_backend, load_plugins, unregister_backend
+from dpl.runtime import FusionConfig, FusionError
+from runtime_corpus import composite, group, inputs_for, swiglu_group
+
+PLUGIN = '''
+import numpy as np
+from dpl.backends import Backend, Capabilities, CompileError
+from dpl.interpret import run_function
+
+COMPILED = []
+
+
+class FailingBackend(Backend):
+    """Claims Primitive groups and testplug.* composites, and fails to compile every one."""
+    name = "testplug"
+    prefixes = ("testplug",)
+    capabilities = Capabilities(kinds=("primitive", "composite"), composites=("testplug.*",))
+
+    def compile(self, function, *, module=None, shapes=()):
+        COMPILED.append(function.name)
+        raise CompileError(f"testplug cannot generate code for '{function.name}'")
+
+
+class WorkingBackend(Backend):
+    """Fuses groups of the seed's ops; its kernels count their calls."""
+    name = "testplug_ok"
+    capabilities = Capabilities(kinds=("primitive",), ops=("nn.silu", "multiply"))
+    calls = 0
+
+    def compile(self, function, *, module=None, shapes=()):
+        def kernel(inputs, outputs):
+            WorkingBackend.calls += 1
+            np.copyto(outputs[0], run_function(module, function, list(inputs)))
+        return kernel
+
+
+def factory():
+    return WorkingBackend()
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    (root / "dpl_testplug").mkdir()
+    (root / "dpl_testplug" / "__init__.py").write_text(PLUGIN)
+    info = root / "dpl_testplug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dpl-testplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(textwrap.dedent("""\
+        [dpl.backends]
+        testplug = dpl_testplug:FailingBackend
+        testplug_ok = dpl_testplug:factory
+        broken = dpl_testplug_missing:Nothing
+        """))
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    errors = load_plugins(reload=True)
+    yield sys.modules["dpl_testplug"], errors
+    sys.path.remove(str(root))
+    for name in ("testplug", "testplug_ok", "broken"):
+        unregister_backend(name)
+    sys.modules.pop("dpl_testplug", None)
+    importlib.invalidate_caches()
+
+
+def swiglu_module():
+    g = swiglu_group(64)
+    fb = dpl.FunctionBuilder("main")
+    a, b = fb.param("gate", "f32", (64, 64)), fb.param("up", "f32", (64, 64))
+    return dpl.Module([fb.ret(fb.emit("nn.relu", fb.call(g, a, b))), g])
+
+
+def test_entry_point_plugins_are_registered(plugin):
+    module, errors = plugin
+    assert type(get_backend("testplug")) is module.FailingBackend
+    assert type(get_backend("testplug_ok")) is module.WorkingBackend  # from a factory
+    assert set(errors) == {"broken"}
+    ok, why = get_backend("broken").available()
+    assert not ok and "plugin 'broken' (dpl_testplug_missing:Nothing) failed to load: ModuleNotFoundError" in why
+
+
+def test_a_compile_error_falls_back_to_running_the_group_op_by_op(plugin):
+    module, _ = plugin
+    mod = swiglu_module()
+    exe = dpl.build(mod, ["testplug", "numpy"])
+    assert "fused_silu_multiply" in module.COMPILED
+    args = inputs_for(mod, {})
+    np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
+    assert [s.label for s in exe.plan(*args).steps] == ["op nn.silu", "op multiply", "op nn.relu"]
+    text = exe.summary()
+    assert "primitive function 'fused_silu_multiply'" in text and "-> testplug (first choice)" in text
+    assert ("compile error on testplug (testplug cannot generate code for 'fused_silu_multiply'); runs op by op") in text
+    assert "op nn.silu" in text and "numpy by fall-back (testplug runs no op functions)" in text
+    [record] = [f for f in exe.fallbacks if f.runs_on == "op by op"]
+    assert record.unit == "primitive function 'fused_silu_multiply'" and record.skipped == "testplug"
+    assert record.reason == "failed to compile: testplug cannot generate code for 'fused_silu_multiply'"
+
+
+def test_a_compile_error_raises_without_fallback_on_error(plugin):
+    with pytest.raises(FusionError) as err:
+        dpl.build(swiglu_module(), ["testplug", "numpy"], config=FusionConfig(fallback_on_error=False))
+    assert "backend 'testplug' failed to compile group 'fused_silu_multiply'" in str(err.value)
+    assert "fallback_on_error=True" in str(err.value)
+
+
+def test_with_symbolic_shapes_the_error_comes_at_the_first_call(plugin):
+    g = swiglu_group("n")
+    fb = dpl.FunctionBuilder("main")
+    a, b = fb.param("gate", "f32", ("n", 64)), fb.param("up", "f32", ("n", 64))
+    mod = dpl.Module([fb.ret(fb.call(g, a, b)), g])
+    exe = dpl.build(mod, ["testplug", "numpy"], config=FusionConfig(fallback_on_error=False))
+    exe(*inputs_for(mod, {"n": 2}))  # rule 3: not fused, nothing compiled
+    with pytest.raises(FusionError):
+        exe(*inputs_for(mod, {"n": 64}))
+
+
+def test_a_composite_that_fails_to_compile_runs_on_the_next_backend(plugin):
+    comp = group("f", [("x", "f32", (4, 4))], lambda fb, x: fb.emit("exp", x), attrs={"Primitive": True, "Composite": "testplug.exp"})
+    fb = dpl.FunctionBuilder("main")
+    x = fb.param("x", "f32", (4, 4))
+    mod = dpl.Module([fb.ret(fb.call(comp, x)), comp])
+    exe = dpl.build(mod, ["testplug", "numpy"])
+    args = inputs_for(mod, {})
+    np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
+    assert exe.choices["f"].backend.name == "numpy"
+    failed = [f for f in exe.fallbacks if f.unit == "composite 'testplug.exp' (f)"]
+    assert len(failed) == 1 and failed[0].skipped == "testplug" and failed[0].runs_on == "numpy"
+    assert failed[0].reason == "failed to compile: testplug cannot generate code for 'f'"
+    assert "numpy by fall-back (testplug failed to compile: testplug cannot generate code for 'f')" in exe.summary()
+
+
+def test_a_working_plugin_runs_the_fused_kernel(plugin):
+    module, _ = plugin
+    mod = swiglu_module()
+    before = module.WorkingBackend.calls
+    exe = dpl.build(mod, ["testplug_ok", "numpy"])
+    args = inputs_for(mod, {})
+    np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
+    assert module.WorkingBackend.calls == before + 1
+    assert [s.backend for s in exe.plan(*args).steps] == ["testplug_ok", "numpy"]
+
+
+def test_rule4_asks_the_chosen_backend(plugin):
+    g = group("g", [("x", "f32", (64, 64))], lambda fb, x: fb.emit("exp", fb.emit("nn.silu", x)))
+    fb = dpl.FunctionBuilder("main")
+    x = fb.param("x", "f32", (64, 64))
+    mod = dpl.Module([fb.ret(fb.call(g, x)), g])
+    exe = dpl.build(mod, ["testplug_ok", "numpy"])
+    # testplug_ok cannot even run the group (exp), so numpy, which fuses anything, takes it
+    assert exe.choices["g"].backend.name == "numpy"
+    assert "testplug_ok has no kernel for op exp" in exe.summary()
+
+
+# -- in-process registration ---------------------------------------------------------------------
+
+def test_register_codegen_claims_a_prefix_for_composites_and_codegen_wrappers():
+    seen = []
+
+    @dpl.register_codegen("mylib")
+    class MyLib(Backend):
+        name = "mylib"
+        capabilities = Capabilities(kinds=("composite", "codegen"))
+
+        def compile(self, function, *, module=None, shapes=()):
+            seen.append((function.name, tuple(shapes)))
+            return get_backend("numpy").compile(function, module=module, shapes=shapes)
+
+    try:
+        assert backends()["mylib"].prefixes == ("mylib",)
+        comp = group("c", [("x", "f32", (4, 4))], lambda fb, x: fb.emit("tanh", x), attrs={"Primitive": True, "Composite": "mylib.tanh"})
+        wrap = group("w", [("x", "f32", (4, 4))], lambda fb, x: fb.call(comp, x), attrs={"Codegen": "mylib", "global_symbol": "w"})
+        fb = dpl.FunctionBuilder("main")
+        x = fb.param("x", "f32", (4, 4))
+        mod = dpl.Module([fb.ret(fb.call(wrap, fb.call(comp, x))), comp, wrap])
+        exe = dpl.build(mod, ["mylib", "numpy"])
+        args = inputs_for(mod, {})
+        np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
+        assert seen == [("c", ((4, 4),)), ("w", ((4, 4),))]
+        assert {k: c.backend.name for k, c in exe.choices.items()} == {"c": "mylib", "w": "mylib"}
+        # a target without mylib: the reference runs both, and says why
+        assert {c.backend.name for c in dpl.build(mod, "cpu").choices.values()} == {"numpy"}
+    finally:
+        unregister_backend("mylib")
+
+
+def test_register_codegen_on_a_plain_compile_function():
+    @dpl.register_codegen("fnlib")
+    def compile_fnlib(function, *, module=None, shapes=()):
+        return get_backend("numpy").compile(function, module=module, shapes=shapes)
+
+    try:
+        comp = composite(codegen=False)
+        comp = comp.with_function(dpl.ir.replace(comp["fused_matmul_add"], attrs={"Primitive": True, "Composite": "fnlib.mm"}))
+        exe = dpl.build(comp, ["fnlib", "numpy"])
+        assert exe.choices["fused_matmul_add"].backend.name == "fnlib"
+    finally:
+        unregister_backend("fnlib")
+
+
+def test_register_codegen_checks_its_prefix():
+    from dpl.backends import BackendError
+
+    with pytest.raises(BackendError, match="a codegen prefix is a name without dots"):
+        dpl.register_codegen("my.lib")
+    with pytest.raises(BackendError, match="is neither a Backend nor a compile function"):
+        dpl.register_codegen("lib", 42)

@@ -1,0 +1,59 @@
+"""dpl profile: measures single-op and fused times per group and shape, writes the seed's file."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.cli import main
+from dpl.runtime import FusionConfig, exact_key, load_profile, profile_module
+from runtime_corpus import inputs_for, primitive_groups, symbolic
+
+
+def test_profile_module_writes_single_fused_and_shapes(tmp_path):
+    path = tmp_path / "p.json"
+    bar = io.StringIO()
+    data = profile_module(symbolic(), path, dims={"n": 256}, repeat=3, progress=bar)
+    raw = json.loads(path.read_text())
+    assert set(raw) == {"version", "single", "fused", "separate", "groups"}
+    assert set(raw["single"]) == {"nn.silu", "multiply"} and all(v > 0 for v in raw["single"].values())
+    g = symbolic()["fused_silu_multiply"]
+    key = exact_key(g, [(256, 64), (256, 64)], ["float32", "float32"])
+    assert raw["fused"][key] == raw["fused"]["nn.silu+multiply"] > 0
+    assert raw["separate"][key] == pytest.approx(raw["single"]["nn.silu"] + raw["single"]["multiply"])
+    [rec] = raw["groups"]
+    assert rec["input_shapes"] == [[256, 64], [256, 64]] and rec["ops"] == ["nn.silu", "multiply"] and rec["backend"] == "numpy"
+    assert "1/1 fused_silu_multiply" in bar.getvalue() and "[" + "#" * 30 + "]" in bar.getvalue()
+    assert load_profile(path) == data
+
+
+def test_profiles_merge_and_drive_the_heuristics(tmp_path):
+    path = tmp_path / "p.json"
+    profile_module(symbolic(), path, dims={"n": 256}, repeat=2, progress=None)
+    profile_module(primitive_groups(), path, repeat=2, progress=None)
+    raw = json.loads(path.read_text())
+    assert len(raw["groups"]) == 4  # the swiglu at n=256 and the three groups of the second module
+    assert {"nn.silu+multiply", "add+nn.rms_norm", "multiply+exp"} <= set(raw["fused"])
+    mod = symbolic()
+    exe = dpl.build(mod, "numpy", config=FusionConfig(profile_path=str(path)))
+    args = inputs_for(mod, {"n": 256})
+    np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
+    [(_, _, decision)] = exe.plan(*args).decisions
+    assert decision.decision.rule == "profile: exact key"
+
+
+def test_the_cli_command(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "prof.json"
+    assert main(["profile", str(tmp_path / "missing.ir"), "-o", str(out)]) == 1
+    assert "missing.ir' does not exist" in capsys.readouterr().err
+    dpl.save(symbolic(), tmp_path / "m.ir")
+    monkeypatch.chdir(tmp_path)
+    assert main(["profile", "m.ir", "-o", str(out), "--dim", "n=128", "--repeat", "2"]) == 0
+    text = capsys.readouterr()
+    assert "fused_silu_multiply" in text.out and "128x64 128x64" in text.out and f"wrote {out}" in text.out
+    assert "1/1" in text.err  # the progress bar
+    assert json.loads(out.read_text())["groups"][0]["input_shapes"] == [[128, 64], [128, 64]]
+    assert main(["profile", "m.ir", "--dim", "n"]) == 1
+    assert "--dim takes NAME=SIZE, got 'n'" in capsys.readouterr().err
