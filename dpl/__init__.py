@@ -21,6 +21,7 @@ from dpl.pattern import (
 from dpl.lang import check_hook, load_patterns, parse_patterns
 from dpl.trace import Trace
 from dpl.apply import apply
+from dpl.transform import fuse_ops, fuse_ops_by_pattern
 from dpl.backends.registry import register_codegen
 from dpl.runtime import FusionConfig, build
 
@@ -37,7 +38,7 @@ __all__ = [
     # dpl.lang
     "check_hook", "load_patterns", "parse_patterns",
     # passes
-    "Trace", "apply",
+    "Trace", "apply", "fuse_ops", "fuse_ops_by_pattern",
     # runtime
     "FusionConfig", "build", "register_codegen",
 ]

@@ -243,8 +243,10 @@ def make_call(op: str, args: Sequence[Expr], attrs: Mapping[str, Any] | None = N
     return Call(op, args, full, opdef.infer(info))
 
 
-def call_info(call: Call) -> CallInfo:
-    return CallInfo(call.op, tuple(a.ty for a in call.args), call.attrs, tuple(describe(a) for a in call.args), _const_args(call.args))
+def call_info(call: Call, names: bool = True) -> CallInfo:
+    """What the op's callbacks see of ``call``; operand names (for errors) only when asked."""
+    arg_names = tuple(describe(a) for a in call.args) if names else ()
+    return CallInfo(call.op, tuple(a.ty for a in call.args), call.attrs, arg_names, _const_args(call.args))
 
 
 def _const_args(args: Sequence[Expr]) -> tuple[bool, ...]:
@@ -255,7 +257,7 @@ def op_kind(call: Call) -> OpPatternKind:
     """TVM's pattern kind of this call. Calls of module functions are opaque."""
     if isinstance(call.op, GlobalVar):
         return OpPatternKind.OPAQUE
-    return get_op(call.op).kind(call_info(call), call.ty)
+    return get_op(call.op).kind(call_info(call, names=False), call.ty)
 
 
 def call_function(gv: GlobalVar, args: Sequence[Expr], ret_type: Type) -> Call:

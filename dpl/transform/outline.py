@@ -23,7 +23,6 @@ import attrs
 
 from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
-from dpl.ir.structural import structural_equal, structural_hash
 from dpl.ops.registry import call_function
 
 
@@ -82,25 +81,56 @@ def op_names(bindings: Sequence[Binding]) -> list[str]:
     return names
 
 
+def _value_key(v: Any) -> Any:
+    return tuple(_value_key(x) for x in v) if isinstance(v, tuple) else (type(v).__name__, v)
+
+
+def function_key(fn: Function) -> tuple:
+    """A hashable key equal for exactly the functions that are structurally equal up to the
+    names of their variables: shared fused functions are found by a dict lookup."""
+    slot: dict[int, int] = {}
+
+    def ref(e: Expr):
+        if isinstance(e, Var):
+            return ("v", slot[id(e)])
+        if isinstance(e, Constant):
+            return ("c", str(e.ty), e.value.tobytes())
+        if isinstance(e, Tuple):
+            return ("t", tuple(ref(f) for f in e.fields))
+        if isinstance(e, TupleGetItem):
+            return ("i", ref(e.tuple_value), e.index)
+        if isinstance(e, GlobalVar):
+            return ("g", e.name)
+        op = e.op if isinstance(e.op, str) else ("@", e.op.name)
+        return ("call", op, str(e.ty), tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(ref(a) for a in e.args))
+
+    for i, p in enumerate(fn.params):
+        slot[id(p)] = i
+    body = []
+    for b in fn.bindings:
+        body.append(ref(b.value))
+        slot[id(b.var)] = len(slot)
+    return (tuple((k, _value_key(v)) for k, v in fn.attrs.items()), tuple(str(p.ty) for p in fn.params), tuple(body), ref(fn.ret))
+
+
 class FunctionTable:
     """The module's functions plus new ones: shares structurally identical functions and gives
     new ones unique names (``name``, ``name1``, ``name2`` ... as TVM's BlockBuilder does)."""
 
     def __init__(self, mod: Module):
         self.functions: dict[str, Function] = dict(mod.functions)
-        self._by_hash: dict[int, list[str]] = {}
+        self._by_key: dict[tuple, str] = {}
 
     def add(self, fn: Function) -> str:
-        key = structural_hash(attrs.evolve(fn, name=""), names=False)
-        for name in self._by_hash.get(key, []):
-            if structural_equal(attrs.evolve(self.functions[name], name=""), attrs.evolve(fn, name=""), names=False):
-                return name
+        key = function_key(fn)
+        if key in self._by_key:
+            return self._by_key[key]
         name, i = fn.name, 0
         while name in self.functions:
             i += 1
             name = f"{fn.name}{i}"
         self.functions[name] = attrs.evolve(fn, name=name)
-        self._by_hash.setdefault(key, []).append(name)
+        self._by_key[key] = name
         return name
 
     def module(self) -> Module:
@@ -111,7 +141,8 @@ def _ret_vars(func: Function) -> list[Var]:
     return [e for e in leaves(func.ret) if isinstance(e, Var)]
 
 
-def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, lift_constants: bool) -> Function:
+def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, lift_constants: bool,
+            lift_scalars: bool = True) -> Function:
     """``func`` with every group replaced by a call of a new (or shared) function in ``table``."""
     if not groups:
         return func
@@ -142,7 +173,7 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
         if not outputs[g]:
             calls[g] = []  # a dead group: dropped, as TVM does
             continue
-        calls[g] = _make_call([bindings[i] for i in members], outputs[g], group.attrs, table, lift_constants, taken)
+        calls[g] = _make_call([bindings[i] for i in members], outputs[g], group.attrs, table, lift_constants and lift_scalars, lift_constants, taken)
 
     # emit: units are groups and single bindings; topological, else in original order
     unit_of = lambda i: ("g", owner[i]) if i in owner else ("b", i)  # noqa: E731
@@ -189,8 +220,8 @@ def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
     return group if len(keep) == len(group.members) else attrs.evolve(group, members=keep)
 
 
-def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: FunctionTable, lift_constants: bool,
-               taken: set[str]) -> list[Binding]:
+def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: FunctionTable, lift_scalars: bool,
+               lift_constants: bool, taken: set[str]) -> list[Binding]:
     defined = {id(b.var) for b in members}
     params: list[Var] = []
     args: list[Expr] = []
@@ -200,7 +231,7 @@ def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: F
             if id(leaf) in defined or id(leaf) in renamed:
                 continue
             if isinstance(leaf, Constant):
-                if not lift_constants:
+                if not (lift_scalars if leaf.is_scalar else lift_constants):
                     continue
                 p = Var(f"param_{sum(isinstance(a, Constant) for a in args)}", leaf.ty)
             else:

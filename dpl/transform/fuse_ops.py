@@ -1,0 +1,54 @@
+"""FuseOps: automatic fusion of everything no pattern claimed, exactly as TVM Relax does it.
+
+Per function: build the IndexedForwardGraph, partition it with the post-dominator rules, and
+turn each group of two or more bindings into a ``Primitive`` function (see
+:mod:`dpl.transform.outline` for parameters, outputs, naming and sharing). Functions that are
+already ``Primitive`` or ``Codegen`` are left alone, and the input module is never changed.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dpl.errors import DplError
+from dpl.ir.expr import Module
+from dpl.transform.graph import build_graph
+from dpl.transform.outline import FunctionTable, Group, outline
+from dpl.transform.partition import partition
+
+
+def fusion_groups(func, opt_level: int = 2, max_depth: int = 256) -> list[list[int]]:
+    """The groups FuseOps forms in ``func``: lists of binding indices, two or more each."""
+    nodes = build_graph(func)
+    groups = partition(nodes, opt_level, max_depth)
+    members: dict[int, list[int]] = {}
+    for node, group in zip(nodes, groups):
+        if node.binding is not None:
+            members.setdefault(id(group.root()), []).append(node.binding)
+    return sorted((sorted(m) for m in members.values() if len(m) > 1), key=max)
+
+
+@attrs.frozen
+class FuseOps:
+    """The pass as an object with its options (``FuseOps(max_depth=4)(mod)``)."""
+
+    opt_level: int = 2
+    max_depth: int = 256
+
+    def __call__(self, mod: Module) -> Module:
+        return fuse_ops(mod, self.opt_level, self.max_depth)
+
+
+def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256) -> Module:
+    if max_depth < 1:
+        raise DplError(f"max_depth must be at least 1, got {max_depth}")
+    table = FunctionTable(mod)
+    for name, func in mod.functions.items():
+        if "Primitive" in func.attrs or "Codegen" in func.attrs:
+            continue
+        groups = [Group(tuple(m), {}) for m in fusion_groups(func, opt_level, max_depth)]
+        if groups:
+            # tensor constants become parameters as in TVM; scalars stay inline, as TVM's
+            # legalized kernels fold them
+            table.functions[name] = outline(func, groups, table, lift_constants=True, lift_scalars=False)
+    return table.module()
