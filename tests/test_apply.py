@@ -80,3 +80,16 @@ def test_patterns_given_every_way(tmp_path):
 def test_outputs_clause_errors():
     with pytest.raises(DplError, match="'t' in outputs is not a binding of the pattern"):
         dpl.parse_patterns("pattern k.p { s = add(a, b); out = exp(s); outputs t }")
+
+
+def test_full_flow_fuses_what_patterns_left_and_never_inside_composites():
+    mod = dpl.load(EXAMPLES / "llama_mlp.ir")
+    out = dpl.apply(mod, ["llm", "cublas"])
+    for name, fn in out.functions.items():
+        if "Composite" in fn.attrs or "Codegen" in fn.attrs:
+            assert not any(isinstance(b.value.op, dpl.GlobalVar) and "Primitive" in out[b.value.op.name].attrs
+                           and "Composite" not in out[b.value.op.name].attrs for b in fn.bindings)
+    kinds = sorted(fn.attrs.get("Composite", "primitive") for fn in out.functions.values() if "Primitive" in fn.attrs or "Composite" in fn.attrs)
+    assert kinds.count("kernel.swiglu") == 1 and kinds.count("cublas.matmul") >= 1
+    assert_same_numbers(mod, out, mod["main"])
+    assert dpl.structural_equal(dpl.apply(out, ["llm", "cublas"]), out)

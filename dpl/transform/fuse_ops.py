@@ -3,7 +3,7 @@
 Per function: build the IndexedForwardGraph, partition it with the post-dominator rules, and
 turn each group of two or more bindings into a ``Primitive`` function (see
 :mod:`dpl.transform.outline` for parameters, outputs, naming and sharing). Functions that are
-already ``Primitive`` or ``Codegen`` are left alone, and the input module is never changed.
+already ``Primitive``, ``Composite`` or ``Codegen`` are left alone, and the input module is never changed.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256) -> Module:
         raise DplError(f"max_depth must be at least 1, got {max_depth}")
     table = FunctionTable(mod)
     for name, func in mod.functions.items():
-        if "Primitive" in func.attrs or "Codegen" in func.attrs:
+        # kernels already (TVM: Primitive/Codegen; a composite is local to its Codegen wrapper there)
+        if any(k in func.attrs for k in ("Primitive", "Codegen", "Composite")):
             continue
         groups = [Group(tuple(m), {}) for m in fusion_groups(func, opt_level, max_depth)]
         if groups:
