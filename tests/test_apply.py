@@ -93,3 +93,30 @@ def test_full_flow_fuses_what_patterns_left_and_never_inside_composites():
     assert kinds.count("kernel.swiglu") == 1 and kinds.count("cublas.matmul") >= 1
     assert_same_numbers(mod, out, mod["main"])
     assert dpl.structural_equal(dpl.apply(out, ["llm", "cublas"]), out)
+
+
+def test_multi_root_pattern_becomes_one_composite_returning_every_root():
+    mod = dpl.parse(
+        "func main(x: f32[8, 64], wq: f32[64, 64], g: f32[64, 128], u: f32[64, 128]) -> (f32[8, 64], f32[8, 128]) {\n"
+        "  q = matmul(x, wq)\n  gate = matmul(x, g)\n  up = matmul(x, u)\n  a = nn.silu(gate)\n  h = multiply(a, up)\n"
+        "  return (q, h)\n}\n"
+    )
+    patterns = dpl.parse_patterns(
+        "## gate and up projections of one input, as one kernel\n"
+        "pattern kernel.gate_up {\n  gate = matmul(x, wg)\n  up = matmul(x, wu)\n"
+        "  where shape(wg)[1] == 128 and shape(wu)[1] == 128\n}\n"
+    )
+    [fp] = patterns.patterns
+    assert fp.multi_root
+    out = dpl.apply(mod, patterns, fuse=False, annotate_codegen=False)
+    [comp] = [f for f in out.functions.values() if "Composite" in f.attrs]
+    assert [b.var.name for b in comp.bindings] == ["gate", "up"]
+    assert isinstance(comp.ret, dpl.Tuple) and [v.name for v in comp.ret.fields] == ["gate", "up"]
+    assert [b.var.name for b in out["main"].bindings] == ["q", "lv0", "gate", "up", "a", "h"]
+    assert_same_numbers(mod, out, mod["main"])
+    # the same x: two matmuls of different inputs are not one match
+    other = dpl.parse(
+        "func main(x: f32[8, 64], y: f32[8, 64], g: f32[64, 128], u: f32[64, 128]) -> (f32[8, 128], f32[8, 128]) {\n"
+        "  gate = matmul(x, g)\n  up = matmul(y, u)\n  return (gate, up)\n}\n"
+    )
+    assert dpl.structural_equal(dpl.apply(other, patterns, fuse=False), other)

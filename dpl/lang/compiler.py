@@ -99,6 +99,7 @@ class Rule:
     span: Span
     ops: tuple[str, ...]  # the ops the pattern mentions, in order
     outputs: tuple[P.Pattern, ...] = ()  # intermediates the fused function also returns
+    multi_root: bool = False  # several unconsumed bindings: ``pattern`` is the tuple of the roots
     variants: int = 1  # how many plain patterns this one stands for (alternatives, optional ops, equivalences)
 
     @property
@@ -107,6 +108,8 @@ class Rule:
 
     @property
     def root_op(self) -> str:
+        if self.multi_root:
+            return ",".join("|".join(sorted(P.root_ops(r) or {"*"})) for r in self.pattern.fields)
         roots = P.root_ops(self.pattern)
         return "|".join(sorted(roots)) if roots else "*"
 
@@ -159,7 +162,7 @@ def fusion_pattern(rule: Rule) -> FusionPattern:
 
     has_check = bool(rule.predicates or rule.hooks)
     return FusionPattern(rule.name, rule.pattern, rule.annotations, check if has_check else None, outputs=rule.outputs,
-                         origin=_origin(rule.span))
+                         multi_root=rule.multi_root, origin=_origin(rule.span))
 
 
 def rewrite_rule(rule: Rule) -> RewriteRule:
@@ -470,10 +473,10 @@ class _DeclCompiler:
         roots = self.roots()
         if not roots and not self.failed:
             self.err(BindingCycleError, f"{d.kind} '{d.name}' has no root: every binding is consumed by another", d.span)
-        elif len(roots) > 1:
+        elif len(roots) > 1 and d.kind == "rewrite":
             names = ", ".join(f"'{r}'" for r in roots)
-            self.err(RootError, f"{d.kind} '{d.name}' has several roots ({names}); nothing consumes them", self.bindings[roots[1]].span,
-                     hint="a pattern has one root: the binding no other binding consumes")
+            self.err(RootError, f"rewrite '{d.name}' has several roots ({names}); nothing consumes them", self.bindings[roots[1]].span,
+                     hint="a rewrite replaces one value: the binding no other binding consumes")
         known = set(self.bindings) | set(self.free)
         preds = PredicateCompiler(known, self.errors)
         predicates = tuple((preds.compile(w), w.span) for w in d.body.wheres)
@@ -504,9 +507,12 @@ class _DeclCompiler:
         replacement = _ReplCompiler(self, known).compile(d.replacement) if d.replacement is not None else None
         if self.failed or name is None:
             return None
+        root = self.final[roots[0]]
+        if len(roots) > 1:  # a graph pattern: every root is matched, each to its own binding
+            root = P.TuplePattern(tuple(self.final[r] for r in roots), origin=_origin(d.span))
         return Rule(
-            d.kind, name, self.final[roots[0]], dict(self.final), annotations, predicates, tuple(hooks), replacement,
-            d.body.priority or 0, d.doc, d.span, tuple(dict.fromkeys(self.ops)), tuple(outputs), self.variants,
+            d.kind, name, root, dict(self.final), annotations, predicates, tuple(hooks), replacement,
+            d.body.priority or 0, d.doc, d.span, tuple(dict.fromkeys(self.ops)), tuple(outputs), len(roots) > 1, self.variants,
         )
 
 

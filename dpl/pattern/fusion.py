@@ -52,6 +52,9 @@ class FusionPattern:
     # sub-patterns whose values the fused function also returns (beyond TVM: a multi-output
     # fusion such as Add+RMSNorm whose sum is used later); other intermediates must not leak
     outputs: tuple[n.Pattern, ...] = attrs.field(default=(), converter=tuple, kw_only=True)
+    # beyond TVM: ``pattern`` is a tuple pattern of several roots, each matched to its own
+    # binding (shared sub-patterns bind the same value); the composite returns every root
+    multi_root: bool = attrs.field(default=False, kw_only=True)
     origin: str = attrs.field(factory=n._origin, kw_only=True)
 
     def __attrs_post_init__(self):
@@ -62,6 +65,8 @@ class FusionPattern:
         for key, p in self.annotation_patterns.items():
             if not isinstance(p, n.Pattern):
                 raise n.PatternError(f"fusion pattern '{self.name}': annotation '{key}' is not a pattern")
+        if self.multi_root and not isinstance(self.pattern, n.TuplePattern):
+            raise n.PatternError(f"fusion pattern '{self.name}': a multi-root pattern is a tuple pattern of its roots")
         if self.check is not None and not callable(self.check):
             raise n.PatternError(f"fusion pattern '{self.name}': check must be callable")
         if self.attrs_getter is not None and not callable(self.attrs_getter):

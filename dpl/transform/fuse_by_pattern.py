@@ -47,15 +47,33 @@ def var_usages(func: Function) -> dict[Var, tuple[Var, ...]]:
 
 @attrs.frozen
 class Candidate:
-    """One match at one binding, with its check context."""
+    """One match, with its check context."""
 
-    root: int  # binding index
-    members: frozenset[int]  # binding indices the match pulls in, root included
+    root: int  # binding index of the (last) root
+    members: frozenset[int]  # binding indices the match pulls in, roots included
     context: CheckContext
+    roots: frozenset[int] = frozenset()  # every root (several for a multi-root pattern)
+
+
+# a multi-root pattern tries at most this many combinations of root bindings per function
+MAX_ROOT_COMBINATIONS = 100_000
+
+
+def _members(m, position, func, first: dict) -> tuple[set[int], dict]:
+    members, matched = set(), dict(first)
+    for p, e in m.items():
+        if isinstance(p, (P.CallPattern, P.TupleGetItemPattern)) and id(e) in position:
+            j = position[id(e)]
+            members.add(j)
+            matched[func.bindings[j].var] = e
+    return members, matched
 
 
 def matches(pattern: FusionPattern, func: Function) -> Iterable[Candidate]:
     """Every match of ``pattern`` rooted at a call binding of ``func``, in binding order."""
+    if pattern.multi_root:
+        yield from _multi_root_matches(pattern, func)
+        return
     position = {id(b.value): i for i, b in enumerate(func.bindings)}
     index = PatternIndex([pattern.pattern])
     matcher = Matcher(func)
@@ -68,15 +86,39 @@ def matches(pattern: FusionPattern, func: Function) -> Iterable[Candidate]:
         m = matcher.match(pattern.pattern, b.value)
         if not m:
             continue
-        members = {i}
-        matched = {b.var: b.value}
-        for p, e in m.items():
-            if isinstance(p, (P.CallPattern, P.TupleGetItemPattern)) and id(e) in position:
-                j = position[id(e)]
-                members.add(j)
-                matched[func.bindings[j].var] = e
+        members, matched = _members(m, position, func, {b.var: b.value})
         ctx = CheckContext(b.value, pattern.annotated(m), matched, usages, dict(seen), m)
-        yield Candidate(i, frozenset(members), ctx)
+        yield Candidate(i, frozenset(members | {i}), ctx, frozenset({i}))
+
+
+def _multi_root_matches(pattern: FusionPattern, func: Function) -> Iterable[Candidate]:
+    """Beyond TVM: each root of a tuple pattern matched to its own binding, jointly (shared
+    sub-patterns bind one value), combinations tried in binding order of their last root."""
+    import itertools
+
+    from dpl.ir.expr import Tuple
+
+    roots = pattern.pattern.fields
+    position = {id(b.value): i for i, b in enumerate(func.bindings)}
+    matcher = Matcher(func)
+    usages = var_usages(func)
+    options = []
+    for r in roots:
+        index = PatternIndex([r])
+        options.append([i for i, b in enumerate(func.bindings)
+                        if isinstance(b.value, Call) and index.candidates(b.value) and matcher.match(r, b.value)])
+    combos = [c for c in itertools.islice(itertools.product(*options), MAX_ROOT_COMBINATIONS) if len(set(c)) == len(c)]
+    combos.sort(key=lambda c: (max(c), c))
+    for combo in combos:
+        joint = Tuple(tuple(func.bindings[i].var for i in combo))
+        m = matcher.match(pattern.pattern, joint)
+        if not m:
+            continue
+        last = max(combo)
+        members, matched = _members(m, position, func, {func.bindings[i].var: func.bindings[i].value for i in combo})
+        seen = {b.value: b.var for b in func.bindings[: last + 1]}
+        ctx = CheckContext(joint, pattern.annotated(m), matched, usages, seen, m)
+        yield Candidate(last, frozenset(members | set(combo)), ctx, frozenset(combo))
 
 
 class _Partition:
@@ -127,8 +169,9 @@ class _Partition:
                 self.report(cand, False, f"overlaps an earlier match of this pattern ({earlier}) without containing it")
                 return
             absorbed.add(gid)
-        if cand.root in self.group_of:
-            self.report(cand, False, f"its root {self.name(cand.root)} is already in an earlier match")
+        taken = [r for r in cand.roots if r in self.group_of]
+        if taken:
+            self.report(cand, False, f"its root {self.name(taken[0])} is already in an earlier match")
             return
         leak = self.leak(cand, self.declared_outputs(cand))
         if leak is not None and not self.allow_leaks:
@@ -163,7 +206,7 @@ class _Partition:
 
     def leak(self, cand: Candidate, declared: set[int] = frozenset()) -> str | None:
         """An intermediate of the match that is used outside it (or returned), if any."""
-        for i in sorted(cand.members - {cand.root} - declared):
+        for i in sorted(cand.members - cand.roots - declared):
             if id(self.func.bindings[i].var) in self.returned:
                 return f"its intermediate {self.name(i)} is returned by '{self.func.name}' (allow_leaks=True exports it)"
             outside = [u for u in self.users[i] if u not in cand.members]
