@@ -313,6 +313,7 @@ def function_ops(fn: Function, module: Module | None) -> tuple[str, ...]:
 
     for b in fn.bindings:
         visit(b.value)
+    visit(fn.ret)
     return tuple(out)
 
 
