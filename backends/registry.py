@@ -145,6 +145,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "numpy": ("numpy",),
     "cpu": ("cpu", "numpy"),
     "cuda": ("cupy", "cpu", "numpy"),
+    "numpy-kernel": ("numpy-kernel", "numpy"),  # fused groups through dpl.kernel, the rest by reference
 }
 
 
@@ -235,9 +236,10 @@ def _ensure_builtin() -> None:
     if "numpy" in _BACKENDS:
         return
     from dpl.backends.cupy_backend import CupyBackend
-    from dpl.backends.numpy_backend import NumpyBackend
+    from dpl.backends.numpy_backend import NumpyBackend, NumpyKernelBackend
 
     register_backend(NumpyBackend())
+    register_backend(NumpyKernelBackend())
     register_backend(CupyBackend())
     if "cpu" not in _BACKENDS:
         register_backend(UnavailableBackend("cpu", ("cpu", "kernel"), "the generated-C CPU backend is not built yet"))

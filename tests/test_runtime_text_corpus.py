@@ -67,7 +67,7 @@ def as_tuple(r):
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-@pytest.mark.parametrize("target", ["numpy", "cpu", "cuda"])
+@pytest.mark.parametrize("target", ["numpy", "cpu", "cuda", "numpy-kernel"])
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_equals_the_interpreter_without_aliasing(name, target, config):
     mod = MODULES[name]
@@ -108,3 +108,49 @@ def test_profile_times_nested_calls(tmp_path):
     (group,) = [g for g in data.groups if g["exact_key"] == key]
     assert group["ops"] == ["multiply", "mean", "add", "rsqrt", "multiply", "multiply"]
     assert group["separate"] > 0 and raw["fused"]["multiply+mean+add+rsqrt+multiply+multiply"] > 0
+
+
+KERNEL_FLAVOUR = """
+@primitive
+func fused_norm(x: f32[n, 64], w: f32[64]) -> f32[n, 64] {
+  ms = mean(multiply(x, x), axis=[-1], keepdims=true)
+  return multiply(multiply(x, rsqrt(add(ms, 1e-05))), w)
+}
+
+@composite("kernel.swiglu")
+@primitive
+func kernel_swiglu(g: f32[n, 64], u: f32[n, 64]) -> f32[n, 64] {
+  s = nn.silu(g)
+  p = multiply(s, u)
+  return p
+}
+
+@primitive
+func fused_take_exp(x: f32[n, 64], i: i64[4]) -> f32[4, 64] {
+  t = take(x, i, axis=0)
+  return exp(t)
+}
+
+func main(x: f32[n, 64], w: f32[64], i: i64[4]) -> (f32[n, 64], f32[4, 64]) {
+  h = fused_norm(x, w)
+  k = kernel_swiglu(h, x)
+  t = fused_take_exp(k, i)
+  return (k, t)
+}
+"""
+
+
+def test_the_kernel_flavour_runs_groups_through_the_kernel_ir():
+    mod = dpl.parse(KERNEL_FLAVOUR)
+    exe = dpl.build(mod, "numpy-kernel", config=FusionConfig(min_tensor_elements=0))
+    x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    i = np.array([0, 2, 4, 7])
+    for g, want in zip(exe(x, w, i), dpl.interpret(mod, x, w, i)):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+    steps = [(s.function, s.backend) for s in exe.plan(x, w, i).steps]
+    assert steps == [("fused_norm", "numpy-kernel"), ("kernel_swiglu", "numpy-kernel"),
+                     ("fused_take_exp", "numpy"), ("fused_take_exp", "numpy")]
+    summary = exe.summary()
+    assert "compile error on numpy-kernel ('fused_take_exp' does not lower to one kernel" in summary
+    assert "runs op by op" in summary
