@@ -264,6 +264,8 @@ def resolve_target(target: str | Backend | Iterable[str | Backend]) -> tuple[Bac
     """The ordered backends of a target: a named target, a backend name, or a list of either."""
     if isinstance(target, (str, Backend)):
         target = [target]
+    if not isinstance(target, Iterable):
+        raise BackendError(f"a target is a name, a Backend or a list of them, got {target!r}", hint=f"named targets: {', '.join(TARGETS)}")
     out: list[Backend] = []
     for item in target:
         if isinstance(item, Backend):

@@ -154,3 +154,24 @@ def test_the_kernel_flavour_runs_groups_through_the_kernel_ir():
     summary = exe.summary()
     assert "compile error on numpy-kernel ('fused_take_exp' does not lower to one kernel" in summary
     assert "runs op by op" in summary
+
+
+def test_bad_arguments_are_named_errors_not_tracebacks():
+    from dpl.backends import BackendError
+    from dpl.runtime import RunError
+
+    mod = MODULES["early_and_twice"]
+    exe = dpl.build(mod, "numpy")
+    x, y = random_inputs(mod["main"])
+    frozen = [np.empty((4, 8), np.float32) for _ in range(4)]
+    frozen[2].flags.writeable = False
+    with pytest.raises(RunError, match=r"out\[2\] is read-only"):
+        exe(x, y, out=tuple(frozen))
+    with pytest.raises(BackendError, match="a target is a name, a Backend or a list of them, got 3"):
+        dpl.build(mod, 3)
+    for bad, message in [({"margin": "a"}, "margin must be a number >= 0"), ({"margin": -0.5}, "margin must be a number >= 0"),
+                         ({"max_graph_size": 2.5}, "max_graph_size must be a non-negative integer"),
+                         ({"min_tensor_elements": -1}, "min_tensor_elements must be a non-negative integer"),
+                         ({"enable_fusion": "yes"}, "enable_fusion must be True or False")]:
+        with pytest.raises(dpl.DplError, match=message):
+            FusionConfig(**bad)
