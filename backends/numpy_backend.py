@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpl.backends.registry import Backend, Capabilities, flatten, unflatten
+from dpl.backends.registry import Backend, Capabilities, CompileError, flatten, unflatten
 from dpl.interpret import run_function
 
 
@@ -32,4 +32,30 @@ class NumpyBackend(Backend):
                 np.copyto(dst, src, casting="no")
 
         kernel.__qualname__ = f"numpy:{function.name}"
+        return kernel
+
+
+class NumpyKernelBackend(Backend):
+    """The kernel flavour: fused groups (and ``kernel.*`` composites) run through dpl's kernel
+    IR, ``dpl.kernel.lower_function`` then its NumPy evaluator. It proves the kernel path on
+    the numbers the reference computes; a group that does not lower is its compile error."""
+
+    name = "numpy-kernel"
+    prefixes = ("kernel",)
+    capabilities = Capabilities(kinds=("primitive", "composite"))
+
+    def compile(self, function, *, module=None, shapes=()):
+        from dpl.kernel import LoweringError, evaluate, lower_function
+
+        try:
+            lowered = lower_function(function)
+        except LoweringError as err:
+            raise CompileError(f"'{function.name}' does not lower to one kernel: {err.message}") from None
+
+        def kernel(inputs, outputs):
+            result = evaluate(lowered, *inputs)
+            for dst, src in zip(outputs, flatten(result)):
+                np.copyto(dst, src, casting="no")
+
+        kernel.__qualname__ = f"numpy-kernel:{function.name}"
         return kernel

@@ -145,6 +145,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "numpy": ("numpy",),
     "cpu": ("cpu", "numpy"),
     "cuda": ("cupy", "cpu", "numpy"),
+    "numpy-kernel": ("numpy-kernel", "numpy"),  # fused groups through dpl.kernel, the rest by reference
 }
 
 
@@ -235,9 +236,10 @@ def _ensure_builtin() -> None:
     if "numpy" in _BACKENDS:
         return
     from dpl.backends.cupy_backend import CupyBackend
-    from dpl.backends.numpy_backend import NumpyBackend
+    from dpl.backends.numpy_backend import NumpyBackend, NumpyKernelBackend
 
     register_backend(NumpyBackend())
+    register_backend(NumpyKernelBackend())
     register_backend(CupyBackend())
     if "cpu" not in _BACKENDS:
         register_backend(UnavailableBackend("cpu", ("cpu", "kernel"), "the generated-C CPU backend is not built yet"))
@@ -262,6 +264,8 @@ def resolve_target(target: str | Backend | Iterable[str | Backend]) -> tuple[Bac
     """The ordered backends of a target: a named target, a backend name, or a list of either."""
     if isinstance(target, (str, Backend)):
         target = [target]
+    if not isinstance(target, Iterable):
+        raise BackendError(f"a target is a name, a Backend or a list of them, got {target!r}", hint=f"named targets: {', '.join(TARGETS)}")
     out: list[Backend] = []
     for item in target:
         if isinstance(item, Backend):
@@ -313,6 +317,7 @@ def function_ops(fn: Function, module: Module | None) -> tuple[str, ...]:
 
     for b in fn.bindings:
         visit(b.value)
+    visit(fn.ret)
     return tuple(out)
 
 

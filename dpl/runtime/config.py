@@ -13,6 +13,21 @@ def _fallback(value: str) -> str:
     return value
 
 
+def _flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise DplError(f"{name} must be True or False, got {value!r}")
+
+
+def _count(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DplError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def _margin(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise DplError(f"margin must be a number >= 0, got {value!r}")
+
+
 @attrs.frozen
 class FusionConfig:
     """When a Primitive group runs as one fused kernel, and what happens when it cannot.
@@ -27,11 +42,11 @@ class FusionConfig:
       instead of raising.
     """
 
-    enable_fusion: bool = True
-    min_nodes_for_fusion: int = 2
-    max_graph_size: int = 10
-    min_tensor_elements: int = 1024
+    enable_fusion: bool = attrs.field(default=True, validator=lambda _i, a, v: _flag(a.name, v))
+    min_nodes_for_fusion: int = attrs.field(default=2, validator=lambda _i, a, v: _count(a.name, v))
+    max_graph_size: int = attrs.field(default=10, validator=lambda _i, a, v: _count(a.name, v))
+    min_tensor_elements: int = attrs.field(default=1024, validator=lambda _i, a, v: _count(a.name, v))
     profile_path: str | None = None
-    margin: float = 0.1
+    margin: float = attrs.field(default=0.1, validator=lambda _i, a, v: _margin(v))
     profile_fallback: str = attrs.field(default="fuse", validator=lambda _i, _a, v: _fallback(v))
-    fallback_on_error: bool = True
+    fallback_on_error: bool = attrs.field(default=True, validator=lambda _i, a, v: _flag(a.name, v))

@@ -55,8 +55,8 @@ class Executable(Compiler):
         if entry not in module.functions:
             raise DplError(f"module has no function '{entry}' (it has: {', '.join(module.functions)})")
         self.module, self.entry = module, module[entry]
-        self.target_name = target if isinstance(target, str) else "[" + ", ".join(t if isinstance(t, str) else t.name for t in target) + "]"
         self.target: tuple[Backend, ...] = resolve_target(target)
+        self.target_name = target if isinstance(target, str) else "[" + ", ".join(t if isinstance(t, str) else t.name for t in target) + "]"
         self.config = config or FusionConfig()
         self.scheduler = FusionScheduler(self.config, cache=cache)
         self.fallbacks: list[Fallback] = []
@@ -166,6 +166,8 @@ class Executable(Compiler):
             if not isinstance(o, np.ndarray) or o.shape != tuple(shape) or o.dtype != dtype:
                 got = f"{o.dtype}{list(o.shape)}" if isinstance(o, np.ndarray) else type(o).__name__
                 raise RunError(f"out[{i}] must be a {dtype} array of shape {tuple(shape)}, got {got}")
+            if not o.flags.writeable:
+                raise RunError(f"out[{i}] is read-only")
             if any(np.may_share_memory(o, a) for a in inputs):
                 raise RunError(f"out[{i}] overlaps an input; outputs are written while inputs are read")
             if any(np.may_share_memory(o, p) for p in outs[:i]):

@@ -47,8 +47,11 @@ def graph_structure(fn: Function) -> str:
 
 
 def group_ops(fn: Function) -> tuple[str, ...]:
-    """The op of every op-call binding of ``fn``, in order (the seed's ``graph.op_types``)."""
-    return tuple(b.value.op for b in fn.bindings if isinstance(b.value, Call) and isinstance(b.value.op, str))
+    """Every op ``fn`` calls, nested calls included, in evaluation order (the seed's
+    ``graph.op_types``): what rules 1 and 2 count and the compatible key joins."""
+    from dpl.backends.registry import function_ops
+
+    return function_ops(fn, None)
 
 
 def exact_key(fn: Function, shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> str:
