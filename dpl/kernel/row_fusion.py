@@ -23,6 +23,7 @@ from typing import Iterable
 
 import attrs
 
+from dpl.ir.traverse import vars_in
 from dpl.ir.expr import Binding, Call, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType
 from dpl.ops.registry import call_function, get_op
@@ -59,19 +60,6 @@ class FuseReductions:
 # -- finding groups ----------------------------------------------------------------------------
 
 
-def _vars_in(e) -> Iterable[Var]:
-    if isinstance(e, Var):
-        yield e
-    elif isinstance(e, Call):
-        for a in e.args:
-            yield from _vars_in(a)
-    elif isinstance(e, Tuple):
-        for f in e.fields:
-            yield from _vars_in(f)
-    elif isinstance(e, TupleGetItem):
-        yield from _vars_in(e.tuple_value)
-
-
 def row_reduction(b: Binding):
     """``(rows, n)`` when ``b`` reduces the last axis of a ``rows + [n]`` tensor with keepdims."""
     c = b.value
@@ -100,7 +88,7 @@ class _Graph:
     def __init__(self, fn: Function):
         self.bindings = fn.bindings
         self.index = {id(b.var): i for i, b in enumerate(fn.bindings)}
-        self.deps = [sorted({self.index[id(v)] for v in _vars_in(b.value) if id(v) in self.index}) for b in fn.bindings]
+        self.deps = [sorted({self.index[id(v)] for v in vars_in(b.value) if id(v) in self.index}) for b in fn.bindings]
         self.users: list[list[int]] = [[] for _ in fn.bindings]
         for i, ds in enumerate(self.deps):
             for d in ds:
@@ -171,7 +159,7 @@ def _substitute(e, env: dict[int, Var]):
 
 def _outputs(fn: Function, g: _Graph, group: set[int]) -> list[Var]:
     """Members whose value is needed outside the group (a dead chain has none)."""
-    ret_ids = {id(v) for v in _vars_in(fn.ret)}
+    ret_ids = {id(v) for v in vars_in(fn.ret)}
     return [fn.bindings[i].var for i in sorted(group) if id(fn.bindings[i].var) in ret_ids or any(u not in group for u in g.users[i])]
 
 
@@ -186,7 +174,7 @@ def _outline(fn: Function, groups: list[list[int]], taken_fns: set[str]):
         inside = {id(b.var) for b in members}
         inputs: list[Var] = []
         for b in members:
-            for v in _vars_in(b.value):
+            for v in vars_in(b.value):
                 if id(v) not in inside and all(v is not u for u in inputs):
                     inputs.append(v)
         outputs = _outputs(fn, g, set(grp))

@@ -34,6 +34,7 @@ from typing import Iterator
 import attrs
 
 from dpl.ir.expr import Call, Expr, Function, Tuple, TupleGetItem, Var
+from dpl.ir.traverse import vars_in
 from dpl.pattern import nodes as n
 from dpl.pattern.match import Matcher, NoMatch
 
@@ -189,16 +190,7 @@ class PatternContext:
 # -- matching -------------------------------------------------------------------------------
 
 def _leaf_vars(e: Expr, out: list[Var]) -> None:
-    if isinstance(e, Var):
-        out.append(e)
-    elif isinstance(e, Call):
-        for a in e.args:
-            _leaf_vars(a, out)
-    elif isinstance(e, Tuple):
-        for f in e.fields:
-            _leaf_vars(f, out)
-    elif isinstance(e, TupleGetItem):
-        _leaf_vars(e.tuple_value, out)
+    out.extend(vars_in(e))
 
 
 class UseDef:

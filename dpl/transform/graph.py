@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
+from dpl.ir.traverse import leaves
 from dpl.ops.registry import OpPatternKind, op_kind
 
 
@@ -33,19 +34,6 @@ def binding_kind(value: Expr) -> OpPatternKind:
     if isinstance(value, TupleGetItem):
         return OpPatternKind.INJECTIVE
     return OpPatternKind.OPAQUE  # a tuple, an alias, a constant
-
-
-def _leaves(e: Expr):
-    if isinstance(e, (Var, Constant)):
-        yield e
-    elif isinstance(e, Call):
-        for a in e.args:
-            yield from _leaves(a)
-    elif isinstance(e, Tuple):
-        for f in e.fields:
-            yield from _leaves(f)
-    elif isinstance(e, TupleGetItem):
-        yield from _leaves(e.tuple_value)
 
 
 def _returned(e: Expr):
@@ -72,7 +60,7 @@ def build_graph(func: Function) -> list[Node]:
     for i, b in enumerate(func.bindings):
         kind = binding_kind(b.value)
         sources = []
-        for leaf in _leaves(b.value):
+        for leaf in leaves(b.value):
             if id(leaf) not in by_ref:  # a constant met for the first time: never fused
                 add(leaf, OpPatternKind.OPAQUE, False)
             sources.append(by_ref[id(leaf)])

@@ -23,6 +23,7 @@ import attrs
 
 from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
+from dpl.ir.traverse import leaves
 from dpl.ops.registry import call_function
 
 
@@ -36,20 +37,6 @@ class Group:
 
     members: tuple[int, ...]
     attrs: Mapping[str, Any]
-
-
-def leaves(e: Expr) -> Iterable[Expr]:
-    """The vars and constants an expression reads, left to right."""
-    if isinstance(e, (Var, Constant)):
-        yield e
-    elif isinstance(e, Call):
-        for a in e.args:
-            yield from leaves(a)
-    elif isinstance(e, Tuple):
-        for f in e.fields:
-            yield from leaves(f)
-    elif isinstance(e, TupleGetItem):
-        yield from leaves(e.tuple_value)
 
 
 def substitute(e: Expr, table: Mapping[int, Expr]) -> Expr:
