@@ -10,6 +10,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_python_blocks_run(index):
+def test_readme_python_blocks_run(index, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parent.parent)  # the examples are named from the repository root
     # later blocks build on earlier ones: run every block up to this one
     exec(compile("\n".join(BLOCKS[: index + 1]), "README.md", "exec"), {})
