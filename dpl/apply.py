@@ -43,7 +43,7 @@ def as_pattern_set(patterns: PatternsLike) -> PatternSet:
 
 def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, composites: bool = True,
           annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
-          trace: Trace | None = None) -> Module:
+          fuse_reductions: bool = False, trace: Trace | None = None) -> Module:
     """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring)."""
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
@@ -60,5 +60,5 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
             from dpl.transform.fuse_ops import fuse_ops
         except ImportError:
             raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
-        mod = fuse_ops(mod)
+        mod = fuse_ops(mod, fuse_reductions=fuse_reductions)
     return mod

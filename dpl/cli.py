@@ -94,7 +94,8 @@ def cmd_fuse(args) -> int:
 
     mod = load(args.file)
     trace = Trace()
-    fused = apply(mod, args.patterns or (), annotate_codegen=not args.no_codegen, fuse=not args.no_auto, trace=trace)
+    fused = apply(mod, args.patterns or (), annotate_codegen=not args.no_codegen, fuse=not args.no_auto,
+                  fuse_reductions=args.fuse_reductions, trace=trace)
     print(fused.script(), end="")
     if args.report:
         print("\n# report\n" + "\n".join(f"# {line}" for line in trace.report().splitlines()))
@@ -132,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="also print which matches were accepted or rejected, and why")
     p.add_argument("--no-codegen", action="store_true", help="leave composites unwrapped (no Codegen functions)")
     p.add_argument("--no-auto", action="store_true", help="skip automatic fusion of what no pattern claimed")
+    p.add_argument("--fuse-reductions", action="store_true",
+                   help="beyond TVM: also fuse row-wise chains (decomposed softmax, RMSNorm, LayerNorm) into one kernel")
     p.set_defaults(func=cmd_fuse)
     p = sub.add_parser("demo", help="build a Llama-style MLP block in Python, print it and run it")
     p.add_argument("--seed", type=int, default=0)

@@ -120,3 +120,25 @@ def test_multi_root_pattern_becomes_one_composite_returning_every_root():
         "  gate = matmul(x, g)\n  up = matmul(y, u)\n  return (gate, up)\n}\n"
     )
     assert dpl.structural_equal(dpl.apply(other, patterns, fuse=False), other)
+
+
+def test_fuse_reductions_makes_a_decomposed_rmsnorm_one_kernel():
+    from dpl.kernel import evaluate, lower_function
+
+    mod = dpl.load(EXAMPLES / "residual_rmsnorm.ir")
+    tvm_like = dpl.apply(mod, fuse=True)
+    rows = dpl.apply(mod, fuse=True, fuse_reductions=True)
+    # TVM leaves add, astype and power as three kernels before the mean's group...
+    assert [b.var.name for b in tvm_like["main"].bindings] == ["s", "h32", "sq", "out"]
+    # ...the row fusion makes the whole residual + norm one kernel
+    prims = [f for f in rows.functions.values() if "Primitive" in f.attrs]
+    assert len(prims) == 1 and all(isinstance(b.value.op, dpl.GlobalVar) or isinstance(b.value, dpl.TupleGetItem)
+                                   for b in rows["main"].bindings)
+    [fn] = prims
+    assert [b.value.op for b in fn.bindings if isinstance(b.value, dpl.Call)].count("mean") == 1
+    kernel = lower_function(fn)
+    args = random_args(fn)
+    want, got = dpl.interpret(fn, *args), evaluate(kernel, *args)
+    for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+        np.testing.assert_allclose(np.asarray(g, np.float64), w.astype(np.float64), rtol=5e-3, atol=5e-3)
+    assert_same_numbers(mod, rows, mod["main"])

@@ -34,14 +34,22 @@ class FuseOps:
 
     opt_level: int = 2
     max_depth: int = 256
+    fuse_reductions: bool = False
 
     def __call__(self, mod: Module) -> Module:
-        return fuse_ops(mod, self.opt_level, self.max_depth)
+        return fuse_ops(mod, self.opt_level, self.max_depth, fuse_reductions=self.fuse_reductions)
 
 
-def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256) -> Module:
+def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256, *, fuse_reductions: bool = False) -> Module:
+    """TVM's FuseOps. ``fuse_reductions=True`` (beyond TVM, opt-in) first groups the row-wise
+    chains TVM leaves apart — reductions over the last axis with the elementwise work around
+    them, as in a decomposed softmax, RMSNorm or LayerNorm — into one row kernel each."""
     if max_depth < 1:
         raise DplError(f"max_depth must be at least 1, got {max_depth}")
+    if fuse_reductions and opt_level > 0:
+        from dpl.kernel.row_fusion import fuse_reductions as group_rows
+
+        mod = group_rows(mod)
     table = FunctionTable(mod)
     for name, func in mod.functions.items():
         # kernels already (TVM: Primitive/Codegen; a composite is local to its Codegen wrapper there)
