@@ -235,6 +235,7 @@ def load_plugins(*, reload: bool = False) -> dict[str, str]:
 def _ensure_builtin() -> None:
     if "numpy" in _BACKENDS:
         return
+    from dpl.backends.cpu_backend import CpuBackend
     from dpl.backends.cupy_backend import CupyBackend
     from dpl.backends.numpy_backend import NumpyBackend, NumpyKernelBackend
 
@@ -242,7 +243,7 @@ def _ensure_builtin() -> None:
     register_backend(NumpyKernelBackend())
     register_backend(CupyBackend())
     if "cpu" not in _BACKENDS:
-        register_backend(UnavailableBackend("cpu", ("cpu", "kernel"), "the generated-C CPU backend is not built yet"))
+        register_backend(CpuBackend())
 
 
 def get_backend(name: str) -> Backend:

@@ -15,3 +15,17 @@ def tvm():
             pytest.fail(f"TVM oracle missing under CI: {err}")
         pytest.skip(f"TVM oracle not installed: {err}")
     return tvm
+
+
+@pytest.fixture
+def no_c_compiler():
+    """The CPU backend as on a machine without a C compiler: unavailable, so "cpu" targets run
+    on the NumPy backend by recorded fall-back (the runtime tests that check fall-back and the
+    NumPy baseline use this)."""
+    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.registry import get_backend, register_backend
+
+    old = get_backend("cpu")
+    register_backend(CpuBackend(cc="dpl-no-such-compiler"))
+    yield
+    register_backend(old)

@@ -183,7 +183,7 @@ def test_dispatch_runs_fused_or_op_by_op_and_caches_kernels():
     assert len(sched.cache) == 1
 
 
-def test_the_executable_decides_per_group_and_per_shape(tmp_path):
+def test_the_executable_decides_per_group_and_per_shape(tmp_path, no_c_compiler):
     mod = symbolic()
     key64 = exact_key(mod["fused_silu_multiply"], [(64, 64), (64, 64)], F32)
     path = write_profile(tmp_path, single={"nn.silu": 1.0, "multiply": 1.0},

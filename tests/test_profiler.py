@@ -12,7 +12,7 @@ from dpl.runtime import FusionConfig, exact_key, load_profile, profile_module
 from runtime_corpus import inputs_for, primitive_groups, symbolic
 
 
-def test_profile_module_writes_single_fused_and_shapes(tmp_path):
+def test_profile_module_writes_single_fused_and_shapes(tmp_path, no_c_compiler):
     path = tmp_path / "p.json"
     bar = io.StringIO()
     data = profile_module(symbolic(), path, dims={"n": 256}, repeat=3, progress=bar)

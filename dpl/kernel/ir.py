@@ -221,22 +221,25 @@ def _c_const(c: Const) -> str:
     return str(int(v))
 
 
-def to_c(e: Expr) -> str:
-    """The expression as C: registry ops through their ``c_expr`` templates."""
+def to_c(e: Expr, load=None, var=None) -> str:
+    """The expression as C: registry ops through their ``c_expr`` templates. A code generator
+    passes ``load(e, index)`` to print a :class:`Load` (flattening its indices) and ``var(name)``
+    to spell variables; by default both print as the kernel IR names them."""
     if isinstance(e, Const):
         return _c_const(e)
     if isinstance(e, Var):
-        return e.name
+        return var(e.name) if var is not None else e.name
     if isinstance(e, Load):
-        return f"{e.buffer}[{', '.join(to_c(i) for i in e.indices)}]"
+        index = [to_c(i, load, var) for i in e.indices]
+        return load(e, index) if load is not None else f"{e.buffer}[{', '.join(index)}]"
     if isinstance(e, Op):
         template = get_op(e.op).c_expr
         named = {k: C_TYPES[v] if k == "dtype" else v for k, v in e.attrs}
-        return template.format(*(to_c(a) for a in e.args), **named)
+        return template.format(*(to_c(a, load, var) for a in e.args), **named)
     if isinstance(e, Bin):
-        return f"({to_c(e.a)} {e.op} {to_c(e.b)})"
+        return f"({to_c(e.a, load, var)} {e.op} {to_c(e.b, load, var)})"
     if isinstance(e, Select):
-        return f"({to_c(e.cond)} ? {to_c(e.a)} : {to_c(e.b)})"
+        return f"({to_c(e.cond, load, var)} ? {to_c(e.a, load, var)} : {to_c(e.b, load, var)})"
     raise TypeError(f"not a kernel expression: {e!r}")
 
 

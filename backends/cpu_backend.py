@@ -1,0 +1,263 @@
+"""The CPU backend: each group's kernel IR as C with OpenMP, compiled by the system C compiler,
+cached on disk, loaded with ctypes. Codegen prefixes ``cpu`` and ``kernel``; ``cublas.*``
+composites run here too when no GPU is there.
+
+The disk cache is keyed by the SHA-256 of the source, the flags, the compiler's version and
+the host CPU's identity (``-march=native`` code must never run on another CPU). Entries are
+written atomically (a temporary file, then ``os.replace``) with a manifest holding the key; an
+entry whose manifest does not match, or that does not load, is rebuilt, never trusted. Two
+processes compiling the same kernel both succeed: each writes its own temporary file and the
+last rename wins with identical content.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from dpl import dtypes
+from dpl.backends.c_emitter import EmitError, emit_kernel
+from dpl.ir.expr import Binding, Call, Function, Var
+from dpl.ir.traverse import vars_in
+from dpl.transform.outline import substitute
+from dpl.backends.registry import Backend, Capabilities, CompileError
+
+BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
+FAST_FLAGS = ["-march=native", "-fopenmp", "-fno-math-errno"]  # each kept only if the compiler takes it
+SYMBOL = "dpl_kernel"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dpl" / "kernels"
+
+
+@lru_cache(maxsize=None)
+def compiler_version(cc: str) -> str:
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else ""
+
+
+@lru_cache(maxsize=1)
+def cpu_identity() -> str:
+    """What must match for a ``-march=native`` binary to run: the CPU model and its flags."""
+    text = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features", "CPU part")):
+                    text += line.strip() + "\n"
+                if line.strip() == "":
+                    break
+    except OSError:
+        pass
+    return hashlib.sha256((platform.machine() + platform.processor() + text).encode()).hexdigest()
+
+
+@lru_cache(maxsize=None)
+def usable_flags(cc: str) -> tuple[str, ...]:
+    """The fast flags this compiler accepts (each tried on a tiny program)."""
+    flags = []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text("#include <math.h>\nfloat f(float x) { return expf(x); }\n")
+        for flag in FAST_FLAGS:
+            r = subprocess.run([cc, *BASE_FLAGS, *flags, flag, str(src), "-o", str(Path(tmp) / "probe.so")],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                flags.append(flag)
+    return tuple(flags)
+
+
+@lru_cache(maxsize=None)
+def vector_math(cc: str) -> bool:
+    """Whether glibc's vector math library links here (see c_emitter.VECTOR_MATH)."""
+    from dpl.backends.c_emitter import PRELUDE, VECTOR_MATH
+
+    body = "void f(float *restrict a, int n) {\n#pragma omp simd\n for (int i = 0; i < n; ++i) a[i] = exp(a[i]) + log(a[i]) + tanh(a[i]) + erf(a[i]) + sin(a[i]) + cos(a[i]) + pow(a[i], a[i]);\n}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text(PRELUDE + VECTOR_MATH + body)
+        r = subprocess.run([cc, *BASE_FLAGS, *usable_flags(cc), str(src), "-o", str(Path(tmp) / "probe.so"), "-lmvec", "-lm"],
+                           capture_output=True, text=True)
+    return r.returncode == 0
+
+
+class KernelCache:
+    """Compiled kernels on disk, keyed by everything that decides the binary."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, cc: str = "cc"):
+        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.cc = cc
+        self.compiles = 0  # how many times this cache ran the compiler (for tests and reports)
+
+    def flags(self) -> list[str]:
+        return [*BASE_FLAGS, *usable_flags(self.cc)]
+
+    def key(self, source: str) -> str:
+        parts = [source, " ".join(self.flags()), compiler_version(self.cc), cpu_identity()]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def load(self, source: str) -> ctypes.CDLL:
+        key = self.key(source)
+        lib_path = self.directory / f"{key}.so"
+        manifest = self.directory / f"{key}.json"
+        lib = self._trusted(lib_path, manifest, key)
+        if lib is not None:
+            return lib
+        self._build(source, key, lib_path, manifest)
+        lib = self._trusted(lib_path, manifest, key)
+        if lib is None:
+            raise CompileError(f"the compiled kernel {lib_path} does not load")
+        return lib
+
+    def _trusted(self, lib_path: Path, manifest: Path, key: str) -> ctypes.CDLL | None:
+        try:
+            if json.loads(manifest.read_text())["key"] != key:
+                return None
+            lib = ctypes.CDLL(str(lib_path))
+            getattr(lib, SYMBOL)
+            return lib
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            return None  # missing, corrupt or foreign: rebuild
+
+    def _build(self, source: str, key: str, lib_path: Path, manifest: Path) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.compiles += 1
+        with tempfile.TemporaryDirectory(dir=self.directory) as tmp:
+            src = Path(tmp) / "kernel.c"
+            src.write_text(source)
+            out = Path(tmp) / "kernel.so"
+            libs = ["-lmvec", "-lm"] if "omp declare simd" in source else ["-lm"]
+            r = subprocess.run([self.cc, *self.flags(), str(src), "-o", str(out), *libs], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise CompileError(f"the C compiler failed on a generated kernel:\n{r.stderr.strip()[:2000]}")
+            os.replace(out, lib_path)
+            tmp_manifest = Path(tmp) / "manifest.json"
+            tmp_manifest.write_text(json.dumps({"key": key, "cc": compiler_version(self.cc), "cpu": cpu_identity()}))
+            os.replace(tmp_manifest, manifest)
+
+
+class _NotBlasShaped(Exception):
+    pass
+
+
+class CpuBackend(Backend):
+    """Generated C for every group the kernel IR lowers; what does not lower (``take``, calls)
+    is a compile error, and the target's next backend runs it."""
+
+    name = "cpu"
+    prefixes = ("cpu", "kernel")
+    capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"), composites=("cublas.*",),
+                                dtypes=("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"))
+
+    def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None):
+        self.cc = cc or os.environ.get("CC") or "cc"
+        self.cache = KernelCache(cache_dir, self.cc)
+        self._compiled: dict[str, object] = {}
+
+    def available(self) -> tuple[bool, str]:
+        if shutil.which(self.cc) is None:
+            return False, f"no C compiler ('{self.cc}') on this machine"
+        return True, "available"
+
+    def compile(self, function, *, module=None, shapes=()):
+        if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
+            function = _wrapped_composite(function, module)
+        products = [i for i, b in enumerate(function.bindings) if isinstance(b.value, Call) and b.value.op == "matmul"]
+        if len(products) == 1:
+            try:
+                return self._blas_with_epilogue(function, products[0])
+            except _NotBlasShaped:
+                pass  # the product's operands come from inside the group, or it is also returned
+        return self._compile_kernel(function)  # the kernel IR's own loops (several products: attention)
+
+    def _blas_with_epilogue(self, function, i):
+        """A matrix product through NumPy's BLAS, its fused epilogue as one C pass."""
+        mm = function.bindings[i]
+        a, b = mm.value.args
+        params = list(function.params)
+        if not all(isinstance(x, Var) and any(x is p for p in params) for x in (a, b)):
+            raise _NotBlasShaped
+        ia, ib = [next(k for k, p in enumerate(params) if p is x) for x in (a, b)]
+        out_dtype = dtypes.to_numpy(mm.var.ty.dtype)
+        rest = [x for k, x in enumerate(function.bindings) if k != i]
+        if function.ret is mm.var and not rest:
+            def product(inputs, outputs):
+                np.copyto(outputs[0], np.matmul(inputs[ia], inputs[ib]).astype(out_dtype, copy=False))
+
+            product.__qualname__ = f"cpu-blas:{function.name}"
+            return product
+        if any(v is mm.var for v in vars_in(function.ret)):
+            raise _NotBlasShaped
+        product_param = Var(mm.var.name, mm.var.ty)
+        epilogue = Function(function.name + "_epilogue", (*params, product_param),
+                            tuple(Binding(x.var, substitute(x.value, {id(mm.var): product_param})) for x in rest),
+                            function.ret, {"Primitive": True})
+        run_epilogue = self._compile_kernel(epilogue)
+
+        def fused(inputs, outputs):
+            product = np.matmul(inputs[ia], inputs[ib]).astype(out_dtype, copy=False)
+            run_epilogue([*inputs, product], outputs)
+
+        fused.__qualname__ = f"cpu-blas+c:{function.name}"
+        fused.source = run_epilogue.source  # type: ignore[attr-defined]
+        return fused
+
+    def _compile_kernel(self, function):
+        from dpl.kernel import LoweringError, lower_function
+        try:
+            kernel = lower_function(function)
+            source = emit_kernel(kernel, SYMBOL, vector_math=vector_math(self.cc))
+        except (LoweringError, EmitError) as err:
+            raise CompileError(f"'{function.name}' has no C kernel: {err.message}") from None
+        lib = self.cache.load(source)
+        entry = getattr(lib, SYMBOL)
+        entry.restype = None
+        entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
+        constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
+        dim_names = kernel.dims
+        n_params = len(kernel.params)
+
+        def run(inputs, outputs):
+            inputs = [np.ascontiguousarray(a) for a in inputs]
+            bound: dict[str, int] = {}
+            for buf, arr in zip((*kernel.params, *kernel.outputs), (*inputs, *outputs)):
+                for d, size in zip(buf.shape, arr.shape):
+                    if isinstance(d, str):
+                        bound.setdefault(d, int(size))
+            targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
+            arrays = [*inputs[:n_params], *constants, *targets]
+            ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+            dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
+            entry(ptrs, dims)
+            for o, t in zip(outputs, targets):
+                if o is not t:
+                    np.copyto(o, t)
+
+        run.__qualname__ = f"cpu:{function.name}"
+        run.source = source  # type: ignore[attr-defined]
+        return run
+
+
+def _wrapped_composite(wrapper, module):
+    from dpl.ir.expr import Call, GlobalVar
+
+    body = wrapper.bindings
+    if (module is None or len(body) != 1 or not isinstance(body[0].value, Call) or not isinstance(body[0].value.op, GlobalVar)
+            or list(body[0].value.args) != list(wrapper.params) or wrapper.ret is not body[0].var):
+        raise CompileError(f"codegen function '{wrapper.name}' is not a plain call of one composite")
+    return module[body[0].value.op.name]

@@ -1,0 +1,159 @@
+"""dpl's generated-C CPU backend against the field, in one run, on this machine.
+
+    python bench/bench_cpu.py [N]        # N x N float32 (default 4096)
+
+Workloads: the 8-op chain relu((x*a + b) * sigmoid(x) - c) / 2 + d (a..d broadcast over rows),
+nn.softmax, nn.rms_norm, the decomposed RMSNorm under fuse_reductions, and a Llama MLP block.
+Contenders: dpl cpu (with out=), NumPy op by op, NumPy with out=, numexpr (if installed), torch
+eager and torch.compile (if importable; never installed by this script), and the bandwidth
+floor: a measured copy scaled to the bytes each workload must read and write. Every contender
+runs with the threads it has by default on this machine.
+"""
+
+import sys
+import time
+
+import numpy as np
+
+import dpl
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+rng = np.random.default_rng(0)
+
+
+def best(fn, repeat=5):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3
+
+
+def module(text):
+    return dpl.parse(text)
+
+
+CHAIN = module(f"""
+func main(x: f32[{N}, {N}], a: f32[{N}], b: f32[{N}], c: f32[{N}], d: f32[{N}]) -> f32[{N}, {N}] {{
+  t0 = multiply(x, a)
+  t1 = add(t0, b)
+  t2 = sigmoid(x)
+  t3 = multiply(t1, t2)
+  t4 = subtract(t3, c)
+  t5 = nn.relu(t4)
+  t6 = divide(t5, 2.0)
+  t7 = add(t6, d)
+  return t7
+}}""")
+SOFTMAX = module(f"func main(x: f32[{N}, {N}]) -> f32[{N}, {N}] {{\n  y = nn.softmax(x)\n  return y\n}}")
+RMSNORM = module(f"func main(x: f32[{N}, {N}], w: f32[{N}]) -> f32[{N}, {N}] {{\n  y = nn.rms_norm(x, w, epsilon=1e-06)\n  return y\n}}")
+RMS_DECOMPOSED = module(f"""
+func main(x: f32[{N}, {N}], w: f32[{N}]) -> f32[{N}, {N}] {{
+  sq = multiply(x, x)
+  ms = mean(sq, axis=[-1], keepdims=true)
+  r = rsqrt(add(ms, 1e-06))
+  y = multiply(multiply(x, r), w)
+  return y
+}}""")
+MLP_TOKENS, HIDDEN, INTER = 128, 1024, 2816
+MLP = module(f"""
+func main(x: f32[{MLP_TOKENS}, {HIDDEN}], wg: f32[{HIDDEN}, {INTER}], wu: f32[{HIDDEN}, {INTER}], wd: f32[{INTER}, {HIDDEN}]) -> f32[{MLP_TOKENS}, {HIDDEN}] {{
+  gate = matmul(x, wg)
+  up = matmul(x, wu)
+  h = multiply(nn.silu(gate), up)
+  out = matmul(h, wd)
+  return out
+}}""")
+
+
+def arrays(mod):
+    return [rng.standard_normal(tuple(p.ty.shape)).astype(np.float32) * (0.05 if p.ty.ndim == 2 and p.name.startswith("w") else 1)
+            for p in mod["main"].params]
+
+
+def numpy_chain(x, a, b, c, d):
+    return np.maximum((x * a + b) * (1 / (1 + np.exp(-x))) - c, 0) / 2 + d
+
+
+def numpy_chain_out(x, a, b, c, d, out, tmp):
+    np.multiply(x, a, out=out); out += b
+    np.negative(x, out=tmp); np.exp(tmp, out=tmp); tmp += 1; np.reciprocal(tmp, out=tmp)
+    out *= tmp; out -= c; np.maximum(out, 0, out=out); out /= 2; out += d
+
+
+def numpy_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def numpy_rms(x, w):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6) * w
+
+
+def numpy_mlp(x, wg, wu, wd):
+    g = x @ wg
+    return (g / (1 + np.exp(-g)) * (x @ wu)) @ wd
+
+
+def copy_floor(nbytes_read, nbytes_written):
+    src = np.ones(N * N, np.float32)
+    dst = np.empty_like(src)
+    t = best(lambda: np.copyto(dst, src))
+    return t * (nbytes_read + nbytes_written) / (2 * src.nbytes)
+
+
+def dpl_exe(mod, fuse_reductions=False):
+    fused = dpl.apply(mod, fuse_reductions=fuse_reductions)
+    cfg = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=1000, min_tensor_elements=0, fallback_on_error=False)
+    return dpl.build(fused, "cpu", config=cfg)
+
+
+def main():
+    try:
+        import numexpr
+    except ImportError:
+        numexpr = None
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    rows = []
+    x, a, b, c, d = args = arrays(CHAIN)
+    out, tmp = np.empty_like(x), np.empty_like(x)
+    exe = dpl_exe(CHAIN)
+    res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "numpy op by op": best(lambda: numpy_chain(*args)),
+           "numpy out=": best(lambda: numpy_chain_out(*args, out, tmp))}
+    if numexpr is not None:
+        res["numexpr"] = best(lambda: numexpr.evaluate("where((x*a+b)/(1+exp(-x))-c > 0, (x*a+b)/(1+exp(-x))-c, 0)/2+d", out=out))
+    res["bandwidth floor"] = copy_floor(x.nbytes + 4 * a.nbytes, x.nbytes)
+    rows.append(("8-op chain", res))
+    for name, mod, ref, fr in [("nn.softmax", SOFTMAX, numpy_softmax, False), ("nn.rms_norm", RMSNORM, numpy_rms, False),
+                               ("decomposed RMSNorm (fuse_reductions)", RMS_DECOMPOSED, numpy_rms, True)]:
+        args = arrays(mod)
+        out = np.empty((N, N), np.float32)
+        exe = dpl_exe(mod, fr)
+        res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "numpy op by op": best(lambda: ref(*args))}
+        if torch is not None:
+            targs = [torch.from_numpy(v) for v in args]
+            fn = (lambda t: torch.softmax(t, -1)) if "softmax" in name else (lambda t, w: t * torch.rsqrt((t * t).mean(-1, keepdim=True) + 1e-6) * w)
+            res["torch eager"] = best(lambda: fn(*targs))
+        res["bandwidth floor"] = copy_floor(args[0].nbytes, args[0].nbytes)
+        rows.append((name, res))
+    args = arrays(MLP)
+    exe = dpl_exe(MLP)
+    out = np.empty((MLP_TOKENS, HIDDEN), np.float32)
+    rows.append(("Llama MLP block (matmul-bound)", {"dpl cpu (out=)": best(lambda: exe(*args, out=out), repeat=2),
+                                                    "numpy op by op": best(lambda: numpy_mlp(*args), repeat=2)}))
+    print(f"{N}x{N} float32 (MLP: {MLP_TOKENS} tokens, {HIDDEN} -> {INTER}); ms, best of 5; ratio = contender / dpl")
+    print(f"{'workload':<38} {'contender':<18} {'ms':>9} {'ratio':>7}")
+    for name, res in rows:
+        base = res["dpl cpu (out=)"]
+        for who, ms in res.items():
+            print(f"{name:<38} {who:<18} {ms:9.2f} {ms / base:7.2f}")
+            name = ""
+
+
+if __name__ == "__main__":
+    main()

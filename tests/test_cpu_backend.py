@@ -1,0 +1,175 @@
+"""The generated-C CPU backend: every module of the corpus and every FuseOps group of the
+random-DAG corpus, built for "cpu" with fusion always on and fall-back off, equals the
+interpreter, and every kernel ran compiled on the CPU; the disk cache is safe."""
+
+import multiprocessing
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.backends.c_emitter import emit_kernel
+from dpl.backends.cpu_backend import CpuBackend, KernelCache
+from dpl.ir import FunctionBuilder, Module, const
+from dpl.kernel import lower_function
+from dpl.transform import fuse_ops
+
+from test_fuse_ops import RandomDag
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+ALWAYS = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=10_000, min_tensor_elements=0, fallback_on_error=False)
+
+
+@pytest.fixture(scope="module")
+def cpu(tmp_path_factory):
+    """A CPU backend with its own cache directory, registered for these tests."""
+    from dpl.backends.registry import get_backend, register_backend
+
+    old = get_backend("cpu")
+    backend = CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"))
+    register_backend(backend)
+    yield backend
+    register_backend(old)
+
+
+def random_args(func, seed=0):
+    rng = np.random.default_rng(seed)
+    dims = {}
+    return [rng.standard_normal(tuple(dims.setdefault(d, 6) if isinstance(d, str) else d for d in p.ty.shape))
+            .astype(dpl.dtypes.to_numpy(p.ty.dtype)) for p in func.params]
+
+
+def assert_close(want, got, dtype_tol=None):
+    for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+        # f32: rtol 1e-5; reductions and matrix products sum in float32 in another order than the
+        # float64 reference, so the absolute tolerance scales with the output's magnitude
+        # (cancellation in long dot products); f16 gets its own precision
+        scale = float(np.abs(w.astype(np.float64)).max()) if w.size else 1.0
+        rtol, atol = (5e-3, 5e-3 * max(scale, 1)) if w.dtype == np.float16 else dtype_tol or (1e-5, 2e-6 * max(scale, 1))
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol)
+
+
+def ran_compiled_on_cpu(exe):
+    """Every function of the summary runs on cpu, none by fall-back."""
+    summary = exe.summary()
+    rows = summary.split("functions:")[1].split("plan for")[0].strip().splitlines()
+    return bool(rows) and all("-> cpu (" in r and "fall-back" not in r for r in rows), summary
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.ir")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("libraries", [[], ["rewrites", "llm", "cublas"]], ids=["auto", "patterns"])
+def test_examples_on_cpu_equal_the_interpreter(cpu, example, libraries):
+    mod = dpl.load(example)
+    fused = dpl.apply(mod, libraries, fuse_reductions=True)
+    exe = dpl.build(fused, "cpu", config=ALWAYS)
+    args = random_args(mod["main"])
+    assert_close(dpl.interpret(mod, *args), exe(*args))
+    ok, summary = ran_compiled_on_cpu(exe)
+    assert ok, summary
+
+
+def test_random_dag_groups_on_cpu(cpu):
+    checked = 0
+    for seed in range(0, 300, 3):
+        func = RandomDag(seed).build()
+        fused = fuse_ops(Module([func]))
+        for fn in fused.functions.values():
+            if "Primitive" not in fn.attrs:
+                continue
+            kernel = cpu.compile(fn, module=fused)
+            args = random_args(fn, seed)
+            want = dpl.interpret(fn, *args)
+            wants = want if isinstance(want, tuple) else (want,)
+            outs = [np.empty_like(w) for w in wants]
+            kernel(args, outs)
+            assert_close(want, tuple(outs) if isinstance(want, tuple) else outs[0])
+            checked += 1
+    assert checked >= 60
+
+
+def elementwise_special_values():
+    fb = FunctionBuilder("main", attrs={"Primitive": True})
+    x = fb.param("x", "f32", (8,))
+    e = fb.emit("exp", x)
+    s = fb.emit("sigmoid", e)
+    t = fb.emit("tanh", fb.emit("log", x))
+    return fb.ret(fb.emit("add", s, t))
+
+
+def test_transcendentals_keep_nan_and_inf(cpu):
+    fn = elementwise_special_values()
+    kernel = cpu.compile(fn, module=Module([fn]))
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -1.0, 1e-30, 88.7, -200.0], np.float32)
+    out = np.empty(8, np.float32)
+    with np.errstate(all="ignore"):
+        want = dpl.interpret(fn, x)
+    kernel([x], [out])
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_allclose(out[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-5, atol=1e-6)
+
+
+def test_flags_and_source():
+    fn = elementwise_special_values()
+    source = emit_kernel(lower_function(fn))
+    assert "#pragma omp" in source and "tgmath.h" in source
+    flags = KernelCache().flags()
+    assert "-O3" in flags
+
+
+def _compile_in_child(args):
+    cache_dir, source = args
+    lib = KernelCache(cache_dir).load(source)
+    return bool(lib)
+
+
+def test_cache_hit_miss_corrupt_foreign_and_concurrent(tmp_path):
+    import json
+
+    source = emit_kernel(lower_function(elementwise_special_values()))
+    cache = KernelCache(tmp_path / "a")
+    cache.load(source)
+    assert cache.compiles == 1  # miss
+    again = KernelCache(tmp_path / "a")
+    again.load(source)
+    assert again.compiles == 0  # hit on disk
+    key = cache.key(source)
+    corrupt = tmp_path / "b"
+    corrupt.mkdir()
+    (corrupt / f"{key}.so").write_bytes(b"not a shared object")
+    (corrupt / f"{key}.json").write_text(json.dumps({"key": key}))
+    rebuilt = KernelCache(corrupt)
+    rebuilt.load(source)
+    assert rebuilt.compiles == 1  # a corrupt entry is rebuilt, never trusted
+    foreign = tmp_path / "c"
+    foreign.mkdir()
+    shutil.copy(tmp_path / "a" / f"{key}.so", foreign / f"{key}.so")
+    (foreign / f"{key}.json").write_text(json.dumps({"key": "built-for-another-cpu"}))
+    stranger = KernelCache(foreign)
+    stranger.load(source)
+    assert stranger.compiles == 1  # an entry whose manifest is not this host's key is rebuilt
+    # the key itself covers the CPU: another CPU identity gives another key, so another entry
+    import dpl.backends.cpu_backend as cb
+
+    original = cb.cpu_identity
+    try:
+        cb.cpu_identity = lambda: "another-cpu"
+        assert KernelCache(tmp_path / "a").key(source) != key
+    finally:
+        cb.cpu_identity = original
+    # two processes compiling the same new kernel at once both succeed
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        assert pool.map(_compile_in_child, [(str(tmp_path / "race"), source + "\n/* race */\n")] * 2) == [True, True]
+
+
+def test_compile_errors_are_clear(tmp_path):
+    fb = FunctionBuilder("main", attrs={"Primitive": True})
+    x = fb.param("x", "f32", (4, 4))
+    fn = fb.ret(fb.emit("take", x, const(np.array([0, 1], np.int64)), axis=0))
+    with pytest.raises(dpl.DplError, match="has no C kernel"):
+        CpuBackend(cache_dir=tmp_path).compile(fn, module=Module([fn]))
+    with pytest.raises(dpl.DplError, match="the C compiler failed"):
+        KernelCache(tmp_path).load("this is not C;")
