@@ -46,6 +46,10 @@ float powf(float, float);
 SUPPORTED_DTYPES = frozenset({"float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"})
 
 
+# OpenMP reduction operators for the registry combiners
+_SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "min"}
+
+
 class EmitError(DplError):
     """A kernel the C emitter cannot express (e.g. bfloat16)."""
 
@@ -111,8 +115,14 @@ class _Emitter:
                 t = self.ctype(s.dtype)
                 out.append(f"{pad}{t} {acc} = ({t}){self.expr(s.init)};")
                 depth = indent
-                for a in s.axes:
+                # the innermost reduction loop is a SIMD reduction when the body has no loops
+                # (reassociating the sum is the one freedom taken; it stays within tolerance)
+                simple = not any(isinstance(x, (Loop, Reduce)) for x in walk(s.body))
+                clause = _SIMD_REDUCTION.get(s.combiner)
+                for k, a in enumerate(s.axes):
                     v = c_name(a.var.name)
+                    if simple and clause and k == len(s.axes) - 1:
+                        out.append(f"{'  ' * depth}#pragma omp simd reduction({clause}:{acc})")
                     out.append(f"{'  ' * depth}for (int64_t {v} = 0; {v} < {self.expr(a.extent)}; ++{v}) {{")
                     depth += 1
                 self.stmts(s.body, depth, out, False)
