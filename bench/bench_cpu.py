@@ -10,6 +10,7 @@ floor: a measured copy scaled to the bytes each workload must read and write. Ev
 runs with the threads it has by default on this machine.
 """
 
+import os
 import sys
 import time
 
@@ -114,6 +115,37 @@ def copy_floor(nbytes_read, nbytes_written):
     return _COPY_MS * (nbytes_read + nbytes_written) / (2 * N * N * 4)
 
 
+def torch_fns():
+    """The workloads in torch (eager), keyed like the rows; None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(os.cpu_count() or 1)
+    return torch, {
+        "8-op chain": lambda x, a, b, c, d: torch.relu((x * a + b) * torch.sigmoid(x) - c) / 2 + d,
+        "nn.softmax": lambda x: torch.softmax(x, -1),
+        "nn.rms_norm": lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,
+        "decomposed RMSNorm (fuse_reductions)": lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,
+        "Llama MLP block (matmul-bound)": lambda x, wg, wu, wd: (torch.nn.functional.silu(x @ wg) * (x @ wu)) @ wd,
+    }
+
+
+def add_torch(res, name, args, torch_bits, repeat=5):
+    if torch_bits is None:
+        return
+    torch, fns = torch_bits
+    targs = [torch.from_numpy(v) for v in args]
+    fn = fns[name]
+    with torch.no_grad():
+        res["torch eager"] = best(lambda: fn(*targs), repeat)
+        try:
+            compiled = torch.compile(fn)
+            res["torch.compile"] = best(lambda: compiled(*targs), repeat)
+        except Exception as err:  # inductor needs a working C++ toolchain; report, do not crash
+            print(f"torch.compile failed on {name}: {type(err).__name__}: {err}", file=sys.stderr)
+
+
 def dpl_exe(mod, fuse_reductions=False):
     fused = dpl.apply(mod, fuse_reductions=fuse_reductions)
     cfg = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=1000, min_tensor_elements=0, fallback_on_error=False)
@@ -125,10 +157,7 @@ def main():
         import numexpr
     except ImportError:
         numexpr = None
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch_bits = torch_fns()
     rows = []
     x, a, b, c, d = args = arrays(CHAIN)
     out, tmp = np.empty_like(x), np.empty_like(x)
@@ -136,7 +165,10 @@ def main():
     res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "numpy op by op": best(lambda: numpy_chain(*args)),
            "numpy out=": best(lambda: numpy_chain_out(*args, out, tmp))}
     if numexpr is not None:
-        res["numexpr"] = best(lambda: numexpr.evaluate("where((x*a+b)/(1+exp(-x))-c > 0, (x*a+b)/(1+exp(-x))-c, 0)/2+d", out=out))
+        names = {"x": x, "a": a, "b": b, "c": c, "d": d}
+        res["numexpr"] = best(lambda: numexpr.evaluate("where((x*a+b)/(1+exp(-x))-c > 0, (x*a+b)/(1+exp(-x))-c, 0)/2+d",
+                                                        local_dict=names, out=out))
+    add_torch(res, "8-op chain", args, torch_bits)
     res["bandwidth floor"] = copy_floor(x.nbytes + 4 * a.nbytes, x.nbytes)
     rows.append(("8-op chain", res))
     for name, mod, ref, fr in [("nn.softmax", SOFTMAX, numpy_softmax, False), ("nn.rms_norm", RMSNORM, numpy_rms, False),
@@ -145,17 +177,15 @@ def main():
         out = np.empty((N, N), np.float32)
         exe = dpl_exe(mod, fr)
         res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "numpy op by op": best(lambda: ref(*args))}
-        if torch is not None:
-            targs = [torch.from_numpy(v) for v in args]
-            fn = (lambda t: torch.softmax(t, -1)) if "softmax" in name else (lambda t, w: t * torch.rsqrt((t * t).mean(-1, keepdim=True) + 1e-6) * w)
-            res["torch eager"] = best(lambda: fn(*targs))
+        add_torch(res, name, args, torch_bits)
         res["bandwidth floor"] = copy_floor(args[0].nbytes, args[0].nbytes)
         rows.append((name, res))
     args = arrays(MLP)
     exe = dpl_exe(MLP)
     out = np.empty((MLP_TOKENS, HIDDEN), np.float32)
-    rows.append(("Llama MLP block (matmul-bound)", {"dpl cpu (out=)": best(lambda: exe(*args, out=out), repeat=2),
-                                                    "numpy op by op": best(lambda: numpy_mlp(*args), repeat=2)}))
+    res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out), repeat=3), "numpy op by op": best(lambda: numpy_mlp(*args), repeat=3)}
+    add_torch(res, "Llama MLP block (matmul-bound)", args, torch_bits, repeat=3)
+    rows.append(("Llama MLP block (matmul-bound)", res))
     print(f"{N}x{N} float32 (MLP: {MLP_TOKENS} tokens, {HIDDEN} -> {INTER}); ms, best of 5; ratio = contender / dpl")
     print(f"{'workload':<38} {'contender':<18} {'ms':>9} {'ratio':>7}")
     for name, res in rows:
