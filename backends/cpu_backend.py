@@ -20,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -167,11 +168,15 @@ class CpuBackend(Backend):
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None):
         self.cc = cc or os.environ.get("CC") or "cc"
         self.cache = KernelCache(cache_dir, self.cc)
-        self._compiled: dict[str, object] = {}
+        self._warned = False
 
     def available(self) -> tuple[bool, str]:
         if shutil.which(self.cc) is None:
-            return False, f"no C compiler ('{self.cc}') on this machine"
+            reason = f"no C compiler ('{self.cc}') on this machine"
+            if not self._warned:  # one warning per backend, then only the summary says it
+                self._warned = True
+                warnings.warn(f"dpl: {reason}; the CPU target runs on the NumPy backend", RuntimeWarning, stacklevel=2)
+            return False, reason
         return True, "available"
 
     def compile(self, function, *, module=None, shapes=()):

@@ -173,3 +173,11 @@ def test_compile_errors_are_clear(tmp_path):
         CpuBackend(cache_dir=tmp_path).compile(fn, module=Module([fn]))
     with pytest.raises(dpl.DplError, match="the C compiler failed"):
         KernelCache(tmp_path).load("this is not C;")
+
+
+def test_no_compiler_means_numpy_with_one_warning():
+    backend = CpuBackend(cc="dpl-no-such-compiler")
+    with pytest.warns(RuntimeWarning, match="no C compiler .* runs on the NumPy backend") as record:
+        assert backend.available() == (False, "no C compiler ('dpl-no-such-compiler') on this machine")
+        backend.available()
+    assert len(record) == 1
