@@ -124,3 +124,21 @@ def dpl_const_idx():
     from dpl.ir import const
 
     return const([0, 1])
+
+
+def test_symbolic_window_dims_are_errors_not_crashes(fb):
+    x = fb.param("x", "f32", (1, 4, 8, 8))
+    w = fb.param("w", "f32", (4, 4, 3, "k"))
+    with pytest.raises(TypeInferenceError, match="op 'nn.conv2d': window dimension 'k' must be static"):
+        fb.emit("nn.conv2d", x, w)
+
+
+def test_window_attributes_must_be_positive(fb):
+    x = fb.param("x", "f32", (1, 4, 8, 8))
+    w = fb.param("w", "f32", (4, 4, 3, 3))
+    with pytest.raises(TypeInferenceError, match="stride 0 and dilation 1 must be positive"):
+        fb.emit("nn.conv2d", x, w, strides=[0, 1])
+    with pytest.raises(TypeInferenceError, match="groups must be positive, got 0"):
+        fb.emit("nn.conv2d", x, w, groups=0)
+    with pytest.raises(TypeInferenceError, match="padding \\(-1, -1\\) not negative"):
+        fb.emit("nn.max_pool2d", x, pool_size=2, padding=-1)

@@ -183,6 +183,11 @@ def _padding(info: CallInfo):
 def _window_out(info, size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode=False):
     if isinstance(size, str):
         raise info.error(f"spatial dimension '{size}' of {info.operand(0)} must be static")
+    if isinstance(kernel, str):
+        raise info.error(f"window dimension '{kernel}' must be static")
+    if kernel < 1 or stride < 1 or dilation < 1 or pad_lo < 0 or pad_hi < 0:
+        raise info.error(f"window {kernel}, stride {stride} and dilation {dilation} must be positive and padding "
+                         f"({pad_lo}, {pad_hi}) not negative")
     span = dilation * (kernel - 1) + 1
     total = size + pad_lo + pad_hi - span
     if total < 0:
@@ -203,6 +208,8 @@ def _infer_conv2d(info: CallInfo) -> TensorType:
     if x.ndim != 4 or w.ndim != 4:
         raise info.error(f"operands {info.operand(0)} and {info.operand(1)} must have rank 4")
     groups = info.attrs["groups"]
+    if groups < 1:
+        raise info.error(f"groups must be positive, got {groups}")
     n, c, h, wd = x.shape
     o, i, kh, kw = w.shape
     if isinstance(c, int) and isinstance(i, int) and c != i * groups:
