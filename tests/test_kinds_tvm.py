@@ -487,3 +487,23 @@ if __name__ == "__main__":  # the table with both answers: python tests/test_kin
         theirs, mine = tvm_kind(op, args, attrs), dpl_kind(op, args, attrs)
         note = "" if theirs == mine == recorded else "   <-- differs"
         print(f"{cid:34} TVM {theirs.name:18} dpl {mine.name:18}{note}")
+
+
+@pytest.mark.oracle
+def test_squeeze_of_every_unit_axis_with_symbolic_dims_is_opaque(tvm):
+    """TVM cannot tell whether a symbolic dim is 1, so ``squeeze`` without axes of such a tensor
+    stays a high-level call that FuseOps treats as opaque; dpl's kind says the same."""
+    from tvm import relax, tirx
+    from tvm.script import relax as R
+
+    n = tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((n, 1, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.squeeze(x))
+        bb.emit_func_output(y)
+    legal = relax.transform.LegalizeOps()(bb.get())
+    assert "R.squeeze" in str(legal["main"])  # left unlegalized
+    assert dpl_kind("squeeze", [t("n", 1, 8)], {}) == K.OPAQUE
+    assert dpl_kind("squeeze", [t("n", 1, 8)], {"axis": [1]}) == K.BROADCAST

@@ -321,12 +321,20 @@ def _infer_squeeze(info: CallInfo) -> TensorType:
     return TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
 
 
+def _squeeze_kind(info: CallInfo, out) -> OpPatternKind:
+    # TVM cannot tell whether a symbolic dim is 1: squeezing every unit axis of such a tensor
+    # is never legalized, so FuseOps sees an opaque op
+    if info.attrs["axis"] is None and any(isinstance(d, str) for d in info.tensor(0).shape):
+        return K.OPAQUE
+    return _broadcast_kind(info, out)
+
+
 register(
     "squeeze",
     num_args=1,
     attrs={"axis": AttrSpec("axes", default=None)},
     infer=_infer_squeeze,
-    kind=_broadcast_kind,
+    kind=_squeeze_kind,
     ref=lambda x, axis: np.squeeze(x, None if axis is None else tuple(a % x.ndim for a in axis)),
     doc="drop unit dimensions (all of them when no axis)",
 )

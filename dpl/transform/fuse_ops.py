@@ -8,6 +8,8 @@ already ``Primitive``, ``Composite`` or ``Codegen`` are left alone, and the inpu
 
 from __future__ import annotations
 
+import gc
+
 import attrs
 
 from dpl.errors import DplError
@@ -46,6 +48,18 @@ def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256, *, fuse_redu
     them, as in a decomposed softmax, RMSNorm or LayerNorm — into one row kernel each."""
     if max_depth < 1:
         raise DplError(f"max_depth must be at least 1, got {max_depth}")
+    # the pass makes many small objects that reference counting frees; the cyclic collector's
+    # full passes over a large module's IR would only make it superlinear
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _fuse_ops(mod, opt_level, max_depth, fuse_reductions)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _fuse_ops(mod: Module, opt_level: int, max_depth: int, fuse_reductions: bool) -> Module:
     if fuse_reductions and opt_level > 0:
         from dpl.kernel.row_fusion import fuse_reductions as group_rows
 
