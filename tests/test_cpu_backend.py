@@ -18,7 +18,16 @@ from dpl.transform import fuse_ops
 
 from test_fuse_ops import RandomDag
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
+@pytest.fixture(autouse=True)
+def c_compiler():
+    """These tests need the system C compiler: missing, they skip locally but fail under CI
+    (as the TVM oracle does), so CI can never stop running them silently."""
+    import os
+
+    if shutil.which("cc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C compiler ('cc') under CI: the CPU backend tests cannot run")
+        pytest.skip("no C compiler on this machine")
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 ALWAYS = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=10_000, min_tensor_elements=0, fallback_on_error=False)
