@@ -3,6 +3,12 @@ here) and a CPU loop wrapper: OpenMP over the outermost loop of each nest, ``omp
 innermost loops that carry no reduction. A CUDA wrapper would reuse :func:`emit_stmts` with
 the outer loop variables taken from the thread index instead.
 
+Large outputs are written with non-temporal (streaming) stores: an innermost loop that stores
+contiguously into an output of at least ``stream_bytes`` computes blocks of one vector into a
+register-sized buffer and streams each block out, which skips the read-for-ownership a plain
+store costs (a third of the traffic of a one-read one-write kernel). Each thread fences its
+streams before the parallel region ends. Without SSE2/AVX the plain loop is all there is.
+
 The generated function is ``void <name>(void **buffers, const int64_t *dims)``: buffers are
 the kernel's parameters, then its constants, then its outputs, all C-contiguous; ``dims`` are
 the symbolic dimensions in ``Kernel.dims`` order.
@@ -10,10 +16,14 @@ the symbolic dimensions in ``Kernel.dims`` order.
 
 from __future__ import annotations
 
+import math
 import re
 
+import numpy as np
+
+from dpl import dtypes
 from dpl.errors import DplError
-from dpl.kernel.ir import C_TYPES, Const, Kernel, Let, Load, Loop, Reduce, Store, to_c, walk
+from dpl.kernel.ir import C_TYPES, Const, Kernel, Let, Load, Loop, Reduce, Store, Var, free_vars, to_c, walk
 from dpl.ops.registry import get_op
 
 PRELUDE = """\
@@ -21,6 +31,40 @@ PRELUDE = """\
 #include <stdbool.h>
 #include <tgmath.h>
 typedef _Float16 half;
+"""
+
+# streaming stores (see the module docstring), included in kernels that use them
+STREAMING = """\
+#if defined(__AVX__)
+#include <immintrin.h>
+#define DPL_NT_BYTES 32
+static inline void dpl_put_f32(float *p, const float *v) {
+  if ((uintptr_t)p % 32) _mm256_storeu_ps(p, _mm256_loadu_ps(v)); else _mm256_stream_ps(p, _mm256_loadu_ps(v));
+}
+static inline void dpl_put_f64(double *p, const double *v) {
+  if ((uintptr_t)p % 32) _mm256_storeu_pd(p, _mm256_loadu_pd(v)); else _mm256_stream_pd(p, _mm256_loadu_pd(v));
+}
+#elif defined(__SSE2__)
+#include <emmintrin.h>
+#define DPL_NT_BYTES 16
+static inline void dpl_put_f32(float *p, const float *v) {
+  if ((uintptr_t)p % 16) _mm_storeu_ps(p, _mm_loadu_ps(v)); else _mm_stream_ps(p, _mm_loadu_ps(v));
+}
+static inline void dpl_put_f64(double *p, const double *v) {
+  if ((uintptr_t)p % 16) _mm_storeu_pd(p, _mm_loadu_pd(v)); else _mm_stream_pd(p, _mm_loadu_pd(v));
+}
+#endif
+#ifdef DPL_NT_BYTES
+#define dpl_sfence() _mm_sfence()
+/* elements to store one by one before p + head is aligned for streaming (all n if it never is) */
+static inline int64_t dpl_nt_head(const void *p, int64_t size, int64_t n) {
+  const uintptr_t a = (uintptr_t)p;
+  const int64_t head = a % size ? n : (int64_t)((DPL_NT_BYTES - a % DPL_NT_BYTES) % DPL_NT_BYTES) / size;
+  return head < n ? head : n;
+}
+#else
+#define dpl_sfence() ((void)0)
+#endif
 """
 
 # Vector variants of the float math functions exist in glibc's libmvec; glibc only declares
@@ -46,6 +90,11 @@ float powf(float, float);
 SUPPORTED_DTYPES = frozenset({"float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"})
 
 
+# outputs of at least this many bytes are streamed past the caches (see the module docstring):
+# well above a core's L2, so an output the next kernel reads while it is still cached stays plain
+STREAM_BYTES = 16 << 20
+STREAM_PUT = {"float32": "dpl_put_f32", "float64": "dpl_put_f64"}
+
 # OpenMP reduction operators for the registry combiners
 _SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "min"}
 
@@ -60,8 +109,10 @@ def c_name(name: str) -> str:
 
 
 class _Emitter:
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, stream_bytes: int | None = STREAM_BYTES):
         self.kernel = kernel
+        self.stream_bytes = stream_bytes
+        self.redirect: dict[int, str] = {}  # id(Store) -> the C lvalue it writes instead (a block buffer)
         self.buffers = {}
         for b in (*kernel.params, *kernel.outputs):
             self.buffers[b.name] = b
@@ -101,6 +152,20 @@ class _Emitter:
             if isinstance(s, Loop):
                 v = c_name(s.var.name)
                 innermost = not any(isinstance(x, (Loop, Reduce)) for x in walk(s.body))
+                if self.streamed(s):
+                    self.stream_loop(s, indent, out, outer)
+                    continue
+                if outer and any(isinstance(x, Loop) and self.streamed(x) for x in walk(s.body)):
+                    # a parallel region of its own, so that each thread fences its streams
+                    out.append(f"{pad}#pragma omp parallel")
+                    out.append(f"{pad}{{")
+                    out.append(f"{pad}#pragma omp for schedule(static)")
+                    out.append(f"{pad}for (int64_t {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{")
+                    self.stmts(s.body, indent + 1, out, False)
+                    out.append(f"{pad}}}")
+                    out.append(f"{pad}dpl_sfence();")
+                    out.append(f"{pad}}}")
+                    continue
                 if outer:
                     out.append(f"{pad}#pragma omp parallel for schedule(static)")
                 elif innermost:
@@ -133,10 +198,94 @@ class _Emitter:
                     out.append(f"{'  ' * depth}}}")
             elif isinstance(s, Store):
                 t = self.ctype(self.buffers[s.buffer].dtype)
-                index = [self.expr(i) for i in s.indices]
-                out.append(f"{pad}{self.flat(s.buffer, index)} = ({t})({self.expr(s.value)});")
+                target = self.redirect.get(id(s)) or self.flat(s.buffer, [self.expr(i) for i in s.indices])
+                out.append(f"{pad}{target} = ({t})({self.expr(s.value)});")
             else:
                 raise EmitError(f"cannot emit {type(s).__name__}")
+
+    # -- streaming stores ------------------------------------------------------------------
+
+    def streamed(self, loop: Loop) -> list[Store]:
+        """The stores of an innermost loop that go out with streaming stores: contiguous in the
+        loop variable, into a float output of at least ``stream_bytes``. The first one decides
+        the alignment peel; the others stream where their blocks happen to be aligned."""
+        if self.stream_bytes is None or any(isinstance(x, (Loop, Reduce)) for x in loop.body):
+            return []
+        var = loop.var.name
+        found = []
+        for s in loop.body:
+            if not isinstance(s, Store) or not s.indices or s.buffer not in self.buffers:
+                continue
+            buf = self.buffers[s.buffer]
+            last = s.indices[-1]
+            if (buf.dtype != self.buffers[(found or [s])[0].buffer].dtype or buf.dtype not in STREAM_PUT
+                    or buf not in self.kernel.outputs or not (isinstance(last, Var) and last.name == var)
+                    or any(var in free_vars(i) for i in s.indices[:-1])):
+                continue
+            if self.big_enough(buf) is not False:
+                found.append(s)
+        return found
+
+    def big_enough(self, buf):
+        """True / False for a static shape, else the C condition to test at run time."""
+        size = np.dtype(dtypes.to_numpy(buf.dtype)).itemsize
+        if all(isinstance(d, int) for d in buf.shape):
+            return math.prod(buf.shape) * size >= self.stream_bytes
+        return " * ".join([*(self.dim(d) for d in buf.shape), str(size)]) + f" >= {self.stream_bytes}LL"
+
+    def stream_loop(self, loop: Loop, indent: int, out: list[str], outer: bool) -> None:
+        """An alignment head stored plainly, whole vector blocks computed into register-sized
+        buffers and streamed out, then the plain loop for the tail (or for all of it, when a
+        run-time size test says the output is small)."""
+        pad, inner = "  " * indent, "  " * (indent + 1)
+        stores = self.streamed(loop)
+        v = c_name(loop.var.name)
+        t = self.ctype(self.buffers[stores[0].buffer].dtype)
+        lanes = "dpl_lanes"
+        conditions = [c for c in (self.big_enough(self.buffers[st.buffer]) for st in stores[:1]) if c is not True]
+        at = lambda st, i: self.flat(st.buffer, [*(self.expr(x) for x in st.indices[:-1]), i])  # noqa: E731
+        out.append(f"{pad}{{")
+        out.append(f"{inner}const int64_t dpl_n = {self.expr(loop.extent)};")
+        out.append(f"{inner}int64_t dpl_done = 0;")
+        out.append("#ifdef DPL_NT_BYTES")
+        out.append(f"{inner}if ({conditions[0]}) {{" if conditions else f"{inner}{{")
+        deep = "  " * (indent + 2)
+        out.append(f"{deep}enum {{ dpl_lanes = DPL_NT_BYTES / sizeof({t}) }};")
+        out.append(f"{deep}const int64_t dpl_head = dpl_nt_head(&{at(stores[0], '0')}, sizeof({t}), dpl_n);")
+        out.append(f"{deep}for (int64_t {v} = 0; {v} < dpl_head; ++{v}) {{")
+        self.stmts(loop.body, indent + 3, out, False)
+        out.append(f"{deep}}}")
+        out.append(f"{deep}const int64_t dpl_blocks = (dpl_n - dpl_head) / {lanes};")
+        block_indent = indent + 2
+        if outer:
+            out.append(f"{deep}#pragma omp parallel")
+            out.append(f"{deep}{{")
+            out.append(f"{deep}#pragma omp for schedule(static)")
+        bpad, lpad = "  " * block_indent, "  " * (block_indent + 1)
+        out.append(f"{bpad}for (int64_t dpl_b = 0; dpl_b < dpl_blocks; ++dpl_b) {{")
+        for k in range(len(stores)):
+            out.append(f"{lpad}{t} dpl_buf{k}[dpl_lanes];")
+        out.append(f"{lpad}#pragma omp simd")
+        out.append(f"{lpad}for (int64_t dpl_l = 0; dpl_l < {lanes}; ++dpl_l) {{")
+        out.append(f"{lpad}  const int64_t {v} = dpl_head + dpl_b * {lanes} + dpl_l;")
+        self.redirect = {id(st): f"dpl_buf{k}[dpl_l]" for k, st in enumerate(stores)}
+        self.stmts(loop.body, block_indent + 2, out, False)
+        self.redirect = {}
+        out.append(f"{lpad}}}")
+        for k, st in enumerate(stores):
+            out.append(f"{lpad}{STREAM_PUT[self.buffers[st.buffer].dtype]}(&{at(st, f'dpl_head + dpl_b * {lanes}')}, dpl_buf{k});")
+        out.append(f"{bpad}}}")
+        if outer:
+            out.append(f"{deep}dpl_sfence();")
+            out.append(f"{deep}}}")
+        out.append(f"{deep}dpl_done = dpl_head + dpl_blocks * {lanes};")
+        out.append(f"{inner}}}")
+        out.append("#endif")
+        out.append(f"{inner}#pragma omp {'parallel for schedule(static) if(dpl_n - dpl_done > 4096)' if outer else 'simd'}")
+        out.append(f"{inner}for (int64_t {v} = dpl_done; {v} < dpl_n; ++{v}) {{")
+        self.stmts(loop.body, indent + 2, out, False)
+        out.append(f"{inner}}}")
+        out.append(f"{pad}}}")
 
     def function(self, symbol: str) -> str:
         k = self.kernel
@@ -160,6 +309,10 @@ def _dtype_of(value) -> str:
     return dtypes.from_numpy(value.dtype)
 
 
-def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = False) -> str:
-    """The C source of a kernel: the prelude and one function named ``symbol``."""
-    return PRELUDE + (VECTOR_MATH if vector_math else "") + "\n" + _Emitter(kernel).function(symbol) + "\n"
+def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = False,
+                stream_bytes: int | None = STREAM_BYTES) -> str:
+    """The C source of a kernel: the prelude and one function named ``symbol``. Outputs of at
+    least ``stream_bytes`` are written with streaming stores (``None``: never)."""
+    body = _Emitter(kernel, stream_bytes).function(symbol)
+    streams = STREAMING if "dpl_sfence();" in body else ""
+    return PRELUDE + streams + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from dpl import dtypes
-from dpl.backends.c_emitter import EmitError, emit_kernel
+from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.ir.expr import Binding, Call, Function, Var
 from dpl.ir.traverse import vars_in
 from dpl.transform.outline import substitute
@@ -165,8 +165,10 @@ class CpuBackend(Backend):
     capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"), composites=("cublas.*",),
                                 dtypes=("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"))
 
-    def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None):
+    def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
+                 stream_bytes: int | None = STREAM_BYTES):
         self.cc = cc or os.environ.get("CC") or "cc"
+        self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc)
         self._warned = False
 
@@ -226,7 +228,7 @@ class CpuBackend(Backend):
         from dpl.kernel import LoweringError, lower_function
         try:
             kernel = lower_function(function)
-            source = emit_kernel(kernel, SYMBOL, vector_math=vector_math(self.cc))
+            source = emit_kernel(kernel, SYMBOL, vector_math=vector_math(self.cc), stream_bytes=self.stream_bytes)
         except (LoweringError, EmitError) as err:
             raise CompileError(f"'{function.name}' has no C kernel: {err.message}") from None
         lib = self.cache.load(source)

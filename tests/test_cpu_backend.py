@@ -33,13 +33,14 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 ALWAYS = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=10_000, min_tensor_elements=0, fallback_on_error=False)
 
 
-@pytest.fixture(scope="module")
-def cpu(tmp_path_factory):
-    """A CPU backend with its own cache directory, registered for these tests."""
+@pytest.fixture(scope="module", params=["plain", "streamed"])
+def cpu(request, tmp_path_factory):
+    """A CPU backend with its own cache directory, registered for these tests; "streamed" writes
+    every output with streaming stores, so the corpus checks that path on small shapes too."""
     from dpl.backends.registry import get_backend, register_backend
 
     old = get_backend("cpu")
-    backend = CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"))
+    backend = CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), stream_bytes=0 if request.param == "streamed" else None)
     register_backend(backend)
     yield backend
     register_backend(old)
@@ -119,6 +120,61 @@ def test_transcendentals_keep_nan_and_inf(cpu):
     kernel([x], [out])
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
     np.testing.assert_allclose(out[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-5, atol=1e-6)
+
+
+def streaming_kernels():
+    """Row, elementwise and two-output groups, over static and symbolic shapes and both float types."""
+    text = """
+func row(x: f32[n, 37], w: f32[37]) -> f32[n, 37] {
+  y = nn.rms_norm(x, w, epsilon=1e-05)
+  return y
+}
+func flat(x: f64[m]) -> f64[m] {
+  y = tanh(multiply(x, 3.0:f64))
+  return y
+}
+func pair(x: f32[5, 203], b: f32[203]) -> (f32[5, 203], f32[5, 203]) {
+  s = add(x, b)
+  y = sigmoid(s)
+  return (s, y)
+}"""
+    mod = dpl.parse(text)
+    return [mod[name] for name in ("row", "flat", "pair")]
+
+
+@pytest.mark.parametrize("stream_bytes", [0, 2048], ids=["always", "past-2KiB"])
+def test_streaming_stores_equal_the_interpreter_at_any_alignment(tmp_path, stream_bytes):
+    """Streamed outputs land at every alignment (views one element into a larger array), with
+    heads and tails that are not whole vectors, and on both sides of a run-time size test."""
+    backend = CpuBackend(cache_dir=tmp_path, stream_bytes=stream_bytes)
+    for fn in streaming_kernels():
+        kernel = backend.compile(fn, module=Module([fn]))
+        assert "dpl_put_f" in kernel.source
+        for rows, shift in [(1, 0), (3, 1), (64, 3), (200, 5)]:
+            args = random_args(fn, rows)
+            if fn.name != "pair":
+                args = [np.resize(a, (rows, *a.shape[1:])) if a.shape[0] == 6 else a for a in args]
+            want = dpl.interpret(fn, *args)
+            wants = want if isinstance(want, tuple) else (want,)
+            outs = []
+            for w in wants:  # a view ``shift`` elements into a larger buffer: not vector-aligned
+                backing = np.full(w.size + 8, np.nan, w.dtype)
+                outs.append(backing[shift:shift + w.size].reshape(w.shape))
+            kernel(args, outs)
+            for w, o in zip(wants, outs):
+                assert_close(w, o)
+                assert np.isnan(o.base[:shift]).all() and np.isnan(o.base[shift + w.size:]).all()  # no stray writes
+
+
+def test_streaming_only_past_the_threshold():
+    row = streaming_kernels()[0]
+    assert "dpl_put_f32" not in emit_kernel(lower_function(row), stream_bytes=None)
+    assert "dpl_put_f32" in emit_kernel(lower_function(row), stream_bytes=0)
+    source = emit_kernel(lower_function(row), stream_bytes=1 << 20)  # symbolic rows: tested at run time
+    assert "if (v_n * 37LL * 4 >= 1048576LL)" in source
+    static = dpl.parse("func f(x: f32[64, 64]) -> f32[64, 64] {\n  y = exp(x)\n  return y\n}")["f"]
+    assert "dpl_put_f32" not in emit_kernel(lower_function(static), stream_bytes=64 * 64 * 4 + 1)
+    assert "dpl_put_f32" in emit_kernel(lower_function(static), stream_bytes=64 * 64 * 4)
 
 
 def test_flags_and_source():
