@@ -246,3 +246,35 @@ def test_no_compiler_means_numpy_with_one_warning():
         assert backend.available() == (False, "no C compiler ('dpl-no-such-compiler') on this machine")
         backend.available()
     assert len(record) == 1
+
+
+def test_blas_epilogue_runs_on_one_thread_and_restores_the_setting(tmp_path):
+    """The epilogue after a BLAS call caps its OpenMP team at one thread (BLAS workers still spin
+    on the other cores) and gives the calling thread its setting back."""
+    import ctypes
+
+    mod = dpl.parse("""
+func main(x: f32[16, 32], w: f32[32, 24], u: f32[16, 24]) -> f32[16, 24] {
+  g = matmul(x, w)
+  h = multiply(nn.silu(g), u)
+  return h
+}""")
+    fused = dpl.apply(mod)
+    fn = next(f for f in fused.functions.values() if "Primitive" in f.attrs)
+    kernel = CpuBackend(cache_dir=tmp_path).compile(fn, module=fused)
+    assert kernel.__qualname__.startswith("cpu-blas+c:")
+    assert kernel.epilogue.threads == 1
+    try:
+        gomp = ctypes.CDLL("libgomp.so.1")  # the OpenMP runtime gcc's -fopenmp links
+    except OSError:
+        pytest.skip("the kernels do not use GNU OpenMP here")
+    before = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(3)
+    try:
+        args = random_args(fn)
+        out = np.empty((16, 24), np.float32)
+        kernel(args, [out])
+        assert gomp.omp_get_max_threads() == 3
+    finally:
+        gomp.omp_set_num_threads(before)
+    assert_close(dpl.interpret(fn, *args), out)
