@@ -19,11 +19,12 @@ from __future__ import annotations
 import math
 import re
 
+import attrs
 import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
-from dpl.kernel.ir import C_TYPES, Const, Kernel, Let, Load, Loop, Reduce, Store, Var, free_vars, to_c, walk
+from dpl.kernel.ir import C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, to_c, walk
 from dpl.ops.registry import get_op
 
 PRELUDE = """\
@@ -95,6 +96,11 @@ SUPPORTED_DTYPES = frozenset({"float64", "float32", "float16", "int64", "int32",
 STREAM_BYTES = 16 << 20
 STREAM_PUT = {"float32": "dpl_put_f32", "float64": "dpl_put_f64"}
 
+# a row reduction's folded value that a later loop over the row computes again is kept in a
+# per-thread row buffer when it is this costly (a libm call) and the row this small
+COSTLY_C = ("exp(", "log(", "tanh(", "erf(", "sin(", "cos(", "pow(", "sqrt(")
+KEEP_ROW_BYTES = 64 << 10
+
 # OpenMP reduction operators for the registry combiners
 _SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "min"}
 
@@ -113,6 +119,8 @@ class _Emitter:
         self.kernel = kernel
         self.stream_bytes = stream_bytes
         self.redirect: dict[int, str] = {}  # id(Store) -> the C lvalue it writes instead (a block buffer)
+        self.kept: dict[int, str] = {}  # id(Reduce) -> the row buffer its folded values are kept in
+        self.aliases: dict[str, str] = {}  # kernel IR variable -> the C it reads instead (a kept row)
         self.buffers = {}
         for b in (*kernel.params, *kernel.outputs):
             self.buffers[b.name] = b
@@ -139,7 +147,7 @@ class _Emitter:
         return f"{c_name(buffer)}[{offset}]"
 
     def expr(self, e) -> str:
-        return to_c(e, load=lambda load, index: self.flat(load.buffer, index), var=c_name)
+        return to_c(e, load=lambda load, index: self.flat(load.buffer, index), var=lambda n: self.aliases.get(n) or c_name(n))
 
     def ctype(self, dtype: str) -> str:
         if dtype not in SUPPORTED_DTYPES:
@@ -148,6 +156,7 @@ class _Emitter:
 
     def stmts(self, stmts, indent: int, out: list[str], outer: bool) -> None:
         pad = "  " * indent
+        stmts = self.keep_rows(stmts)
         for s in stmts:
             if isinstance(s, Loop):
                 v = c_name(s.var.name)
@@ -178,6 +187,10 @@ class _Emitter:
             elif isinstance(s, Reduce):
                 acc = c_name(s.name)
                 t = self.ctype(s.dtype)
+                keep = self.kept.get(id(s))
+                if keep is not None:
+                    vt = self.ctype(s.value.dtype)
+                    out.append(f"{pad}{vt} {keep}[{self.expr(s.axes[0].extent)}];")
                 out.append(f"{pad}{t} {acc} = ({t}){self.expr(s.init)};")
                 depth = indent
                 # the innermost reduction loop is a SIMD reduction when the body has no loops
@@ -191,7 +204,11 @@ class _Emitter:
                     out.append(f"{'  ' * depth}for (int64_t {v} = 0; {v} < {self.expr(a.extent)}; ++{v}) {{")
                     depth += 1
                 self.stmts(s.body, depth, out, False)
-                combine = get_op(s.combiner).c_expr.format(acc, f"({self.expr(s.value)})")
+                value = self.expr(s.value)
+                if keep is not None:  # computed once, kept for the loop over the row that needs it again
+                    out.append(f"{'  ' * depth}{keep}[{c_name(s.axes[0].var.name)}] = {value};")
+                    value = f"{keep}[{c_name(s.axes[0].var.name)}]"
+                combine = get_op(s.combiner).c_expr.format(acc, f"({value})")
                 out.append(f"{'  ' * depth}{acc} = ({t})({combine});")
                 for _ in s.axes:
                     depth -= 1
@@ -202,6 +219,39 @@ class _Emitter:
                 out.append(f"{pad}{target} = ({t})({self.expr(s.value)});")
             else:
                 raise EmitError(f"cannot emit {type(s).__name__}")
+
+    # -- kept rows ------------------------------------------------------------------------
+
+    def keep_rows(self, stmts):
+        """``stmts`` with each costly value a row reduction folds, and a later loop over the same
+        row computes again (softmax's ``exp(x - max)``), read from a row buffer the reduction
+        fills instead. Only whole folded values are kept, and only for small static rows."""
+        stmts = list(stmts)
+        for k, red in enumerate(stmts):
+            if not (isinstance(red, Reduce) and len(red.axes) == 1 and isinstance(red.axes[0].extent, Const)
+                    and all(isinstance(x, Let) for x in red.body)):
+                continue
+            axis = red.axes[0]
+            value = _inline_lets(red.value, red.body)
+            size = int(axis.extent.value) * np.dtype(dtypes.to_numpy(value.dtype)).itemsize
+            if size > KEEP_ROW_BYTES or not any(t in self.expr(value) for t in COSTLY_C) or value.dtype not in SUPPORTED_DTYPES:
+                continue
+            if free_vars(value) & {x.name for x in red.body}:
+                continue  # reads the reduction's own locals: no longer the same value outside it
+            buf = f"dpl_row{len(self.kept)}"
+            for j in range(k + 1, len(stmts)):
+                loop = stmts[j]
+                if not (isinstance(loop, Loop) and loop.extent == axis.extent
+                        and not any(isinstance(x, (Loop, Reduce)) for x in loop.body)):
+                    continue
+                again = _rename(value, axis.var.name, loop.var)
+                alias = Var(f"{buf}[{loop.var.name}]", value.dtype)
+                body = tuple(_replace_in(x, again, alias) for x in loop.body)
+                if body != loop.body:
+                    stmts[j] = Loop(loop.var, loop.extent, body)
+                    self.kept[id(red)] = buf
+                    self.aliases[alias.name] = f"{buf}[{c_name(loop.var.name)}]"
+        return stmts
 
     # -- streaming stores ------------------------------------------------------------------
 
@@ -301,6 +351,55 @@ class _Emitter:
         self.stmts(k.body, 1, lines, True)
         lines.append("}")
         return "\n".join(lines)
+
+
+def _inline_lets(e, lets):
+    """``e`` with the scalar locals ``lets`` define written out."""
+    env = {}
+    for let in lets:
+        env[let.name] = _substitute(let.value, env)
+    return _substitute(e, env)
+
+
+def _substitute(e, env):
+    if isinstance(e, Var):
+        return env.get(e.name, e)
+    if isinstance(e, Load):
+        return attrs.evolve(e, indices=tuple(_substitute(i, env) for i in e.indices))
+    if isinstance(e, Op):
+        return attrs.evolve(e, args=tuple(_substitute(a, env) for a in e.args))
+    if isinstance(e, Bin):
+        return attrs.evolve(e, a=_substitute(e.a, env), b=_substitute(e.b, env))
+    if isinstance(e, Select):
+        return attrs.evolve(e, cond=_substitute(e.cond, env), a=_substitute(e.a, env), b=_substitute(e.b, env))
+    return e
+
+
+def _rename(e, old: str, new: Var):
+    return _substitute(e, {old: new})
+
+
+def _replace(e, old, new):
+    """``e`` with every occurrence of the subexpression ``old`` replaced by ``new``."""
+    if e == old:
+        return new
+    if isinstance(e, Load):
+        return attrs.evolve(e, indices=tuple(_replace(i, old, new) for i in e.indices))
+    if isinstance(e, Op):
+        return attrs.evolve(e, args=tuple(_replace(a, old, new) for a in e.args))
+    if isinstance(e, Bin):
+        return attrs.evolve(e, a=_replace(e.a, old, new), b=_replace(e.b, old, new))
+    if isinstance(e, Select):
+        return attrs.evolve(e, cond=_replace(e.cond, old, new), a=_replace(e.a, old, new), b=_replace(e.b, old, new))
+    return e
+
+
+def _replace_in(stmt, old, new):
+    if isinstance(stmt, Let):
+        return Let(stmt.name, _replace(stmt.value, old, new))
+    if isinstance(stmt, Store):
+        return Store(stmt.buffer, stmt.indices, _replace(stmt.value, old, new))
+    return stmt
 
 
 def _dtype_of(value) -> str:

@@ -278,3 +278,43 @@ func main(x: f32[16, 32], w: f32[32, 24], u: f32[16, 24]) -> f32[16, 24] {
     finally:
         gomp.omp_set_num_threads(before)
     assert_close(dpl.interpret(fn, *args), out)
+
+
+SOFTMAXES = """
+func fused(x: f32[6, 300]) -> f32[6, 300] {
+  y = nn.softmax(x)
+  return y
+}
+func decomposed(x: f32[6, 300]) -> f32[6, 300] {
+  m = max(x, axis=[-1], keepdims=true)
+  e = exp(subtract(x, m))
+  s = sum(e, axis=[-1], keepdims=true)
+  y = divide(e, s)
+  return y
+}
+func wide(x: f32[2, 20000]) -> f32[2, 20000] {
+  y = nn.softmax(x)
+  return y
+}
+func dynamic(x: f32[6, n]) -> f32[6, n] {
+  y = nn.softmax(x)
+  return y
+}"""
+
+
+@pytest.mark.parametrize("name, kept", [("fused", True), ("decomposed", True), ("wide", False), ("dynamic", False)])
+def test_softmax_keeps_its_exponentials_in_a_row_buffer(tmp_path, name, kept):
+    """exp(x - max) is computed once, in the sum, and read back by the normalising loop, for
+    static rows of at most 64 KiB; wider or symbolic rows compute it twice."""
+    mod = dpl.apply(dpl.parse(SOFTMAXES), fuse_reductions=True)
+    fn = mod["fused_row_max_exp_sum_divide"] if name == "decomposed" else mod[name]  # its row group
+    source = emit_kernel(lower_function(fn), stream_bytes=None)
+    body = source[source.index("void dpl_kernel"):]
+    assert ("dpl_row0[" in body) is kept
+    assert body.count("exp(") == (1 if kept else 2)
+    kernel = CpuBackend(cache_dir=tmp_path).compile(fn, module=mod)
+    args = random_args(fn)
+    args[0] *= 30  # a wide range: the max subtraction matters
+    out = np.empty_like(dpl.interpret(fn, *args))
+    kernel(args, [out])
+    assert_close(dpl.interpret(fn, *args), out)
