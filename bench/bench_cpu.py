@@ -3,7 +3,8 @@
     python bench/bench_cpu.py [N]        # N x N float32 (default 4096)
 
 Workloads: the 8-op chain relu((x*a + b) * sigmoid(x) - c) / 2 + d (a..d broadcast over rows),
-nn.softmax, nn.rms_norm, the decomposed RMSNorm under fuse_reductions, and a Llama MLP block.
+nn.softmax, nn.rms_norm, the decomposed RMSNorm under fuse_reductions, a Llama MLP block and
+scaled-dot-product attention through the llm.attention pattern.
 Contenders: dpl cpu (with out=), NumPy op by op, NumPy with out=, numexpr (if installed), torch
 eager and torch.compile (if importable; never installed by this script), and the bandwidth
 floor: a measured copy scaled to the bytes each workload must read and write. Every contender
@@ -71,6 +72,17 @@ func main(x: f32[{MLP_TOKENS}, {HIDDEN}], wg: f32[{HIDDEN}, {INTER}], wu: f32[{H
   return out
 }}""")
 
+HEADS, SEQ, HEAD_DIM = 16, 512, 64
+ATTENTION = module(f"""
+func main(q: f32[{HEADS}, {SEQ}, {HEAD_DIM}], k: f32[{HEADS}, {HEAD_DIM}, {SEQ}], v: f32[{HEADS}, {SEQ}, {HEAD_DIM}], mask: f32[{SEQ}, {SEQ}]) -> f32[{HEADS}, {SEQ}, {HEAD_DIM}] {{
+  scores = matmul(q, k)
+  scaled = multiply(scores, 0.125)
+  masked = add(scaled, mask)
+  probs = nn.softmax(masked)
+  ctx = matmul(probs, v)
+  return ctx
+}}""")
+
 
 def arrays(mod):
     return [rng.standard_normal(tuple(p.ty.shape)).astype(np.float32) * (0.05 if p.ty.ndim == 2 and p.name.startswith("w") else 1)
@@ -96,27 +108,40 @@ def numpy_rms(x, w):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6) * w
 
 
+def numpy_attention(q, k, v, mask):
+    s = q @ k * 0.125 + mask
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
 def numpy_mlp(x, wg, wu, wd):
     g = x @ wg
     return (g / (1 + np.exp(-g)) * (x @ wu)) @ wd
 
 
-_COPY_MS = None
+_COPY = None
 
 
-def copy_floor(nbytes_read, nbytes_written):
-    """The time to move these bytes at the speed of the faster of two copies of an N x N
-    float32 array: NumPy's (one thread) and a generated-C copy with the same threads dpl uses
-    (whose streaming stores skip the read-for-ownership, the fastest copy measured here)."""
-    global _COPY_MS
-    if _COPY_MS is None:
+def copies():
+    """Two copies of an N x N float32 array: NumPy's (one thread) and a generated-C one with the
+    threads dpl uses (whose streaming stores skip the read-for-ownership)."""
+    global _COPY
+    if _COPY is None:
         src = np.ones((N, N), np.float32)
         dst = np.empty_like(src)
-        numpy_copy = best(lambda: np.copyto(dst, src))
-        copy = dpl_exe(module(f"func main(x: f32[{N}, {N}]) -> f32[{N}, {N}] {{\n  y = multiply(x, 1.0)\n  return y\n}}"))
-        c_copy = best(lambda: copy(src, out=dst))
-        _COPY_MS = min(numpy_copy, c_copy)
-    return _COPY_MS * (nbytes_read + nbytes_written) / (2 * N * N * 4)
+        c_copy = dpl_exe(module(f"func main(x: f32[{N}, {N}]) -> f32[{N}, {N}] {{\n  y = multiply(x, 1.0)\n  return y\n}}"))
+        _COPY = (lambda: np.copyto(dst, src), lambda: c_copy(src, out=dst))
+    return _COPY
+
+
+def with_floor(run, nbytes_read, nbytes_written):
+    """dpl's time, then the bandwidth floor measured right after it: the time to move these
+    bytes at the speed of the faster copy. Each runs in its own steady state, as every contender
+    does (the same footprint as a one-read one-write kernel); measured per row, since a shared
+    host's bandwidth drifts over a run."""
+    dpl_ms = best(run)
+    copy_ms = min(best(f) for f in copies())
+    return dpl_ms, copy_ms * (nbytes_read + nbytes_written) / (2 * N * N * 4)
 
 
 def torch_fns():
@@ -132,6 +157,7 @@ def torch_fns():
         "nn.rms_norm": lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,
         "decomposed RMSNorm (fuse_reductions)": lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,
         "Llama MLP block (matmul-bound)": lambda x, wg, wu, wd: (torch.nn.functional.silu(x @ wg) * (x @ wu)) @ wd,
+        "attention (llm.attention)": lambda q, k, v, mask: torch.softmax(q @ k * 0.125 + mask, -1) @ v,
     }
 
 
@@ -150,8 +176,8 @@ def add_torch(res, name, args, torch_bits, repeat=5):
             print(f"torch.compile failed on {name}: {type(err).__name__}: {err}", file=sys.stderr)
 
 
-def dpl_exe(mod, fuse_reductions=False):
-    fused = dpl.apply(mod, fuse_reductions=fuse_reductions)
+def dpl_exe(mod, fuse_reductions=False, patterns=()):
+    fused = dpl.apply(mod, list(patterns), fuse_reductions=fuse_reductions)
     cfg = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=1000, min_tensor_elements=0, fallback_on_error=False)
     return dpl.build(fused, "cpu", config=cfg)
 
@@ -166,23 +192,25 @@ def main():
     x, a, b, c, d = args = arrays(CHAIN)
     out, tmp = np.empty_like(x), np.empty_like(x)
     exe = dpl_exe(CHAIN)
-    res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "numpy op by op": best(lambda: numpy_chain(*args)),
+    dpl_ms, floor = with_floor(lambda: exe(*args, out=out), x.nbytes + 4 * a.nbytes, x.nbytes)
+    res = {"dpl cpu (out=)": dpl_ms, "numpy op by op": best(lambda: numpy_chain(*args)),
            "numpy out=": best(lambda: numpy_chain_out(*args, out, tmp))}
     if numexpr is not None:
         names = {"x": x, "a": a, "b": b, "c": c, "d": d}
         res["numexpr"] = best(lambda: numexpr.evaluate("where((x*a+b)/(1+exp(-x))-c > 0, (x*a+b)/(1+exp(-x))-c, 0)/2+d",
                                                         local_dict=names, out=out))
     add_torch(res, "8-op chain", args, torch_bits)
-    res["bandwidth floor"] = copy_floor(x.nbytes + 4 * a.nbytes, x.nbytes)
+    res["bandwidth floor"] = floor
     rows.append(("8-op chain", res))
     for name, mod, ref, fr in [("nn.softmax", SOFTMAX, numpy_softmax, False), ("nn.rms_norm", RMSNORM, numpy_rms, False),
                                ("decomposed RMSNorm (fuse_reductions)", RMS_DECOMPOSED, numpy_rms, True)]:
         args = arrays(mod)
         out = np.empty((N, N), np.float32)
         exe = dpl_exe(mod, fr)
-        res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "numpy op by op": best(lambda: ref(*args))}
+        dpl_ms, floor = with_floor(lambda: exe(*args, out=out), args[0].nbytes, args[0].nbytes)
+        res = {"dpl cpu (out=)": dpl_ms, "numpy op by op": best(lambda: ref(*args))}
         add_torch(res, name, args, torch_bits)
-        res["bandwidth floor"] = copy_floor(args[0].nbytes, args[0].nbytes)
+        res["bandwidth floor"] = floor
         rows.append((name, res))
     args = arrays(MLP)
     exe = dpl_exe(MLP)
@@ -190,7 +218,13 @@ def main():
     res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out), repeat=3), "numpy op by op": best(lambda: numpy_mlp(*args), repeat=3)}
     add_torch(res, "Llama MLP block (matmul-bound)", args, torch_bits, repeat=3)
     rows.append(("Llama MLP block (matmul-bound)", res))
-    print(f"{N}x{N} float32 (MLP: {MLP_TOKENS} tokens, {HIDDEN} -> {INTER}); ms, best of >= 5 runs; ratio = contender / dpl")
+    args = arrays(ATTENTION)
+    exe = dpl_exe(ATTENTION, patterns=["llm"])  # the kernel.attention composite: BLAS, C softmax, BLAS
+    out = np.empty((HEADS, SEQ, HEAD_DIM), np.float32)
+    res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "numpy op by op": best(lambda: numpy_attention(*args))}
+    add_torch(res, "attention (llm.attention)", args, torch_bits)
+    rows.append(("attention (llm.attention)", res))
+    print(f"{N}x{N} float32 (MLP: {MLP_TOKENS} tokens, {HIDDEN} -> {INTER}; attention: {HEADS} heads x {SEQ} x {HEAD_DIM}); ms, best of >= 5 runs; ratio = contender / dpl")
     print(f"{'workload':<38} {'contender':<18} {'ms':>9} {'ratio':>7}")
     for name, res in rows:
         base = res["dpl cpu (out=)"]

@@ -6,6 +6,7 @@ import multiprocessing
 import shutil
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -263,7 +264,7 @@ func main(x: f32[16, 32], w: f32[32, 24], u: f32[16, 24]) -> f32[16, 24] {
     fn = next(f for f in fused.functions.values() if "Primitive" in f.attrs)
     kernel = CpuBackend(cache_dir=tmp_path).compile(fn, module=fused)
     assert kernel.__qualname__.startswith("cpu-blas+c:")
-    assert kernel.epilogue.threads == 1
+    assert [part.threads for part in kernel.parts] == [1]
     try:
         gomp = ctypes.CDLL("libgomp.so.1")  # the OpenMP runtime gcc's -fopenmp links
     except OSError:
@@ -318,3 +319,51 @@ def test_softmax_keeps_its_exponentials_in_a_row_buffer(tmp_path, name, kept):
     out = np.empty_like(dpl.interpret(fn, *args))
     kernel(args, [out])
     assert_close(dpl.interpret(fn, *args), out)
+
+
+SEGMENTED = """
+func attention(q: f32[2, 8, 4], k: f32[2, 4, 8], v: f32[2, 8, 4], mask: f32[8, 8]) -> f32[2, 8, 4] {
+  s = matmul(q, k)
+  z = add(multiply(s, 0.5), mask)
+  p = nn.softmax(z)
+  out = matmul(p, v)
+  return out
+}
+func prologue(x: f32[n, 16], w: f32[16, 8], b: f32[8]) -> f32[n, 8] {
+  h = nn.relu(x)
+  y = matmul(h, w)
+  out = add(y, b)
+  return out
+}
+func both(x: f32[5, 6], w: f32[6, 7]) -> (f32[5, 7], f32[5, 7]) {
+  y = matmul(x, w)
+  t = tanh(y)
+  return (y, t)
+}
+func chain(x: f32[4, 6], w1: f32[6, 6], w2: f32[6, 3]) -> f32[4, 3] {
+  a = matmul(x, w1)
+  b = matmul(a, w2)
+  return b
+}"""
+
+
+@pytest.mark.parametrize("name", ["attention", "prologue", "both", "chain"])
+def test_groups_with_products_run_blas_between_c_parts(tmp_path, name):
+    """Each product goes to BLAS and each run of other bindings to one C kernel: two products
+    with a softmax between them, a product whose operand the group computes, a product that is
+    also a result, two products in a row; outputs written in place; symbolic rows."""
+    mod = dpl.parse(SEGMENTED)
+    fn = attrs.evolve(mod[name], attrs={"Primitive": True})
+    kernel = CpuBackend(cache_dir=tmp_path).compile(fn, module=Module([fn]))
+    assert kernel.__qualname__.startswith("cpu-blas+c:")
+    expected_parts = {"attention": 1, "prologue": 2, "both": 1, "chain": 0}[name]
+    assert len(kernel.parts) == expected_parts
+    for seed in (1, 2):
+        args = random_args(fn, seed)
+        if name == "prologue":
+            args[0] = np.resize(args[0], (3 + seed, 16))
+        want = dpl.interpret(fn, *args)
+        wants = want if isinstance(want, tuple) else (want,)
+        outs = [np.empty_like(w) for w in wants]
+        kernel(args, outs)
+        assert_close(want, tuple(outs) if isinstance(want, tuple) else outs[0])
