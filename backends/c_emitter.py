@@ -32,6 +32,17 @@ PRELUDE = """\
 #include <stdbool.h>
 #include <tgmath.h>
 typedef _Float16 half;
+/* bfloat16: stored as its 16 bits, computed in float (rounded to nearest even when stored) */
+typedef float bfloat16;
+static inline float dpl_bf16_load(uint16_t h) {
+  union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+  return v.f;
+}
+static inline uint16_t dpl_bf16_store(float f) {
+  union { float f; uint32_t u; } v = { f };
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);  /* NaN stays a quiet NaN */
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
 """
 
 # streaming stores (see the module docstring), included in kernels that use them
@@ -88,7 +99,7 @@ float cosf(float);
 float powf(float, float);
 """
 
-SUPPORTED_DTYPES = frozenset({"float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"})
+SUPPORTED_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"})
 
 
 # outputs of at least this many bytes are streamed past the caches (see the module docstring):
@@ -106,7 +117,7 @@ _SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "mi
 
 
 class EmitError(DplError):
-    """A kernel the C emitter cannot express (e.g. bfloat16)."""
+    """A kernel the C emitter cannot express (a dtype with no C type, a statement it does not know)."""
 
 
 def c_name(name: str) -> str:
@@ -134,6 +145,10 @@ class _Emitter:
     def dim(self, d) -> str:
         return c_name(d) if isinstance(d, str) else f"{int(d)}LL"
 
+    def load(self, buffer: str, index: list[str]) -> str:
+        dtype = self.buffers[buffer].dtype if buffer in self.buffers else _dtype_of(self.const_buffers[buffer])
+        return f"dpl_bf16_load({self.flat(buffer, index)})" if dtype == "bfloat16" else self.flat(buffer, index)
+
     def flat(self, buffer: str, index: list[str]) -> str:
         if buffer in self.buffers:
             shape = self.buffers[buffer].shape
@@ -147,7 +162,7 @@ class _Emitter:
         return f"{c_name(buffer)}[{offset}]"
 
     def expr(self, e) -> str:
-        return to_c(e, load=lambda load, index: self.flat(load.buffer, index), var=lambda n: self.aliases.get(n) or c_name(n))
+        return to_c(e, load=lambda load, index: self.load(load.buffer, index), var=lambda n: self.aliases.get(n) or c_name(n))
 
     def ctype(self, dtype: str) -> str:
         if dtype not in SUPPORTED_DTYPES:
@@ -214,9 +229,12 @@ class _Emitter:
                     depth -= 1
                     out.append(f"{'  ' * depth}}}")
             elif isinstance(s, Store):
-                t = self.ctype(self.buffers[s.buffer].dtype)
+                dtype = self.buffers[s.buffer].dtype
                 target = self.redirect.get(id(s)) or self.flat(s.buffer, [self.expr(i) for i in s.indices])
-                out.append(f"{pad}{target} = ({t})({self.expr(s.value)});")
+                if dtype == "bfloat16":
+                    out.append(f"{pad}{target} = dpl_bf16_store({self.expr(s.value)});")
+                else:
+                    out.append(f"{pad}{target} = ({self.ctype(dtype)})({self.expr(s.value)});")
             else:
                 raise EmitError(f"cannot emit {type(s).__name__}")
 
@@ -347,7 +365,8 @@ class _Emitter:
         order += [(b.name, b.dtype) for b in k.outputs]
         for i, (name, dtype) in enumerate(order):
             const = "const " if i < len(order) - len(k.outputs) else ""
-            lines.append(f"  {const}{self.ctype(dtype)} *restrict {c_name(name)} = ({const}{self.ctype(dtype)} *)buffers[{i}];")
+            t = "uint16_t" if dtype == "bfloat16" else self.ctype(dtype)  # bfloat16 buffers hold the bits
+            lines.append(f"  {const}{t} *restrict {c_name(name)} = ({const}{t} *)buffers[{i}];")
         self.stmts(k.body, 1, lines, True)
         lines.append("}")
         return "\n".join(lines)

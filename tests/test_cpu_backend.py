@@ -367,3 +367,48 @@ def test_groups_with_products_run_blas_between_c_parts(tmp_path, name):
         outs = [np.empty_like(w) for w in wants]
         kernel(args, outs)
         assert_close(want, tuple(outs) if isinstance(want, tuple) else outs[0])
+
+
+BF16 = """
+func cast(x: f32[1000]) -> bf16[1000] {
+  y = astype(x, dtype=bf16)
+  return y
+}
+func widen(x: bf16[300]) -> f32[300] {
+  y = astype(x, dtype=f32)
+  return y
+}
+func chain(x: bf16[8, 64], w: bf16[64]) -> bf16[8, 64] {
+  y = nn.rms_norm(x, w, epsilon=1e-05)
+  z = nn.silu(y)
+  return z
+}"""
+
+
+def test_bfloat16_is_stored_as_bits_and_computed_in_float(tmp_path):
+    """bfloat16 compiles: loads widen exactly, stores round to nearest even (NaN stays NaN,
+    overflow goes to infinity), bit for bit with ml_dtypes; a chain keeps its intermediates in
+    float32 where the interpreter rounds each op to bfloat16, so it agrees to bfloat16 precision
+    (rtol 2e-2, a couple of bfloat16 ulps)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    mod = dpl.parse(BF16)
+    backend = CpuBackend(cache_dir=tmp_path)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(1000) * 10).astype(np.float32)
+    x[:8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4e38, 1.00390625, 1.01171875]  # the last two: ties
+    cases = {"cast": [x], "widen": [rng.standard_normal(300).astype(ml_dtypes.bfloat16)],
+             "chain": [rng.standard_normal((8, 64)).astype(ml_dtypes.bfloat16), rng.standard_normal(64).astype(ml_dtypes.bfloat16)]}
+    for name, args in cases.items():
+        fn = attrs.evolve(mod[name], attrs={"Primitive": True})
+        kernel = backend.compile(fn, module=Module([fn]))
+        want = dpl.interpret(fn, *args)
+        out = np.empty_like(want)
+        kernel(args, [out])
+        if name == "chain":
+            np.testing.assert_allclose(out.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-2)
+        else:
+            np.testing.assert_array_equal(out.view(np.uint16 if out.dtype.itemsize == 2 else np.uint32),
+                                          want.view(np.uint16 if want.dtype.itemsize == 2 else np.uint32))
+    exe = dpl.build(dpl.apply(dpl.parse(BF16.replace("func chain", "func main"))), "cpu", config=ALWAYS)
+    ok, summary = ran_compiled_on_cpu(exe)  # no fall-back to NumPy for bfloat16
+    assert ok, summary
