@@ -122,6 +122,24 @@ def test_multi_root_pattern_becomes_one_composite_returning_every_root():
     assert dpl.structural_equal(dpl.apply(other, patterns, fuse=False), other)
 
 
+def test_multi_root_combinations_with_a_taken_root_are_not_tried():
+    """Three gate/up pairs: three composites, and the trace holds no rejection for orderings of
+    roots an accepted match already took (before, (up, gate) was rejected after (gate, up))."""
+    lines = ["func main(x0: f32[4, 16], x1: f32[4, 16], x2: f32[4, 16], g: f32[16, 32], u: f32[16, 32])"
+             " -> (f32[4, 32], f32[4, 32], f32[4, 32]) {"]
+    for k in range(3):
+        lines += [f"  gate{k} = matmul(x{k}, g)", f"  up{k} = matmul(x{k}, u)", f"  h{k} = multiply(gate{k}, up{k})"]
+    mod = dpl.parse("\n".join(lines + ["  return (h0, h1, h2)", "}"]))
+    patterns = dpl.parse_patterns("pattern kernel.gate_up {\n  gate = matmul(x, wg)\n  up = matmul(x, wu)\n}\n")
+    trace = dpl.Trace()
+    out = dpl.apply(mod, patterns, fuse=False, annotate_codegen=False, trace=trace)
+    [comp] = [f for f in out.functions.values() if "Composite" in f.attrs]  # three calls of one function
+    assert [b.var.name for b in comp.bindings] == ["gate0", "up0"]
+    assert sum(isinstance(b.value, dpl.Call) and b.value.op == dpl.GlobalVar(comp.name) for b in out["main"].bindings) == 3
+    assert len(trace.accepted("kernel.gate_up")) == 3 and trace.rejected("kernel.gate_up") == []
+    assert_same_numbers(mod, out, mod["main"])
+
+
 def test_fuse_reductions_makes_a_decomposed_rmsnorm_one_kernel():
     from dpl.kernel import evaluate, lower_function
 

@@ -69,10 +69,12 @@ def _members(m, position, func, first: dict) -> tuple[set[int], dict]:
     return members, matched
 
 
-def matches(pattern: FusionPattern, func: Function) -> Iterable[Candidate]:
-    """Every match of ``pattern`` rooted at a call binding of ``func``, in binding order."""
+def matches(pattern: FusionPattern, func: Function, taken=None) -> Iterable[Candidate]:
+    """Every match of ``pattern`` rooted at a call binding of ``func``, in binding order.
+    ``taken(i)`` says binding ``i`` already belongs to a group: a multi-root combination with a
+    taken root is not tried at all (it could only be rejected, once per ordering of its roots)."""
     if pattern.multi_root:
-        yield from _multi_root_matches(pattern, func)
+        yield from _multi_root_matches(pattern, func, taken or (lambda i: False))
         return
     position = {id(b.value): i for i, b in enumerate(func.bindings)}
     index = PatternIndex([pattern.pattern])
@@ -91,9 +93,10 @@ def matches(pattern: FusionPattern, func: Function) -> Iterable[Candidate]:
         yield Candidate(i, frozenset(members | {i}), ctx, frozenset({i}))
 
 
-def _multi_root_matches(pattern: FusionPattern, func: Function) -> Iterable[Candidate]:
+def _multi_root_matches(pattern: FusionPattern, func: Function, taken) -> Iterable[Candidate]:
     """Beyond TVM: each root of a tuple pattern matched to its own binding, jointly (shared
-    sub-patterns bind one value), combinations tried in binding order of their last root."""
+    sub-patterns bind one value), combinations tried in binding order of their last root (then
+    in order of the whole tuple), made lazily so that roots taken meanwhile are skipped."""
     import itertools
 
     from dpl.ir.expr import Tuple
@@ -107,18 +110,32 @@ def _multi_root_matches(pattern: FusionPattern, func: Function) -> Iterable[Cand
         index = PatternIndex([r])
         options.append([i for i, b in enumerate(func.bindings)
                         if isinstance(b.value, Call) and index.candidates(b.value) and matcher.match(r, b.value)])
-    combos = [c for c in itertools.islice(itertools.product(*options), MAX_ROOT_COMBINATIONS) if len(set(c)) == len(c)]
-    combos.sort(key=lambda c: (max(c), c))
-    for combo in combos:
-        joint = Tuple(tuple(func.bindings[i].var for i in combo))
-        m = matcher.match(pattern.pattern, joint)
-        if not m:
+    budget = MAX_ROOT_COMBINATIONS
+    for last in sorted(set().union(*options)):
+        if taken(last):
             continue
-        last = max(combo)
-        members, matched = _members(m, position, func, {func.bindings[i].var: func.bindings[i].value for i in combo})
-        seen = {b.value: b.var for b in func.bindings[: last + 1]}
-        ctx = CheckContext(joint, pattern.annotated(m), matched, usages, seen, m)
-        yield Candidate(last, frozenset(members | set(combo)), ctx, frozenset(combo))
+        combos = set()
+        before = [[i for i in o if i < last] for o in options]
+        for slot, opts in enumerate(options):
+            if last not in opts:
+                continue
+            earlier = list(before)
+            earlier[slot] = [last]
+            combos.update(c for c in itertools.product(*earlier) if len(set(c)) == len(c))
+        for combo in sorted(combos):
+            if budget == 0:
+                return
+            if any(taken(i) for i in combo):
+                continue
+            budget -= 1
+            joint = Tuple(tuple(func.bindings[i].var for i in combo))
+            m = matcher.match(pattern.pattern, joint)
+            if not m:
+                continue
+            members, matched = _members(m, position, func, {func.bindings[i].var: func.bindings[i].value for i in combo})
+            seen = {b.value: b.var for b in func.bindings[: last + 1]}
+            ctx = CheckContext(joint, pattern.annotated(m), matched, usages, seen, m)
+            yield Candidate(last, frozenset(members | set(combo)), ctx, frozenset(combo))
 
 
 class _Partition:
@@ -147,7 +164,7 @@ class _Partition:
             self.trace.record(self.pattern.name, self.func.name, self.name(cand.root), members, accepted, reason)
 
     def run(self) -> list[Group]:
-        for cand in matches(self.pattern, self.func):
+        for cand in matches(self.pattern, self.func, taken=lambda i: i in self.group_of):
             self.consider(cand)
         groups = []
         for gid, members in sorted(self.groups.items(), key=lambda kv: max(kv[1])):
