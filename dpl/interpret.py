@@ -84,6 +84,13 @@ class _Frame:
         return result
 
 
+def _as_value(ty: Type, a: Any) -> Any:
+    """An input as the interpreter holds it: arrays, and tuples (nested too) of them."""
+    if isinstance(ty, TupleType) and isinstance(a, (tuple, list)):
+        return tuple(_as_value(t, x) for t, x in zip(ty.fields, a)) if len(a) == len(ty.fields) else tuple(a)
+    return np.asarray(a)
+
+
 def run_function(mod: Module | None, fn: Function, arrays: list[Any]) -> Any:
     if len(arrays) != len(fn.params):
         names = ", ".join(p.name for p in fn.params)
@@ -91,7 +98,7 @@ def run_function(mod: Module | None, fn: Function, arrays: list[Any]) -> Any:
     dims: dict[str, int] = {}
     frame = _Frame(mod, fn, dims)
     for p, a in zip(fn.params, arrays):
-        a = tuple(np.asarray(x) for x in a) if isinstance(p.ty, TupleType) and isinstance(a, (tuple, list)) else np.asarray(a)
+        a = _as_value(p.ty, a)
         _bind_type(p.ty, a, dims, f"parameter '{p.name}' of '{fn.name}'")
         frame.env[id(p)] = a
     for b in fn.bindings:

@@ -17,6 +17,7 @@ from dpl.ir import FunctionBuilder, Module, const
 from dpl.kernel import lower_function
 from dpl.transform import fuse_ops
 
+from runtime_corpus import CORPUS, inputs_for
 from test_fuse_ops import RandomDag
 
 @pytest.fixture(autouse=True)
@@ -411,4 +412,17 @@ def test_bfloat16_is_stored_as_bits_and_computed_in_float(tmp_path):
                                           want.view(np.uint16 if want.dtype.itemsize == 2 else np.uint32))
     exe = dpl.build(dpl.apply(dpl.parse(BF16.replace("func chain", "func main"))), "cpu", config=ALWAYS)
     ok, summary = ran_compiled_on_cpu(exe)  # no fall-back to NumPy for bfloat16
+    assert ok, summary
+
+
+@pytest.mark.parametrize("case", sorted(CORPUS))
+def test_runtime_corpus_on_cpu_runs_compiled(cpu, case):
+    """The runtime corpus (single ops, groups, composites, codegen wrappers, tuples, symbolic
+    dims), heuristics off and fall-back off: equal to the interpreter, every kernel compiled."""
+    make, dims = CORPUS[case]
+    mod = make()
+    exe = dpl.build(mod, "cpu", config=ALWAYS)
+    args = inputs_for(mod, dims)
+    assert_close(dpl.interpret(mod, *args), exe(*args))
+    ok, summary = ran_compiled_on_cpu(exe)
     assert ok, summary

@@ -449,11 +449,27 @@ def test_call_of_a_function_is_an_error():
         lower_function(fb.ret(fb.emit("exp", y)))
 
 
-def test_tuple_parameter_is_an_error():
-    fb = prim()
-    t = fb.param("t", dpl.TupleType([dpl.TensorType((3,), "f32")]))
-    with pytest.raises(LoweringError, match="parameter 't'"):
-        lower_function(fb.ret(fb.emit("exp", fb.item(t, 0))))
+def test_tuple_parameters_and_results_become_one_buffer_per_leaf():
+    """As the runtime flattens them: a single concat (a tuple operand, nested here) and a split
+    (a tuple result) are kernels like any other."""
+    from dpl.kernel.evaluate import evaluate as run
+
+    fb = prim("concat")
+    t = fb.param("t", dpl.TupleType([dpl.TensorType((2, 3), "f32"), dpl.TupleType([dpl.TensorType((4, 3), "f32")])]))
+    inner = fb.emit("exp", fb.item(fb.item(t, 1), 0))
+    fn = fb.ret(fb.emit("concat", dpl.Tuple((fb.item(t, 0), inner)), axis=0))
+    k = lower_function(fn)
+    assert [b.name for b in k.params] == ["t_0", "t_1_0"]
+    a, b = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32), np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(run(k, a, b), dpl.interpret(fn, (a, (b,))), rtol=1e-6)
+    fb = prim("split")
+    x = fb.param("x", "f32", (6, 4))
+    fn = fb.ret(fb.emit("split", x, indices_or_sections=3, axis=0))
+    k = lower_function(fn)
+    assert len(k.outputs) == 3
+    xs = np.random.default_rng(2).standard_normal((6, 4)).astype(np.float32)
+    for got, want in zip(run(k, xs), dpl.interpret(fn, xs)):
+        np.testing.assert_array_equal(got, want)
 
 
 # -- the kernel.* composites of patterns/llm.dpl -----------------------------------------------

@@ -38,9 +38,47 @@ def lower_function(fn: Function, name: str | None = None) -> Kernel:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 1000 + 8 * len(fn.bindings)))
     try:
-        return Lowerer(fn).kernel(name or fn.name)
+        return Lowerer(flatten_tuples(fn)).kernel(name or fn.name)
     finally:
         sys.setrecursionlimit(limit)
+
+
+def flatten_tuples(fn: Function) -> Function:
+    """``fn`` with tuple parameters split into one tensor parameter per leaf and tuple results
+    into one result per leaf, in the order the runtime flattens them: a single ``concat`` (its
+    operand is a tuple) or ``split`` (its result is one) is then a kernel like any other."""
+    from dpl.ir.types import TupleType
+    from dpl.transform.outline import substitute
+
+    if not any(isinstance(p.ty, TupleType) for p in fn.params) and \
+            not any(isinstance(r.ty, TupleType) for r in (fn.ret.fields if isinstance(fn.ret, Tuple) else (fn.ret,))):
+        return fn
+    params, table = [], {}
+
+    def leaves_of(name: str, ty):
+        if isinstance(ty, TupleType):
+            return Tuple(tuple(leaves_of(f"{name}_{i}", t) for i, t in enumerate(ty.fields)))
+        params.append(IRVar(name, ty))
+        return params[-1]
+
+    for p in fn.params:
+        if isinstance(p.ty, TupleType):
+            table[id(p)] = leaves_of(p.name, p.ty)
+        else:
+            params.append(p)
+    results = []
+
+    def flatten_result(e):
+        if isinstance(e.ty, TupleType):
+            for i in range(len(e.ty.fields)):
+                flatten_result(e.fields[i] if isinstance(e, Tuple) else TupleGetItem(e, i))
+        else:
+            results.append(e)
+
+    flatten_result(fn.ret)
+    bindings = tuple(b if not table else type(b)(b.var, substitute(b.value, table)) for b in fn.bindings)
+    ret = substitute(results[0] if len(results) == 1 else Tuple(tuple(results)), table)
+    return Function(fn.name, tuple(params), bindings, ret, fn.attrs)
 
 
 def is_kernel_function(fn: Function) -> bool:

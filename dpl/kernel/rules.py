@@ -160,10 +160,22 @@ def _concat(lw, c, idx):
     return out
 
 
+def _tuple_source(lw: Lowerer, t):
+    """What a tuple-valued expression is made of: bound variables followed, and items of
+    literal tuples (nested tuples, as a flattened tuple parameter is) taken."""
+    while True:
+        while isinstance(t, IRVar) and id(t) in lw.defs:
+            t = lw.defs[id(t)].value
+        if not isinstance(t, TupleGetItem):
+            return t
+        inner = _tuple_source(lw, t.tuple_value)
+        if not isinstance(inner, Tuple):
+            return t
+        t = inner.fields[t.index]
+
+
 def tuple_item(lw: Lowerer, e: TupleGetItem, idx: tuple) -> ir.Expr:
-    t = e.tuple_value
-    while isinstance(t, IRVar) and id(t) in lw.defs:
-        t = lw.defs[id(t)].value
+    t = _tuple_source(lw, e.tuple_value)
     if isinstance(t, Tuple):
         return lw.value(t.fields[e.index], idx)
     if isinstance(t, Call) and t.op == "split":
