@@ -51,6 +51,18 @@ class Source:
         return self.span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
+def _acceptable(err: UnexpectedInput, fallback) -> set[str]:
+    """The terminals the parser would take at the error, exactly: the LALR table's lists are
+    broader (merged states), so ask the parser's copy to try each one."""
+    parser = getattr(err, "interactive_parser", None)
+    if parser is not None:
+        try:
+            return set(parser.accepts())
+        except Exception:  # noqa: BLE001 - an approximate list is still a useful hint
+            pass
+    return set(fallback or ())
+
+
 def syntax_error(err: UnexpectedInput, src: "Source", lark: Lark) -> DplSyntaxError:
     """A Lark error as a diagnostic: the spot, the line, a caret and what was expected."""
     line, col = getattr(err, "line", 1) or 1, getattr(err, "column", 1) or 1
@@ -61,14 +73,14 @@ def syntax_error(err: UnexpectedInput, src: "Source", lark: Lark) -> DplSyntaxEr
             line, col = len(src.lines) or 1, len(src.lines[-1]) + 1 if src.lines else 1
         else:
             what = f"unexpected '{token}'"
-        expected = sorted({_describe_terminal(t, lark) for t in err.expected})
+        expected = sorted({_describe_terminal(t, lark) for t in _acceptable(err, err.expected)})
         end = col + max(1, len(str(token))) if token.type != "$END" else col + 1
     elif isinstance(err, UnexpectedCharacters):
         char = src.lines[line - 1][col - 1] if line - 1 < len(src.lines) and col - 1 < len(src.lines[line - 1]) else "?"
         what = f"unexpected character '{char}'"
-        # the lexer's list is over-broad (LALR merges states); name it only when short
-        expected = sorted({_describe_terminal(t, lark) for t in (err.allowed or ())})
-        expected = expected if len(expected) <= 6 else []
+        # any token is unexpected here: name what would do, when that is a short list
+        expected = sorted({_describe_terminal(t, lark) for t in _acceptable(err, err.allowed)})
+        expected = expected if len(expected) <= 12 else []
         end = col + 1
     else:  # UnexpectedEOF
         what = "unexpected end of file"
