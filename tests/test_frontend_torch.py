@@ -229,6 +229,36 @@ def test_hand_written_gelu_becomes_the_gelu_op(form, op):
     assert_matches_torch(dpl.build(fused, "cpu")(x.numpy()), want)
 
 
+class HandWritten(nn.Module):
+    """LayerNorm and a SiLU-gated MLP written out, as older model code does: ``x - mu`` appears
+    twice (torch keeps both nodes; the importer computes it once so the rule's shared ``d`` matches)."""
+
+    def __init__(self, dim=32, hidden=64):
+        super().__init__()
+        self.gamma, self.beta = nn.Parameter(torch.randn(dim)), nn.Parameter(torch.randn(dim))
+        self.gate, self.up = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = (x - mu).pow(2).mean(-1, keepdim=True)
+        h = (x - mu) / torch.sqrt(var + 1e-5) * self.gamma + self.beta
+        g = self.gate(h)
+        return g * torch.sigmoid(g) * self.up(h)
+
+
+def test_hand_written_layer_norm_and_silu_become_standard_ops():
+    torch.manual_seed(8)
+    model = HandWritten().eval()
+    x = torch.randn(4, 32)
+    mod = dpl.from_torch(model, (x,))
+    assert mod.script().count("subtract(x, mean)") == 1
+    rewritten = dpl.apply(mod, ["rewrites"], fuse=False)
+    assert [b.value.op for b in rewritten["main"].bindings] == ["nn.layer_norm", "matmul", "nn.silu", "matmul", "multiply"]
+    fused = dpl.apply(mod, ["rewrites", "llm"])
+    assert "kernel.swiglu" in composites(fused)
+    assert_matches_torch(dpl.build(fused, "cpu")(x.numpy()), model(x))
+
+
 def test_sdpa_is_the_attention_chain_the_llm_library_claims():
     class SDPA(nn.Module):
         def forward(self, q, k, v, mask):
@@ -378,6 +408,29 @@ def test_decomposed_op_error_names_what_the_user_wrote():
     with pytest.raises(FrontendError, match=r"aten.triu.default: a dimension of a triangular mask is the symbolic "
                                             r"dimension 'n'; dpl needs a static size here \(node 'triu'\)"):
         dpl.from_torch(Tri(), (torch.randn(4, 4),), dynamic_shapes={"x": {0: torch.export.Dim("n"), 1: torch.export.Dim("n")}})
+
+
+def test_arguments_a_translation_does_not_take_are_named():
+    from dpl.frontend.torch_export import _invoke
+
+    def translate(cx, self, dim=0, *, keepdim=False):
+        return (self, dim, keepdim)
+
+    assert _invoke(translate, None, ["x", 1], {"keepdim": True, "device": "cpu"}) == ("x", 1, True)
+    with pytest.raises(FrontendError, match=r"argument 'correction=2' is not supported"):
+        _invoke(translate, None, ["x"], {"correction": 2})
+    with pytest.raises(FrontendError, match=r"more arguments than the translation takes \(True, 3\)"):
+        _invoke(translate, None, ["x", 1, True, 3], {})
+
+
+def test_a_dimension_that_is_an_expression_is_refused_in_the_users_names():
+    class Doubled(nn.Module):
+        def forward(self, x, y):
+            return torch.cat([x, x]) + y
+
+    batch = torch.export.Dim("batch")
+    with pytest.raises(FrontendError, match=r"dimension 0 of input 'y' is the expression 2\*batch of symbolic dimensions"):
+        dpl.from_torch(Doubled(), (torch.randn(3, 4), torch.randn(6, 4)), dynamic_shapes={"x": {0: batch}, "y": {0: 2 * batch}})
 
 
 def test_training_mode_is_refused_with_a_hint():

@@ -271,6 +271,9 @@ class _GraphImporter:
         self.env: dict[Any, Any] = {}  # fx node -> dpl expression, dimension, tuple or Python value
         self.bound: dict[int, Expr] = {}  # id of an unbound expression -> the variable it was bound to
         self.keep: list[Any] = []  # keeps bound expressions alive so their ids stay unique
+        # what each bound value computes -> its variable: torch does not share repeated work
+        # (``x - mu`` written twice is two nodes), and a pattern that uses a value twice needs it
+        self.computed: dict[tuple, Var] = {}
         self.names: set[str] = set()
         self.weights: dict[str, np.ndarray] = {}
 
@@ -296,7 +299,8 @@ class _GraphImporter:
                 return int(expr)
             if expr.is_Symbol:
                 return self.dim_names.get(str(expr), sanitize(str(expr)))
-            raise FrontendError(f"{where} is the expression {expr} of symbolic dimensions, which a dpl type cannot hold",
+            shown = expr.xreplace({s: type(s)(self.dim_names[str(s)]) for s in expr.free_symbols if str(s) in self.dim_names})
+            raise FrontendError(f"{where} is the expression {shown} of symbolic dimensions, which a dpl type cannot hold",
                                 hint="give each dynamic dimension of the inputs its own torch.export.Dim, and keep "
                                      "reshapes from merging a symbolic dimension with another")
         raise FrontendError(f"{where}: expected a dimension, got {value!r}")
@@ -388,10 +392,10 @@ class _GraphImporter:
         if translate is None:
             raise self.error(node, f"{_op_label(node)} is not supported by dpl's torch.export frontend",
                              ADD_OP_HINT.format(name=op_name.removeprefix("aten.")))
-        args = [self.value(a) for a in node.args]
-        kwargs = {k: self.value(v) for k, v in node.kwargs.items()}
         cx = NodeContext(self, node)
         try:
+            args = [self.value(a) for a in node.args]
+            kwargs = {k: self.value(v) for k, v in node.kwargs.items()}
             result = _invoke(translate, cx, args, kwargs)
             self.env[node] = self.bind(result, node)
         except DplError as err:
@@ -449,7 +453,11 @@ class _GraphImporter:
                 new = e if all(a is b for a, b in zip(args, e.args)) else replace(e, args=args)
             else:
                 raise FrontendError(f"a translation returned {type(e).__name__}, not a dpl expression")
-            var = self.fb.bind(new, self.unique(node.name if root else f"{node.name}_{next(fresh)}"))
+            key = _value_key(new)
+            var = self.computed.get(key)
+            if var is None:
+                var = self.fb.bind(new, self.unique(node.name if root else f"{node.name}_{next(fresh)}"))
+                self.computed[key] = var
             self.bound[id(e)] = var
             self.keep.append(e)
             return var
@@ -500,6 +508,22 @@ class _GraphImporter:
         if origin is not None and str(origin) != str(node.target):
             where += f", from torch's decomposition of {origin}"
         return FrontendError(message + where, span=_source_span(node), hint=hint)
+
+
+def _value_key(e) -> tuple:
+    """Equal keys compute equal values (dpl ops are pure): the op, the attributes and the
+    operands, variables by identity and scalar constants by value."""
+    if isinstance(e, Var):
+        return ("var", id(e))
+    if isinstance(e, Constant):
+        if e.is_scalar:
+            return ("scalar", e.ty.dtype, e.value.tobytes())
+        return ("constant", id(e))
+    if isinstance(e, Tuple):
+        return ("tuple",) + tuple(_value_key(f) for f in e.fields)
+    if isinstance(e, TupleGetItem):
+        return ("item", _value_key(e.tuple_value), e.index)
+    return ("call", e.op, tuple(_value_key(a) for a in e.args), tuple(sorted(e.attrs.items())))
 
 
 def _op_label(node) -> str:
