@@ -19,7 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_frontend_torch import LlamaBlock  # noqa: E402  (the block the tests compare with torch)
 
-from dpl.frontend.torch_export import _functional, _GraphImporter  # noqa: E402
+from dpl.frontend.torch_export import _functional  # noqa: E402
+from dpl.frontend.torch_graph import GraphImporter  # noqa: E402
 from dpl.frontend.torch_ops import ATEN_OPS  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def bench(dim, hidden, heads=16, seq=128, report=True):
     x, mask = torch.randn(1, seq, dim), torch.full((seq, seq), float("-inf")).triu(1)
     program, t_export = timed(lambda: torch.export.export(block, (x, mask)))
     functional, t_decompose = timed(lambda: _functional(program, ATEN_OPS))
-    importer = _GraphImporter(functional, ATEN_OPS, bind_params=True, dim_names={}, name="main")
+    importer = GraphImporter(functional, ATEN_OPS, bind_params=True, dim_names={}, name="main")
     (mod, _), t_walk = timed(importer.run)
     t_tvm = tvm_import(program)
     if not report:

@@ -22,7 +22,7 @@ except ImportError as err:  # an optional extra: skipped locally, never silently
 
 import dpl
 from dpl.frontend import FrontendError
-from dpl.frontend.torch_export import sanitize
+from dpl.frontend.torch_graph import sanitize
 from dpl.frontend.torch_ops import supported_ops
 
 F32 = dict(rtol=1e-5, atol=1e-5)
@@ -411,7 +411,7 @@ def test_decomposed_op_error_names_what_the_user_wrote():
 
 
 def test_arguments_a_translation_does_not_take_are_named():
-    from dpl.frontend.torch_export import _invoke
+    from dpl.frontend.torch_graph import _invoke
 
     def translate(cx, self, dim=0, *, keepdim=False):
         return (self, dim, keepdim)

@@ -733,6 +733,6 @@ aten("tril.default")(_triangle(np.tril))
 
 
 def _unavailable(what: str):
-    from dpl.frontend.torch_export import Unavailable
+    from dpl.frontend.torch_graph import Unavailable
 
     return Unavailable(what)
