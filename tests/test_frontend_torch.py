@@ -348,6 +348,8 @@ def test_unbound_weights_come_back_by_state_dict_name():
     assert names == ["x", "gate_proj_weight", "up_proj_weight", "down_proj_weight"]
     assert list(weights) == names[1:]
     np.testing.assert_array_equal(weights["up_proj_weight"], mlp.up_proj.weight.detach().numpy())
+    assert not weights["up_proj_weight"].flags.writeable  # a view of the model's tensor, not a copy
+    assert np.shares_memory(weights["up_proj_weight"], mlp.up_proj.weight.detach().numpy())
     assert_matches_torch(dpl.interpret(mod, x.numpy(), *weights.values()), mlp(x))
 
 

@@ -47,6 +47,8 @@ def from_torch(model, example_args: Sequence[Any] = (), example_kwargs: Mapping[
     ``model`` is a ``torch.nn.Module`` (exported on ``example_args``/``example_kwargs`` with
     ``dynamic_shapes``) or an already exported ``torch.export.ExportedProgram``. Returns the
     Module, or ``(module, weights)`` when ``bind_params=False`` (see the module docstring).
+    ``main`` takes the tensor inputs in torch's flattened order and returns the outputs
+    flattened the same way (one output bare, several as a tuple).
     """
     torch = import_torch()
     if isinstance(model, torch.export.ExportedProgram):
