@@ -27,6 +27,16 @@ from dpl.runtime import FusionConfig, build
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # frontends import their framework; importing dpl must not (torch takes seconds to load)
+    if name == "from_torch":
+        from dpl.frontend.torch_export import from_torch
+
+        return from_torch
+    raise AttributeError(f"module 'dpl' has no attribute {name!r}")
+
+
 __all__ = [
     "Binding", "Call", "Constant", "DplError", "Function", "FunctionBuilder", "GlobalVar", "Module",
     "OpPatternKind", "TensorType", "Tuple", "TupleGetItem", "TupleType", "Var", "const", "dtypes",
@@ -41,4 +51,6 @@ __all__ = [
     "Trace", "apply", "fuse_ops", "fuse_ops_by_pattern",
     # runtime
     "FusionConfig", "build", "register_codegen",
+    # frontends (loaded on first use)
+    "from_torch",
 ]

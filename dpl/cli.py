@@ -37,7 +37,7 @@ def random_inputs(fn, seed: int = 0, dims: dict[str, int] | None = None):
     for p in fn.params:
         shape = tuple(dims.setdefault(d, 8) if isinstance(d, str) else d for d in p.ty.shape)
         dtype = dtypes.to_numpy(p.ty.dtype)
-        if dtype.kind == "f":
+        if dtypes.is_float_numpy(dtype):
             arrays.append(rng.standard_normal(shape).astype(dtype))
         elif dtype.kind == "b":
             arrays.append(rng.random(shape) < 0.5)

@@ -46,6 +46,12 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+def is_float_numpy(dt: np.dtype) -> bool:
+    """Whether a NumPy dtype holds floating-point values: ml_dtypes' bfloat16 has kind 'V', not 'f'."""
+    dt = np.dtype(dt)
+    return dt.kind == "f" or dt.name == "bfloat16"
+
+
 def to_numpy(dtype: str) -> np.dtype:
     """The NumPy dtype that holds values of ``dtype``; bfloat16 needs the optional ml_dtypes."""
     if dtype == "bfloat16":

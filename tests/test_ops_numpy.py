@@ -208,3 +208,14 @@ def test_result_dtypes_follow_inputs():
     assert run_op("add", (h, h)).dtype == np.float16
     assert run_op("matmul", (h, rand(4, 2).astype(np.float16))).dtype == np.float16
     assert run_op("matmul", (x2d, w2d), out_dtype="f16").dtype == np.float16
+
+
+def test_bfloat16_accumulates_as_a_float():
+    """ml_dtypes' bfloat16 has NumPy kind 'V': a matmul once accumulated it in int64, truncating."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a, b = rand(4, 8).astype(ml_dtypes.bfloat16), rand(8, 3).astype(ml_dtypes.bfloat16)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    got = run_op("matmul", (a, b))
+    assert got.dtype == a.dtype
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(run_op("sum", (a,), axis=[-1]).astype(np.float64), a.astype(np.float64).sum(-1), rtol=1e-2, atol=1e-2)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from dpl import dtypes
 from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 
 
@@ -47,7 +48,7 @@ class _Equal:
         if isinstance(a, GlobalVar):
             return a.name == b.name
         if isinstance(a, Constant):
-            return a.ty == b.ty and np.array_equal(a.value, b.value, equal_nan=a.value.dtype.kind == "f")
+            return a.ty == b.ty and np.array_equal(a.value, b.value, equal_nan=dtypes.is_float_numpy(a.value.dtype))
         if isinstance(a, Call):
             return (
                 a.op == b.op

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpl import dtypes
 from dpl.ir.types import TensorType
 from dpl.ops._shapes import broadcast_shapes, normalize_axes, normalize_axis, same_dtype
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
@@ -41,7 +42,7 @@ def _infer_matmul(info: CallInfo) -> TensorType:
 
 
 def _matmul_ref(a, b, out_dtype):
-    acc = np.float64 if a.dtype.kind == "f" else np.int64
+    acc = np.float64 if dtypes.is_float_numpy(a.dtype) else np.int64
     return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype or a.dtype)
 
 
@@ -293,7 +294,7 @@ def _max_pool2d_ref(x, pool_size, strides, padding, dilation, ceil_mode, layout)
     # pad enough on the high side for ceil_mode windows; padding never wins a max
     hi_h = max(pb, (oh - 1) * sh + dh * (kh - 1) + 1 - x.shape[2] - pt)
     hi_w = max(pr, (ow - 1) * sw + dw * (kw - 1) + 1 - x.shape[3] - pl)
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, hi_h), (pl, hi_w)), constant_values=-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min)
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, hi_h), (pl, hi_w)), constant_values=-np.inf if dtypes.is_float_numpy(x.dtype) else np.iinfo(x.dtype).min)
     out = None
     for ki in range(kh):
         for kj in range(kw):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpl import dtypes
 from dpl.ir.types import TensorType
 from dpl.ops._shapes import normalize_axes
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
@@ -26,7 +27,7 @@ def _infer_reduce(info: CallInfo) -> TensorType:
 def _reduce_ref(fn, accumulate_in_float64=False):
     def ref(x, axis, keepdims):
         axes = None if axis is None else tuple(a % x.ndim for a in axis)
-        data = x.astype(np.float64) if accumulate_in_float64 and x.dtype.kind == "f" else x
+        data = x.astype(np.float64) if accumulate_in_float64 and dtypes.is_float_numpy(x.dtype) else x
         return np.asarray(fn(data, axis=axes, keepdims=keepdims)).astype(x.dtype)
 
     return ref

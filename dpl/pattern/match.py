@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from dpl import dtypes
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType
 from dpl.pattern import nodes as n
@@ -553,7 +554,7 @@ def _same_constant(value: np.ndarray, wanted: np.ndarray) -> bool:
     if value.dtype.kind in "iub" and wanted.dtype.kind == "f" and not np.all(wanted == np.round(wanted)):
         return False
     with np.errstate(all="ignore"):
-        return bool(np.array_equal(value, wanted.astype(value.dtype), equal_nan=value.dtype.kind == "f"))
+        return bool(np.array_equal(value, wanted.astype(value.dtype), equal_nan=dtypes.is_float_numpy(value.dtype)))
 
 
 def _dims(shape) -> str:

@@ -39,7 +39,7 @@ def _median_ms(run, repeat: int) -> float:
 
 def _random(shape, dtype: str, rng) -> np.ndarray:
     npd = dt.to_numpy(dtype)
-    if npd.kind == "f":
+    if dt.is_float_numpy(npd):
         return (rng.standard_normal(shape) * 0.5 + 0.1).astype(npd)
     if npd.kind == "b":
         return rng.random(shape) < 0.5

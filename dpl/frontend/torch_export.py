@@ -1,0 +1,132 @@
+"""The torch.export frontend: ``dpl.from_torch(model, example_args)`` -> a dpl Module.
+
+Which graph is translated, and why. ``torch.export.export`` gives the training IR: ATen ops as
+the user wrote them (``aten.linear``, ``aten.softmax``, ``aten.silu``, ``aten.matmul``), but not
+functional (``add_``, ``detach_`` may appear). ``run_decompositions()`` with torch's default
+table gives core ATen: functional, but ``linear`` becomes ``view/mm/view`` with a flattened
+``2*seq`` batch dimension that dpl's shapes cannot express, ``matmul`` becomes
+``expand/clone/bmm`` and softmax ``_softmax``, so the importer would have to undo torch's work
+before a pattern could claim it. We take the middle road: ``run_decompositions`` with torch's
+table *minus every op this frontend translates* (:data:`dpl.frontend.torch_ops.ATEN_OPS`).
+The graph is functional, the ops we know stay as the user wrote them (close to what TVM's own
+frontend emits once its Relax ops are built), and an op we do not know is decomposed into core
+ATen ops we may know (``hardswish`` -> ``clamp``/``mul``/``div``). Only an op with neither a
+translation nor a decomposition into translated ops is an error.
+
+Weights. By default (``bind_params=True``) parameters, buffers and lifted tensor constants
+become named Constants (named after their state-dict keys), so the module runs with the user's
+inputs alone: ``dpl.interpret(mod, x)``, ``dpl.build(mod, "cpu")(x)``; the fusion passes see
+them as constants (``dpl.apply(..., bind_constants=True)`` keeps them inside composites). With
+``bind_params=False`` they are parameters after the user inputs, and ``from_torch`` returns
+``(module, weights)`` with the arrays by parameter name, in parameter order, for a caller that
+loads weights separately from the graph. The arrays are read-only views of the model's tensors,
+not copies (a large model is not held twice); only a weight that is laid out anew at import
+(``linear``'s, stored transposed as ``<name>_t``) is a copy. Import again after changing the
+model's weights.
+
+Symbolic shapes. A ``torch.export.Dim("seq")`` in ``dynamic_shapes`` becomes the symbolic
+dimension ``"seq"`` of the dpl parameter (any other dynamic dimension keeps torch's symbol
+name, ``s27``). Torch's bounds (``min``/``max``) have no place in dpl's types and are dropped.
+A dimension that is an expression of symbols (``2*seq``) cannot be written in a dpl type and is
+an error naming where it appears.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping, Sequence
+
+from dpl.frontend import FrontendError
+from dpl.frontend.torch_graph import GraphImporter, import_torch, sanitize
+
+
+def from_torch(model, example_args: Sequence[Any] = (), example_kwargs: Mapping[str, Any] | None = None, *,
+               dynamic_shapes: Any = None, bind_params: bool = True, name: str = "main"):
+    """Export ``model`` with ``torch.export.export`` and translate it into a dpl Module.
+
+    ``model`` is a ``torch.nn.Module`` (exported on ``example_args``/``example_kwargs`` with
+    ``dynamic_shapes``) or an already exported ``torch.export.ExportedProgram``. Returns the
+    Module, or ``(module, weights)`` when ``bind_params=False`` (see the module docstring).
+    ``main`` takes the tensor inputs in torch's flattened order and returns the outputs
+    flattened the same way (one output bare, several as a tuple).
+    """
+    torch = import_torch()
+    if isinstance(model, torch.export.ExportedProgram):
+        program, dim_names = model, {}
+    elif isinstance(model, torch.nn.Module):
+        args = tuple(example_args) if isinstance(example_args, (tuple, list)) else (example_args,)
+        kwargs = dict(example_kwargs or {})
+        try:
+            program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+        except Exception as err:  # torch reports many kinds of failure; the user needs its message
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise FrontendError(f"torch.export.export failed on {type(model).__name__}: {first}",
+                                hint="dpl imports what torch.export can export; see the torch error chained below") from err
+        dim_names = _dim_names(model, args, kwargs, dynamic_shapes, program)
+    else:
+        raise FrontendError(f"from_torch takes a torch.nn.Module or a torch.export.ExportedProgram, got {type(model).__name__}")
+    return from_exported_program(program, bind_params=bind_params, dim_names=dim_names, name=name)
+
+
+def from_exported_program(program, *, bind_params: bool = True, dim_names: Mapping[str, str] | None = None, name: str = "main"):
+    """Translate an ExportedProgram (see :func:`from_torch`). ``dim_names`` renames torch's
+    shape symbols (``{"s27": "seq"}``)."""
+    from dpl.frontend.torch_ops import ATEN_OPS
+
+    program = _functional(program, ATEN_OPS)
+    importer = GraphImporter(program, ATEN_OPS, bind_params=bind_params, dim_names=dict(dim_names or {}), name=name)
+    mod, weights = importer.run()
+    return mod if bind_params else (mod, weights)
+
+
+def _functional(program, table):
+    """Functional ATen, with only the ops ``table`` does not translate decomposed."""
+    torch = import_torch()
+    decompositions = torch.export.default_decompositions()
+    for op in list(decompositions.keys()):
+        if str(op) in table:
+            decompositions.pop(op)
+    try:
+        return program.run_decompositions(decompositions)
+    except Exception as err:
+        raise FrontendError(f"torch could not decompose the exported program: {str(err).strip().splitlines()[0]}") from err
+
+
+# -- names of symbolic dimensions ---------------------------------------------------------------
+
+
+def _dim_names(model, args, kwargs, dynamic_shapes, program) -> dict[str, str]:
+    """torch's shape symbols -> the names of the ``torch.export.Dim`` objects the user gave."""
+    if dynamic_shapes is None:
+        return {}
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+        values = dict(bound.arguments)
+    except (TypeError, ValueError):
+        return {}
+    if isinstance(dynamic_shapes, Mapping):
+        specs = [(values.get(key), spec) for key, spec in dynamic_shapes.items()]
+    else:
+        specs = list(zip(list(args) + list(kwargs.values()), dynamic_shapes))
+    torch = import_torch()
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    user_nodes = [placeholders[s.arg.name] for s in program.graph_signature.input_specs
+                  if s.kind.name == "USER_INPUT" and s.arg.name in placeholders]
+    leaves = [v for v in torch.utils._pytree.tree_leaves((args, kwargs))]
+    names: dict[str, str] = {}
+    for value, spec in specs:
+        if not isinstance(value, torch.Tensor) or spec is None:
+            continue
+        index = next((i for i, leaf in enumerate(leaves) if leaf is value), None)
+        if index is None or index >= len(user_nodes):
+            continue
+        axes = spec.items() if isinstance(spec, Mapping) else enumerate(spec)
+        shape = user_nodes[index].meta["val"].shape
+        for axis, dim in axes:
+            dim_name = getattr(dim, "__name__", None)
+            if dim_name is None or not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
+                continue
+            symbol = shape[axis]
+            if isinstance(symbol, torch.SymInt) and symbol.node.expr.is_Symbol:
+                names.setdefault(str(symbol.node.expr), sanitize(dim_name))
+    return names

@@ -1,0 +1,738 @@
+"""The ATen ops the torch.export frontend translates: one table, one small function per op.
+
+A translation gets a :class:`~dpl.frontend.torch_export.NodeContext` and the node's arguments
+as torch passed them (tensors already dpl expressions, sizes ints or symbol names) under the
+names of the op's schema, and returns a dpl expression (calls may nest), an existing value, or
+a tuple for an op with several results. It raises :class:`FrontendError` for an argument it
+does not handle, naming it. Adding an op is one decorated function:
+
+    @aten("erf.default")
+    def _erf(cx, self):
+        return cx.call("erf", cx.cast(self, cx.out_dtype))
+
+The forms emitted are the canonical Relax ones TVM's torch frontend produces, which the
+rewrite library (``patterns/rewrites.dpl``) and the fusion patterns are written against:
+``power(x, 2.0)`` with a float exponent of the operand's dtype, ``linear`` as
+``matmul(x, permute_dims(w))`` then ``add(bias)``, a scalar operand as a constant of the
+result's dtype, a same-dtype cast dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from dpl.frontend import FrontendError
+
+ATEN_OPS: dict[str, Callable] = {}
+
+
+def aten(*names: str):
+    """Register a translation for the named ATen overloads (``"add.Tensor"``)."""
+
+    def register(fn):
+        for name in names:
+            key = f"aten.{name}"
+            if key in ATEN_OPS:
+                raise ValueError(f"{key} is translated twice")
+            ATEN_OPS[key] = fn
+        return fn
+
+    return register
+
+
+def supported_ops() -> list[str]:
+    """The ATen overloads the frontend translates, sorted."""
+    return sorted(ATEN_OPS)
+
+
+def _axis(dim: int, ndim: int) -> int:
+    if not -ndim <= dim < max(ndim, 1):
+        raise FrontendError(f"dimension {dim} is out of range for rank {ndim}")
+    return dim % ndim if ndim else 0
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+# -- elementwise arithmetic --------------------------------------------------------------------
+
+
+def _binary(dpl_op: str):
+    def translate(cx, self, other, *, alpha=1):
+        dtype = cx.out_dtype
+        a, b = cx.operand(self, dtype), cx.operand(other, dtype)
+        if alpha != 1:
+            b = cx.call("multiply", b, cx.scalar(alpha, dtype))
+        return cx.call(dpl_op, a, b)
+
+    return translate
+
+
+aten("add.Tensor", "add.Scalar")(_binary("add"))
+aten("sub.Tensor", "sub.Scalar")(_binary("subtract"))
+
+
+@aten("mul.Tensor", "mul.Scalar")
+def _mul(cx, self, other):
+    dtype = cx.out_dtype
+    return cx.call("multiply", cx.operand(self, dtype), cx.operand(other, dtype))
+
+
+@aten("div.Tensor", "div.Scalar")
+def _div(cx, self, other):
+    dtype = cx.out_dtype
+    return cx.call("divide", cx.operand(self, dtype), cx.operand(other, dtype))
+
+
+@aten("div.Tensor_mode", "div.Scalar_mode")
+def _div_mode(cx, self, other, *, rounding_mode=None):
+    dtype = cx.out_dtype
+    if rounding_mode is not None and not (rounding_mode == "trunc" and not dtype.startswith(("float", "bfloat"))):
+        raise FrontendError(f"argument 'rounding_mode={rounding_mode!r}' is not supported (dpl divides exactly, "
+                            "truncating integers)")
+    return cx.call("divide", cx.operand(self, dtype), cx.operand(other, dtype))
+
+
+@aten("rsub.Scalar", "rsub.Tensor")
+def _rsub(cx, self, other, alpha=1):
+    dtype = cx.out_dtype
+    a = cx.operand(self, dtype)
+    if alpha != 1:
+        a = cx.call("multiply", a, cx.scalar(alpha, dtype))
+    return cx.call("subtract", cx.operand(other, dtype), a)
+
+
+@aten("pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar")
+def _pow(cx, self, exponent):
+    dtype = cx.out_dtype
+    return cx.call("power", cx.operand(self, dtype), cx.operand(exponent, dtype))
+
+
+@aten("maximum.default")
+def _maximum(cx, self, other):
+    return cx.call("maximum", cx.operand(self, cx.out_dtype), cx.operand(other, cx.out_dtype))
+
+
+@aten("minimum.default")
+def _minimum(cx, self, other):
+    return cx.call("minimum", cx.operand(self, cx.out_dtype), cx.operand(other, cx.out_dtype))
+
+
+def _compare(dpl_op: str):
+    def translate(cx, self, other):
+        dtype = cx.result_dtype()
+        return cx.call(dpl_op, cx.operand(self, dtype), cx.operand(other, dtype))
+
+    return translate
+
+
+for _name, _op in [("eq", "equal"), ("ne", "not_equal"), ("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
+                   ("ge", "greater_equal")]:
+    aten(f"{_name}.Tensor", f"{_name}.Scalar")(_compare(_op))
+
+
+@aten("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def _where(cx, condition, self, other):
+    dtype = cx.out_dtype
+    return cx.call("where", cx.tensor(condition), cx.operand(self, dtype), cx.operand(other, dtype))
+
+
+@aten("masked_fill.Scalar", "masked_fill.Tensor")
+def _masked_fill(cx, self, mask, value):
+    dtype = cx.out_dtype
+    return cx.call("where", cx.tensor(mask), cx.operand(value, dtype), cx.operand(self, dtype))
+
+
+@aten("bitwise_not.default", "logical_not.default")
+def _not(cx, self):
+    """dpl has no logical ops: on bools ``not x`` is ``x == false``; on integers ``~x`` is ``-x - 1``."""
+    x = cx.tensor(self)
+    if x.ty.dtype == "bool":
+        return cx.call("equal", x, cx.scalar(False, "bool"))
+    if str(cx.node.target).startswith("aten.logical"):
+        return cx.call("equal", x, cx.scalar(0, x.ty.dtype))
+    return cx.call("subtract", cx.call("negative", x), cx.scalar(1, x.ty.dtype))
+
+
+def _logical(dpl_op: str):
+    """``and`` / ``or`` of truth values, as ``minimum`` / ``maximum`` of bools."""
+
+    def translate(cx, self, other):
+        a, b = (cx.tensor(v) if hasattr(v, "ty") else cx.scalar(bool(v), "bool") for v in (self, other))
+        truth = [t if t.ty.dtype == "bool" else cx.call("not_equal", t, cx.scalar(0, t.ty.dtype)) for t in (a, b)]
+        return cx.call(dpl_op, *truth)
+
+    return translate
+
+
+aten("logical_and.default")(_logical("minimum"))
+aten("logical_or.default")(_logical("maximum"))
+
+
+@aten("bitwise_and.Tensor", "bitwise_or.Tensor")
+def _bitwise_bool(cx, self, other):
+    if cx.out_dtype != "bool":
+        raise FrontendError("bitwise operations on integers have no dpl op (only on bools)")
+    return _logical("minimum" if "and" in str(cx.node.target) else "maximum")(cx, self, other)
+
+
+# -- elementwise functions ---------------------------------------------------------------------
+
+
+def _unary(dpl_op: str):
+    def translate(cx, self):
+        return cx.call(dpl_op, cx.cast(cx.tensor(self), cx.out_dtype))
+
+    return translate
+
+
+for _name, _op in [("neg", "negative"), ("abs", "abs"), ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"),
+                   ("rsqrt", "rsqrt"), ("tanh", "tanh"), ("sigmoid", "sigmoid"), ("erf", "erf"), ("sin", "sin"),
+                   ("cos", "cos"), ("relu", "nn.relu"), ("silu", "nn.silu"), ("square", "square")]:
+    aten(f"{_name}.default")(_unary(_op))
+
+
+@aten("reciprocal.default")
+def _reciprocal(cx, self):
+    dtype = cx.out_dtype
+    return cx.call("divide", cx.scalar(1.0, dtype), cx.cast(cx.tensor(self), dtype))
+
+
+@aten("gelu.default")
+def _gelu(cx, self, *, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise FrontendError(f"argument 'approximate={approximate!r}' is not supported")
+    return cx.call("nn.gelu" if approximate == "none" else "nn.gelu_tanh", cx.tensor(self))
+
+
+@aten("clamp.default")
+def _clamp(cx, self, min=None, max=None):
+    dtype = cx.out_dtype
+    x = cx.cast(cx.tensor(self), dtype)
+    if min is not None and max is not None:
+        return cx.call("clip", x, min=float(min), max=float(max))
+    if min is not None:
+        x = cx.call("maximum", x, cx.scalar(min, dtype))
+    if max is not None:
+        x = cx.call("minimum", x, cx.scalar(max, dtype))
+    return x
+
+
+@aten("clamp_min.default")
+def _clamp_min(cx, self, min):
+    return _clamp(cx, self, min=min)
+
+
+@aten("clamp_max.default")
+def _clamp_max(cx, self, max):
+    return _clamp(cx, self, max=max)
+
+
+@aten("hardtanh.default")
+def _hardtanh(cx, self, min_val=-1.0, max_val=1.0):
+    return cx.call("clip", cx.tensor(self), min=float(min_val), max=float(max_val))
+
+
+@aten("leaky_relu.default")
+def _leaky_relu(cx, self, negative_slope=0.01):
+    x, dtype = cx.tensor(self), cx.out_dtype
+    positive = cx.call("greater", x, cx.scalar(0, dtype))
+    return cx.call("where", positive, x, cx.call("multiply", x, cx.scalar(negative_slope, dtype)))
+
+
+# -- casts and identities ----------------------------------------------------------------------
+
+
+@aten("to.dtype", "to.dtype_layout", "to.device", "_to_copy.default", "type_as.default")
+def _to(cx, self, *args, dtype=None, copy=False):
+    # every overload's result dtype is in torch's metadata; the other arguments place the tensor
+    return cx.cast(cx.tensor(self), cx.out_dtype)
+
+
+@aten("clone.default", "contiguous.default", "alias.default", "detach.default", "lift_fresh_copy.default")
+def _identity(cx, self):
+    return cx.tensor(self)
+
+
+@aten("dropout.default")
+def _dropout(cx, input, p, train):
+    if train and p > 0:
+        raise FrontendError("dropout in training mode changes values at random", hint="export the model after model.eval()")
+    return cx.tensor(input)
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+
+def _reduce_axes(cx, x, dim):
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    return [int(d) for d in _as_list(dim)]
+
+
+def _reduction(dpl_op: str):
+    def translate(cx, self, dim=None, keepdim=False, *, dtype=None):
+        x = cx.cast(cx.tensor(self), cx.out_dtype)
+        return cx.call(dpl_op, x, axis=_reduce_axes(cx, x, dim), keepdims=bool(keepdim))
+
+    return translate
+
+
+aten("mean.dim", "mean.default")(_reduction("mean"))
+aten("sum.dim_IntList", "sum.default")(_reduction("sum"))
+aten("amax.default")(_reduction("max"))
+aten("amin.default")(_reduction("min"))
+
+
+@aten("var.correction", "var.dim")
+def _var(cx, self, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Population variance, rescaled by n / (n - correction) for a static n."""
+    if unbiased is not None:  # var.dim(self, dim, unbiased, keepdim)
+        correction = 1 if unbiased else 0
+    correction = 1 if correction is None else correction
+    x = cx.cast(cx.tensor(self), cx.out_dtype)
+    axes = _reduce_axes(cx, x, dim)
+    out = cx.call("variance", x, axis=axes, keepdims=bool(keepdim))
+    if correction == 0:
+        return out
+    n = 1
+    for a in (range(x.ty.ndim) if axes is None else axes):
+        n *= cx.static(x.ty.shape[a], f"the reduced dimension {a}")
+    return cx.call("multiply", out, cx.scalar(n / (n - correction), x.ty.dtype))
+
+
+# -- matrix products, normalisations, softmax, attention ---------------------------------------
+
+
+@aten("linear.default")
+def _linear(cx, input, weight, bias=None):
+    w = cx.tensor(weight)
+    out = cx.call("matmul", cx.tensor(input), cx.permute(w, list(reversed(range(w.ty.ndim)))))
+    return out if bias is None else cx.call("add", out, cx.tensor(bias))
+
+
+@aten("matmul.default", "mm.default", "bmm.default")
+def _matmul(cx, self, other):
+    return cx.call("matmul", cx.tensor(self), cx.tensor(other))
+
+
+@aten("addmm.default")
+def _addmm(cx, self, mat1, mat2, *, beta=1, alpha=1):
+    dtype = cx.out_dtype
+    product = cx.call("matmul", cx.tensor(mat1), cx.tensor(mat2))
+    if alpha != 1:
+        product = cx.call("multiply", product, cx.scalar(alpha, dtype))
+    bias = cx.tensor(self)
+    if beta != 1:
+        bias = cx.call("multiply", bias, cx.scalar(beta, dtype))
+    return cx.call("add", product, bias)
+
+
+@aten("softmax.int", "_softmax.default")
+def _softmax(cx, self, dim, dtype_or_half_to_float=None, *, dtype=None):
+    x = cx.cast(cx.tensor(self), cx.out_dtype)
+    return cx.call("nn.softmax", x, axis=int(dim))
+
+
+@aten("log_softmax.int", "_log_softmax.default")
+def _log_softmax(cx, self, dim, dtype_or_half_to_float=None, *, dtype=None):
+    x = cx.cast(cx.tensor(self), cx.out_dtype)
+    return cx.call("nn.log_softmax", x, axis=int(dim))
+
+
+def _norm_params(cx, x, normalized_shape, *params):
+    """The normalised axes (the last ones, negative as Relax writes them) and each parameter,
+    a constant of ones or zeros where torch's is None."""
+    k = len(_as_list(normalized_shape))
+    axes = list(range(-k, 0))
+    shape = x.ty.shape[x.ty.ndim - k:]
+    out = []
+    for value, fill in params:
+        if value is None:
+            dims = [cx.static(d, "a normalised dimension") for d in shape]
+            out.append(cx.scalar(np.full(dims, fill), x.ty.dtype))
+        else:
+            out.append(cx.cast(cx.tensor(value), x.ty.dtype))
+    return axes, out
+
+
+@aten("layer_norm.default")
+def _layer_norm(cx, input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    x = cx.tensor(input)
+    axes, (gamma, beta) = _norm_params(cx, x, normalized_shape, (weight, 1.0), (bias, 0.0))
+    return cx.call("nn.layer_norm", x, gamma, beta, axes=axes, epsilon=float(eps))
+
+
+_MACHINE_EPSILON = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+@aten("rms_norm.default")
+def _rms_norm(cx, input, normalized_shape, weight=None, eps=None):
+    x = cx.tensor(input)
+    axes, (w,) = _norm_params(cx, x, normalized_shape, (weight, 1.0))
+    if eps is None:  # torch's default: the machine epsilon of the input's dtype
+        eps = _MACHINE_EPSILON[x.ty.dtype]
+    return cx.call("nn.rms_norm", x, w, axes=axes, epsilon=float(eps))
+
+
+@aten("batch_norm.default")
+def _batch_norm(cx, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True):
+    if training:
+        raise FrontendError("batch_norm in training mode normalises with batch statistics and updates the running ones",
+                            hint="export the model after model.eval()")
+    return _batch_norm_inference(cx, input, weight, bias, running_mean, running_var, eps)
+
+
+@aten("_native_batch_norm_legit_no_training.default")
+def _native_batch_norm(cx, input, weight, bias, running_mean, running_var, momentum, eps):
+    out = _batch_norm_inference(cx, input, weight, bias, running_mean, running_var, eps)
+    return (out, _unavailable("batch_norm's saved mean"), _unavailable("batch_norm's saved variance"))
+
+
+def _batch_norm_inference(cx, input, weight, bias, running_mean, running_var, eps):
+    """(x - mean) * rsqrt(var + eps) * weight + bias, with the per-channel vectors shaped to
+    broadcast over axis 1."""
+    x = cx.tensor(input)
+    dtype = x.ty.dtype
+    channel = [1, x.ty.shape[1]] + [1] * (x.ty.ndim - 2)
+
+    def per_channel(value, fill):
+        if value is None:
+            return cx.scalar(fill, dtype)
+        return cx.reshape(cx.cast(cx.tensor(value), dtype), channel)
+
+    inv = cx.call("rsqrt", cx.call("add", per_channel(running_var, 1.0), cx.scalar(eps, dtype)))
+    y = cx.call("multiply", cx.call("subtract", x, per_channel(running_mean, 0.0)), inv)
+    if weight is not None:
+        y = cx.call("multiply", y, per_channel(weight, 1.0))
+    if bias is not None:
+        y = cx.call("add", y, per_channel(bias, 0.0))
+    return y
+
+
+@aten("scaled_dot_product_attention.default")
+def _sdpa(cx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    """softmax(q @ k^T * scale + mask) @ v: the chain ``llm.dpl``'s attention pattern claims."""
+    if dropout_p:
+        raise FrontendError(f"argument 'dropout_p={dropout_p}' is not supported (dropout is random)")
+    if enable_gqa:
+        raise FrontendError("argument 'enable_gqa=True' is not supported")
+    q, k, v = cx.tensor(query), cx.tensor(key), cx.tensor(value)
+    dtype = q.ty.dtype
+    head = cx.static(q.ty.shape[-1], "the head dimension")
+    scale = 1.0 / math.sqrt(head) if scale is None else scale
+    axes = list(range(k.ty.ndim - 2)) + [k.ty.ndim - 1, k.ty.ndim - 2]
+    scores = cx.call("multiply", cx.call("matmul", q, cx.permute(k, axes)), cx.scalar(scale, dtype))
+    if is_causal:
+        rows = cx.static(q.ty.shape[-2], "the query length of a causal attention")
+        cols = cx.static(k.ty.shape[-2], "the key length of a causal attention")
+        allowed = np.tril(np.ones((rows, cols), bool))
+        scores = cx.call("add", scores, cx.scalar(np.where(allowed, 0.0, -np.inf), dtype))
+    if attn_mask is not None:
+        mask = cx.tensor(attn_mask)
+        if mask.ty.dtype == "bool":
+            mask = cx.call("where", mask, cx.scalar(0.0, dtype), cx.scalar(-np.inf, dtype))
+        scores = cx.call("add", scores, cx.cast(mask, dtype))
+    return cx.call("matmul", cx.call("nn.softmax", scores, axis=-1), v)
+
+
+# -- convolution and pooling -------------------------------------------------------------------
+
+
+def _pair(value) -> list[int]:
+    values = [int(v) for v in _as_list(value)]
+    return values * 2 if len(values) == 1 else values
+
+
+@aten("conv2d.default", "conv2d.padding")
+def _conv2d(cx, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    x, w = cx.tensor(input), cx.tensor(weight)
+    if x.ty.ndim != 4:
+        raise FrontendError(f"only batched 2-D convolution (rank-4 input) is supported, got {x.ty}")
+    if isinstance(padding, str):
+        padding = _string_padding(cx, padding, w, _pair(stride), _pair(dilation))
+    out = cx.call("nn.conv2d", x, w, strides=_pair(stride), padding=_pair(padding), dilation=_pair(dilation),
+                  groups=int(groups))
+    if bias is None:
+        return out
+    b = cx.tensor(bias)
+    return cx.call("add", out, cx.reshape(b, [1, b.ty.shape[0], 1, 1]))
+
+
+def _string_padding(cx, padding: str, w, stride, dilation) -> list[int]:
+    if padding == "valid":
+        return [0, 0, 0, 0]
+    if padding != "same" or stride != [1, 1]:
+        raise FrontendError(f"argument 'padding={padding!r}' is not supported with stride {stride}")
+    total = [d * (cx.static(k, "a kernel size") - 1) for d, k in zip(dilation, w.ty.shape[2:])]
+    return [total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2]
+
+
+@aten("convolution.default")
+def _convolution(cx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise FrontendError("argument 'transposed=True' is not supported (dpl has no transposed convolution)")
+    return _conv2d(cx, input, weight, bias, stride, padding, dilation, groups)
+
+
+@aten("max_pool2d.default")
+def _max_pool2d(cx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    x = cx.tensor(self)
+    stride = stride if stride else kernel_size
+    return cx.call("nn.max_pool2d", x, pool_size=_pair(kernel_size), strides=_pair(stride), padding=_pair(padding),
+                   dilation=_pair(dilation), ceil_mode=bool(ceil_mode))
+
+
+@aten("max_pool2d_with_indices.default")
+def _max_pool2d_with_indices(cx, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return (_max_pool2d(cx, self, kernel_size, stride, padding, dilation, ceil_mode), _unavailable("max_pool2d's indices"))
+
+
+@aten("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default")
+def _adaptive_avg_pool2d(cx, self, output_size):
+    """Mean over equal windows: the input's spatial size must be a multiple of the output's."""
+    x = cx.tensor(self)
+    oh, ow = _pair(output_size)
+    h, w = (cx.static(d, "a pooled spatial dimension") for d in x.ty.shape[-2:])
+    if (oh, ow) == (1, 1):
+        return cx.call("mean", x, axis=[-2, -1], keepdims=True)
+    if h % oh or w % ow:
+        raise FrontendError(f"adaptive average pooling of {h}x{w} to {oh}x{ow} needs unequal windows, which dpl does "
+                            "not express")
+    return _window_mean(cx, x, oh, h // oh, ow, w // ow)
+
+
+@aten("avg_pool2d.default")
+def _avg_pool2d(cx, self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """Non-overlapping windows only (stride = kernel, no padding), as a mean over a reshape."""
+    x = cx.tensor(self)
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride) if stride else (kh, kw)
+    h, w = (cx.static(d, "a pooled spatial dimension") for d in x.ty.shape[-2:])
+    if (sh, sw) != (kh, kw) or any(_pair(padding)) or divisor_override is not None or h % kh or w % kw:
+        raise FrontendError("only average pooling over non-overlapping, unpadded windows that tile the input is supported")
+    return _window_mean(cx, x, h // kh, kh, w // kw, kw)
+
+
+def _window_mean(cx, x, oh, kh, ow, kw):
+    lead = list(x.ty.shape[:-2])
+    tiles = cx.call("reshape", x, shape=lead + [oh, kh, ow, kw])
+    return cx.call("mean", tiles, axis=[-3, -1], keepdims=False)
+
+
+# -- shapes and data movement ------------------------------------------------------------------
+
+
+@aten("view.default", "_unsafe_view.default", "reshape.default")
+def _view(cx, self, size):
+    x = cx.tensor(self)
+    shape = list(size)
+    if shape == list(x.ty.shape):
+        return x
+    return cx.call("reshape", x, shape=shape)
+
+
+@aten("flatten.using_ints")
+def _flatten(cx, self, start_dim=0, end_dim=-1):
+    return _view(cx, self, list(cx.out_shape))
+
+
+@aten("permute.default")
+def _permute(cx, self, dims):
+    x = cx.tensor(self)
+    return cx.permute(x, [_axis(d, x.ty.ndim) for d in dims])
+
+
+@aten("transpose.int")
+def _transpose(cx, self, dim0, dim1):
+    x = cx.tensor(self)
+    axes = list(range(x.ty.ndim))
+    a, b = _axis(dim0, x.ty.ndim), _axis(dim1, x.ty.ndim)
+    axes[a], axes[b] = axes[b], axes[a]
+    return cx.permute(x, axes)
+
+
+@aten("t.default", "numpy_T.default")
+def _t(cx, self):
+    x = cx.tensor(self)
+    return cx.permute(x, list(reversed(range(x.ty.ndim))))
+
+
+@aten("unsqueeze.default")
+def _unsqueeze(cx, self, dim):
+    x = cx.tensor(self)
+    return cx.call("expand_dims", x, axis=[_axis(dim, x.ty.ndim + 1)])
+
+
+@aten("squeeze.dim", "squeeze.dims", "squeeze.default")
+def _squeeze(cx, self, dim=None):
+    x = cx.tensor(self)
+    candidates = range(x.ty.ndim) if dim is None else [_axis(d, x.ty.ndim) for d in _as_list(dim)]
+    axes = [a for a in candidates if x.ty.shape[a] == 1]  # torch leaves a dimension that is not 1 alone
+    return cx.call("squeeze", x, axis=axes) if axes else x
+
+
+@aten("expand.default")
+def _expand(cx, self, size, *, implicit=False):
+    x = cx.tensor(self)
+    size = list(size)
+    offset = len(size) - x.ty.ndim
+    shape = [x.ty.shape[i - offset] if d == -1 else d for i, d in enumerate(size)]
+    if shape == list(x.ty.shape):
+        return x
+    return cx.call("broadcast_to", x, shape=shape)
+
+
+@aten("cat.default")
+def _cat(cx, tensors, dim=0):
+    from dpl.ir.expr import Tuple
+
+    dtype = cx.out_dtype
+    parts = [cx.cast(cx.tensor(t), dtype) for t in tensors if not (t.ty.ndim == 1 and t.ty.shape == (0,))]
+    return cx.call("concat", Tuple(tuple(parts)), axis=_axis(dim, parts[0].ty.ndim))
+
+
+@aten("stack.default")
+def _stack(cx, tensors, dim=0):
+    from dpl.ir.expr import Tuple
+
+    dtype = cx.out_dtype
+    ndim = cx.tensor(tensors[0]).ty.ndim + 1
+    axis = _axis(dim, ndim)
+    parts = [cx.call("expand_dims", cx.cast(cx.tensor(t), dtype), axis=[axis]) for t in tensors]
+    return cx.call("concat", Tuple(tuple(parts)), axis=axis)
+
+
+def _split_at(cx, x, points, dim):
+    from dpl.ir.expr import TupleGetItem
+
+    axis = _axis(dim, x.ty.ndim)
+    whole = cx.call("split", x, indices_or_sections=list(points), axis=axis)
+    return tuple(TupleGetItem(whole, i) for i in range(len(points) + 1))
+
+
+@aten("split.Tensor")
+def _split(cx, self, split_size, dim=0):
+    x = cx.tensor(self)
+    size = cx.static(x.ty.shape[_axis(dim, x.ty.ndim)], "the split dimension")
+    return _split_at(cx, x, list(range(split_size, size, split_size)), dim)
+
+
+@aten("split_with_sizes.default")
+def _split_with_sizes(cx, self, split_sizes, dim=0):
+    points = list(np.cumsum(split_sizes[:-1]).tolist())
+    return _split_at(cx, cx.tensor(self), points, dim)
+
+
+@aten("chunk.default")
+def _chunk(cx, self, chunks, dim=0):
+    x = cx.tensor(self)
+    size = cx.static(x.ty.shape[_axis(dim, x.ty.ndim)], "the chunked dimension")
+    step = -(-size // chunks)
+    return _split_at(cx, x, list(range(step, size, step)), dim)
+
+
+@aten("slice.Tensor")
+def _slice(cx, self, dim=0, start=None, end=None, step=1):
+    x = cx.tensor(self)
+    axis = _axis(dim, x.ty.ndim)
+    size = x.ty.shape[axis]
+    start = 0 if start is None else start
+    if isinstance(size, str):
+        if start == 0 and step == 1 and (end is None or end == size or (isinstance(end, int) and end >= 2**62)):
+            return x  # the whole of a symbolic dimension
+        raise FrontendError(f"slicing the symbolic dimension '{size}' is not supported")
+    if not isinstance(start, int) or (end is not None and not isinstance(end, int)):
+        raise FrontendError(f"slice bounds {start}:{end} must be static")
+    end = size if end is None else min(end, size)
+    if (start, end, step) == (0, size, 1):
+        return x
+    return cx.call("strided_slice", x, axes=[axis], begin=[start], end=[end], strides=[int(step)])
+
+
+@aten("select.int")
+def _select(cx, self, dim, index):
+    x = cx.tensor(self)
+    axis = _axis(dim, x.ty.ndim)
+    size = cx.static(x.ty.shape[axis], "the selected dimension")
+    if not isinstance(index, int) or not -size <= index < size:
+        raise FrontendError(f"index {index} is not a static index into dimension {axis} of size {size}")
+    index %= size
+    row = cx.call("strided_slice", x, axes=[axis], begin=[index], end=[index + 1], strides=[1])
+    return cx.call("squeeze", row, axis=[axis])
+
+
+@aten("embedding.default")
+def _embedding(cx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return cx.call("take", cx.tensor(weight), cx.tensor(indices), axis=0)
+
+
+@aten("index_select.default")
+def _index_select(cx, self, dim, index):
+    x = cx.tensor(self)
+    return cx.call("take", x, cx.tensor(index), axis=_axis(dim, x.ty.ndim))
+
+
+# -- creation ----------------------------------------------------------------------------------
+
+
+@aten("full.default")
+def _full(cx, size, fill_value, *, dtype=None):
+    return cx.call("full", cx.scalar(fill_value, cx.out_dtype), shape=list(size))
+
+
+@aten("zeros.default", "ones.default")
+def _zeros_ones(cx, size, *, dtype=None):
+    return cx.call("zeros" if str(cx.node.target).startswith("aten.zeros") else "ones", shape=list(size), dtype=cx.out_dtype)
+
+
+@aten("full_like.default")
+def _full_like(cx, self, fill_value, *, dtype=None):
+    return cx.call("full", cx.scalar(fill_value, cx.out_dtype), shape=list(cx.out_shape))
+
+
+@aten("zeros_like.default", "ones_like.default")
+def _zeros_ones_like(cx, self, *, dtype=None):
+    fill = 1 if str(cx.node.target).startswith("aten.ones") else 0
+    return cx.call("full", cx.scalar(fill, cx.out_dtype), shape=list(cx.out_shape))
+
+
+@aten("scalar_tensor.default")
+def _scalar_tensor(cx, s, *, dtype=None):
+    return cx.scalar(s, cx.out_dtype)
+
+
+@aten("arange.default", "arange.start", "arange.start_step")
+def _arange(cx, start, end=None, step=1, *, dtype=None):
+    """A static range is a constant; a range over a symbolic length has no dpl op."""
+    start, end = (0, start) if end is None else (start, end)
+    for name, value in (("start", start), ("end", end), ("step", step)):
+        if not isinstance(value, (int, float)):
+            raise FrontendError(f"a range with the symbolic {name} '{value}' has no dpl op",
+                                hint="make the length static, or compute the tensor outside the model and pass it in")
+    return cx.scalar(np.arange(start, end, step), cx.out_dtype)
+
+
+def _triangle(keep):
+    def translate(cx, self, diagonal=0):
+        x = cx.tensor(self)
+        rows, cols = (cx.static(d, "a dimension of a triangular mask") for d in x.ty.shape[-2:])
+        mask = keep(np.ones((rows, cols), bool), diagonal)
+        return cx.call("where", cx.scalar(mask, "bool"), x, cx.scalar(0, x.ty.dtype))
+
+    return translate
+
+
+aten("triu.default")(_triangle(np.triu))
+aten("tril.default")(_triangle(np.tril))
+
+
+def _unavailable(what: str):
+    from dpl.frontend.torch_graph import Unavailable
+
+    return Unavailable(what)
