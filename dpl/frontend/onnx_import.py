@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -42,8 +43,8 @@ def from_onnx(model: Any, *, shapes: Mapping[str, Sequence[int | str]] | None = 
     exponents and scales are part of the program the rewrites read.
     """
     onnx = _import_onnx()
-    model = _prepare(onnx, _load(onnx, model), shapes)
-    return _GraphImporter(onnx, model, keep_params_as_inputs).run(entry)
+    model, declared = _prepare(onnx, _load(onnx, model), shapes)
+    return _GraphImporter(onnx, model, declared, keep_params_as_inputs).run(entry)
 
 
 def onnx_params(model: Any, mod: Module, entry: str = "main") -> list[np.ndarray]:
@@ -105,10 +106,14 @@ def _prepare(onnx, model, shapes):
         _override_shapes(copy.graph, shapes)
     if copy.functions:
         copy = onnx.inliner.inline_local_functions(copy)
+    declared = _tensor_types(list(copy.graph.value_info) + list(copy.graph.output))
+    # not strict: ONNX's shape functions for some older op versions disagree with the spec (a
+    # ceil_mode pool keeps a window the spec drops), and a valid model must still import
     try:
-        return onnx.shape_inference.infer_shapes(copy, check_type=True, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(copy, check_type=True, strict_mode=False, data_prop=True)
     except onnx.shape_inference.InferenceError as err:
         raise FrontendError(f"ONNX shape inference failed: {_first_line(err)}") from None
+    return inferred, declared
 
 
 def _first_line(err: Exception) -> str:
@@ -176,7 +181,7 @@ class _Names:
 
 
 class _GraphImporter:
-    def __init__(self, onnx, model, keep_params_as_inputs: bool):
+    def __init__(self, onnx, model, declared, keep_params_as_inputs: bool):
         self.onnx = onnx
         self.model = model
         self.graph = model.graph
@@ -189,7 +194,8 @@ class _GraphImporter:
         self.param_of: dict[str, str] = {}  # initializer -> parameter name, for those that may become params
         self.params: dict[str, Var] = {}
         self.bound: dict[int, tuple[Expr, Var]] = {}  # id(unbound call) -> (the call, its variable)
-        self.inferred = self._inferred_types()
+        self.declared = declared  # types the model states (its outputs, value_info): a contract
+        self.inferred = _tensor_types(list(self.graph.value_info) + list(self.graph.output))  # ONNX's opinion
         self.fb = FunctionBuilder("main")
 
     def _opset(self) -> int:
@@ -323,29 +329,45 @@ class _GraphImporter:
         self.bound[id(e)] = (e, var)  # holding e keeps its id from being reused
         return var
 
-    def _inferred_types(self) -> dict[str, tuple[int, list[int | None] | None]]:
-        out = {}
-        for vi in list(self.graph.value_info) + list(self.graph.output):
-            if not vi.type.HasField("tensor_type"):
-                continue
-            t = vi.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] if t.HasField("shape") else None
-            out[vi.name] = (t.elem_type, dims)
-        return out
-
     def _check_inferred(self, where: str, name: str, value: Any) -> None:
-        """dpl's type of an output must agree with ONNX's inference wherever ONNX knows it."""
-        from dpl.frontend.onnx_node import ONNX_DTYPES
-
-        if name not in self.inferred or not isinstance(getattr(value, "ty", None), TensorType):
+        """dpl's type of an output against what ONNX knows of it: disagreeing with a type the
+        model declares is an error; with one only ONNX's shape inference found, a warning (its
+        shape functions for older op versions are not always right)."""
+        if not isinstance(getattr(value, "ty", None), TensorType):
             return
-        elem, dims = self.inferred[name]
-        ty = value.ty
-        agree = ONNX_DTYPES.get(elem, ty.dtype) == ty.dtype or elem == 0
-        if dims is not None:
-            agree = agree and len(dims) == ty.ndim and all(
-                want is None or isinstance(have, str) or want == have for want, have in zip(dims, ty.shape))
-        if not agree:
-            raise FrontendError(f"{where}: output '{name}' translates to {ty}, but ONNX infers "
-                                f"{ONNX_DTYPES.get(elem, elem)}{['?' if d is None else d for d in dims] if dims is not None else ''}",
-                                hint="this is a bug in dpl's ONNX frontend; please report the model")
+        for table, declared in ((self.declared, True), (self.inferred, False)):
+            if name in table and not _agrees(value.ty, *table[name]):
+                message = (f"{where}: output '{name}' translates to {value.ty}, but "
+                           f"{'the model declares' if declared else 'ONNX shape inference gives'} {_show_type(*table[name])}")
+                if declared:
+                    raise FrontendError(message, hint="if the model is right, this is a bug in dpl's ONNX frontend")
+                warnings.warn(message, stacklevel=4)
+                return
+
+
+def _tensor_types(value_infos) -> dict[str, tuple[int, list[int | None] | None]]:
+    """Element type and dims (None where unknown or symbolic) of each tensor value_info."""
+    out = {}
+    for vi in value_infos:
+        if not vi.type.HasField("tensor_type"):
+            continue
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] if t.HasField("shape") else None
+        out[vi.name] = (t.elem_type, dims)
+    return out
+
+
+def _agrees(ty: TensorType, elem: int, dims) -> bool:
+    from dpl.frontend.onnx_node import ONNX_DTYPES
+
+    if elem and ONNX_DTYPES.get(elem) != ty.dtype:
+        return False
+    if dims is None:
+        return True
+    return len(dims) == ty.ndim and all(want is None or isinstance(have, str) or want == have for want, have in zip(dims, ty.shape))
+
+
+def _show_type(elem: int, dims) -> str:
+    from dpl.frontend.onnx_node import onnx_dtype_name
+
+    return onnx_dtype_name(elem) + ("" if dims is None else "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]")
