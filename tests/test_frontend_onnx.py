@@ -317,3 +317,205 @@ def test_every_table_entry_is_covered_and_names_real_op_versions():
     for op_type, entry in ONNX_OPS.items():
         versions = {s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.name == op_type and s.domain == ""}
         assert entry.first in versions and entry.last in versions, (op_type, entry, sorted(versions))
+
+
+# -- whole models -----------------------------------------------------------------------------
+
+
+class GraphWriter:
+    """A few lines per layer: nodes, initializers and fresh names for an onnx.helper graph."""
+
+    def __init__(self, seed=0):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.count = [], [], 0
+
+    def weight(self, *shape, scale=None, value=None):
+        name = f"w{len(self.inits)}"
+        if value is None:
+            scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1] if len(shape) > 1 else 4)
+            value = self.rng.standard_normal(shape) * scale
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32 if np.asarray(value).dtype.kind == "f" else None), name))
+        return name
+
+    def ints(self, *values):
+        name = f"i{len(self.inits)}"
+        self.inits.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
+        return name
+
+    def __call__(self, op, *inputs, outputs=1, **attrs):
+        names = [f"/{op.lower()}_{self.count}/out{k}" for k in range(outputs)]
+        self.nodes.append(helper.make_node(op, list(inputs), names, name=f"/{op.lower()}_{self.count}", **attrs))
+        self.count += 1
+        return names[0] if outputs == 1 else names
+
+    def model(self, inputs, outputs, opset=17):
+        graph = helper.make_graph(self.nodes, "model", inputs, outputs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        onnx.checker.check_model(model)
+        return model
+
+
+def f32_input(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def mlp_model():
+    g = GraphWriter(1)
+    h = g("Relu", g("Gemm", "x", g.weight(32, 16), g.weight(32, scale=0.1), transB=1))
+    y = g("Gemm", h, g.weight(32, 10), g.weight(1, 10, scale=0.1), alpha=0.5)
+    out = g("Softmax", y, axis=-1)
+    return g.model([f32_input("x", ["batch", 16])], [f32_input(out, ["batch", 10])])
+
+
+def cnn_model():
+    g = GraphWriter(2)
+    h = g("Relu", g("Conv", "image", g.weight(8, 3, 3, 3, scale=0.3), g.weight(8, scale=0.1), pads=[1, 1, 1, 1]))
+    h = g("MaxPool", h, kernel_shape=[2, 2], strides=[2, 2])
+    h = g("BatchNormalization", g("Conv", h, g.weight(16, 8, 3, 3, scale=0.2), strides=[1, 1]), g.weight(16, scale=1.0),
+          g.weight(16, scale=0.1), g.weight(16, scale=0.1), g.weight(value=np.linspace(0.5, 2.0, 16)))
+    h = g("AveragePool", g("Relu", h), kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1])
+    wide = g("Flatten", h)
+    narrow = g("Flatten", g("GlobalAveragePool", h))
+    y = g("Add", g("Gemm", wide, g.weight(16 * 3 * 3, 10, scale=0.05)), g("Gemm", narrow, g.weight(10, 16), transB=1))
+    return g.model([f32_input("image", ["batch", 3, 16, 16])], [f32_input(y, ["batch", 10])])
+
+
+def decomposed_layer_norm(g, x, width, eps=1e-5):
+    """LayerNorm as torch exports it below opset 17."""
+    mu = g("ReduceMean", x, axes=[-1])
+    d = g("Sub", x, mu)
+    var = g("ReduceMean", g("Pow", d, g.weight(value=2.0)), axes=[-1])
+    n = g("Div", d, g("Sqrt", g("Add", var, g.weight(value=eps))))
+    return g("Add", g("Mul", n, g.weight(value=1.0 + 0.1 * g.rng.standard_normal(width))), g.weight(width, scale=0.1))
+
+
+def erf_gelu(g, x):
+    """GELU as torch exports nn.GELU() below opset 20."""
+    e = g("Erf", g("Div", x, g.weight(value=1.4142135381698608)))
+    return g("Mul", g("Mul", x, g("Add", e, g.weight(value=1.0))), g.weight(value=0.5))
+
+
+def transformer_model(seq=8, width=16, heads=2):
+    """Pre-norm block: decomposed LayerNorm, multi-head attention (Reshape with 0, Transpose,
+    MatMul, scale, Softmax), LayerNormalization, an erf-GELU MLP; batch is symbolic."""
+    g = GraphWriter(3)
+    dh = width // heads
+    h = decomposed_layer_norm(g, "x", width)
+
+    def split_heads(t, perm):
+        return g("Transpose", g("Reshape", t, g.ints(0, 0, heads, dh)), perm=perm)
+
+    q = split_heads(g("MatMul", h, g.weight(width, width)), [0, 2, 1, 3])
+    k = split_heads(g("MatMul", h, g.weight(width, width)), [0, 2, 3, 1])
+    v = split_heads(g("MatMul", h, g.weight(width, width)), [0, 2, 1, 3])
+    p = g("Softmax", g("Div", g("MatMul", q, k), g.weight(value=[float(np.sqrt(dh))])), axis=-1)
+    a = g("Reshape", g("Transpose", g("MatMul", p, v), perm=[0, 2, 1, 3]), g.ints(0, 0, width))
+    x1 = g("Add", "x", g("MatMul", a, g.weight(width, width)))
+    h2 = g("LayerNormalization", x1, g.weight(width, scale=0.1, value=1 + 0.1 * g.rng.standard_normal(width)), g.weight(width, scale=0.1))
+    m = erf_gelu(g, g("Add", g("MatMul", h2, g.weight(width, 4 * width)), g.weight(4 * width, scale=0.1)))
+    y = g("Add", x1, g("Add", g("MatMul", m, g.weight(4 * width, width)), g.weight(width, scale=0.1)))
+    return g.model([f32_input("x", ["batch", seq, width])], [f32_input(y, ["batch", seq, width])])
+
+
+def rms_norm_model(width=16):
+    """Llama's RMSNorm as exported: x * Reciprocal(Sqrt(mean(x^2) + eps)) * w."""
+    g = GraphWriter(4)
+    var = g("ReduceMean", g("Pow", "x", g.weight(value=2.0)), axes=[-1])
+    r = g("Reciprocal", g("Sqrt", g("Add", var, g.weight(value=1e-6))))
+    y = g("Mul", g.weight(value=1 + 0.1 * g.rng.standard_normal(width)), g("Mul", "x", r))
+    return g.model([f32_input("x", ["batch", width])], [f32_input(y, ["batch", width])])
+
+
+MODELS = {"mlp": mlp_model, "cnn": cnn_model, "transformer": transformer_model, "rms_norm": rms_norm_model}
+
+
+def model_feeds(model, batch, seed):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i in model.graph.input:
+        dims = [batch if d.dim_param else d.dim_value for d in i.type.tensor_type.shape.dim]
+        feeds[i.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_matches_the_reference_at_two_batch_sizes(name):
+    model = MODELS[name]()
+    mod = dpl.from_onnx(model)
+    assert all("batch" in p.ty.shape for p in mod["main"].params)
+    reference = ReferenceEvaluator(model)
+    for batch in (2, 5):
+        feeds = model_feeds(model, batch, seed=batch)
+        assert_matches(run_imported(mod, model, feeds), reference.run(None, feeds))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_after_rewrites_fusion_and_cpu_build_still_matches(name):
+    model = MODELS[name]()
+    fused = dpl.apply(dpl.from_onnx(model), ["rewrites", "llm"])
+    exe = dpl.build(fused, "cpu")
+    reference = ReferenceEvaluator(model)
+    for batch in (2, 5):
+        feeds = model_feeds(model, batch, seed=10 + batch)
+        assert_matches(exe(*feeds.values()), reference.run(None, feeds))
+
+
+def composites(mod):
+    return sorted(f.attrs["Composite"] for f in mod.functions.values() if "Composite" in f.attrs)
+
+
+def test_rewrites_and_llm_patterns_claim_the_exported_transformer():
+    mod = dpl.from_onnx(transformer_model())
+    rewritten = dpl.apply(mod, ["rewrites"], composites=False, fuse=False)
+    ops = [b.value.op for b in rewritten["main"].bindings]
+    assert ops.count("nn.layer_norm") == 2 and "nn.gelu" in ops, ops  # the decomposed LayerNorm and GELU
+    assert "erf" not in ops and "sqrt" not in ops and "mean" not in ops
+    fused = dpl.apply(mod, ["rewrites", "llm"], fuse=False)
+    assert composites(fused) == ["kernel.attention", "kernel.gelu"]
+
+
+def test_exported_rms_norm_becomes_nn_rms_norm():
+    mod = dpl.from_onnx(rms_norm_model())
+    rewritten = dpl.apply(mod, ["rewrites"], composites=False, fuse=False)
+    assert [b.value.op for b in rewritten["main"].bindings] == ["nn.rms_norm"]
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    np.testing.assert_allclose(dpl.interpret(rewritten, x), dpl.interpret(mod, x), rtol=1e-5, atol=1e-6)
+
+
+def test_params_kept_as_inputs_compute_the_same():
+    model = transformer_model()
+    mod = dpl.from_onnx(model, keep_params_as_inputs=True)
+    params = onnx_params(model, mod)
+    main = mod["main"]
+    assert [p.name for p in main.params][:1] == ["x"] and len(main.params) == 1 + len(params)
+    assert all(a.size > 1 for a in params)  # scalars (eps, exponents, scales) stay constants
+    feeds = model_feeds(model, 3, seed=0)
+    assert_matches(dpl.interpret(mod, feeds["x"], *params), ReferenceEvaluator(model).run(None, feeds))
+    # the rewrites still see the constants they check
+    ops = [b.value.op for b in dpl.apply(mod, ["rewrites"], composites=False, fuse=False)["main"].bindings]
+    assert ops.count("nn.layer_norm") == 2 and "nn.gelu" in ops
+
+
+def test_a_model_loads_from_a_path(tmp_path):
+    model = mlp_model()
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    assert dpl.structural_equal(dpl.from_onnx(str(path)), dpl.from_onnx(model))
+    assert dpl.structural_equal(dpl.from_onnx(path), dpl.from_onnx(model))
+
+
+def test_shapes_override_fixes_a_symbolic_dimension():
+    model = mlp_model()
+    mod = dpl.from_onnx(model, shapes={"x": [4, 16]})
+    assert mod["main"].params[0].ty.shape == (4, 16) and mod["main"].ret.ty.shape == (4, 10)
+    renamed = dpl.from_onnx(model, shapes={"x": ["rows", 16]})
+    assert renamed["main"].ret.ty.shape == ("rows", 10)
+    feeds = model_feeds(model, 4, seed=0)
+    assert_matches(dpl.interpret(mod, feeds["x"]), ReferenceEvaluator(model).run(None, feeds))
+
+
+def test_importing_leaves_the_model_untouched():
+    model = transformer_model()
+    before = model.SerializeToString()
+    dpl.from_onnx(model, shapes={"x": [2, 8, 16]})
+    assert model.SerializeToString() == before
