@@ -105,6 +105,21 @@ def single_node_model(case: Case, rng):
     return finish_model([node], inputs, inits, outs, feeds, case.opset, case.spec)
 
 
+def untyped_single_node_model(case: Case):
+    """The case as a one-node model without running it (outputs declared as float scalars)."""
+    inputs, inits, names = [], [], []
+    for i, a in enumerate(case.args):
+        names.append("" if a is None else f"in{i}")
+        if isinstance(a, C):
+            inits.append(numpy_helper.from_array(a.array(), f"in{i}"))
+        elif a is not None:
+            inputs.append(helper.make_tensor_value_info(f"in{i}", tensor_type(a.dtype), a.shape))
+    outs = [f"out{k}" for k in range(case.outputs)]
+    node = helper.make_node(case.op, names, outs, **case.attrs)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, []) for o in outs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)])
+
+
 def finish_model(nodes, inputs, inits, outs, feeds, opset, spec=None):
     """Declare the outputs with the types the reference evaluator computes, then check."""
     untyped = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs]
@@ -519,3 +534,173 @@ def test_importing_leaves_the_model_untouched():
     before = model.SerializeToString()
     dpl.from_onnx(model, shapes={"x": [2, 8, 16]})
     assert model.SerializeToString() == before
+
+
+# -- errors users see -------------------------------------------------------------------------
+
+
+def import_error(model, **options) -> str:
+    with pytest.raises(FrontendError) as info:
+        dpl.from_onnx(model, **options)
+    return str(info.value)
+
+
+def one_node(op, inputs, outputs, opset=17, inits=(), domain="", out_shape=(3, 4), **attrs):
+    node = helper.make_node(op, [n for n, _ in inputs] + [t.name for t in inits], outputs, name="culprit", domain=domain, **attrs)
+    opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, out_shape) for o in outputs[:1]], list(inits))
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+X34 = ("x", (TensorProto.FLOAT, [3, 4]))
+Y34 = ("x2", (TensorProto.FLOAT, [3, 4]))
+
+
+def test_unsupported_op_names_op_node_index_and_opset():
+    g = GraphWriter()
+    y = g("Relu", "x")
+    g.nodes.append(helper.make_node("Hardmax", [y], ["z"], name="the_culprit"))
+    model = g.model([f32_input("x", [3, 4])], [f32_input("z", [3, 4])], opset=13)
+    message = import_error(model)
+    assert "ONNX node #1 'the_culprit' (Hardmax, opset 13)" in message
+    assert "op type 'Hardmax' is not supported" in message
+    assert "Traceback" not in message
+
+
+def test_unsupported_domain():
+    message = import_error(one_node("FusedMatMul", [X34, Y34], ["y"], domain="com.microsoft"))
+    assert "'FusedMatMul' of domain 'com.microsoft' is not supported" in message and "#0 'culprit'" in message
+
+
+def test_unsupported_op_version_names_the_versions_dpl_knows():
+    message = import_error(one_node("Add", [X34, Y34], ["y"], opset=6))
+    assert "ONNX node #0 'culprit' (Add, opset 6)" in message
+    assert "Add version 6 (selected by opset 6) is not supported; dpl translates versions 7 to 14" in message
+
+
+@pytest.mark.parametrize("op,attrs,opset,expect", [
+    ("Cast", {"to": TensorProto.STRING}, 17, "attribute to='STRING' is not supported; dpl supports casts to FLOAT"),
+    ("Gelu", {"approximate": "sigmoid"}, 20, "attribute approximate='sigmoid' is not supported; dpl supports 'none' and 'tanh'"),
+    ("MaxPool", {"kernel_shape": [2, 2], "auto_pad": "SAME_MIDDLE"}, 17, "attribute auto_pad='SAME_MIDDLE' is not supported"),
+    ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, 17, "attribute ceil_mode=1 is not supported"),
+    ("BatchNormalization", {"training_mode": 1}, 15, "attribute training_mode=1 is not supported"),
+])
+def test_unsupported_attribute_values_name_the_attribute(op, attrs, opset, expect):
+    image = ("x", (TensorProto.FLOAT, [1, 2, 5, 5]))
+    vec = [numpy_helper.from_array(np.ones(2, np.float32), n) for n in ("s", "b", "m", "v")]
+    inputs, inits = ([image], vec) if op == "BatchNormalization" else ([image], [])
+    model = one_node(op, inputs, ["y"], opset=opset, inits=inits, out_shape=[None] * 4, **attrs)
+    message = import_error(model)
+    assert f"ONNX node #0 'culprit' ({op}, opset {opset})" in message and expect in message, message
+
+
+def test_dynamic_reshape_shape_is_a_clear_error():
+    model = one_node("Reshape", [X34, ("shape", (TensorProto.INT64, [2]))], ["y"], out_shape=[None, None])
+    message = import_error(model)
+    assert "ONNX node #0 'culprit' (Reshape, opset 17)" in message
+    assert "the shape (input 'shape') is computed at run time; dpl needs it constant" in message
+    assert "hint:" in message
+
+
+def test_symbolic_shape_used_as_data_is_a_clear_error():
+    g = GraphWriter()
+    s = g("Shape", "x")
+    doubled = g("Mul", s, g.ints(2, 1))
+    y = g("Reshape", "x", doubled)
+    model = g.model([f32_input("x", ["batch", 4])], [f32_input(y, [None, None])])
+    message = import_error(model)
+    assert "(Mul, opset 17)" in message and "is a shape with symbolic dimensions [batch, 4], used here as data" in message
+
+
+def test_symbolic_shapes_flow_into_reshape_targets():
+    # x.view(x.size(0), -1) as torch exports it: Shape -> Gather -> Unsqueeze -> Concat -> Reshape
+    g = GraphWriter()
+    n = g("Unsqueeze", g("Gather", g("Shape", "x"), g.weight(value=np.int64(0))), g.ints(0))
+    y = g("Reshape", "x", g("Concat", n, g.ints(-1), axis=0))
+    model = g.model([f32_input("x", ["batch", 3, 4])], [f32_input(y, ["batch", 12])])
+    mod = dpl.from_onnx(model)
+    assert [b.value.op for b in mod["main"].bindings] == ["reshape"] and mod["main"].ret.ty.shape == ("batch", 12)
+    feeds = model_feeds(model, 5, seed=0)
+    assert_matches(run_imported(mod, model, feeds), ReferenceEvaluator(model).run(None, feeds))
+
+
+def test_used_secondary_outputs_are_refused():
+    node = helper.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2], name="pool")
+    graph = helper.make_graph([node], "g", [f32_input("x", [1, 1, 4, 4])],
+                              [f32_input("y", [1, 1, 3, 3]), helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 1, 3, 3])])
+    message = import_error(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert "'pool' (MaxPool, opset 17): output 1 (Indices) is used" in message
+
+
+@pytest.mark.parametrize("shapes,expect", [
+    ({"y": [3, 16]}, "shapes= names 'y', which is no input of the graph (inputs: x)"),
+    ({"x": [3]}, "shapes['x'] = [3] has rank 1, but the model declares rank 2"),
+    ({"x": [3, 8]}, "shapes['x'] sets dimension 1 to 8, but the model fixes it at 16"),
+    ({"x": [3.5, 16]}, "dimension 0 must be a size or a symbolic name"),
+])
+def test_bad_shape_overrides(shapes, expect):
+    assert expect in import_error(mlp_model(), shapes=shapes)
+
+
+def test_bad_model_arguments(tmp_path):
+    assert "no ONNX model at" in import_error(str(tmp_path / "missing.onnx"))
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00not a protobuf at all\xff" * 3)
+    assert "is not a readable ONNX model" in import_error(junk)
+    assert "takes an onnx.ModelProto or a path, got int" in import_error(42)
+    broken = one_node("Relu", [X34], ["y"])
+    broken.graph.node[0].input[0] = "nowhere"
+    assert "the model is not valid ONNX" in import_error(broken)
+
+
+def test_a_declared_type_dpl_disagrees_with_is_an_error():
+    model = one_node("Relu", [X34], ["y"], out_shape=(3, 5))
+    message = import_error(model)
+    assert "output 'y' translates to f32[3, 4], but the model declares FLOAT[3, 5]" in message
+
+
+def test_import_dpl_does_not_import_onnx():
+    code = "import sys, dpl; dpl.from_onnx; assert 'onnx' not in sys.modules, 'onnx was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fuzzed_attributes_import_or_raise_frontend_errors():
+    """Random integer attribute values on the table's nodes: the import either succeeds or says
+    what is wrong; it never escapes with another exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    cases = [c for c in OP_CASES if any(isinstance(v, (int, list)) for v in c.attrs.values())]
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.sampled_from(cases), st.data())
+    def check(case, data):
+        key = data.draw(st.sampled_from([k for k, v in case.attrs.items() if isinstance(v, (int, list))]))
+        old = case.attrs[key]
+        new = data.draw(st.integers(-3, 9)) if isinstance(old, int) else data.draw(st.lists(st.integers(-3, 9), min_size=0, max_size=5))
+        mutated = Case(case.op, case.args, {**case.attrs, key: new}, case.opset, case.outputs)
+        try:
+            model, _, _ = single_node_model(mutated, np.random.default_rng(0))
+        except Exception:  # the reference evaluator rejects it: declare the outputs as scalars
+            try:
+                model = untyped_single_node_model(mutated)
+            except ValueError:  # onnx.helper cannot even write the attribute (an empty list)
+                return
+        try:
+            dpl.from_onnx(model)
+        except FrontendError:
+            pass
+
+    check()
+
+
+# -- measured ---------------------------------------------------------------------------------
+
+
+def test_import_time_of_the_largest_test_model_is_small():
+    model = transformer_model()
+    start = time.perf_counter()
+    dpl.from_onnx(model)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 2.0, f"importing the transformer block took {elapsed:.3f} s"

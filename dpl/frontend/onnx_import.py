@@ -1,12 +1,14 @@
 """Import an ONNX model as a dpl :class:`~dpl.ir.Module`: ``dpl.from_onnx(model_or_path)``.
 
 The model is checked (``onnx.checker``), its input shapes are overridden where the caller asks,
-ONNX shape inference runs, and the nodes (already in topological order in a valid model) are
-translated one by one through the op table of :mod:`dpl.frontend.onnx_ops`. Initializers become
-constants, or parameters after the graph inputs with ``keep_params_as_inputs=True``; symbolic
-input dimensions (``dim_param``) become dpl symbolic dimensions. Every output dpl infers is
-compared with the shape ONNX inferred, so a translation that disagrees with ONNX fails at import
-rather than giving wrong numbers later.
+and the nodes (already in topological order in a valid model) are translated one by one through
+the op table of :mod:`dpl.frontend.onnx_ops`. Initializers become constants, or parameters after
+the graph inputs with ``keep_params_as_inputs=True``; symbolic input dimensions (``dim_param``)
+become dpl symbolic dimensions. Every output's dpl type must agree with the type the model
+declares for it (its outputs, the exporter's ``value_info``). Then ONNX shape inference gives a
+second opinion on the rest, as warnings: it runs after translation because dpl validates
+attributes first, and ONNX's shape functions crash the process on some invalid ones (a Conv
+with stride 0).
 
 onnx is imported only when a model is imported: ``import dpl`` never loads it.
 """
@@ -43,8 +45,11 @@ def from_onnx(model: Any, *, shapes: Mapping[str, Sequence[int | str]] | None = 
     exponents and scales are part of the program the rewrites read.
     """
     onnx = _import_onnx()
-    model, declared = _prepare(onnx, _load(onnx, model), shapes)
-    return _GraphImporter(onnx, model, declared, keep_params_as_inputs).run(entry)
+    model = _prepare(onnx, _load(onnx, model), shapes)
+    importer = _GraphImporter(onnx, model, keep_params_as_inputs)
+    mod = importer.run(entry)
+    importer.compare_with_shape_inference()
+    return mod
 
 
 def onnx_params(model: Any, mod: Module, entry: str = "main") -> list[np.ndarray]:
@@ -94,11 +99,11 @@ def _load(onnx, model: Any):
 
 
 def _prepare(onnx, model, shapes):
-    """A checked copy of ``model`` with ``shapes`` applied, local functions inlined and shapes
-    inferred. The caller's model is never changed."""
+    """A checked copy of ``model`` with ``shapes`` applied and local functions inlined. The
+    caller's model is never changed."""
     try:
         onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as err:
+    except Exception as err:  # ValidationError, or ValueError for some malformed protos
         raise FrontendError(f"the model is not valid ONNX: {_first_line(err)}") from None
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -106,14 +111,7 @@ def _prepare(onnx, model, shapes):
         _override_shapes(copy.graph, shapes)
     if copy.functions:
         copy = onnx.inliner.inline_local_functions(copy)
-    declared = _tensor_types(list(copy.graph.value_info) + list(copy.graph.output))
-    # not strict: ONNX's shape functions for some older op versions disagree with the spec (a
-    # ceil_mode pool keeps a window the spec drops), and a valid model must still import
-    try:
-        inferred = onnx.shape_inference.infer_shapes(copy, check_type=True, strict_mode=False, data_prop=True)
-    except onnx.shape_inference.InferenceError as err:
-        raise FrontendError(f"ONNX shape inference failed: {_first_line(err)}") from None
-    return inferred, declared
+    return copy
 
 
 def _first_line(err: Exception) -> str:
@@ -181,7 +179,7 @@ class _Names:
 
 
 class _GraphImporter:
-    def __init__(self, onnx, model, declared, keep_params_as_inputs: bool):
+    def __init__(self, onnx, model, keep_params_as_inputs: bool):
         self.onnx = onnx
         self.model = model
         self.graph = model.graph
@@ -194,8 +192,9 @@ class _GraphImporter:
         self.param_of: dict[str, str] = {}  # initializer -> parameter name, for those that may become params
         self.params: dict[str, Var] = {}
         self.bound: dict[int, tuple[Expr, Var]] = {}  # id(unbound call) -> (the call, its variable)
-        self.declared = declared  # types the model states (its outputs, value_info): a contract
-        self.inferred = _tensor_types(list(self.graph.value_info) + list(self.graph.output))  # ONNX's opinion
+        # the types the model states (its outputs, the exporter's value_info): a contract
+        self.declared = _tensor_types(list(self.graph.value_info) + list(self.graph.output))
+        self.translated: dict[str, tuple[str, TensorType]] = {}  # output -> (node, its dpl type)
         self.fb = FunctionBuilder("main")
 
     def _opset(self) -> int:
@@ -310,7 +309,7 @@ class _GraphImporter:
         for i, name in enumerate(node.output):
             if name and i < len(results):
                 self.values[name] = self._bind(results[i], name)
-                self._check_inferred(where, name, self.values[name])
+                self._check_declared(where, name, self.values[name])
 
     def _bind(self, e: Any, name: str | None = None) -> Any:
         """Bind each call inside ``e`` (inner calls under fresh names, ``e`` under ``name``)."""
@@ -329,20 +328,30 @@ class _GraphImporter:
         self.bound[id(e)] = (e, var)  # holding e keeps its id from being reused
         return var
 
-    def _check_inferred(self, where: str, name: str, value: Any) -> None:
-        """dpl's type of an output against what ONNX knows of it: disagreeing with a type the
-        model declares is an error; with one only ONNX's shape inference found, a warning (its
-        shape functions for older op versions are not always right)."""
+    def _check_declared(self, where: str, name: str, value: Any) -> None:
+        """dpl's type of an output must agree with the type the model declares for it."""
         if not isinstance(getattr(value, "ty", None), TensorType):
             return
-        for table, declared in ((self.declared, True), (self.inferred, False)):
-            if name in table and not _agrees(value.ty, *table[name]):
-                message = (f"{where}: output '{name}' translates to {value.ty}, but "
-                           f"{'the model declares' if declared else 'ONNX shape inference gives'} {_show_type(*table[name])}")
-                if declared:
-                    raise FrontendError(message, hint="if the model is right, this is a bug in dpl's ONNX frontend")
-                warnings.warn(message, stacklevel=4)
-                return
+        self.translated[name] = (where, value.ty)
+        if name in self.declared and not _agrees(value.ty, *self.declared[name]):
+            raise FrontendError(f"{where}: output '{name}' translates to {value.ty}, but the model declares "
+                                f"{_show_type(*self.declared[name])}",
+                                hint="if the model is right, this is a bug in dpl's ONNX frontend")
+
+    def compare_with_shape_inference(self) -> None:
+        """ONNX's shape inference as a second opinion on the types the model does not declare:
+        a disagreement is a warning, since ONNX's shape functions for some older op versions
+        differ from the spec (a ceil_mode pool keeping a window the spec drops). Not strict, so
+        such a disagreement never stops a valid model."""
+        try:
+            inferred = self.onnx.shape_inference.infer_shapes(self.model, check_type=True, strict_mode=False, data_prop=True)
+        except Exception as err:  # InferenceError, or ValueError for some malformed attributes
+            raise FrontendError(f"ONNX shape inference failed: {_first_line(err)}") from None
+        for name, (elem, dims) in _tensor_types(inferred.graph.value_info).items():
+            if name in self.translated and name not in self.declared and not _agrees(self.translated[name][1], elem, dims):
+                where, ty = self.translated[name]
+                warnings.warn(f"{where}: output '{name}' translates to {ty}, but ONNX shape inference gives "
+                              f"{_show_type(elem, dims)}", stacklevel=3)
 
 
 def _tensor_types(value_infos) -> dict[str, tuple[int, list[int | None] | None]]:

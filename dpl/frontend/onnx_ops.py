@@ -79,6 +79,9 @@ def _window(ctx: NodeContext, x: TensorType, kernel: list[int], what: str):
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     if len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
         raise ctx.error(f"strides {strides}, dilations {dilations} and pads {pads} do not fit a {n}-D {what}")
+    if min(kernel) < 1 or min(strides) < 1 or min(dilations) < 1 or min(pads, default=0) < 0:
+        raise ctx.error(f"kernel {kernel}, strides {strides} and dilations {dilations} must be positive and pads {pads} "
+                        "not negative")
     spatial = x.shape[2:]
     for axis, d in enumerate(spatial):
         if isinstance(d, str):
@@ -475,8 +478,8 @@ def _split(ctx: NodeContext):
     elif ctx.version < 13 and ctx.attr("split", None) is not None:
         sizes = list(ctx.attr("split"))
     else:
-        if ctx.version >= 18:
-            count = ctx.attr("num_outputs", count)
+        if ctx.version >= 18 and ctx.attr("num_outputs", count) != count:
+            raise ctx.error(f"num_outputs {ctx.attr('num_outputs')} differs from the node's {count} outputs")
         if isinstance(size, str):
             raise ctx.error(f"cannot split symbolic dimension '{size}'")
         step = -(-size // count)
