@@ -316,6 +316,8 @@ def case_id(case: Case) -> str:
 
 @pytest.mark.parametrize("case", OP_CASES, ids=case_id)
 def test_op_matches_the_reference(case):
+    if case.opset > onnx.defs.onnx_opset_version():
+        pytest.skip(f"onnx {onnx.__version__} predates opset {case.opset}")
     rng = np.random.default_rng(sum(map(ord, case_id(case))))
     model, feeds, expected = single_node_model(case, rng)
     with warnings.catch_warnings():
@@ -331,6 +333,8 @@ def test_every_table_entry_is_covered_and_names_real_op_versions():
     assert set(ONNX_OPS) <= covered, sorted(set(ONNX_OPS) - covered)
     for op_type, entry in ONNX_OPS.items():
         versions = {s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.name == op_type and s.domain == ""}
+        if entry.first > onnx.defs.onnx_opset_version():
+            continue  # an op newer than the installed onnx
         assert entry.first in versions and entry.last in versions, (op_type, entry, sorted(versions))
 
 
@@ -681,14 +685,18 @@ def test_fuzzed_attributes_import_or_raise_frontend_errors():
         new = data.draw(st.integers(-3, 9)) if isinstance(old, int) else data.draw(st.lists(st.integers(-3, 9), min_size=0, max_size=5))
         mutated = Case(case.op, case.args, {**case.attrs, key: new}, case.opset, case.outputs)
         try:
-            model, _, _ = single_node_model(mutated, np.random.default_rng(0))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the reference evaluator's NumPy warnings on odd inputs
+                model, _, _ = single_node_model(mutated, np.random.default_rng(0))
         except Exception:  # the reference evaluator rejects it: declare the outputs as scalars
             try:
                 model = untyped_single_node_model(mutated)
             except ValueError:  # onnx.helper cannot even write the attribute (an empty list)
                 return
         try:
-            dpl.from_onnx(model)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a disagreement with ONNX's shape inference may warn
+                dpl.from_onnx(model)
         except FrontendError:
             pass
 

@@ -110,6 +110,8 @@ def _prepare(onnx, model, shapes):
     if shapes:
         _override_shapes(copy.graph, shapes)
     if copy.functions:
+        if not hasattr(onnx, "inliner"):
+            raise FrontendError("the model has local functions, and inlining them needs onnx >= 1.16")
         copy = onnx.inliner.inline_local_functions(copy)
     return copy
 
@@ -291,7 +293,11 @@ class _GraphImporter:
             close = difflib.get_close_matches(node.op_type, list(ONNX_OPS), n=3)
             hint = f"did you mean {', '.join(close)}?" if close else f"supported: {', '.join(sorted(ONNX_OPS))}"
             raise FrontendError(f"{where}: op type '{node.op_type}' is not supported", hint=hint)
-        version = self.onnx.defs.get_schema(node.op_type, self.opset, "").since_version
+        try:
+            version = self.onnx.defs.get_schema(node.op_type, self.opset, "").since_version
+        except self.onnx.defs.SchemaError:
+            raise FrontendError(f"{where}: the installed onnx {self.onnx.__version__} does not define "
+                                f"{node.op_type} at opset {self.opset}") from None
         if not entry.first <= version <= entry.last:
             raise FrontendError(f"{where}: {node.op_type} version {version} (selected by opset {self.opset}) is not supported; "
                                 f"dpl translates versions {entry.first} to {entry.last} of {node.op_type}")

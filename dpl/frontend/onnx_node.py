@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from dpl import dtypes
 from dpl.errors import DplError
 from dpl.frontend import FrontendError
-from dpl.ir.expr import Call, Constant, Expr, Tuple, Var
+from dpl.ir.expr import Call, Constant, Expr, Tuple
 from dpl.ir.types import TensorType
 from dpl.ops.registry import get_op, make_call
 
@@ -230,10 +230,6 @@ def fold(call: Call) -> Expr:
     if result.shape != tuple(ty.shape):
         raise DplError(f"internal error: folding {call.op} gave shape {result.shape}, expected {ty}")
     return Constant(result.astype(dtypes.to_numpy(ty.dtype), copy=False))
-
-
-def is_var_or_const(e: Expr) -> bool:
-    return isinstance(e, (Var, Constant))
 
 
 def _show(value: Any) -> str:

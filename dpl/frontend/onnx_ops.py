@@ -18,8 +18,8 @@ from typing import Callable
 
 import attrs
 import numpy as np
-import onnx
 
+from dpl import dtypes
 from dpl.frontend.onnx_node import ONNX_DTYPES, NodeContext, ShapeValue, onnx_dtype_name
 from dpl.ir.expr import Constant, Expr, TupleGetItem
 from dpl.ir.types import TensorType
@@ -253,9 +253,7 @@ def _rms_norm(ctx: NodeContext):
     return ctx.emit("nn.rms_norm", x, scale, axes=tuple(range(axis - ndim, 0)), epsilon=ctx.attr("epsilon", 1e-5))
 
 
-def _numpy_dtype(e: Expr):
-    from dpl import dtypes
-
+def _numpy_dtype(e: Expr) -> np.dtype:
     return dtypes.to_numpy(e.ty.dtype)
 
 
