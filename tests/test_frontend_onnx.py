@@ -712,3 +712,22 @@ def test_import_time_of_the_largest_test_model_is_small():
     dpl.from_onnx(model)
     elapsed = time.perf_counter() - start
     assert elapsed < 2.0, f"importing the transformer block took {elapsed:.3f} s"
+
+
+def test_shape_inference_disagreeing_with_the_spec_warns_but_imports():
+    # ONNX's shape function for MaxPool-12 keeps the ceil_mode window the spec (and the
+    # reference evaluator, PyTorch, onnxruntime) drops: dpl follows the spec and says so
+    g = GraphWriter()
+    y = g("Relu", g("MaxPool", "x", kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1))
+    model = g.model([f32_input("x", [1, 2, 7, 7])], [f32_input(y, [1, 2, 4, 4])], opset=12)
+    with pytest.warns(UserWarning, match=r"output '/maxpool_0/out0' translates to f32\[1, 2, 4, 4\], but ONNX shape inference gives FLOAT\[1, 2, 5, 5\]"):
+        mod = dpl.from_onnx(model)
+    feeds = model_feeds(model, 1, seed=0)
+    assert_matches(run_imported(mod, model, feeds), ReferenceEvaluator(model).run(None, feeds))
+
+
+def test_unreadable_initializer_data_is_a_frontend_error():
+    model = mlp_model()
+    weight = model.graph.initializer[0]
+    weight.raw_data = weight.raw_data[:-4]  # one element short
+    assert "initializer 'w0': cannot read the tensor data" in import_error(model)

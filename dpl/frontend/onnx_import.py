@@ -45,8 +45,8 @@ def from_onnx(model: Any, *, shapes: Mapping[str, Sequence[int | str]] | None = 
     exponents and scales are part of the program the rewrites read.
     """
     onnx = _import_onnx()
-    model = _prepare(onnx, _load(onnx, model), shapes)
-    importer = _GraphImporter(onnx, model, keep_params_as_inputs)
+    model, weights = _prepare(onnx, _load(onnx, model), shapes)
+    importer = _GraphImporter(onnx, model, weights, keep_params_as_inputs)
     mod = importer.run(entry)
     importer.compare_with_shape_inference()
     return mod
@@ -98,22 +98,45 @@ def _load(onnx, model: Any):
     raise FrontendError(f"from_onnx takes an onnx.ModelProto or a path, got {type(model).__name__}")
 
 
+# initializers up to this many elements stay in the skeleton: shape inference reads their values
+_SKELETON_ELEMENTS = 64
+
+
 def _prepare(onnx, model, shapes):
-    """A checked copy of ``model`` with ``shapes`` applied and local functions inlined. The
-    caller's model is never changed."""
+    """The model's skeleton, checked, with ``shapes`` applied and local functions inlined, and its
+    initializers by name. The skeleton has every node and the small initializers; the large ones
+    are only declared, so the checker and shape inference never copy or serialise the weights
+    (and a model past protobuf's 2 GB limit still imports). The caller's model is not changed."""
+    weights = {t.name: t for t in model.graph.initializer}
+    light = _skeleton(onnx, model)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(light)
     except Exception as err:  # ValidationError, or ValueError for some malformed protos
         raise FrontendError(f"the model is not valid ONNX: {_first_line(err)}") from None
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
     if shapes:
-        _override_shapes(copy.graph, shapes)
-    if copy.functions:
+        _override_shapes(light.graph, shapes, weights)
+    if light.functions:
         if not hasattr(onnx, "inliner"):
             raise FrontendError("the model has local functions, and inlining them needs onnx >= 1.16")
-        copy = onnx.inliner.inline_local_functions(copy)
-    return copy
+        light = onnx.inliner.inline_local_functions(light)
+    return light, weights
+
+
+def _skeleton(onnx, model):
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph, source = light.graph, model.graph
+    graph.name = source.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(graph, field).extend(getattr(source, field))
+    declared = {i.name for i in source.input}
+    for t in source.initializer:
+        if int(np.prod(t.dims)) <= _SKELETON_ELEMENTS:
+            graph.initializer.append(t)
+        elif t.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light
 
 
 def _first_line(err: Exception) -> str:
@@ -121,9 +144,8 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _override_shapes(graph, shapes: Mapping[str, Sequence[int | str]]) -> None:
-    inits = {t.name for t in graph.initializer}
-    inputs = {i.name: i for i in graph.input if i.name not in inits}
+def _override_shapes(graph, shapes: Mapping[str, Sequence[int | str]], weights) -> None:
+    inputs = {i.name: i for i in graph.input if i.name not in weights}
     for name, dims in shapes.items():
         if name not in inputs:
             raise FrontendError(f"shapes= names '{name}', which is no input of the graph (inputs: {', '.join(inputs) or 'none'})")
@@ -181,10 +203,11 @@ class _Names:
 
 
 class _GraphImporter:
-    def __init__(self, onnx, model, keep_params_as_inputs: bool):
+    def __init__(self, onnx, model, weights, keep_params_as_inputs: bool):
         self.onnx = onnx
         self.model = model
         self.graph = model.graph
+        self.weights = weights  # initializer name -> TensorProto, in the model's order
         self.opset = self._opset()
         self.keep_params = keep_params_as_inputs
         self.names = _Names()
@@ -208,11 +231,10 @@ class _GraphImporter:
     def run(self, entry: str) -> Module:
         from dpl.frontend.onnx_node import tensor_to_array
 
-        inits = {t.name: t for t in self.graph.initializer}
         if len(self.graph.sparse_initializer):
             raise FrontendError("sparse initializers are not supported")
-        inputs = [self._input(i) for i in self.graph.input if i.name not in inits]
-        for t in self.graph.initializer:
+        inputs = [self._input(i) for i in self.graph.input if i.name not in self.weights]
+        for t in self.weights.values():
             name = self.names.claim(t.name)
             array = tensor_to_array(t, f"initializer '{t.name}'")
             self.values[t.name] = Constant(array, name=name)
@@ -222,7 +244,7 @@ class _GraphImporter:
         for index, node in enumerate(self.graph.node):
             self._node(index, node, used)
         outputs = [self._output(o.name) for o in self.graph.output]
-        order = {t.name: k for k, t in enumerate(self.graph.initializer)}
+        order = {name: k for k, name in enumerate(self.weights)}
         params = [self.params[k] for k in sorted(self.params, key=order.__getitem__)]
         ret = outputs[0] if len(outputs) == 1 else Tuple(tuple(outputs))
         from dpl.pattern.rewrite import remove_dead_bindings
