@@ -731,3 +731,11 @@ def test_unreadable_initializer_data_is_a_frontend_error():
     weight = model.graph.initializer[0]
     weight.raw_data = weight.raw_data[:-4]  # one element short
     assert "initializer 'w0': cannot read the tensor data" in import_error(model)
+
+
+def test_unused_initializers_of_any_type_are_never_read():
+    model = mlp_model()
+    model.graph.initializer.append(helper.make_tensor("vocabulary", TensorProto.STRING, [2], [b"a", b"b"]))
+    mod = dpl.from_onnx(model)
+    feeds = model_feeds(model, 2, seed=0)
+    assert_matches(run_imported(mod, model, feeds), ReferenceEvaluator(model).run(None, feeds))

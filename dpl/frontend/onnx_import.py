@@ -229,17 +229,12 @@ class _GraphImporter:
         raise FrontendError("the model imports no version of the default ONNX domain (ai.onnx)")
 
     def run(self, entry: str) -> Module:
-        from dpl.frontend.onnx_node import tensor_to_array
-
         if len(self.graph.sparse_initializer):
             raise FrontendError("sparse initializers are not supported")
         inputs = [self._input(i) for i in self.graph.input if i.name not in self.weights]
-        for t in self.weights.values():
-            name = self.names.claim(t.name)
-            array = tensor_to_array(t, f"initializer '{t.name}'")
-            self.values[t.name] = Constant(array, name=name)
-            if self.keep_params and array.size > 1:
-                self.param_of[t.name] = name
+        # every initializer's name is claimed now, in order (onnx_params relies on it); its data
+        # is read when a node first uses it, so unused ones cost nothing and may be of any type
+        self.weight_names = {t.name: self.names.claim(t.name) for t in self.weights.values()}
         used = frozenset([n for node in self.graph.node for n in node.input] + [o.name for o in self.graph.output])
         for index, node in enumerate(self.graph.node):
             self._node(index, node, used)
@@ -280,10 +275,22 @@ class _GraphImporter:
             self.dim_symbols[dim_param] = self.dim_names.claim(dim_param)
         return self.dim_symbols[dim_param]
 
+    def _lookup(self, name: str) -> Any:
+        """The value of an ONNX name: a translated output, an input, or an initializer (read now)."""
+        if name in self.values or name not in self.weights:
+            return self.values.get(name)
+        from dpl.frontend.onnx_node import tensor_to_array
+
+        array = tensor_to_array(self.weights[name], f"initializer '{name}'")
+        self.values[name] = Constant(array, name=self.weight_names[name])
+        if self.keep_params and array.size > 1:
+            self.param_of[name] = self.weight_names[name]
+        return self.values[name]
+
     def _output(self, name: str) -> Expr:
         from dpl.frontend.onnx_node import ShapeValue
 
-        v = self.values.get(name)
+        v = self._lookup(name)
         if v is None:
             raise FrontendError(f"graph output '{name}' is not computed by any node")
         if isinstance(v, ShapeValue):
@@ -323,7 +330,7 @@ class _GraphImporter:
         if not entry.first <= version <= entry.last:
             raise FrontendError(f"{where}: {node.op_type} version {version} (selected by opset {self.opset}) is not supported; "
                                 f"dpl translates versions {entry.first} to {entry.last} of {node.op_type}")
-        ctx = NodeContext(node, index, self.opset, version, self.values.get, self._tensor_of, used)
+        ctx = NodeContext(node, index, self.opset, version, self._lookup, self._tensor_of, used)
         try:
             result = entry.translate(ctx)
             unread = ctx.unread_attributes()
