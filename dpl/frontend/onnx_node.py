@@ -116,6 +116,18 @@ class NodeContext:
     def unsupported(self, attribute: str, value: Any, supported: str) -> FrontendError:
         return self.error(f"attribute {attribute}={_show(value)} is not supported; dpl supports {supported}")
 
+    def axis(self, axis: int, ndim: int, what: str = "axis") -> int:
+        """``axis`` in 0..ndim-1; an error naming ``what`` when out of range."""
+        if not -ndim <= axis < ndim:
+            raise self.error(f"{what} {axis} is out of range for an input of rank {ndim}")
+        return axis % ndim
+
+    def refuse_used_outputs(self, first: int, names: str) -> None:
+        """Outputs from ``first`` on (``names``) are not translated: an error if anything reads them."""
+        for i in range(first, len(self.node.output)):
+            if self.output_used(i):
+                raise self.error(f"output {i} ({names}) is used, which dpl does not support; only the first output is")
+
     # -- attributes ----------------------------------------------------------------------------
 
     def attr(self, name: str, default: Any = _REQUIRED) -> Any:

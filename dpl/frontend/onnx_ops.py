@@ -1,5 +1,7 @@
 """The ONNX op table: each supported ONNX op type, the op versions it is written for, and a small
-function that translates one node into dpl calls (see :mod:`dpl.frontend.onnx_node`).
+function that translates one node into dpl calls (see :mod:`dpl.frontend.onnx_node`). The
+compute ops are translated here; data movement, shape arithmetic and constants in
+:mod:`dpl.frontend.onnx_shapes`.
 
 Adding an op is one entry in :data:`ONNX_OPS`. Versions are ONNX *op* versions (the
 ``since_version`` of the schema in effect at the model's opset): a model whose opset selects a
@@ -20,8 +22,9 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
+from dpl.frontend import onnx_shapes as shapes
 from dpl.frontend.onnx_node import ONNX_DTYPES, NodeContext, ShapeValue, onnx_dtype_name
-from dpl.ir.expr import Constant, Expr, TupleGetItem
+from dpl.ir.expr import Constant, Expr
 from dpl.ir.types import TensorType
 
 
@@ -38,20 +41,9 @@ class OnnxOp:
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def _tensor(e: Expr) -> TensorType:
-    return e.ty
-
-
-def _axis(ctx: NodeContext, axis: int, ndim: int, what: str = "axis") -> int:
-    """``axis`` in 0..ndim-1; a FrontendError naming the attribute when out of range."""
-    if not -ndim <= axis < ndim:
-        raise ctx.error(f"{what} {axis} is out of range for an input of rank {ndim}")
-    return axis % ndim
-
-
 def _from_end(ctx: NodeContext, axes, ndim: int, what: str = "axes") -> tuple[int, ...]:
     """Axes counted from the end, sorted: dpl's canonical spelling (``axis=[-1]``)."""
-    out = sorted({_axis(ctx, a, ndim, what) for a in axes})
+    out = sorted({ctx.axis(a, ndim, what) for a in axes})
     if len(out) != len(list(axes)):
         raise ctx.error(f"{what} {list(axes)} repeat an axis")
     return tuple(a - ndim for a in out)
@@ -60,7 +52,7 @@ def _from_end(ctx: NodeContext, axes, ndim: int, what: str = "axes") -> tuple[in
 def _scalarize(c: Expr, other: Expr) -> Expr:
     """A size-1 constant operand that broadcasting would spread anyway becomes 0-d, the form
     dpl patterns write (``add(x, 1e-5)``)."""
-    if isinstance(c, Constant) and c.value.size == 1 and c.value.ndim > 0 and c.value.ndim <= _tensor(other).ndim:
+    if isinstance(c, Constant) and c.value.size == 1 and c.value.ndim > 0 and c.value.ndim <= other.ty.ndim:
         return Constant(c.value.reshape(()))
     return c
 
@@ -108,12 +100,6 @@ def _kernel_shape(ctx: NodeContext, x: TensorType, what: str) -> list[int]:
     return kernel
 
 
-def _refuse_used_outputs(ctx: NodeContext, first: int, names: str) -> None:
-    for i in range(first, len(ctx.node.output)):
-        if ctx.output_used(i):
-            raise ctx.error(f"output {i} ({names}) is used, which dpl does not support; only the first output is")
-
-
 # -- elementwise ------------------------------------------------------------------------------
 
 
@@ -138,7 +124,7 @@ def _variadic(op: str):
 
 def _pow(ctx: NodeContext):
     x, y = ctx.input(0), ctx.input(1)
-    if _tensor(y).dtype != _tensor(x).dtype:  # ONNX lets the exponent have its own type; dpl does not
+    if y.ty.dtype != x.ty.dtype:  # ONNX lets the exponent have its own type; dpl does not
         y = ctx.emit("astype", y, dtype=x.ty.dtype)  # folded when the exponent is a constant
     return _binary_of(ctx, "power", x, y)
 
@@ -213,11 +199,11 @@ def _gemm(ctx: NodeContext):
 def _softmax(op: str):
     def translate(ctx: NodeContext):
         x = ctx.input(0)
-        ndim = _tensor(x).ndim
+        ndim = x.ty.ndim
         if ctx.version >= 13:
-            return ctx.emit(op, x, axis=_axis(ctx, ctx.attr("axis", -1), ndim) - ndim)
+            return ctx.emit(op, x, axis=ctx.axis(ctx.attr("axis", -1), ndim) - ndim)
         # before opset 13 the input is seen as 2-D: softmax over everything from axis on
-        axis = _axis(ctx, ctx.attr("axis", 1), ndim)
+        axis = ctx.axis(ctx.attr("axis", 1), ndim)
         if axis == ndim - 1:
             return ctx.emit(op, x, axis=-1)
         flat = ctx.emit("reshape", x, shape=tuple(x.ty.shape[:axis]) + (-1,))
@@ -227,11 +213,11 @@ def _softmax(op: str):
 
 
 def _layer_norm(ctx: NodeContext):
-    _refuse_used_outputs(ctx, 1, "Mean, InvStdDev")
+    ctx.refuse_used_outputs(1, "Mean, InvStdDev")
     ctx.attr("stash_type", 1)  # dpl computes statistics in float64 whatever it is
     x, scale = ctx.input(0), ctx.input(1)
-    ndim = _tensor(x).ndim
-    axis = _axis(ctx, ctx.attr("axis", -1), ndim)
+    ndim = x.ty.ndim
+    axis = ctx.axis(ctx.attr("axis", -1), ndim)
     axes = tuple(range(axis - ndim, 0))
     normalized = x.ty.shape[axis:]
     scale = _to_shape(ctx, scale, normalized, "Scale")
@@ -247,8 +233,8 @@ def _layer_norm(ctx: NodeContext):
 def _rms_norm(ctx: NodeContext):
     ctx.attr("stash_type", 1)
     x, scale = ctx.input(0), ctx.input(1)
-    ndim = _tensor(x).ndim
-    axis = _axis(ctx, ctx.attr("axis", -1), ndim)
+    ndim = x.ty.ndim
+    axis = ctx.axis(ctx.attr("axis", -1), ndim)
     scale = _to_shape(ctx, scale, x.ty.shape[axis:], "scale")
     return ctx.emit("nn.rms_norm", x, scale, axes=tuple(range(axis - ndim, 0)), epsilon=ctx.attr("epsilon", 1e-5))
 
@@ -267,12 +253,12 @@ def _to_shape(ctx: NodeContext, p: Expr, shape, what: str) -> Expr:
 
 
 def _batch_norm(ctx: NodeContext):
-    _refuse_used_outputs(ctx, 1, "running_mean, running_var")
+    ctx.refuse_used_outputs(1, "running_mean, running_var")
     ctx.attr("momentum", 0.9)
     if ctx.version >= 14 and ctx.attr("training_mode", 0):
         raise ctx.unsupported("training_mode", 1, "inference (training_mode=0)")
     x = ctx.input(0)
-    if _tensor(x).ndim < 2:
+    if x.ty.ndim < 2:
         raise ctx.error(f"the input must have rank >= 2, got {x.ty}")
     per_channel = (-1,) + (1,) * (x.ty.ndim - 2)
     scale, bias, mean, var = (ctx.emit("reshape", ctx.input(i), shape=per_channel) for i in range(1, 5))
@@ -296,7 +282,7 @@ def _reduce(op: str, axes_input_since: int):
             axes = list(ctx.attr("axes", []))
         if not axes and noop:
             return x
-        axis = _from_end(ctx, axes, _tensor(x).ndim) if axes else None
+        axis = _from_end(ctx, axes, x.ty.ndim) if axes else None
         return ctx.emit(op, x, axis=axis, keepdims=keepdims)
 
     return translate
@@ -305,7 +291,7 @@ def _reduce(op: str, axes_input_since: int):
 def _global_pool(op: str):
     def translate(ctx: NodeContext):
         x = ctx.input(0)
-        if _tensor(x).ndim < 3:
+        if x.ty.ndim < 3:
             raise ctx.error(f"the input must have rank >= 3 (N, C, spatial...), got {x.ty}")
         return ctx.emit(op, x, axis=tuple(range(2 - x.ty.ndim, 0)), keepdims=True)
 
@@ -317,7 +303,7 @@ def _global_pool(op: str):
 
 def _conv(ctx: NodeContext):
     x, w = ctx.input(0), ctx.input(1)
-    xt, wt = _tensor(x), _tensor(w)
+    xt, wt = x.ty, w.ty
     if xt.ndim not in (3, 4) or wt.ndim != xt.ndim:
         raise ctx.error(f"Conv over {xt.ndim - 2} spatial dimension(s) is not supported; dpl has 1-D (through 2-D) "
                         "and 2-D convolution")
@@ -347,10 +333,10 @@ def _pool_out(size: int, k: int, s: int, d: int, lo: int, hi: int, ceil: bool) -
 
 
 def _max_pool(ctx: NodeContext):
-    _refuse_used_outputs(ctx, 1, "Indices")
+    ctx.refuse_used_outputs(1, "Indices")
     ctx.attr("storage_order", 0)  # only affects Indices
     x = ctx.input(0)
-    kernel = _kernel_shape(ctx, _tensor(x), "MaxPool")
+    kernel = _kernel_shape(ctx, x.ty, "MaxPool")
     strides, dilations, pads = _window(ctx, x.ty, kernel, "MaxPool")
     ceil = bool(ctx.attr("ceil_mode", 0))
     want = [_pool_out(x.ty.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + 2], ceil) for i in range(2)]
@@ -365,7 +351,7 @@ def _average_pool(ctx: NodeContext):
     """A depthwise convolution with a window of ones, divided by the window's count of input
     elements (dpl has no average-pooling op; this is exact)."""
     x = ctx.input(0)
-    xt = _tensor(x)
+    xt = x.ty
     kernel = _kernel_shape(ctx, xt, "AveragePool")
     strides, dilations, pads = _window(ctx, xt, kernel, "AveragePool")
     include_pad = bool(ctx.attr("count_include_pad", 0))
@@ -394,254 +380,6 @@ def _window_counts(size: int, k: int, s: int, d: int, lo: int, out: int, include
         return np.full(out, k)
     taps = np.arange(out)[:, None] * s - lo + np.arange(k)[None, :] * d
     return ((taps >= 0) & (taps < size)).sum(axis=1)
-
-
-# -- shapes and data movement -----------------------------------------------------------------
-
-
-def _reshape(ctx: NodeContext):
-    x = ctx.input(0)
-    if ctx.version < 5:
-        raise ctx.error("Reshape before opset 5 is not supported")
-    allowzero = ctx.version >= 14 and bool(ctx.attr("allowzero", 0))
-    shape = ctx.dims_input(1, "the shape")
-    if allowzero and 0 in shape:
-        raise ctx.unsupported("allowzero", 1, "allowzero=1 only when the shape holds no 0")
-    dims = list(x.ty.shape)
-    out = []
-    for i, d in enumerate(shape):
-        if d == 0 and not allowzero:
-            if i >= len(dims):
-                raise ctx.error(f"shape {shape} copies dimension {i} (a 0) of an input of rank {len(dims)}")
-            out.append(dims[i])
-        else:
-            out.append(d)
-    y = ctx.emit("reshape", x, shape=tuple(out))
-    return x if y.ty == x.ty else y
-
-
-def _flatten(ctx: NodeContext):
-    x = ctx.input(0)
-    shape = _tensor(x).shape
-    axis = ctx.attr("axis", 1)
-    if not -len(shape) <= axis <= len(shape):
-        raise ctx.error(f"axis {axis} is out of range for an input of rank {len(shape)}")
-    axis = axis + len(shape) if axis < 0 else axis
-    head, tail = _dims_product(shape[:axis]), _dims_product(shape[axis:])
-    if head is None and tail is None:
-        raise ctx.error(f"cannot flatten {x.ty} at axis {axis}: both sides hold several symbolic dimensions")
-    return ctx.emit("reshape", x, shape=(-1 if head is None else head, -1 if tail is None else tail))
-
-
-def _dims_product(dims):
-    """The product of dims as one dim (an int, or a lone symbolic name), or None."""
-    syms = [d for d in dims if isinstance(d, str)]
-    n = math.prod(d for d in dims if isinstance(d, int))
-    if not syms:
-        return n
-    return syms[0] if len(syms) == 1 and n == 1 else None
-
-
-def _transpose(ctx: NodeContext):
-    x = ctx.input(0)
-    ndim = _tensor(x).ndim
-    perm = ctx.attr("perm", list(reversed(range(ndim))))
-    if sorted(_axis(ctx, p, ndim, "perm entry") for p in perm) != list(range(ndim)):
-        raise ctx.error(f"perm {list(perm)} is not a permutation of the {ndim} axes")
-    if list(perm) == list(range(ndim)):
-        return x
-    return ctx.emit("permute_dims", x, axes=tuple(perm))
-
-
-def _concat(ctx: NodeContext):
-    values = [ctx.value(i) for i in range(ctx.num_inputs)]
-    axis = ctx.attr("axis")
-    if any(isinstance(v, ShapeValue) for v in values):
-        parts = [v.dims if isinstance(v, ShapeValue) else np.asarray(ctx.constant(i, "a shape part")).astype(object)
-                 for i, v in enumerate(values)]
-        return ShapeValue(np.concatenate([p.reshape(-1) for p in parts]))
-    args = ctx.inputs()
-    ndim = _tensor(args[0]).ndim
-    return ctx.emit("concat", args, axis=_axis(ctx, axis, ndim))
-
-
-def _split(ctx: NodeContext):
-    x = ctx.input(0)
-    ndim = _tensor(x).ndim
-    axis = _axis(ctx, ctx.attr("axis", 0), ndim)
-    size = x.ty.shape[axis]
-    count = len(ctx.node.output)
-    if ctx.version >= 13 and ctx.has_input(1):
-        sizes = ctx.ints_input(1, "split")
-    elif ctx.version < 13 and ctx.attr("split", None) is not None:
-        sizes = list(ctx.attr("split"))
-    else:
-        if ctx.version >= 18 and ctx.attr("num_outputs", count) != count:
-            raise ctx.error(f"num_outputs {ctx.attr('num_outputs')} differs from the node's {count} outputs")
-        if isinstance(size, str):
-            raise ctx.error(f"cannot split symbolic dimension '{size}'")
-        step = -(-size // count)
-        sizes = [min(step, size - i * step) for i in range(count)]
-    if isinstance(size, str) or sum(sizes) != size or len(sizes) != len(ctx.node.output) or min(sizes) < 0:
-        raise ctx.error(f"split sizes {sizes} do not cut dimension {axis} of {x.ty} into {len(ctx.node.output)} outputs")
-    points = tuple(int(p) for p in np.cumsum(sizes)[:-1])
-    tup = ctx.emit("split", x, indices_or_sections=points, axis=axis)
-    return [TupleGetItem(tup, i) for i in range(len(sizes))]
-
-
-_INT_MAX = 2**31 - 1
-
-
-def _slice(ctx: NodeContext):
-    v = ctx.value(0)
-    if ctx.version < 10:
-        starts, ends = list(ctx.attr("starts")), list(ctx.attr("ends"))
-        axes = list(ctx.attr("axes", range(len(starts))))
-        steps = [1] * len(starts)
-    else:
-        starts, ends = ctx.ints_input(1, "starts"), ctx.ints_input(2, "ends")
-        axes = ctx.ints_input(3, "axes") if ctx.has_input(3) else list(range(len(starts)))
-        steps = ctx.ints_input(4, "steps") if ctx.has_input(4) else [1] * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise ctx.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length")
-    if isinstance(v, ShapeValue):
-        if len(axes) != 1 or _axis(ctx, axes[0], 1) != 0:
-            raise ctx.error(f"axes {axes} do not fit a shape vector, which has one axis")
-        return ShapeValue(v.dims[slice(starts[0], ends[0], steps[0])])
-    x = ctx.input(0)
-    shape = _tensor(x).shape
-    keep = ([], [], [], [])
-    for a, b, e, s in zip(axes, starts, ends, steps):
-        a = _axis(ctx, a, len(shape))
-        if s == 0:
-            raise ctx.error("steps must not be 0")
-        size = shape[a]
-        if isinstance(size, str):
-            if b == 0 and s == 1 and e >= _INT_MAX:
-                continue  # the whole symbolic axis
-            raise ctx.error(f"cannot slice symbolic dimension '{size}' (axis {a}) with start {b}, end {e}, step {s}")
-        # ONNX clamps like Python slicing does; clamping to [-size-1, size] keeps that meaning
-        b, e = (min(max(t, -size - 1), size) for t in (b, e))
-        if (b, s) == (0, 1) and e == size:
-            continue
-        for lst, val in zip(keep, (a, b, e, s)):
-            lst.append(val)
-    if not keep[0]:
-        return x
-    return ctx.emit("strided_slice", x, axes=tuple(keep[0]), begin=tuple(keep[1]), end=tuple(keep[2]), strides=tuple(keep[3]))
-
-
-def _gather(ctx: NodeContext):
-    v = ctx.value(0)
-    axis = ctx.attr("axis", 0)
-    if isinstance(v, ShapeValue):
-        idx = ctx.constant(1, "indices")
-        return ShapeValue(np.asarray(np.take(v.dims, idx, axis=_axis(ctx, axis, 1)), dtype=object))
-    x, idx = ctx.input(0), ctx.input(1)
-    a = _axis(ctx, axis, _tensor(x).ndim)
-    size = x.ty.shape[a]
-    if isinstance(idx, Constant) and isinstance(size, int):
-        if np.any((idx.value < -size) | (idx.value >= size)):
-            raise ctx.error(f"indices {idx.value.tolist()} are out of range for dimension {a} of size {size}")
-        idx = Constant(np.where(idx.value < 0, idx.value + size, idx.value).astype(idx.value.dtype))
-    return ctx.emit("take", x, idx, axis=a)
-
-
-def _unsqueeze(ctx: NodeContext):
-    axes = ctx.ints_input(1, "axes") if ctx.version >= 13 else list(ctx.attr("axes"))
-    v = ctx.value(0)
-    if isinstance(v, ShapeValue):
-        return ShapeValue(np.expand_dims(v.dims, tuple(a % (v.dims.ndim + len(axes)) for a in axes)))
-    x = ctx.input(0)
-    ndim = _tensor(x).ndim + len(axes)
-    return ctx.emit("expand_dims", x, axis=tuple(sorted(_axis(ctx, a, ndim) for a in axes)))
-
-
-def _squeeze(ctx: NodeContext):
-    if ctx.version >= 13:
-        axes = ctx.ints_input(1, "axes") if ctx.has_input(1) else None
-    else:
-        axes = ctx.attr("axes", None)
-    v = ctx.value(0)
-    if isinstance(v, ShapeValue):
-        return ShapeValue(np.squeeze(v.dims, None if axes is None else tuple(axes)))
-    x = ctx.input(0)
-    axis = None if axes is None else tuple(sorted(_axis(ctx, a, _tensor(x).ndim) for a in axes))
-    return ctx.emit("squeeze", x, axis=axis)
-
-
-def _expand(ctx: NodeContext):
-    x = ctx.input(0)
-    target = ctx.dims_input(1, "the shape")
-    have = list(_tensor(x).shape)
-    ndim = max(len(have), len(target))
-    have = [1] * (ndim - len(have)) + have
-    target = [1] * (ndim - len(target)) + list(target)
-    out = []
-    for d, t in zip(have, target):
-        if t == 1 or d == t:
-            out.append(d)
-        elif d == 1:
-            out.append(t)
-        else:
-            raise ctx.error(f"cannot expand {x.ty} to {target}: {d} vs {t}")
-    return x if tuple(out) == x.ty.shape else ctx.emit("broadcast_to", x, shape=tuple(out))
-
-
-def _shape(ctx: NodeContext):
-    x = ctx.value(0)
-    dims = list(x.dims.shape) if isinstance(x, ShapeValue) else list(ctx.input(0).ty.shape)
-    start = ctx.attr("start", 0) if ctx.version >= 15 else 0
-    end = ctx.attr("end", len(dims)) if ctx.version >= 15 else len(dims)
-    dims = dims[slice(start, end)]
-    if all(isinstance(d, int) for d in dims):
-        return Constant(np.asarray(dims, dtype=np.int64))
-    return ShapeValue(np.asarray(dims, dtype=object))
-
-
-def _size(ctx: NodeContext):
-    shape = _tensor(ctx.input(0)).shape
-    if any(isinstance(d, str) for d in shape):
-        raise ctx.error(f"the size of a tensor with symbolic dimensions {list(shape)} is not known at import time")
-    return Constant(np.asarray(math.prod(shape), dtype=np.int64))
-
-
-def _constant(ctx: NodeContext):
-    given = [a.name for a in ctx.node.attribute]
-    if len(given) != 1:
-        raise ctx.error(f"needs exactly one value attribute, got {given}")
-    key = given[0]
-    value = ctx.attr(key)
-    if key == "value":
-        return Constant(value)
-    if key in ("value_float", "value_floats"):
-        return Constant(np.asarray(value, dtype=np.float32))
-    if key in ("value_int", "value_ints"):
-        return Constant(np.asarray(value, dtype=np.int64))
-    raise ctx.unsupported(key, value, "tensor, float and int constants")
-
-
-def _constant_of_shape(ctx: NodeContext):
-    dims = ctx.dims_input(0, "the shape")
-    fill = ctx.attr("value", np.zeros(1, np.float32))
-    if fill.size != 1:
-        raise ctx.error(f"value must hold one element, got {fill.size}")
-    return ctx.emit("full", Constant(fill.reshape(())), shape=tuple(dims))
-
-
-def _identity(ctx: NodeContext):
-    return ctx.value(0)
-
-
-def _dropout(ctx: NodeContext):
-    _refuse_used_outputs(ctx, 1, "mask")
-    ctx.attr("seed", 0)
-    ctx.attr("ratio", 0.5)
-    if ctx.version < 7:
-        raise ctx.error("Dropout before opset 7 is not supported")
-    if ctx.version >= 12 and ctx.has_input(2) and bool(ctx.constant(2, "training_mode")):
-        raise ctx.error("training_mode is true; dpl imports models for inference")
-    return ctx.value(0)
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -698,20 +436,20 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "GlobalAveragePool": OnnxOp(_global_pool("mean"), 1, 22),
     "GlobalMaxPool": OnnxOp(_global_pool("max"), 1, 22),
     # shapes and data movement
-    "Reshape": OnnxOp(_reshape, 5, 24),
-    "Flatten": OnnxOp(_flatten, 1, 24),
-    "Transpose": OnnxOp(_transpose, 1, 24),
-    "Concat": OnnxOp(_concat, 4, 13),
-    "Split": OnnxOp(_split, 2, 18),
-    "Slice": OnnxOp(_slice, 1, 13),
-    "Gather": OnnxOp(_gather, 1, 13),
-    "Unsqueeze": OnnxOp(_unsqueeze, 1, 24),
-    "Squeeze": OnnxOp(_squeeze, 1, 24),
-    "Expand": OnnxOp(_expand, 8, 13),
-    "Shape": OnnxOp(_shape, 1, 24),
-    "Size": OnnxOp(_size, 1, 24),
-    "Constant": OnnxOp(_constant, 1, 24),
-    "ConstantOfShape": OnnxOp(_constant_of_shape, 9, 24),
-    "Identity": OnnxOp(_identity, 1, 24),
-    "Dropout": OnnxOp(_dropout, 7, 22),
+    "Reshape": OnnxOp(shapes.reshape, 5, 24),
+    "Flatten": OnnxOp(shapes.flatten, 1, 24),
+    "Transpose": OnnxOp(shapes.transpose, 1, 24),
+    "Concat": OnnxOp(shapes.concat, 4, 13),
+    "Split": OnnxOp(shapes.split, 2, 18),
+    "Slice": OnnxOp(shapes.slice_tensor, 1, 13),
+    "Gather": OnnxOp(shapes.gather, 1, 13),
+    "Unsqueeze": OnnxOp(shapes.unsqueeze, 1, 24),
+    "Squeeze": OnnxOp(shapes.squeeze, 1, 24),
+    "Expand": OnnxOp(shapes.expand, 8, 13),
+    "Shape": OnnxOp(shapes.shape_of, 1, 24),
+    "Size": OnnxOp(shapes.size_of, 1, 24),
+    "Constant": OnnxOp(shapes.constant, 1, 24),
+    "ConstantOfShape": OnnxOp(shapes.constant_of_shape, 9, 24),
+    "Identity": OnnxOp(shapes.identity, 1, 24),
+    "Dropout": OnnxOp(shapes.dropout, 7, 22),
 }
