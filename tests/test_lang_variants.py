@@ -24,25 +24,27 @@ def run_both(func, new):
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
 
 
-def rmsnorm_variant(cast, square, weight_first):
+def rmsnorm_variant(cast, square, inverse, weight_first):
     dtype = "f16" if cast else "f32"
     fb = FunctionBuilder("main")
     x, w = fb.param("x", dtype, ("n", 32)), fb.param("w", dtype, (32,))
     h = fb.emit("astype", x, dtype="f32") if cast else x
     sq = fb.emit("power", h, const(2.0)) if square == "pow" else fb.emit("multiply", h, h)
     var = fb.emit("mean", sq, axis=[-1], keepdims=True)
-    n = fb.emit("multiply", h, fb.emit("rsqrt", fb.emit("add", var, const(1e-6))))
+    ve = fb.emit("add", var, const(1e-6))
+    r = fb.emit("rsqrt", ve) if inverse == "rsqrt" else fb.emit("divide", const(1.0), fb.emit("sqrt", ve))  # ONNX: Reciprocal(Sqrt)
+    n = fb.emit("multiply", h, r)
     back = fb.emit("astype", n, dtype=dtype) if cast else n
     out = fb.emit("multiply", w, back) if weight_first else fb.emit("multiply", back, w)
     return fb.ret(out)
 
 
-RMS_VARIANTS = list(itertools.product([True, False], ["pow", "mul"], [True, False]))
+RMS_VARIANTS = list(itertools.product([True, False], ["pow", "mul"], ["rsqrt", "reciprocal"], [True, False]))
 
 
-@pytest.mark.parametrize("cast,square,weight_first", RMS_VARIANTS)
-def test_rms_norm_written_once_covers_its_variants(cast, square, weight_first):
-    func = rmsnorm_variant(cast, square, weight_first)
+@pytest.mark.parametrize("cast,square,inverse,weight_first", RMS_VARIANTS)
+def test_rms_norm_written_once_covers_its_variants(cast, square, inverse, weight_first):
+    func = rmsnorm_variant(cast, square, inverse, weight_first)
     new = load_patterns("rewrites").apply_rewrites(func)
     assert [b.value.op for b in new.bindings] == ["nn.rms_norm"]
     run_both(func, new)
@@ -72,7 +74,8 @@ def test_gelu_written_once_covers_its_variants(scale, grouping):
 
 def test_expansion_counts():
     counts = {r.name: r.variants for r in load_rules("rewrites")}
-    assert counts["rms_norm"] == 8 == len(RMS_VARIANTS)  # cast in x2, pow/mul x2, cast out x2
+    # cast in x2, pow/mul x2, rsqrt or 1 / sqrt x2, cast out x2 (weight order is free: commutative)
+    assert counts["rms_norm"] == 16 == len(RMS_VARIANTS)
     assert counts["gelu"] == 6  # divide/multiply x2, three groupings
     [r] = parse_rules("equiv power(x, 2.0) == multiply(x, x)\npattern k.p { out = add(power(a, 2.0), power(b, 2.0)) }")
     assert r.variants == 4

@@ -12,13 +12,14 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_python_blocks_run(index, monkeypatch):
-    if any("import torch" in block for block in BLOCKS[: index + 1]):
-        try:
-            import torch  # noqa: F401
-        except ImportError:  # an optional extra: skipped locally, never silently under CI
-            if os.environ.get("CI"):
-                raise
-            pytest.skip("the block imports torch, which is not installed")
+    for marker, package in (("import torch", "torch"), ("from onnx", "onnx")):
+        if any(marker in block for block in BLOCKS[: index + 1]):
+            try:
+                __import__(package)
+            except ImportError as err:  # an optional extra: skipped locally, never silently under CI
+                if os.environ.get("CI"):
+                    pytest.fail(f"{package} missing under CI: {err}")
+                pytest.skip(f"the block needs {package}, which is not installed: {err}")
     monkeypatch.chdir(Path(__file__).parent.parent)  # the examples are named from the repository root
     # later blocks build on earlier ones: run every block up to this one
     exec(compile("\n".join(BLOCKS[: index + 1]), "README.md", "exec"), {})

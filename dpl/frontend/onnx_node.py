@@ -1,0 +1,252 @@
+"""What an ONNX op translation sees of its node: attributes, inputs, and a way to emit dpl calls.
+
+A translation function takes a :class:`NodeContext` and returns the dpl values of the node's
+outputs. It never binds anything itself: :meth:`NodeContext.emit` returns typed, unbound calls
+that may nest, and the importer binds them afterwards (the outermost call of an output under
+the ONNX output's name). Calls whose operands are all constants are folded to constants on
+the spot, so weight transposes, ``Shape -> Gather -> Concat`` chains and the like never reach
+the module.
+
+Shapes computed from symbolic dimensions (``Shape`` of a ``[batch, 16]`` input) are carried as
+a :class:`ShapeValue` rather than as tensors: they can flow through the few ops that shape
+arithmetic uses and end as a ``Reshape``/``Expand`` target, and anything else asks for them is
+a :class:`FrontendError` that says the model computes on shapes at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import attrs
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from dpl import dtypes
+from dpl.errors import DplError
+from dpl.frontend import FrontendError
+from dpl.ir.expr import Call, Constant, Expr, Tuple
+from dpl.ir.types import TensorType
+from dpl.ops.registry import get_op, make_call
+
+_REQUIRED = object()
+
+# ONNX element types dpl can hold, and their dpl dtypes
+ONNX_DTYPES: dict[int, str] = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+def onnx_dtype_name(elem_type: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return f"element type {elem_type}"
+
+
+def dtype_of(elem_type: int, what: str) -> str:
+    """The dpl dtype of an ONNX element type; a FrontendError naming ``what`` otherwise."""
+    if elem_type not in ONNX_DTYPES:
+        known = ", ".join(onnx_dtype_name(t) for t in ONNX_DTYPES)
+        raise FrontendError(f"{what} has ONNX type {onnx_dtype_name(elem_type)}, which dpl does not support (it supports {known})")
+    return ONNX_DTYPES[elem_type]
+
+
+def tensor_to_array(tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    """A TensorProto (initializer or attribute) as a NumPy array of a dpl dtype."""
+    dtype = dtype_of(tensor.data_type, what)
+    try:
+        array = numpy_helper.to_array(tensor)
+    except Exception as err:  # malformed protobuf data: a model error, reported as such
+        raise FrontendError(f"{what}: cannot read the tensor data ({err})") from None
+    return np.asarray(array).astype(dtypes.to_numpy(dtype), copy=False)
+
+
+@attrs.frozen(eq=False)
+class ShapeValue:
+    """An int64 vector (or scalar) of dimensions some of which are symbolic names: the value of
+    ``Shape(x)`` for an ``x`` with symbolic dims, and what shape arithmetic makes of it."""
+
+    dims: np.ndarray  # object array of ints and strs, 0-d or 1-d
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, (int, np.integer)) for d in self.dims.flat)
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(str(d) for d in self.dims.flat) + "]"
+
+
+Value = Expr | ShapeValue
+
+
+@attrs.define
+class NodeContext:
+    """One ONNX node being translated. ``version`` is the op's version in effect (the
+    ``since_version`` of its schema at the model's opset); ``opset`` is the model's."""
+
+    node: Any  # onnx.NodeProto
+    index: int
+    opset: int
+    version: int
+    values: Callable[[str], Value | None]  # the value of an ONNX name (None: not defined)
+    tensor_of: Callable[[str, Expr], Expr]  # the importer's view of an input used as a tensor
+    used_outputs: frozenset[str]
+    read_attrs: set[str] = attrs.field(factory=set)
+
+    # -- where we are, for messages ------------------------------------------------------------
+
+    @property
+    def where(self) -> str:
+        name = f" '{self.node.name}'" if self.node.name else ""
+        return f"ONNX node #{self.index}{name} ({self.node.op_type}, opset {self.opset})"
+
+    def error(self, message: str, hint: str | None = None) -> FrontendError:
+        return FrontendError(f"{self.where}: {message}", hint=hint)
+
+    def unsupported(self, attribute: str, value: Any, supported: str) -> FrontendError:
+        return self.error(f"attribute {attribute}={_show(value)} is not supported; dpl supports {supported}")
+
+    def axis(self, axis: int, ndim: int, what: str = "axis") -> int:
+        """``axis`` in 0..ndim-1; an error naming ``what`` when out of range."""
+        if not -ndim <= axis < ndim:
+            raise self.error(f"{what} {axis} is out of range for an input of rank {ndim}")
+        return axis % ndim
+
+    def refuse_used_outputs(self, first: int, names: str) -> None:
+        """Outputs from ``first`` on (``names``) are not translated: an error if anything reads them."""
+        for i in range(first, len(self.node.output)):
+            if self.output_used(i):
+                raise self.error(f"output {i} ({names}) is used, which dpl does not support; only the first output is")
+
+    # -- attributes ----------------------------------------------------------------------------
+
+    def attr(self, name: str, default: Any = _REQUIRED) -> Any:
+        """The attribute's Python value (strings decoded, tensors as arrays), or ``default``."""
+        self.read_attrs.add(name)
+        for a in self.node.attribute:
+            if a.name == name:
+                if a.ref_attr_name:
+                    raise self.error(f"attribute {name} refers to a function attribute, which dpl does not support")
+                value = onnx.helper.get_attribute_value(a)
+                if isinstance(value, bytes):
+                    return value.decode("utf-8", "replace")
+                if isinstance(value, onnx.TensorProto):
+                    return tensor_to_array(value, f"{self.where}: attribute {name}")
+                if isinstance(value, list):
+                    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+                return value
+        if default is _REQUIRED:
+            raise self.error(f"attribute {name} is required")
+        return default
+
+    def unread_attributes(self) -> list[str]:
+        return [a.name for a in self.node.attribute if a.name not in self.read_attrs]
+
+    # -- inputs --------------------------------------------------------------------------------
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.node.input)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.input) and self.node.input[i] != ""
+
+    def value(self, i: int) -> Value:
+        if not self.has_input(i):
+            raise self.error(f"input {i} is required")
+        name = self.node.input[i]
+        v = self.values(name)
+        if v is None:
+            raise self.error(f"input '{name}' is not defined before this node")
+        return v
+
+    def input(self, i: int) -> Expr:
+        """Input ``i`` as a tensor expression."""
+        v = self.value(i)
+        if isinstance(v, ShapeValue):
+            if v.is_static:
+                return Constant(np.asarray(v.dims.astype(np.int64)))
+            raise self.error(
+                f"input '{self.node.input[i]}' is a shape with symbolic dimensions {v}, used here as data",
+                hint="dpl follows symbolic shapes only into Reshape, Expand and ConstantOfShape targets; "
+                     "give static sizes with from_onnx(..., shapes={...})",
+            )
+        return self.tensor_of(self.node.input[i], v)
+
+    def inputs(self) -> list[Expr]:
+        return [self.input(i) for i in range(self.num_inputs)]
+
+    def constant(self, i: int, what: str) -> np.ndarray:
+        """Input ``i`` as a value known at import time (an initializer, a Constant, a folded
+        expression); a FrontendError saying the value is computed at run time otherwise."""
+        v = self.value(i)
+        if isinstance(v, ShapeValue) and v.is_static:
+            return v.dims.astype(np.int64)
+        if isinstance(v, Constant):
+            return np.asarray(v.value)
+        raise self.error(
+            f"{what} (input '{self.node.input[i]}') is computed at run time; dpl needs it constant",
+            hint="dpl's IR has static attributes: fold the value into the model, or give static "
+                 "input sizes with from_onnx(..., shapes={...}) so shape computations fold",
+        )
+
+    def ints_input(self, i: int, what: str) -> list[int]:
+        return [int(v) for v in self.constant(i, what).reshape(-1)]
+
+    def dims_input(self, i: int, what: str) -> list[int | str]:
+        """A shape operand: constant ints, or a ShapeValue whose entries may be symbolic."""
+        v = self.value(i)
+        if isinstance(v, ShapeValue):
+            return [d if isinstance(d, str) else int(d) for d in v.dims.reshape(-1)]
+        return self.ints_input(i, what)
+
+    def output_used(self, i: int) -> bool:
+        return i < len(self.node.output) and self.node.output[i] in self.used_outputs
+
+    # -- building ------------------------------------------------------------------------------
+
+    def emit(self, op: str, *args: Expr | Sequence[Expr], **attributes: Any) -> Expr:
+        """A typed call of a dpl op (lists become tuples); folded when every operand is constant."""
+        operands = [Tuple(tuple(a)) if isinstance(a, (list, tuple)) else a for a in args]
+        call = make_call(op, operands, attributes)
+        return fold(call)
+
+    def scalar(self, value: float | int, like: Expr) -> Constant:
+        """A 0-d constant of ``like``'s dtype."""
+        return Constant(np.asarray(value, dtype=dtypes.to_numpy(like.ty.dtype)))
+
+
+def fold(call: Call) -> Expr:
+    """``call`` evaluated now when its operands are all constants and its type is static."""
+    leaves = [f for a in call.args for f in (a.fields if isinstance(a, Tuple) else (a,))]
+    if not all(isinstance(x, Constant) for x in leaves):
+        return call
+    ty = call.ty
+    if not isinstance(ty, TensorType) or not ty.is_static:
+        return call
+    arrays = [tuple(np.asarray(f.value) for f in a.fields) if isinstance(a, Tuple) else np.asarray(a.value) for a in call.args]
+    try:
+        result = np.asarray(get_op(call.op).ref(*arrays, **call.attrs))
+    except (ArithmeticError, ValueError, IndexError) as err:  # e.g. a constant index out of range
+        raise DplError(f"op '{call.op}' fails on its constant operands: {err}") from None
+    if result.shape != tuple(ty.shape):
+        raise DplError(f"internal error: folding {call.op} gave shape {result.shape}, expected {ty}")
+    return Constant(result.astype(dtypes.to_numpy(ty.dtype), copy=False))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return "[" + ", ".join(str(v) for v in np.asarray(value).reshape(-1).tolist()) + "]"
+    return str(value)

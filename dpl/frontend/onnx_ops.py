@@ -1,0 +1,455 @@
+"""The ONNX op table: each supported ONNX op type, the op versions it is written for, and a small
+function that translates one node into dpl calls (see :mod:`dpl.frontend.onnx_node`). The
+compute ops are translated here; data movement, shape arithmetic and constants in
+:mod:`dpl.frontend.onnx_shapes`.
+
+Adding an op is one entry in :data:`ONNX_OPS`. Versions are ONNX *op* versions (the
+``since_version`` of the schema in effect at the model's opset): a model whose opset selects a
+version outside ``first..last`` gets a FrontendError rather than a translation written for other
+semantics.
+
+The translations emit the canonical forms dpl's rewrite library and composites expect: axes
+counted from the end (``mean(x, axis=[-1])``), size-1 constant operands of elementwise ops as
+0-d scalars, ``Gemm`` as ``matmul`` + ``add``, constant expressions folded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import attrs
+import numpy as np
+
+from dpl import dtypes
+from dpl.frontend import onnx_shapes as shapes
+from dpl.frontend.onnx_node import ONNX_DTYPES, NodeContext, ShapeValue, onnx_dtype_name
+from dpl.ir.expr import Constant, Expr
+from dpl.ir.types import TensorType
+
+
+@attrs.frozen
+class OnnxOp:
+    """How one ONNX op type becomes dpl: ``translate(ctx)`` returns the node's output values
+    (one value or a list), for op versions ``first`` through ``last``."""
+
+    translate: Callable[[NodeContext], object]
+    first: int
+    last: int
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _from_end(ctx: NodeContext, axes, ndim: int, what: str = "axes") -> tuple[int, ...]:
+    """Axes counted from the end, sorted: dpl's canonical spelling (``axis=[-1]``)."""
+    out = sorted({ctx.axis(a, ndim, what) for a in axes})
+    if len(out) != len(list(axes)):
+        raise ctx.error(f"{what} {list(axes)} repeat an axis")
+    return tuple(a - ndim for a in out)
+
+
+def _scalarize(c: Expr, other: Expr) -> Expr:
+    """A size-1 constant operand that broadcasting would spread anyway becomes 0-d, the form
+    dpl patterns write (``add(x, 1e-5)``)."""
+    if isinstance(c, Constant) and c.value.size == 1 and c.value.ndim > 0 and c.value.ndim <= other.ty.ndim:
+        return Constant(c.value.reshape(()))
+    return c
+
+
+def _binary_of(ctx: NodeContext, op: str, a: Expr, b: Expr) -> Expr:
+    return ctx.emit(op, _scalarize(a, b), _scalarize(b, a))
+
+
+def _window(ctx: NodeContext, x: TensorType, kernel: list[int], what: str):
+    """Strides, dilations and (begin..., end...) pads of a Conv or pooling node, ``auto_pad``
+    resolved against the static spatial sizes."""
+    n = len(kernel)
+    strides = list(ctx.attr("strides", [1] * n))
+    dilations = list(ctx.attr("dilations", [1] * n))
+    pads = list(ctx.attr("pads", [0] * (2 * n)))
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
+        raise ctx.error(f"strides {strides}, dilations {dilations} and pads {pads} do not fit a {n}-D {what}")
+    if min(kernel) < 1 or min(strides) < 1 or min(dilations) < 1 or min(pads, default=0) < 0:
+        raise ctx.error(f"kernel {kernel}, strides {strides} and dilations {dilations} must be positive and pads {pads} "
+                        "not negative")
+    spatial = x.shape[2:]
+    for axis, d in enumerate(spatial):
+        if isinstance(d, str):
+            raise ctx.error(f"spatial dimension '{d}' of the input must be static for {what}")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * n)
+        for i in range(n):
+            out = -(-spatial[i] // strides[i])
+            total = max((out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - spatial[i], 0)
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + n] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * n)
+    elif auto_pad != "NOTSET":
+        raise ctx.unsupported("auto_pad", auto_pad, "NOTSET, VALID, SAME_UPPER and SAME_LOWER")
+    return strides, dilations, pads
+
+
+def _kernel_shape(ctx: NodeContext, x: TensorType, what: str) -> list[int]:
+    kernel = list(ctx.attr("kernel_shape"))
+    if len(kernel) != 2 or x.ndim != 4:
+        raise ctx.error(f"{what} over {len(kernel)} spatial dimension(s) of a rank-{x.ndim} input is not supported; "
+                        "dpl pools 2-D (NCHW) inputs")
+    return kernel
+
+
+# -- elementwise ------------------------------------------------------------------------------
+
+
+def _binary(op: str):
+    return lambda ctx: _binary_of(ctx, op, ctx.input(0), ctx.input(1))
+
+
+def _unary(op: str):
+    return lambda ctx: ctx.emit(op, ctx.input(0))
+
+
+def _variadic(op: str):
+    def translate(ctx: NodeContext):
+        args = ctx.inputs()
+        out = args[0]
+        for a in args[1:]:
+            out = _binary_of(ctx, op, out, a)
+        return out
+
+    return translate
+
+
+def _pow(ctx: NodeContext):
+    x, y = ctx.input(0), ctx.input(1)
+    if y.ty.dtype != x.ty.dtype:  # ONNX lets the exponent have its own type; dpl does not
+        y = ctx.emit("astype", y, dtype=x.ty.dtype)  # folded when the exponent is a constant
+    return _binary_of(ctx, "power", x, y)
+
+
+def _reciprocal(ctx: NodeContext):
+    x = ctx.input(0)
+    return ctx.emit("divide", ctx.scalar(1, x), x)
+
+
+def _cast(ctx: NodeContext):
+    ctx.attr("saturate", 1)  # only affects float8 targets, which dpl rejects below
+    ctx.attr("round_mode", "up")
+    to = ctx.attr("to")
+    if to not in ONNX_DTYPES:
+        raise ctx.unsupported("to", onnx_dtype_name(to), "casts to " + ", ".join(onnx_dtype_name(t) for t in ONNX_DTYPES))
+    dtype = ONNX_DTYPES[to]
+    v = ctx.value(0)
+    if isinstance(v, ShapeValue) and dtype in ("int64", "int32"):
+        return v
+    x = ctx.input(0)
+    return x if x.ty.dtype == dtype else ctx.emit("astype", x, dtype=dtype)
+
+
+def _clip(ctx: NodeContext):
+    x = ctx.input(0)
+    if ctx.version < 11:
+        lo, hi = ctx.attr("min", -math.inf), ctx.attr("max", math.inf)
+    else:
+        lo = ctx.constant(1, "min").item() if ctx.has_input(1) else -math.inf
+        hi = ctx.constant(2, "max").item() if ctx.has_input(2) else math.inf
+    if x.ty.dtype.startswith(("float", "bfloat")) and math.isfinite(lo) and math.isfinite(hi):
+        return ctx.emit("clip", x, min=float(lo), max=float(hi))
+    if math.isfinite(lo):
+        x = ctx.emit("maximum", x, ctx.scalar(lo, x))
+    if math.isfinite(hi):
+        x = ctx.emit("minimum", x, ctx.scalar(hi, x))
+    return x
+
+
+def _gelu(ctx: NodeContext):
+    approximate = ctx.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ctx.unsupported("approximate", approximate, "'none' and 'tanh'")
+    return ctx.emit("nn.gelu" if approximate == "none" else "nn.gelu_tanh", ctx.input(0))
+
+
+def _where(ctx: NodeContext):
+    return ctx.emit("where", ctx.input(0), ctx.input(1), ctx.input(2))
+
+
+# -- matrix products, softmax, normalisations -------------------------------------------------
+
+
+def _gemm(ctx: NodeContext):
+    a, b = ctx.input(0), ctx.input(1)
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    if ctx.attr("transA", 0):
+        a = ctx.emit("permute_dims", a, axes=(1, 0))
+    if ctx.attr("transB", 0):
+        b = ctx.emit("permute_dims", b, axes=(1, 0))
+    y = ctx.emit("matmul", a, b)
+    if alpha != 1.0:
+        y = ctx.emit("multiply", y, ctx.scalar(alpha, y))
+    if not ctx.has_input(2) or beta == 0.0:
+        return y
+    c = ctx.input(2)
+    if beta != 1.0:
+        c = _binary_of(ctx, "multiply", c, ctx.scalar(beta, c))
+    return _binary_of(ctx, "add", y, c)
+
+
+def _softmax(op: str):
+    def translate(ctx: NodeContext):
+        x = ctx.input(0)
+        ndim = x.ty.ndim
+        if ctx.version >= 13:
+            return ctx.emit(op, x, axis=ctx.axis(ctx.attr("axis", -1), ndim) - ndim)
+        # before opset 13 the input is seen as 2-D: softmax over everything from axis on
+        axis = ctx.axis(ctx.attr("axis", 1), ndim)
+        if axis == ndim - 1:
+            return ctx.emit(op, x, axis=-1)
+        flat = ctx.emit("reshape", x, shape=tuple(x.ty.shape[:axis]) + (-1,))
+        return ctx.emit("reshape", ctx.emit(op, flat, axis=-1), shape=x.ty.shape)
+
+    return translate
+
+
+def _layer_norm(ctx: NodeContext):
+    ctx.refuse_used_outputs(1, "Mean, InvStdDev")
+    ctx.attr("stash_type", 1)  # dpl computes statistics in float64 whatever it is
+    x, scale = ctx.input(0), ctx.input(1)
+    ndim = x.ty.ndim
+    axis = ctx.axis(ctx.attr("axis", -1), ndim)
+    axes = tuple(range(axis - ndim, 0))
+    normalized = x.ty.shape[axis:]
+    scale = _to_shape(ctx, scale, normalized, "Scale")
+    if ctx.has_input(2):
+        bias = _to_shape(ctx, ctx.input(2), normalized, "B")
+    elif all(isinstance(d, int) for d in normalized):
+        bias = Constant(np.zeros(normalized, dtype=_numpy_dtype(x)))
+    else:
+        raise ctx.error(f"LayerNormalization without B over symbolic dimensions {list(normalized)} is not supported")
+    return ctx.emit("nn.layer_norm", x, scale, bias, axes=axes, epsilon=ctx.attr("epsilon", 1e-5))
+
+
+def _rms_norm(ctx: NodeContext):
+    ctx.attr("stash_type", 1)
+    x, scale = ctx.input(0), ctx.input(1)
+    ndim = x.ty.ndim
+    axis = ctx.axis(ctx.attr("axis", -1), ndim)
+    scale = _to_shape(ctx, scale, x.ty.shape[axis:], "scale")
+    return ctx.emit("nn.rms_norm", x, scale, axes=tuple(range(axis - ndim, 0)), epsilon=ctx.attr("epsilon", 1e-5))
+
+
+def _numpy_dtype(e: Expr) -> np.dtype:
+    return dtypes.to_numpy(e.ty.dtype)
+
+
+def _to_shape(ctx: NodeContext, p: Expr, shape, what: str) -> Expr:
+    """A normalisation parameter ONNX lets broadcast, spread to the normalised shape dpl needs."""
+    if p.ty.shape == tuple(shape):
+        return p
+    if not all(isinstance(d, int) for d in shape):
+        raise ctx.error(f"{what} of shape {list(p.ty.shape)} must have the normalised shape {list(shape)}")
+    return ctx.emit("broadcast_to", p, shape=tuple(shape))
+
+
+def _batch_norm(ctx: NodeContext):
+    ctx.refuse_used_outputs(1, "running_mean, running_var")
+    ctx.attr("momentum", 0.9)
+    if ctx.version >= 14 and ctx.attr("training_mode", 0):
+        raise ctx.unsupported("training_mode", 1, "inference (training_mode=0)")
+    x = ctx.input(0)
+    if x.ty.ndim < 2:
+        raise ctx.error(f"the input must have rank >= 2, got {x.ty}")
+    per_channel = (-1,) + (1,) * (x.ty.ndim - 2)
+    scale, bias, mean, var = (ctx.emit("reshape", ctx.input(i), shape=per_channel) for i in range(1, 5))
+    eps = ctx.scalar(ctx.attr("epsilon", 1e-5), x)
+    normed = ctx.emit("divide", ctx.emit("subtract", x, mean), ctx.emit("sqrt", ctx.emit("add", var, eps)))
+    return ctx.emit("add", ctx.emit("multiply", normed, scale), bias)
+
+
+# -- reductions -------------------------------------------------------------------------------
+
+
+def _reduce(op: str, axes_input_since: int):
+    def translate(ctx: NodeContext):
+        x = ctx.input(0)
+        keepdims = bool(ctx.attr("keepdims", 1))
+        noop = False
+        if ctx.version >= axes_input_since:
+            noop = bool(ctx.attr("noop_with_empty_axes", 0))
+            axes = ctx.ints_input(1, "axes") if ctx.has_input(1) else []
+        else:
+            axes = list(ctx.attr("axes", []))
+        if not axes and noop:
+            return x
+        axis = _from_end(ctx, axes, x.ty.ndim) if axes else None
+        return ctx.emit(op, x, axis=axis, keepdims=keepdims)
+
+    return translate
+
+
+def _global_pool(op: str):
+    def translate(ctx: NodeContext):
+        x = ctx.input(0)
+        if x.ty.ndim < 3:
+            raise ctx.error(f"the input must have rank >= 3 (N, C, spatial...), got {x.ty}")
+        return ctx.emit(op, x, axis=tuple(range(2 - x.ty.ndim, 0)), keepdims=True)
+
+    return translate
+
+
+# -- convolution and pooling ------------------------------------------------------------------
+
+
+def _conv(ctx: NodeContext):
+    x, w = ctx.input(0), ctx.input(1)
+    xt, wt = x.ty, w.ty
+    if xt.ndim not in (3, 4) or wt.ndim != xt.ndim:
+        raise ctx.error(f"Conv over {xt.ndim - 2} spatial dimension(s) is not supported; dpl has 1-D (through 2-D) "
+                        "and 2-D convolution")
+    kernel = list(wt.shape[2:])
+    if list(ctx.attr("kernel_shape", kernel)) != kernel:
+        raise ctx.error(f"kernel_shape {list(ctx.attr('kernel_shape'))} differs from the weight's spatial shape {kernel}")
+    strides, dilations, pads = _window(ctx, xt, kernel, "Conv")
+    one_d = xt.ndim == 3
+    if one_d:  # [N, C, L] as [N, C, 1, L]
+        x, w = ctx.emit("expand_dims", x, axis=(2,)), ctx.emit("expand_dims", w, axis=(2,))
+        strides, dilations, pads = [1, *strides], [1, *dilations], [0, pads[0], 0, pads[1]]
+    y = ctx.emit("nn.conv2d", x, w, strides=tuple(strides), padding=tuple(pads), dilation=tuple(dilations),
+                 groups=ctx.attr("group", 1))
+    if ctx.has_input(2):
+        y = ctx.emit("add", y, ctx.emit("reshape", ctx.input(2), shape=(-1, 1, 1)))
+    return ctx.emit("squeeze", y, axis=(2,)) if one_d else y
+
+
+def _pool_out(size: int, k: int, s: int, d: int, lo: int, hi: int, ceil: bool) -> int:
+    """ONNX's output size: with ceil_mode, a last window that would start in the end padding
+    is dropped."""
+    span = d * (k - 1) + 1
+    if not ceil:
+        return (size + lo + hi - span) // s + 1
+    out = -(-(size + lo + hi - span) // s) + 1
+    return out - 1 if (out - 1) * s >= size + lo else out
+
+
+def _max_pool(ctx: NodeContext):
+    ctx.refuse_used_outputs(1, "Indices")
+    ctx.attr("storage_order", 0)  # only affects Indices
+    x = ctx.input(0)
+    kernel = _kernel_shape(ctx, x.ty, "MaxPool")
+    strides, dilations, pads = _window(ctx, x.ty, kernel, "MaxPool")
+    ceil = bool(ctx.attr("ceil_mode", 0))
+    want = [_pool_out(x.ty.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + 2], ceil) for i in range(2)]
+    y = ctx.emit("nn.max_pool2d", x, pool_size=tuple(kernel), strides=tuple(strides), padding=tuple(pads),
+                 dilation=tuple(dilations), ceil_mode=ceil)
+    if list(y.ty.shape[2:]) != want:  # dpl's ceil_mode keeps a window ONNX drops
+        y = ctx.emit("strided_slice", y, axes=(2, 3), begin=(0, 0), end=tuple(want))
+    return y
+
+
+def _average_pool(ctx: NodeContext):
+    """A depthwise convolution with a window of ones, divided by the window's count of input
+    elements (dpl has no average-pooling op; this is exact)."""
+    x = ctx.input(0)
+    xt = x.ty
+    kernel = _kernel_shape(ctx, xt, "AveragePool")
+    strides, dilations, pads = _window(ctx, xt, kernel, "AveragePool")
+    include_pad = bool(ctx.attr("count_include_pad", 0))
+    ceil = bool(ctx.attr("ceil_mode", 0))
+    sizes = xt.shape[2:]
+    want = [_pool_out(sizes[i], kernel[i], strides[i], dilations[i], pads[i], pads[i + 2], ceil) for i in range(2)]
+    if ceil and want != [_pool_out(sizes[i], kernel[i], strides[i], dilations[i], pads[i], pads[i + 2], False) for i in range(2)]:
+        raise ctx.unsupported("ceil_mode", 1, "ceil_mode=1 only where it gives the floor-mode output size")
+    channels = xt.shape[1]
+    if isinstance(channels, str):
+        raise ctx.error(f"the channel dimension '{channels}' must be static for AveragePool")
+    dtype = _numpy_dtype(x)
+    ones = Constant(np.ones((channels, 1, *kernel), dtype=dtype))
+    sums = ctx.emit("nn.conv2d", x, ones, strides=tuple(strides), padding=tuple(pads), dilation=tuple(dilations), groups=channels)
+    counts = [_window_counts(sizes[i], kernel[i], strides[i], dilations[i], pads[i], want[i], include_pad) for i in range(2)]
+    count = np.outer(counts[0], counts[1])
+    if np.all(count == count.flat[0]):
+        return ctx.emit("divide", sums, Constant(np.asarray(count.flat[0], dtype=dtype)))
+    return ctx.emit("divide", sums, Constant(count.astype(dtype)))
+
+
+def _window_counts(size: int, k: int, s: int, d: int, lo: int, out: int, include_pad: bool) -> np.ndarray:
+    """How many elements each window along one axis averages: all its taps when padding counts
+    (every window lies in the padded input), else only its taps inside the input."""
+    if include_pad:
+        return np.full(out, k)
+    taps = np.arange(out)[:, None] * s - lo + np.arange(k)[None, :] * d
+    return ((taps >= 0) & (taps < size)).sum(axis=1)
+
+
+# -- the table --------------------------------------------------------------------------------
+
+ONNX_OPS: dict[str, OnnxOp] = {
+    # elementwise arithmetic (numpy broadcasting since version 7)
+    "Add": OnnxOp(_binary("add"), 7, 14),
+    "Sub": OnnxOp(_binary("subtract"), 7, 14),
+    "Mul": OnnxOp(_binary("multiply"), 7, 14),
+    "Div": OnnxOp(_binary("divide"), 7, 14),
+    "Pow": OnnxOp(_pow, 7, 15),
+    "Max": OnnxOp(_variadic("maximum"), 8, 13),
+    "Min": OnnxOp(_variadic("minimum"), 8, 13),
+    "Equal": OnnxOp(_binary("equal"), 7, 19),
+    "Less": OnnxOp(_binary("less"), 7, 13),
+    "LessOrEqual": OnnxOp(_binary("less_equal"), 12, 16),
+    "Greater": OnnxOp(_binary("greater"), 7, 13),
+    "GreaterOrEqual": OnnxOp(_binary("greater_equal"), 12, 16),
+    "Where": OnnxOp(_where, 9, 16),
+    # elementwise functions
+    "Sqrt": OnnxOp(_unary("sqrt"), 6, 13),
+    "Reciprocal": OnnxOp(_reciprocal, 6, 13),
+    "Exp": OnnxOp(_unary("exp"), 6, 13),
+    "Log": OnnxOp(_unary("log"), 6, 13),
+    "Tanh": OnnxOp(_unary("tanh"), 6, 13),
+    "Sigmoid": OnnxOp(_unary("sigmoid"), 6, 13),
+    "Erf": OnnxOp(_unary("erf"), 9, 13),
+    "Sin": OnnxOp(_unary("sin"), 7, 22),
+    "Cos": OnnxOp(_unary("cos"), 7, 22),
+    "Neg": OnnxOp(_unary("negative"), 6, 13),
+    "Abs": OnnxOp(_unary("abs"), 6, 13),
+    "Relu": OnnxOp(_unary("nn.relu"), 6, 14),
+    "Gelu": OnnxOp(_gelu, 20, 20),
+    "Clip": OnnxOp(_clip, 6, 13),
+    "Cast": OnnxOp(_cast, 6, 24),
+    # matrix products, softmax, normalisation
+    "MatMul": OnnxOp(lambda ctx: ctx.emit("matmul", ctx.input(0), ctx.input(1)), 1, 13),
+    "Gemm": OnnxOp(_gemm, 7, 13),
+    "Softmax": OnnxOp(_softmax("nn.softmax"), 1, 13),
+    "LogSoftmax": OnnxOp(_softmax("nn.log_softmax"), 1, 13),
+    "LayerNormalization": OnnxOp(_layer_norm, 17, 17),
+    "RMSNormalization": OnnxOp(_rms_norm, 23, 23),
+    "BatchNormalization": OnnxOp(_batch_norm, 9, 15),
+    # reductions (axes become an input: ReduceSum at 13, the others at 18)
+    "ReduceMean": OnnxOp(_reduce("mean", 18), 1, 18),
+    "ReduceSum": OnnxOp(_reduce("sum", 13), 1, 13),
+    "ReduceMax": OnnxOp(_reduce("max", 18), 1, 20),
+    "ReduceMin": OnnxOp(_reduce("min", 18), 1, 20),
+    "ReduceProd": OnnxOp(_reduce("prod", 18), 1, 18),
+    # convolution and pooling (NCHW)
+    "Conv": OnnxOp(_conv, 1, 22),
+    "MaxPool": OnnxOp(_max_pool, 1, 22),
+    "AveragePool": OnnxOp(_average_pool, 1, 22),
+    "GlobalAveragePool": OnnxOp(_global_pool("mean"), 1, 22),
+    "GlobalMaxPool": OnnxOp(_global_pool("max"), 1, 22),
+    # shapes and data movement
+    "Reshape": OnnxOp(shapes.reshape, 5, 24),
+    "Flatten": OnnxOp(shapes.flatten, 1, 24),
+    "Transpose": OnnxOp(shapes.transpose, 1, 24),
+    "Concat": OnnxOp(shapes.concat, 4, 13),
+    "Split": OnnxOp(shapes.split, 2, 18),
+    "Slice": OnnxOp(shapes.slice_tensor, 1, 13),
+    "Gather": OnnxOp(shapes.gather, 1, 13),
+    "Unsqueeze": OnnxOp(shapes.unsqueeze, 1, 24),
+    "Squeeze": OnnxOp(shapes.squeeze, 1, 24),
+    "Expand": OnnxOp(shapes.expand, 8, 13),
+    "Shape": OnnxOp(shapes.shape_of, 1, 24),
+    "Size": OnnxOp(shapes.size_of, 1, 24),
+    "Constant": OnnxOp(shapes.constant, 1, 24),
+    "ConstantOfShape": OnnxOp(shapes.constant_of_shape, 9, 24),
+    "Identity": OnnxOp(shapes.identity, 1, 24),
+    "Dropout": OnnxOp(shapes.dropout, 7, 22),
+}

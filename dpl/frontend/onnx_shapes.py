@@ -1,0 +1,259 @@
+"""ONNX translations of data movement, shape arithmetic and constants: Reshape, Flatten,
+Transpose, Concat, Split, Slice, Gather, Unsqueeze/Squeeze, Expand, Shape, Size, Constant,
+ConstantOfShape, Identity, Dropout. Their entries are in :data:`dpl.frontend.onnx_ops.ONNX_OPS`.
+
+Several of them also compute on :class:`~dpl.frontend.onnx_node.ShapeValue`s, which is how a
+``Shape -> Gather -> Concat -> Reshape`` chain over a symbolic batch folds into one reshape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpl.frontend.onnx_node import NodeContext, ShapeValue
+from dpl.ir.expr import Constant, TupleGetItem
+
+
+def reshape(ctx: NodeContext):
+    x = ctx.input(0)
+    allowzero = ctx.version >= 14 and bool(ctx.attr("allowzero", 0))
+    shape = ctx.dims_input(1, "the shape")
+    if allowzero and 0 in shape:
+        raise ctx.unsupported("allowzero", 1, "allowzero=1 only when the shape holds no 0")
+    dims = list(x.ty.shape)
+    out = []
+    for i, d in enumerate(shape):
+        if d == 0 and not allowzero:
+            if i >= len(dims):
+                raise ctx.error(f"shape {shape} copies dimension {i} (a 0) of an input of rank {len(dims)}")
+            out.append(dims[i])
+        else:
+            out.append(d)
+    y = ctx.emit("reshape", x, shape=tuple(out))
+    return x if y.ty == x.ty else y
+
+
+def flatten(ctx: NodeContext):
+    x = ctx.input(0)
+    shape = x.ty.shape
+    axis = ctx.attr("axis", 1)
+    if not -len(shape) <= axis <= len(shape):
+        raise ctx.error(f"axis {axis} is out of range for an input of rank {len(shape)}")
+    axis = axis + len(shape) if axis < 0 else axis
+    head, tail = _dims_product(shape[:axis]), _dims_product(shape[axis:])
+    if head is None and tail is None:
+        raise ctx.error(f"cannot flatten {x.ty} at axis {axis}: both sides hold several symbolic dimensions")
+    return ctx.emit("reshape", x, shape=(-1 if head is None else head, -1 if tail is None else tail))
+
+
+def _dims_product(dims):
+    """The product of dims as one dim (an int, or a lone symbolic name), or None."""
+    syms = [d for d in dims if isinstance(d, str)]
+    n = math.prod(d for d in dims if isinstance(d, int))
+    if not syms:
+        return n
+    return syms[0] if len(syms) == 1 and n == 1 else None
+
+
+def transpose(ctx: NodeContext):
+    x = ctx.input(0)
+    ndim = x.ty.ndim
+    perm = ctx.attr("perm", list(reversed(range(ndim))))
+    if sorted(ctx.axis(p, ndim, "perm entry") for p in perm) != list(range(ndim)):
+        raise ctx.error(f"perm {list(perm)} is not a permutation of the {ndim} axes")
+    if list(perm) == list(range(ndim)):
+        return x
+    return ctx.emit("permute_dims", x, axes=tuple(perm))
+
+
+def concat(ctx: NodeContext):
+    values = [ctx.value(i) for i in range(ctx.num_inputs)]
+    axis = ctx.attr("axis")
+    if any(isinstance(v, ShapeValue) for v in values):
+        parts = [v.dims if isinstance(v, ShapeValue) else np.asarray(ctx.constant(i, "a shape part")).astype(object)
+                 for i, v in enumerate(values)]
+        return ShapeValue(np.concatenate([p.reshape(-1) for p in parts]))
+    args = ctx.inputs()
+    ndim = args[0].ty.ndim
+    return ctx.emit("concat", args, axis=ctx.axis(axis, ndim))
+
+
+def split(ctx: NodeContext):
+    x = ctx.input(0)
+    ndim = x.ty.ndim
+    axis = ctx.axis(ctx.attr("axis", 0), ndim)
+    size = x.ty.shape[axis]
+    count = len(ctx.node.output)
+    if ctx.version >= 13 and ctx.has_input(1):
+        sizes = ctx.ints_input(1, "split")
+    elif ctx.version < 13 and ctx.attr("split", None) is not None:
+        sizes = list(ctx.attr("split"))
+    else:
+        if ctx.version >= 18 and ctx.attr("num_outputs", count) != count:
+            raise ctx.error(f"num_outputs {ctx.attr('num_outputs')} differs from the node's {count} outputs")
+        if isinstance(size, str):
+            raise ctx.error(f"cannot split symbolic dimension '{size}'")
+        step = -(-size // count)
+        sizes = [min(step, size - i * step) for i in range(count)]
+    if isinstance(size, str) or sum(sizes) != size or len(sizes) != len(ctx.node.output) or min(sizes) < 0:
+        raise ctx.error(f"split sizes {sizes} do not cut dimension {axis} of {x.ty} into {len(ctx.node.output)} outputs")
+    points = tuple(int(p) for p in np.cumsum(sizes)[:-1])
+    tup = ctx.emit("split", x, indices_or_sections=points, axis=axis)
+    return [TupleGetItem(tup, i) for i in range(len(sizes))]
+
+
+_INT_MAX = 2**31 - 1
+
+
+def slice_tensor(ctx: NodeContext):
+    v = ctx.value(0)
+    if ctx.version < 10:
+        starts, ends = list(ctx.attr("starts")), list(ctx.attr("ends"))
+        axes = list(ctx.attr("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = ctx.ints_input(1, "starts"), ctx.ints_input(2, "ends")
+        axes = ctx.ints_input(3, "axes") if ctx.has_input(3) else list(range(len(starts)))
+        steps = ctx.ints_input(4, "steps") if ctx.has_input(4) else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length")
+    if isinstance(v, ShapeValue):
+        if len(axes) != 1 or ctx.axis(axes[0], 1) != 0:
+            raise ctx.error(f"axes {axes} do not fit a shape vector, which has one axis")
+        return ShapeValue(v.dims[slice(starts[0], ends[0], steps[0])])
+    x = ctx.input(0)
+    shape = x.ty.shape
+    keep = ([], [], [], [])
+    for a, b, e, s in zip(axes, starts, ends, steps):
+        a = ctx.axis(a, len(shape))
+        if s == 0:
+            raise ctx.error("steps must not be 0")
+        size = shape[a]
+        if isinstance(size, str):
+            if b == 0 and s == 1 and e >= _INT_MAX:
+                continue  # the whole symbolic axis
+            raise ctx.error(f"cannot slice symbolic dimension '{size}' (axis {a}) with start {b}, end {e}, step {s}")
+        # ONNX clamps like Python slicing does; clamping to [-size-1, size] keeps that meaning
+        b, e = (min(max(t, -size - 1), size) for t in (b, e))
+        if (b, s) == (0, 1) and e == size:
+            continue
+        for lst, val in zip(keep, (a, b, e, s)):
+            lst.append(val)
+    if not keep[0]:
+        return x
+    return ctx.emit("strided_slice", x, axes=tuple(keep[0]), begin=tuple(keep[1]), end=tuple(keep[2]), strides=tuple(keep[3]))
+
+
+def gather(ctx: NodeContext):
+    v = ctx.value(0)
+    axis = ctx.attr("axis", 0)
+    if isinstance(v, ShapeValue):
+        idx = ctx.constant(1, "indices")
+        return ShapeValue(np.asarray(np.take(v.dims, idx, axis=ctx.axis(axis, 1)), dtype=object))
+    x, idx = ctx.input(0), ctx.input(1)
+    a = ctx.axis(axis, x.ty.ndim)
+    size = x.ty.shape[a]
+    if isinstance(idx, Constant) and isinstance(size, int):
+        if np.any((idx.value < -size) | (idx.value >= size)):
+            raise ctx.error(f"indices {idx.value.tolist()} are out of range for dimension {a} of size {size}")
+        idx = Constant(np.where(idx.value < 0, idx.value + size, idx.value).astype(idx.value.dtype))
+    return ctx.emit("take", x, idx, axis=a)
+
+
+def unsqueeze(ctx: NodeContext):
+    axes = ctx.ints_input(1, "axes") if ctx.version >= 13 else list(ctx.attr("axes"))
+    v = ctx.value(0)
+    if isinstance(v, ShapeValue):
+        return ShapeValue(np.expand_dims(v.dims, tuple(a % (v.dims.ndim + len(axes)) for a in axes)))
+    x = ctx.input(0)
+    ndim = x.ty.ndim + len(axes)
+    return ctx.emit("expand_dims", x, axis=tuple(sorted(ctx.axis(a, ndim) for a in axes)))
+
+
+def squeeze(ctx: NodeContext):
+    if ctx.version >= 13:
+        axes = ctx.ints_input(1, "axes") if ctx.has_input(1) else None
+    else:
+        axes = ctx.attr("axes", None)
+    v = ctx.value(0)
+    if isinstance(v, ShapeValue):
+        return ShapeValue(np.squeeze(v.dims, None if axes is None else tuple(axes)))
+    x = ctx.input(0)
+    axis = None if axes is None else tuple(sorted(ctx.axis(a, x.ty.ndim) for a in axes))
+    return ctx.emit("squeeze", x, axis=axis)
+
+
+def expand(ctx: NodeContext):
+    x = ctx.input(0)
+    target = ctx.dims_input(1, "the shape")
+    have = list(x.ty.shape)
+    ndim = max(len(have), len(target))
+    have = [1] * (ndim - len(have)) + have
+    target = [1] * (ndim - len(target)) + list(target)
+    out = []
+    for d, t in zip(have, target):
+        if t == 1 or d == t:
+            out.append(d)
+        elif d == 1:
+            out.append(t)
+        else:
+            raise ctx.error(f"cannot expand {x.ty} to {target}: {d} vs {t}")
+    return x if tuple(out) == x.ty.shape else ctx.emit("broadcast_to", x, shape=tuple(out))
+
+
+def shape_of(ctx: NodeContext):
+    x = ctx.value(0)
+    dims = list(x.dims.shape) if isinstance(x, ShapeValue) else list(ctx.input(0).ty.shape)
+    start = ctx.attr("start", 0) if ctx.version >= 15 else 0
+    end = ctx.attr("end", len(dims)) if ctx.version >= 15 else len(dims)
+    dims = dims[slice(start, end)]
+    if all(isinstance(d, int) for d in dims):
+        return Constant(np.asarray(dims, dtype=np.int64))
+    return ShapeValue(np.asarray(dims, dtype=object))
+
+
+def size_of(ctx: NodeContext):
+    shape = ctx.input(0).ty.shape
+    if any(isinstance(d, str) for d in shape):
+        raise ctx.error(f"the size of a tensor with symbolic dimensions {list(shape)} is not known at import time")
+    return Constant(np.asarray(math.prod(shape), dtype=np.int64))
+
+
+def constant(ctx: NodeContext):
+    given = [a.name for a in ctx.node.attribute]
+    if len(given) != 1:
+        raise ctx.error(f"needs exactly one value attribute, got {given}")
+    key = given[0]
+    value = ctx.attr(key)
+    if key == "value":
+        return Constant(value)
+    if key in ("value_float", "value_floats"):
+        return Constant(np.asarray(value, dtype=np.float32))
+    if key in ("value_int", "value_ints"):
+        return Constant(np.asarray(value, dtype=np.int64))
+    raise ctx.unsupported(key, value, "tensor, float and int constants")
+
+
+def constant_of_shape(ctx: NodeContext):
+    dims = ctx.dims_input(0, "the shape")
+    fill = ctx.attr("value", np.zeros(1, np.float32))
+    if fill.size != 1:
+        raise ctx.error(f"value must hold one element, got {fill.size}")
+    return ctx.emit("full", Constant(fill.reshape(())), shape=tuple(dims))
+
+
+def identity(ctx: NodeContext):
+    return ctx.value(0)
+
+
+def dropout(ctx: NodeContext):
+    ctx.refuse_used_outputs(1, "mask")
+    ctx.attr("seed", 0)
+    ctx.attr("ratio", 0.5)
+    if ctx.version < 7:
+        raise ctx.error("Dropout before opset 7 is not supported")
+    if ctx.version >= 12 and ctx.has_input(2) and bool(ctx.constant(2, "training_mode")):
+        raise ctx.error("training_mode is true; dpl imports models for inference")
+    return ctx.value(0)
