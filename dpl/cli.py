@@ -55,15 +55,15 @@ def _summarise(result) -> str:
 
 
 def cmd_print(args) -> int:
-    from dpl.ir.serialize import load
+    from dpl.frontend import load_model as load
 
     print(load(args.file).script(), end="")
     return 0
 
 
 def cmd_run(args) -> int:
+    from dpl.frontend import load_model as load
     from dpl.interpret import interpret
-    from dpl.ir.serialize import load
 
     mod = load(args.file)
     if args.entry not in mod.functions:
@@ -89,7 +89,7 @@ def cmd_check(args) -> int:
 
 def cmd_fuse(args) -> int:
     from dpl.apply import apply
-    from dpl.ir.serialize import load
+    from dpl.frontend import load_model as load
     from dpl.trace import Trace
 
     mod = load(args.file)
@@ -114,10 +114,10 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpl", description="rewrite and fuse tensor-program graphs")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("print", help="parse and check a module file, print it in canonical form")
+    p = sub.add_parser("print", help="parse and check a module file (or import an .onnx model), print it in canonical form")
     p.add_argument("file")
     p.set_defaults(func=cmd_print)
-    p = sub.add_parser("run", help="run a module file on random inputs; print output shapes, dtypes, checksums")
+    p = sub.add_parser("run", help="run a module file or .onnx model on random inputs; print output shapes, dtypes, checksums")
     p.add_argument("file")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--entry", default="main")
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="validate .dpl pattern files (or shipped library names) and list their rules")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_check)
-    p = sub.add_parser("fuse", help="rewrite and fuse a module file with pattern files or libraries; print the result")
+    p = sub.add_parser("fuse", help="rewrite and fuse a module file or .onnx model with pattern files or libraries; print the result")
     p.add_argument("file")
     p.add_argument("--patterns", "-p", action="append", default=[], metavar="P",
                    help="a .dpl file or a shipped library (cublas, llm, rewrites); repeat it, earlier ones win")

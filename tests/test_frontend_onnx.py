@@ -772,3 +772,22 @@ def test_unused_initializers_of_any_type_are_never_read():
     mod = dpl.from_onnx(model)
     feeds = model_feeds(model, 2, seed=0)
     assert_matches(run_imported(mod, model, feeds), ReferenceEvaluator(model).run(None, feeds))
+
+
+def test_the_command_line_reads_onnx_files(tmp_path, capsys):
+    """`dpl print / run / fuse model.onnx`: the CLI imports ONNX files by their suffix."""
+    from dpl.cli import main
+
+    path = tmp_path / "transformer.onnx"
+    onnx.save(transformer_model(), path)
+    assert main(["print", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "func main(x: f32[batch, " in printed and "nn.softmax" in printed
+    assert main(["run", str(path), "--dim", "batch=3"]) == 0
+    assert "output 0: shape (3," in capsys.readouterr().out
+    assert main(["fuse", str(path), "-p", "rewrites", "-p", "llm"]) == 0
+    assert '@composite("kernel.attention")' in capsys.readouterr().out
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    assert main(["print", str(bad)]) == 1
+    assert "bad.onnx" in capsys.readouterr().err

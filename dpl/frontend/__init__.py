@@ -10,3 +10,18 @@ from dpl.errors import DplError
 class FrontendError(DplError):
     """A model construct a frontend cannot bring in: the message names the operator or node,
     where it is in the model, and what dpl supports instead."""
+
+
+def load_model(path) -> "Module":  # noqa: F821 - dpl.ir.Module, imported lazily
+    """A module from a file, by its suffix: an ONNX model (``.onnx``) through
+    :func:`dpl.from_onnx`, anything else as dpl's text form (:func:`dpl.load`). What the
+    command line reads."""
+    import os
+
+    if os.fspath(path).endswith(".onnx"):
+        from dpl.frontend.onnx_import import from_onnx
+
+        return from_onnx(path)
+    from dpl.ir.serialize import load
+
+    return load(path)

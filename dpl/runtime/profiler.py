@@ -195,10 +195,9 @@ def add_profile_command(subparsers) -> None:
 
 
 def run_profile_command(args) -> int:
-    import dpl
     from dpl.errors import DplError
+    from dpl.frontend import load_model as load
 
-    load = dpl.load
     dims = {}
     for item in args.dim:
         name, _, size = item.partition("=")
