@@ -41,7 +41,7 @@ def _infer_matmul(info: CallInfo) -> TensorType:
 
 
 def _matmul_ref(a, b, out_dtype):
-    acc = np.float64 if a.dtype.kind == "f" else np.int64
+    acc = np.int64 if a.dtype.kind in "iub" else np.float64  # bfloat16 (kind "V") is a float too
     return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype or a.dtype)
 
 

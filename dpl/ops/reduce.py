@@ -26,7 +26,7 @@ def _infer_reduce(info: CallInfo) -> TensorType:
 def _reduce_ref(fn, accumulate_in_float64=False):
     def ref(x, axis, keepdims):
         axes = None if axis is None else tuple(a % x.ndim for a in axis)
-        data = x.astype(np.float64) if accumulate_in_float64 and x.dtype.kind == "f" else x
+        data = x.astype(np.float64) if accumulate_in_float64 and x.dtype.kind not in "iub" else x  # bfloat16 is kind "V"
         return np.asarray(fn(data, axis=axes, keepdims=keepdims)).astype(x.dtype)
 
     return ref
