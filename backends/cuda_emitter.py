@@ -327,9 +327,10 @@ def launch_config(source: CudaSource, dims: dict[str, int], block: int = BLOCK, 
     return min(grid, max_grid), block
 
 
-def launch_arguments(source: CudaSource, inputs, outputs) -> tuple[list, list[int]]:
+def launch_arguments(source: CudaSource, inputs, outputs, constants=None) -> tuple[list, list[int]]:
     """The kernel's array arguments (parameters, its constants, outputs) and the values of its
-    symbolic dims, read off the shapes of the arrays given (any array module)."""
+    symbolic dims, read off the shapes of the arrays given (any array module). ``constants``:
+    the kernel's constant arrays where they live (on the device), by default its own."""
     kernel = source.kernel
     if len(inputs) < len(kernel.params) or len(outputs) != len(kernel.outputs):
         raise EmitError(f"kernel '{kernel.name}' takes {len(kernel.params)} inputs and {len(kernel.outputs)} outputs, "
@@ -344,7 +345,8 @@ def launch_arguments(source: CudaSource, inputs, outputs) -> tuple[list, list[in
                     raise EmitError(f"kernel '{kernel.name}': dim {d} is {bound[d]} and {size}")
             elif int(d) != int(size):
                 raise EmitError(f"kernel '{kernel.name}': buffer {buf.name} has shape {buf.shape}, got {tuple(arr.shape)}")
-    constants = [kernel.constants[name] for name in kernel.constants]
+    if constants is None:
+        constants = [kernel.constants[name] for name in kernel.constants]
     return [*inputs[:len(kernel.params)], *constants, *outputs], [bound[d] for d in kernel.dims]
 
 
