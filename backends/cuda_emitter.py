@@ -9,9 +9,10 @@ same launch (nests carry no dependences between them):
   ``blockIdx.x * blockDim.x + threadIdx.x``; each thread runs the rest of the body serially.
 - **block** nests (a row kernel: the body reduces before it stores): one block per row, by a
   grid-stride loop over ``blockIdx.x``. Lets run on every thread; each reduction is folded by
-  every thread over a strided part of its (flattened) axes, then combined across the block in
-  shared memory (a tree of ``DPL_BLOCK / 2, ..., 1`` with a barrier per level) so every thread
-  holds the row's value; loops over the row are split across the threads; a store outside
+  every thread over a strided part of its (flattened) axes, then combined across the block so
+  every thread holds the row's value: warp shuffles within each warp, the warps' values through
+  shared memory (two barriers), or, for blocks smaller than a warp, a tree in shared memory
+  with a barrier per level; loops over the row are split across the threads; a store outside
   them is done by thread 0.
 - statements outside every loop (a reduction over the whole tensor, a scalar result) run
   like a block's row, on a launch of one block.
@@ -65,6 +66,7 @@ template <typename T> DPL_INLINE double erf(T x) { return erf((double)x); }
 template <typename T> DPL_INLINE double sin(T x) { return sin((double)x); }
 template <typename T> DPL_INLINE double cos(T x) { return cos((double)x); }
 template <typename A, typename B> DPL_INLINE double pow(A a, B b) { return pow((double)a, (double)b); }
+template <typename T> DPL_INLINE T dpl_shfl_down(T v, unsigned o) { return (T)__shfl_down_sync(0xffffffffu, v, o); }
 """
 
 # both targets: 16-bit floats as bits, computed in float
@@ -274,17 +276,32 @@ class CudaEmitter(StatementEmitter):
         out.append(f"{pad}}}")
         part = f"dpl_part{self.parts}"
         self.parts += 1
-        mine, other = f"{part}[threadIdx.x]", f"{part}[threadIdx.x + dpl_s]"
-        combine = get_op(s.combiner).c_expr.format(mine, other)
+        combine = get_op(s.combiner).c_expr.format
         out.append(f"{pad}{{")
+        # whole warps: a shuffle tree in each warp, then every thread folds the warps' values
+        out.append("#if DPL_BLOCK >= 32")
+        out.append(f"{inner}{t} dpl_v = {acc};")
+        out.append(f"{inner}for (unsigned dpl_o = 16; dpl_o > 0; dpl_o >>= 1) {{")
+        out.append(f"{inner}  const {t} dpl_w = dpl_shfl_down(dpl_v, dpl_o);")
+        out.append(f"{inner}  dpl_v = ({t})({combine('dpl_v', 'dpl_w')});")
+        out.append(f"{inner}}}")
+        out.append(f"{inner}__shared__ {t} {part}[DPL_BLOCK / 32];")
+        out.append(f"{inner}if (threadIdx.x % 32 == 0) {part}[threadIdx.x / 32] = dpl_v;")
+        out.append(f"{inner}__syncthreads();")
+        out.append(f"{inner}{acc} = {part}[0];")
+        out.append(f"{inner}for (unsigned dpl_k = 1; dpl_k < DPL_BLOCK / 32; ++dpl_k) {acc} = ({t})({combine(acc, f'{part}[dpl_k]')});")
+        out.append("#else")
+        # fewer threads than a warp (the host twin's small blocks): a tree in shared memory
+        mine, other = f"{part}[threadIdx.x]", f"{part}[threadIdx.x + dpl_s]"
         out.append(f"{inner}__shared__ {t} {part}[DPL_BLOCK];")
         out.append(f"{inner}{mine} = {acc};")
         out.append(f"{inner}__syncthreads();")
         out.append(f"{inner}for (unsigned dpl_s = DPL_BLOCK / 2; dpl_s > 0; dpl_s >>= 1) {{")
-        out.append(f"{inner}  if (threadIdx.x < dpl_s) {mine} = ({t})({combine});")
+        out.append(f"{inner}  if (threadIdx.x < dpl_s) {mine} = ({t})({combine(mine, other)});")
         out.append(f"{inner}  __syncthreads();")
         out.append(f"{inner}}}")
         out.append(f"{inner}{acc} = {part}[0];")
+        out.append("#endif")
         out.append(f"{inner}__syncthreads();  /* every thread has read it before the next row writes it */")
         out.append(f"{pad}}}")
 

@@ -3,7 +3,8 @@ by the system C++ compiler and run block by block, each block's threads as an Op
 
 A small prelude stands in for CUDA: ``threadIdx``/``blockIdx`` are thread-local, ``blockDim``
 and ``gridDim`` are set per launch, ``__shared__`` arrays are statics (blocks run one at a time,
-so a block's threads share them as on a GPU) and ``__syncthreads()`` is an OpenMP barrier. So a
+so a block's threads share them as on a GPU), ``__syncthreads()`` is an OpenMP barrier and a
+warp shuffle is an exchange through a shared slot between two barriers. So a
 twin run checks, without a GPU, what a GPU run depends on: the arithmetic (the same statement
 emitter), the mapping of loops onto blocks and threads (grid-stride bounds, flat-index
 decomposition, strided row loops) and the block reductions with their barriers.
@@ -49,6 +50,15 @@ static thread_local dpl_dim3 threadIdx, blockIdx;
 static dpl_dim3 blockDim, gridDim;
 static inline float dpl_float_of_bits(uint32_t u) {{ float f; memcpy(&f, &u, 4); return f; }}
 static inline uint32_t dpl_bits_of_float(float f) {{ uint32_t u; memcpy(&u, &f, 4); return u; }}
+/* __shfl_down_sync over a whole block's warps, as every thread of the block calls it at once */
+template <typename T> static inline T dpl_shfl_down(T v, unsigned o) {{
+  static T slots[DPL_BLOCK];
+  slots[threadIdx.x] = v;
+  __syncthreads();
+  const T r = threadIdx.x % 32 + o < 32 ? slots[threadIdx.x + o] : v;
+  __syncthreads();
+  return r;
+}}
 """
 
 FLAGS = ["-std=c++17", "-O0", "-fPIC", "-shared", "-fopenmp"]  # semantics, not speed: -O0 builds a corpus 2.5x faster

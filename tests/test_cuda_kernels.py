@@ -137,6 +137,54 @@ def test_twin_of_every_half_and_bfloat16_kernel(cxx, half_kernels):
     assert max(errors) <= 64 * ulp
 
 
+WARP_ROWS = """
+func softmax(x: f32[5, 300]) -> f32[5, 300] {
+  y = nn.softmax(x)
+  return y
+}
+func norms(x: f32[n, 100], w: f32[100], b: f32[100]) -> (f32[n, 100], f32[n, 100]) {
+  y = nn.layer_norm(x, w, b)
+  z = nn.rms_norm(x, w)
+  return (y, z)
+}
+func extremes(x: f64[3, 4, 90]) -> (f64[3], f64[3], f64[3]) {
+  a = max(x, axis=[1, 2])
+  b = min(x, axis=[1, 2])
+  c = variance(x, axis=[1, 2])
+  return (a, b, c)
+}
+func counts(x: i64[7, 200]) -> i64[7] {
+  s = sum(x, axis=[1])
+  return s
+}
+func everything(x: f32[33, 65]) -> f32[] {
+  s = sum(x)
+  return s
+}"""
+
+
+@pytest.mark.parametrize("threads", [32, 64])
+def test_twin_of_warp_shuffle_reductions(cxx, threads):
+    """Blocks of whole warps reduce with shuffles (emulated on the host: an exchange through
+    shared slots between barriers), then across warps in shared memory."""
+    mod = dpl.parse(WARP_ROWS)
+    sources = [emit_cuda(lower_function(fn), f"{fn.name}_{threads}") for fn in mod.functions.values()]
+    assert all("dpl_shfl_down" in s.function for s in sources)
+    twin = HostTwin(sources, block=threads)
+    rng = np.random.default_rng(threads)
+    for fn, source in zip(mod.functions.values(), sources):
+        args = random_args(fn, threads)
+        if fn.name == "counts":
+            args = [rng.integers(-1000, 1000, (7, 200))]
+        want = dpl.interpret(fn, *args)
+        wants = want if isinstance(want, tuple) else (want,)
+        for grid in (None, 2):
+            outs = [np.full_like(w, -7) for w in wants]
+            twin.run(source.name, args, outs, grid=grid)
+            for w, o in zip(wants, outs):
+                np.testing.assert_allclose(o, w, rtol=2e-5, atol=1e-5, err_msg=f"{fn.name} grid={grid}")
+
+
 def test_half_and_bfloat16_conversions_are_bit_exact(cxx):
     """Loads widen exactly and stores round to nearest even like NumPy and ml_dtypes: ties,
     subnormals, the largest finite values, overflow to infinity, signed zeros, NaN."""
@@ -201,6 +249,15 @@ def test_the_twin_catches_a_broken_mapping(cxx):
     np.testing.assert_allclose(outs["good"], want, rtol=1e-5, atol=1e-7)
     assert not np.allclose(outs["tree"], want, rtol=1e-3)
     assert np.isnan(outs["stride"]).any()
+    # the same with whole warps: a shuffle tree that skips a level
+    shuffle = good.function.replace("dpl_o >>= 1", "dpl_o >>= 2")
+    assert shuffle != good.function
+    twin = HostTwin([good, attrs.evolve(good, name="shuffle", function=shuffle.replace(" good(", " shuffle("))], block=32)
+    for name in ("good", "shuffle"):
+        outs[name] = np.full_like(want, np.nan)
+        twin.run(name, [x], [outs[name]], grid=2)
+    np.testing.assert_allclose(outs["good"], want, rtol=1e-5, atol=1e-7)
+    assert not np.allclose(outs["shuffle"], want, rtol=1e-3)
 
 
 # -- the emitter and the launch -------------------------------------------------------------------
