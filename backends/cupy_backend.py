@@ -107,7 +107,7 @@ class CupyBackend(Backend):
             source = emit_cuda(lower_function(function), SYMBOL, block_rows_from=self.block_rows_from)
         except (LoweringError, EmitError) as err:
             raise CompileError(f"'{function.name}' has no CUDA kernel: {err.message}") from None
-        options = (f"-DDPL_BLOCK={self.block}", "--std=c++17", *self.options)
+        options = (f"-DDPL_BLOCK={self.block}", *self.options)  # CuPy adds the architecture and -ftz=true
         cp = self.cupy()
         try:
             compiled = cp.RawModule(code=source.code, options=options).get_function(SYMBOL)

@@ -14,6 +14,10 @@ import numpy as np
 from dpl.backends.cuda_host import HostTwin
 
 
+# what cupy.cuda.compiler adds to a RawModule's options (besides -arch), as of CuPy 14
+CUPY_ADDS = ("-ftz=true", "--device-as-default-execution-space")
+
+
 class DeviceArray(np.ndarray):
     """An array "on the device"."""
 
@@ -77,8 +81,8 @@ class FakeCupy:
         if self.fail_compile:
             raise RuntimeError("NVRTC_ERROR_COMPILATION (a stand-in failure)")
         block = next(int(o.split("=", 1)[1]) for o in options if o.startswith("-DDPL_BLOCK="))
-        if self.nvrtc is not None:
-            self.nvrtc.compile_ptx(code, options=tuple(o for o in options if o != "--std=c++17"))
+        if self.nvrtc is not None:  # with the options CuPy's RawModule adds to the caller's
+            self.nvrtc.compile_ptx(code, options=(*options, *CUPY_ADDS))
         self.sources.append(code)
         return _Module(self, code, block)
 

@@ -15,6 +15,7 @@ from dpl.backends.cuda_host import HostTwin
 from dpl.kernel import lower_function
 
 import cuda_corpus
+from fake_cupy import CUPY_ADDS
 from test_cpu_backend import random_args
 
 THREADS = 8  # threads per block in the twin: a reduction tree of three levels, a cheap team
@@ -71,12 +72,13 @@ def test_every_half_and_bfloat16_kernel_compiles_with_nvrtc(nvrtc, half_kernels)
 
 
 def test_whole_sources_compile_as_written(nvrtc):
-    """The sources exactly as the backend hands them to NVRTC, at both block sizes in use."""
+    """The sources exactly as the backend hands them to CuPy, with the options CuPy adds, at a
+    GPU's block size (warp shuffles) and the twin's (a shared-memory tree)."""
     for label, fn in cuda_corpus.corner_cases():
         for mode, rows in MODES.items():
             source = emit_cuda(lower_function(fn), block_rows_from=rows)
             for block in (256, THREADS):
-                ptx = nvrtc.compile_ptx(source.code, f"{label}.cu", options=(f"-DDPL_BLOCK={block}",))
+                ptx = nvrtc.compile_ptx(source.code, f"{label}.cu", options=(f"-DDPL_BLOCK={block}", *CUPY_ADDS))
                 assert ".entry dpl_kernel(" in ptx
 
 
