@@ -26,7 +26,7 @@ import importlib.util
 import numpy as np
 
 from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_arguments, launch_config
-from dpl.backends.registry import Backend, Capabilities, CompileError
+from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 
 SYMBOL = "dpl_kernel"
@@ -39,7 +39,7 @@ class CudaKernel:
     def __init__(self, source, function, cupy, block: int):
         self.source, self.function, self.block = source, function, block
         self._cupy = cupy
-        self.constants = [cupy.asarray(_bits(np.ascontiguousarray(v))) for v in source.kernel.constants.values()]
+        self.constants = [cupy.asarray(_bits(np.require(v, requirements="C"))) for v in source.kernel.constants.values()]
 
     def arguments(self, inputs, outputs) -> tuple[tuple[int, int], tuple]:
         """(blocks, threads) and the argument tuple of one launch: arrays, then dims as int64."""
@@ -49,7 +49,8 @@ class CudaKernel:
 
     def __call__(self, inputs, outputs) -> None:
         cp = self._cupy
-        (grid, block), args = self.arguments([cp.ascontiguousarray(_bits(a)) for a in inputs], [_bits(o) for o in outputs])
+        inputs = [a if a.flags.c_contiguous else cp.ascontiguousarray(a) for a in map(_bits, inputs)]
+        (grid, block), args = self.arguments(inputs, [_bits(o) for o in outputs])
         self.function((grid,), (block,), args)
 
 
@@ -128,7 +129,7 @@ class CupyBackend(Backend):
         cp = self.cupy()
 
         def run(inputs, outputs):
-            dev_in = [cp.asarray(_bits(np.ascontiguousarray(a))) for a in inputs]
+            dev_in = [cp.asarray(_bits(np.require(a, requirements="C"))) for a in inputs]  # 0-d stays 0-d
             dev_out = [cp.empty(o.shape, _bits_dtype(o.dtype)) for o in outputs]
             device_run(dev_in, dev_out)
             for o, d in zip(outputs, dev_out):
@@ -141,8 +142,6 @@ class CupyBackend(Backend):
 
 
 def _has_bf16(function) -> bool:
-    from dpl.backends.registry import function_dtypes
-
     return "bfloat16" in function_dtypes(function)
 
 

@@ -9,7 +9,7 @@ import pytest
 import dpl
 from dpl.backends.c_emitter import CpuEmitter, StatementEmitter, emit_kernel
 from dpl.backends.cuda_emitter import (
-    CUDA_PRELUDE, HELPERS, MAX_GRID, CudaEmitter, Nest, emit_cuda, launch_arguments, launch_config,
+    CUDA_PRELUDE, HELPERS, MAX_GRID, CudaEmitter, emit_cuda, launch_arguments, launch_config,
 )
 from dpl.backends.cuda_host import HostTwin
 from dpl.kernel import lower_function
@@ -343,4 +343,3 @@ def test_cpu_and_cuda_share_the_statement_emitter():
     kernel = lower_function(fn)
     store = next(line.strip() for line in emit_kernel(kernel, stream_bytes=None).splitlines() if line.strip().startswith("v_y["))
     assert store in emit_cuda(kernel).code
-    assert Nest("thread", ()) == Nest("thread", ())

@@ -214,3 +214,20 @@ def test_the_backend_claims_its_prefixes_and_kernel_composites():
         CupyBackend(block=100)
     source = emit_cuda(lower_function(fn))
     assert source.nests[0].mode == "thread"
+
+
+def test_scalar_inputs_and_results_keep_their_rank(fake):
+    """0-d arrays cross to the device and back as 0-d (``ascontiguousarray`` would make them 1-d)."""
+    fn = dpl.parse("""
+func f(x: f32[n, 70], s: f32[]) -> (f32[n, 70], f32[]) {
+  y = multiply(x, s)
+  t = sum(y)
+  return (y, t)
+}""")["f"]
+    kernel = CupyBackend(cupy=fake, block=THREADS).compile(fn, module=Module([fn]))
+    args = [np.random.default_rng(1).standard_normal((5, 70)).astype(np.float32), np.array(0.5, np.float32)]
+    want = dpl.interpret(fn, *args)
+    outs = [np.empty((5, 70), np.float32), np.empty((), np.float32)]
+    kernel(args, outs)
+    assert_close(want, tuple(outs))
+    assert fake.launches[-1][3][1] == "float32[]" and fake.launches[-1][3][3] == "float32[]"
