@@ -145,7 +145,9 @@ class HostTwin:
         self.cxx = cxx or os.environ.get("CXX") or "c++"
         if shutil.which(self.cxx) is None:
             raise CompileError(f"host twin: no C++ compiler ('{self.cxx}')")
-        key = hashlib.sha256("\0".join([text, self.cxx, *FLAGS]).encode()).hexdigest()[:24]
+        from dpl.backends.cpu_backend import compiler_version
+
+        key = hashlib.sha256("\0".join([text, self.cxx, compiler_version(self.cxx), *FLAGS]).encode()).hexdigest()[:24]
         directory = Path(directory or tempfile.gettempdir()) / "dpl-cuda-twin"
         directory.mkdir(parents=True, exist_ok=True)
         lib_path = directory / f"{key}.so"
