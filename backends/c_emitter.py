@@ -1,7 +1,9 @@
-"""Kernel IR -> C. One scalar-expression emitter (``dpl.kernel.to_c``, with loads flattened
-here) and a CPU loop wrapper: OpenMP over the outermost loop of each nest, ``omp simd`` on
-innermost loops that carry no reduction. A CUDA wrapper would reuse :func:`emit_stmts` with
-the outer loop variables taken from the thread index instead.
+"""Kernel IR -> C. One statement emitter, :class:`StatementEmitter`, writes the scalar code
+every target shares: loads (flattened, 16-bit floats widened), lets, reductions, stores and
+plain serial loops, with expressions through ``dpl.kernel.to_c``. Each target wraps it: the
+CPU wrapper here (:class:`CpuEmitter`) puts OpenMP over the outermost loop of each nest and
+``omp simd`` on innermost loops; the CUDA wrapper (``cuda_emitter.py``) maps the outer loops
+onto the thread grid. So the arithmetic a GPU runs is the arithmetic the CPU tests check.
 
 Large outputs are written with non-temporal (streaming) stores: an innermost loop that stores
 contiguously into an output of at least ``stream_bytes`` computes blocks of one vector into a
@@ -125,13 +127,17 @@ def c_name(name: str) -> str:
     return "v_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-class _Emitter:
-    def __init__(self, kernel: Kernel, stream_bytes: int | None = STREAM_BYTES):
+class StatementEmitter:
+    """Kernel IR statements as C-like scalar code, shared by every target. Loops come out as
+    plain serial ``for`` loops; a target subclass overrides :meth:`loop` (and may add hooks
+    around reductions) to parallelise them. Buffers of the dtypes in ``bits`` hold their raw
+    16 bits: loads widen them to float through the named function, stores round through the
+    other."""
+
+    bits = {"bfloat16": ("dpl_bf16_load", "dpl_bf16_store")}
+
+    def __init__(self, kernel: Kernel):
         self.kernel = kernel
-        self.stream_bytes = stream_bytes
-        self.redirect: dict[int, str] = {}  # id(Store) -> the C lvalue it writes instead (a block buffer)
-        self.kept: dict[int, str] = {}  # id(Reduce) -> the row buffer its folded values are kept in
-        self.aliases: dict[str, str] = {}  # kernel IR variable -> the C it reads instead (a kept row)
         self.buffers = {}
         for b in (*kernel.params, *kernel.outputs):
             self.buffers[b.name] = b
@@ -142,12 +148,17 @@ class _Emitter:
             if b.dtype not in SUPPORTED_DTYPES:
                 raise EmitError(f"kernel '{kernel.name}': dtype {b.dtype} of buffer {b.name} has no C type here")
 
+    # -- expressions ------------------------------------------------------------------------
+
     def dim(self, d) -> str:
         return c_name(d) if isinstance(d, str) else f"{int(d)}LL"
 
+    def dtype_of(self, buffer: str) -> str:
+        return self.buffers[buffer].dtype if buffer in self.buffers else _dtype_of(self.const_buffers[buffer])
+
     def load(self, buffer: str, index: list[str]) -> str:
-        dtype = self.buffers[buffer].dtype if buffer in self.buffers else _dtype_of(self.const_buffers[buffer])
-        return f"dpl_bf16_load({self.flat(buffer, index)})" if dtype == "bfloat16" else self.flat(buffer, index)
+        widen = self.bits.get(self.dtype_of(buffer))
+        return f"{widen[0]}({self.flat(buffer, index)})" if widen else self.flat(buffer, index)
 
     def flat(self, buffer: str, index: list[str]) -> str:
         if buffer in self.buffers:
@@ -161,82 +172,171 @@ class _Emitter:
             offset = f"({offset}) * {self.dim(d)} + {i}"
         return f"{c_name(buffer)}[{offset}]"
 
+    def var(self, name: str) -> str:
+        return c_name(name)
+
+    def op(self, e: Op, args: list[str]) -> str | None:
+        """The C for a registry op when this target spells it differently (None: its template)."""
+        return None
+
     def expr(self, e) -> str:
-        return to_c(e, load=lambda load, index: self.load(load.buffer, index), var=lambda n: self.aliases.get(n) or c_name(n))
+        return to_c(e, load=lambda load, index: self.load(load.buffer, index), var=self.var, op=self.op)
 
     def ctype(self, dtype: str) -> str:
         if dtype not in SUPPORTED_DTYPES:
             raise EmitError(f"kernel '{self.kernel.name}': dtype {dtype} has no C type here")
         return C_TYPES[dtype]
 
-    def stmts(self, stmts, indent: int, out: list[str], outer: bool) -> None:
+    def buffer_order(self) -> list[tuple[str, str]]:
+        """(name, dtype) of every buffer as the kernel takes them: parameters, constants, outputs."""
+        k = self.kernel
+        order = [(b.name, b.dtype) for b in k.params]
+        order += [(name, _dtype_of(value)) for name, value in k.constants.items()]
+        order += [(b.name, b.dtype) for b in k.outputs]
+        return order
+
+    def buffer_ctype(self, dtype: str) -> str:
+        """The C element type of a buffer: the bits for a dtype held as bits."""
+        return "uint16_t" if dtype in self.bits else self.ctype(dtype)
+
+    # -- statements -------------------------------------------------------------------------
+
+    def stmts(self, stmts, indent: int, out: list[str], outer: bool = False) -> None:
         pad = "  " * indent
-        stmts = self.keep_rows(stmts)
         for s in stmts:
             if isinstance(s, Loop):
-                v = c_name(s.var.name)
-                innermost = not any(isinstance(x, (Loop, Reduce)) for x in walk(s.body))
-                if self.streamed(s):
-                    self.stream_loop(s, indent, out, outer)
-                    continue
-                if outer and any(isinstance(x, Loop) and self.streamed(x) for x in walk(s.body)):
-                    # a parallel region of its own, so that each thread fences its streams
-                    out.append(f"{pad}#pragma omp parallel")
-                    out.append(f"{pad}{{")
-                    out.append(f"{pad}#pragma omp for schedule(static)")
-                    out.append(f"{pad}for (int64_t {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{")
-                    self.stmts(s.body, indent + 1, out, False)
-                    out.append(f"{pad}}}")
-                    out.append(f"{pad}dpl_sfence();")
-                    out.append(f"{pad}}}")
-                    continue
-                if outer:
-                    out.append(f"{pad}#pragma omp parallel for schedule(static)")
-                elif innermost:
-                    out.append(f"{pad}#pragma omp simd")
-                out.append(f"{pad}for (int64_t {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{")
-                self.stmts(s.body, indent + 1, out, False)
-                out.append(f"{pad}}}")
+                self.loop(s, indent, out, outer)
             elif isinstance(s, Let):
-                out.append(f"{pad}const {self.ctype(s.value.dtype)} {c_name(s.name)} = {self.expr(s.value)};")
+                out.append(f"{pad}{self.let(s)}")
             elif isinstance(s, Reduce):
-                acc = c_name(s.name)
-                t = self.ctype(s.dtype)
-                keep = self.kept.get(id(s))
-                if keep is not None:
-                    vt = self.ctype(s.value.dtype)
-                    out.append(f"{pad}{vt} {keep}[{self.expr(s.axes[0].extent)}];")
-                out.append(f"{pad}{t} {acc} = ({t}){self.expr(s.init)};")
-                depth = indent
-                # the innermost reduction loop is a SIMD reduction when the body has no loops
-                # (reassociating the sum is the one freedom taken; it stays within tolerance)
-                simple = not any(isinstance(x, (Loop, Reduce)) for x in walk(s.body))
-                clause = _SIMD_REDUCTION.get(s.combiner)
-                for k, a in enumerate(s.axes):
-                    v = c_name(a.var.name)
-                    if simple and clause and k == len(s.axes) - 1:
-                        out.append(f"{'  ' * depth}#pragma omp simd reduction({clause}:{acc})")
-                    out.append(f"{'  ' * depth}for (int64_t {v} = 0; {v} < {self.expr(a.extent)}; ++{v}) {{")
-                    depth += 1
-                self.stmts(s.body, depth, out, False)
-                value = self.expr(s.value)
-                if keep is not None:  # computed once, kept for the loop over the row that needs it again
-                    out.append(f"{'  ' * depth}{keep}[{c_name(s.axes[0].var.name)}] = {value};")
-                    value = f"{keep}[{c_name(s.axes[0].var.name)}]"
-                combine = get_op(s.combiner).c_expr.format(acc, f"({value})")
-                out.append(f"{'  ' * depth}{acc} = ({t})({combine});")
-                for _ in s.axes:
-                    depth -= 1
-                    out.append(f"{'  ' * depth}}}")
+                self.reduce(s, indent, out)
             elif isinstance(s, Store):
-                dtype = self.buffers[s.buffer].dtype
-                target = self.redirect.get(id(s)) or self.flat(s.buffer, [self.expr(i) for i in s.indices])
-                if dtype == "bfloat16":
-                    out.append(f"{pad}{target} = dpl_bf16_store({self.expr(s.value)});")
-                else:
-                    out.append(f"{pad}{target} = ({self.ctype(dtype)})({self.expr(s.value)});")
+                out.append(f"{pad}{self.store(s)}")
             else:
                 raise EmitError(f"cannot emit {type(s).__name__}")
+
+    def loop(self, s: Loop, indent: int, out: list[str], outer: bool) -> None:
+        pad, v = "  " * indent, c_name(s.var.name)
+        out.append(f"{pad}for (int64_t {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{")
+        self.stmts(s.body, indent + 1, out, False)
+        out.append(f"{pad}}}")
+
+    def let(self, s: Let) -> str:
+        return f"const {self.ctype(s.value.dtype)} {c_name(s.name)} = {self.expr(s.value)};"
+
+    def store(self, s: Store, target: str | None = None) -> str:
+        """``buffer[index] = value``, into ``target`` (another lvalue) when given."""
+        dtype = self.buffers[s.buffer].dtype
+        target = target or self.flat(s.buffer, [self.expr(i) for i in s.indices])
+        narrow = self.bits.get(dtype)
+        if narrow:
+            return f"{target} = {narrow[1]}({self.expr(s.value)});"
+        return f"{target} = ({self.ctype(dtype)})({self.expr(s.value)});"
+
+    def reduce_start(self, s: Reduce) -> str:
+        t = self.ctype(s.dtype)
+        return f"{t} {c_name(s.name)} = ({t}){self.expr(s.init)};"
+
+    def fold(self, s: Reduce, value: str) -> str:
+        """The statement folding ``value`` (C) into the reduction's local."""
+        acc = c_name(s.name)
+        combine = get_op(s.combiner).c_expr.format(acc, f"({value})")
+        return f"{acc} = ({self.ctype(s.dtype)})({combine});"
+
+    def reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
+        """The local, one serial loop per reduction axis, the body, the fold."""
+        pad = "  " * indent
+        self.before_reduce(s, indent, out)
+        out.append(f"{pad}{self.reduce_start(s)}")
+        depth = indent
+        for k, a in enumerate(s.axes):
+            v = c_name(a.var.name)
+            self.before_axis(s, k, depth, out)
+            out.append(f"{'  ' * depth}for (int64_t {v} = 0; {v} < {self.expr(a.extent)}; ++{v}) {{")
+            depth += 1
+        self.stmts(s.body, depth, out, False)
+        out.append(f"{'  ' * depth}{self.fold(s, self.folded(s, depth, out))}")
+        for _ in s.axes:
+            depth -= 1
+            out.append(f"{'  ' * depth}}}")
+
+    # hooks around a reduction, for a target's additions (pragmas, kept rows)
+    def before_reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
+        pass
+
+    def before_axis(self, s: Reduce, k: int, indent: int, out: list[str]) -> None:
+        pass
+
+    def folded(self, s: Reduce, indent: int, out: list[str]) -> str:
+        """The C of the value folded in (a target may compute it into a buffer first)."""
+        return self.expr(s.value)
+
+
+class CpuEmitter(StatementEmitter):
+    """The CPU wrapper: OpenMP over the outermost loop of each nest, ``omp simd`` on innermost
+    loops and loop-free reductions, streaming stores for large outputs, kept rows."""
+
+    def __init__(self, kernel: Kernel, stream_bytes: int | None = STREAM_BYTES):
+        super().__init__(kernel)
+        self.stream_bytes = stream_bytes
+        self.redirect: dict[int, str] = {}  # id(Store) -> the C lvalue it writes instead (a block buffer)
+        self.kept: dict[int, str] = {}  # id(Reduce) -> the row buffer its folded values are kept in
+        self.aliases: dict[str, str] = {}  # kernel IR variable -> the C it reads instead (a kept row)
+
+    def var(self, name: str) -> str:
+        return self.aliases.get(name) or c_name(name)
+
+    def stmts(self, stmts, indent: int, out: list[str], outer: bool = False) -> None:
+        super().stmts(self.keep_rows(stmts), indent, out, outer)
+
+    def store(self, s: Store, target: str | None = None) -> str:
+        return super().store(s, target or self.redirect.get(id(s)))
+
+    def loop(self, s: Loop, indent: int, out: list[str], outer: bool) -> None:
+        pad = "  " * indent
+        v = c_name(s.var.name)
+        innermost = not any(isinstance(x, (Loop, Reduce)) for x in walk(s.body))
+        if self.streamed(s):
+            self.stream_loop(s, indent, out, outer)
+            return
+        if outer and any(isinstance(x, Loop) and self.streamed(x) for x in walk(s.body)):
+            # a parallel region of its own, so that each thread fences its streams
+            out.append(f"{pad}#pragma omp parallel")
+            out.append(f"{pad}{{")
+            out.append(f"{pad}#pragma omp for schedule(static)")
+            out.append(f"{pad}for (int64_t {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{")
+            self.stmts(s.body, indent + 1, out, False)
+            out.append(f"{pad}}}")
+            out.append(f"{pad}dpl_sfence();")
+            out.append(f"{pad}}}")
+            return
+        if outer:
+            out.append(f"{pad}#pragma omp parallel for schedule(static)")
+        elif innermost:
+            out.append(f"{pad}#pragma omp simd")
+        super().loop(s, indent, out, outer)
+
+    def before_reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
+        keep = self.kept.get(id(s))
+        if keep is not None:
+            out.append(f"{'  ' * indent}{self.ctype(s.value.dtype)} {keep}[{self.expr(s.axes[0].extent)}];")
+
+    def before_axis(self, s: Reduce, k: int, indent: int, out: list[str]) -> None:
+        # the innermost reduction loop is a SIMD reduction when the body has no loops
+        # (reassociating the sum is the one freedom taken; it stays within tolerance)
+        simple = not any(isinstance(x, (Loop, Reduce)) for x in walk(s.body))
+        clause = _SIMD_REDUCTION.get(s.combiner)
+        if simple and clause and k == len(s.axes) - 1:
+            out.append(f"{'  ' * indent}#pragma omp simd reduction({clause}:{c_name(s.name)})")
+
+    def folded(self, s: Reduce, indent: int, out: list[str]) -> str:
+        value = self.expr(s.value)
+        keep = self.kept.get(id(s))
+        if keep is None:
+            return value
+        # computed once, kept for the loop over the row that needs it again
+        out.append(f"{'  ' * indent}{keep}[{c_name(s.axes[0].var.name)}] = {value};")
+        return f"{keep}[{c_name(s.axes[0].var.name)}]"
 
     # -- kept rows ------------------------------------------------------------------------
 
@@ -360,12 +460,10 @@ class _Emitter:
         lines = [f"void {symbol}(void **buffers, const int64_t *dims) {{"]
         for i, d in enumerate(k.dims):
             lines.append(f"  const int64_t {c_name(d)} = dims[{i}];")
-        order = [(b.name, b.dtype) for b in k.params]
-        order += [(name, _dtype_of(value)) for name, value in k.constants.items()]
-        order += [(b.name, b.dtype) for b in k.outputs]
+        order = self.buffer_order()
         for i, (name, dtype) in enumerate(order):
             const = "const " if i < len(order) - len(k.outputs) else ""
-            t = "uint16_t" if dtype == "bfloat16" else self.ctype(dtype)  # bfloat16 buffers hold the bits
+            t = self.buffer_ctype(dtype)  # bfloat16 buffers hold the bits
             lines.append(f"  {const}{t} *restrict {c_name(name)} = ({const}{t} *)buffers[{i}];")
         self.stmts(k.body, 1, lines, True)
         lines.append("}")
@@ -431,6 +529,6 @@ def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = 
                 stream_bytes: int | None = STREAM_BYTES) -> str:
     """The C source of a kernel: the prelude and one function named ``symbol``. Outputs of at
     least ``stream_bytes`` are written with streaming stores (``None``: never)."""
-    body = _Emitter(kernel, stream_bytes).function(symbol)
+    body = CpuEmitter(kernel, stream_bytes).function(symbol)
     streams = STREAMING if "dpl_sfence();" in body else ""
     return PRELUDE + streams + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"

@@ -26,13 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dpl import dtypes
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
-from dpl.ir.expr import Binding, Call, Constant, Function, Tuple, Var
-from dpl.ir.types import TensorType
-from dpl.ir.traverse import vars_in
-from dpl.transform.outline import substitute
 from dpl.backends.registry import Backend, Capabilities, CompileError
+from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
 FAST_FLAGS = ["-march=native", "-fopenmp", "-fno-math-errno"]  # each kept only if the compiler takes it
@@ -153,48 +149,6 @@ class KernelCache:
             os.replace(tmp_manifest, manifest)
 
 
-class _NotBlasShaped(Exception):
-    pass
-
-
-def _is_product(b) -> bool:
-    return isinstance(b.value, Call) and b.value.op == "matmul"
-
-
-def _shape(ty, dims) -> tuple[int, ...]:
-    return tuple(dims[d] if isinstance(d, str) else d for d in ty.shape)
-
-
-class _Blas:
-    """One matrix product of a segmented group, by NumPy's BLAS."""
-
-    def __init__(self, var, args):
-        self.var, self.args = var, args
-        self.dtype = dtypes.to_numpy(var.ty.dtype)
-
-    def __call__(self, env, dims, direct):
-        a, b = (env[id(x)] if isinstance(x, Var) else x.value for x in self.args)
-        target = direct.get(id(self.var))
-        if target is not None and np.result_type(a, b) == self.dtype and target.flags.c_contiguous:
-            env[id(self.var)] = np.matmul(a, b, out=target)
-        else:
-            env[id(self.var)] = np.matmul(a, b).astype(self.dtype, copy=False)
-
-
-class _C:
-    """One run of a segmented group's other bindings, as one generated-C kernel."""
-
-    def __init__(self, kernel, ins, outs):
-        self.kernel, self.ins, self.outs = kernel, ins, outs
-
-    def __call__(self, env, dims, direct):
-        arrays = [direct.get(id(v)) for v in self.outs]
-        arrays = [a if a is not None else np.empty(_shape(v.ty, dims), dtypes.to_numpy(v.ty.dtype))
-                  for a, v in zip(arrays, self.outs)]
-        self.kernel([env[id(v)] for v in self.ins], arrays)
-        env.update({id(v): a for v, a in zip(self.outs, arrays)})
-
-
 class CpuBackend(Backend):
     """Generated C for every group the kernel IR lowers; what does not lower (``take``, calls)
     is a compile error, and the target's next backend runs it."""
@@ -223,10 +177,10 @@ class CpuBackend(Backend):
     def compile(self, function, *, module=None, shapes=()):
         if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
             function = _wrapped_composite(function, module)
-        if any(_is_product(b) for b in function.bindings):
+        if any(is_product(b) for b in function.bindings):
             try:
                 return self._compile_segments(function)
-            except _NotBlasShaped:
+            except NotSegmentable:
                 pass  # an operand or result the segments cannot hold: the kernel IR's own loops
         return self._compile_kernel(function)
 
@@ -234,58 +188,16 @@ class CpuBackend(Backend):
         """Each matrix product through NumPy's BLAS, each run of the other bindings between
         products as one generated-C kernel: a product and its epilogue, a prologue and its
         product, attention's two products with the softmax between them."""
-        params = list(function.params)
-        known = {d for p in params for d in p.ty.shape if isinstance(d, str)}
-        rets = list(vars_in(function.ret))
-        if not isinstance(function.ret, (Var, Tuple)) or any(not isinstance(b.var.ty, TensorType) or
-                                                             set(d for d in b.var.ty.shape if isinstance(d, str)) - known
-                                                             for b in function.bindings):
-            raise _NotBlasShaped  # tuples inside the group, or shapes the inputs do not determine
-        bindings = list(function.bindings)
-        steps, i, after_blas = [], 0, False
-        while i < len(bindings):
-            if _is_product(bindings[i]):
-                b = bindings[i]
-                if not all(isinstance(x, (Var, Constant)) for x in b.value.args):
-                    raise _NotBlasShaped
-                steps.append(_Blas(b.var, b.value.args))
-                after_blas, i = True, i + 1
-                continue
-            j = i
-            while j < len(bindings) and not _is_product(bindings[j]):
-                j += 1
-            run = bindings[i:j]
-            later = {id(v) for b in bindings[j:] for v in vars_in(b.value)} | {id(v) for v in rets}
-            bound = {id(b.var) for b in run}
-            ins = list({id(v): v for b in run for v in vars_in(b.value) if id(v) not in bound}.values())
-            outs = [b.var for b in run if id(b.var) in later]
-            fresh = {id(v): Var(v.name, v.ty) for v in ins}
-            part = Function(f"{function.name}_part{len(steps)}", tuple(fresh[id(v)] for v in ins),
-                            tuple(Binding(b.var, substitute(b.value, fresh)) for b in run),
-                            outs[0] if len(outs) == 1 else Tuple(tuple(outs)), {"Primitive": True})
-            # one thread after a BLAS call: the library's worker threads still spin on the other
-            # cores, and an OpenMP team sharing a core with a spinner waits for the scheduler
-            # (measured: the Llama MLP's SiLU-times-up group 4.5 ms with two threads, 3.2 with one)
-            # a part whose results only feed the next product keeps them in cache: no streaming
-            stream = self.stream_bytes if any(v is r for v in outs for r in rets) else None
-            steps.append(_C(self._compile_kernel(part, threads=1 if after_blas else None, stream_bytes=stream), ins, outs))
-            i = j
-
-        def run(inputs, outputs):
-            env = {id(p): a for p, a in zip(params, inputs)}
-            dims = {d: n for p, a in zip(params, inputs) for d, n in zip(p.ty.shape, np.shape(a)) if isinstance(d, str)}
-            # a result the group returns is written straight into its output (first place only)
-            direct = {}
-            for k, v in enumerate(rets):
-                direct.setdefault(id(v), outputs[k])
-            for step in steps:
-                step(env, dims, direct)
-            for k, v in enumerate(rets):
-                if env[id(v)] is not outputs[k]:
-                    np.copyto(outputs[k], env[id(v)])
-
+        steps = segment(function)
+        # one thread after a BLAS call: the library's worker threads still spin on the other
+        # cores, and an OpenMP team sharing a core with a spinner waits for the scheduler
+        # (measured: the Llama MLP's SiLU-times-up group 4.5 ms with two threads, 3.2 with one)
+        # a part whose results only feed the next product keeps them in cache: no streaming
+        kernels = [self._compile_kernel(s.function, threads=1 if s.after_product else None,
+                                        stream_bytes=self.stream_bytes if s.feeds_result else None)
+                   for s in steps if isinstance(s, Part)]
+        run = segment_runner(function, steps, kernels, np)
         run.__qualname__ = f"cpu-blas+c:{function.name}"
-        run.parts = [s.kernel for s in steps if isinstance(s, _C)]  # type: ignore[attr-defined]
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
         return run
 

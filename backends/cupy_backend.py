@@ -1,33 +1,154 @@
-"""CuPy + cuBLAS on CUDA: owns the ``cupy`` and ``cublas`` codegen prefixes.
+"""CuPy + cuBLAS on CUDA: owns the ``cupy``, ``cublas`` and (on the CUDA target) ``kernel``
+codegen prefixes.
 
-Its kernels come with a later issue; until then, and on any machine without CuPy or a CUDA
-device, it reports itself unavailable with the reason, and targets fall back past it.
+Each group's kernel IR becomes one CUDA kernel (``cuda_emitter``), compiled by
+``cupy.RawModule`` and launched with the configuration ``launch_config`` gives. A group with
+matrix products (``cublas.*`` composites, attention, an MLP's products with their epilogues)
+is cut into segments as on the CPU: each product by ``cupy.matmul`` (cuBLAS), each run of the
+other bindings between them as one CUDA kernel.
+
+Arrays cross to the device at the kernel boundary the Executable calls: inputs by
+``cupy.asarray``, results copied back into the host outputs. bfloat16 (which CuPy has no
+dtype for) crosses as its 16 bits; a bfloat16 product is not given to cuBLAS, its group runs
+as one kernel.
+
+Without CuPy or without a device the backend is unavailable and says why; the "cuda" target
+then falls back along cupy -> cpu -> numpy, and ``exe.summary()`` shows it. No GPU is on this
+project's machines: the tests run this backend on a stand-in CuPy whose kernels are the host
+twin (``cuda_host.py``), with every source also compiled by NVRTC.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
-from dpl.backends.registry import Backend, Capabilities, CompileError
+import numpy as np
+
+from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_arguments, launch_config
+from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes
+from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
+
+SYMBOL = "dpl_kernel"
+DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+class CudaKernel:
+    """One generated kernel, compiled; called on device arrays ``(inputs, outputs)``."""
+
+    def __init__(self, source, function, cupy, block: int):
+        self.source, self.function, self.block = source, function, block
+        self._cupy = cupy
+        self.constants = [cupy.asarray(_bits(np.require(v, requirements="C"))) for v in source.kernel.constants.values()]
+
+    def arguments(self, inputs, outputs) -> tuple[tuple[int, int], tuple]:
+        """(blocks, threads) and the argument tuple of one launch: arrays, then dims as int64."""
+        arrays, dims = launch_arguments(self.source, list(inputs), list(outputs), constants=self.constants)
+        grid, block = launch_config(self.source, dict(zip(self.source.dims, dims)), block=self.block)
+        return (grid, block), (*arrays, *(np.int64(d) for d in dims))
+
+    def __call__(self, inputs, outputs) -> None:
+        cp = self._cupy
+        inputs = [a if a.flags.c_contiguous else cp.ascontiguousarray(a) for a in map(_bits, inputs)]
+        (grid, block), args = self.arguments(inputs, [_bits(o) for o in outputs])
+        self.function((grid,), (block,), args)
 
 
 class CupyBackend(Backend):
     name = "cupy"
-    prefixes = ("cupy", "cublas")
-    capabilities = Capabilities(composites=("cublas.*", "cupy.*", "kernel.*"), dtypes=("float16", "float32", "float64"))
+    prefixes = ("cupy", "cublas", "kernel")
+    capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"),
+                                composites=("cublas.*", "cupy.*", "kernel.*"), dtypes=DTYPES)
 
-    def available(self):
-        if importlib.util.find_spec("cupy") is None:
+    def __init__(self, cupy=None, block: int = BLOCK, block_rows_from: int = BLOCK_ROWS_FROM, options: tuple[str, ...] = ()):
+        """``cupy``: the module to use (CuPy itself, imported when first needed, or a stand-in);
+        ``block``: threads per block (a power of two); ``options``: more NVRTC options."""
+        if block < 1 or block & (block - 1):
+            raise CompileError(f"threads per block must be a power of two, got {block}")
+        self._cupy = cupy
+        self.block, self.block_rows_from, self.options = block, block_rows_from, tuple(options)
+
+    def cupy(self):
+        if self._cupy is None:
+            self._cupy = importlib.import_module("cupy")
+        return self._cupy
+
+    def available(self) -> tuple[bool, str]:
+        if self._cupy is None and importlib.util.find_spec("cupy") is None:
             return False, "CuPy is not installed"
         try:
-            import cupy
-
-            count = cupy.cuda.runtime.getDeviceCount()
+            cp = self.cupy()
+            count = cp.cuda.runtime.getDeviceCount()
         except Exception as err:  # the CUDA driver or runtime is missing or broken
             return False, f"no CUDA device ({type(err).__name__}: {err})"
         if count == 0:
             return False, "no CUDA device"
-        return False, "the CuPy kernels are not built yet"
+        return True, f"{count} CUDA device(s)"
+
+    # -- compiling ------------------------------------------------------------------------------
 
     def compile(self, function, *, module=None, shapes=()):
-        raise CompileError(f"backend 'cupy' cannot compile '{function.name}' yet")
+        if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
+            from dpl.backends.cpu_backend import _wrapped_composite
+
+            function = _wrapped_composite(function, module)
+        if any(is_product(b) for b in function.bindings) and not _has_bf16(function):
+            try:
+                return self._boundary(self._compile_segments(function), function)
+            except NotSegmentable:
+                pass  # an operand or result the segments cannot hold: the kernel IR's own loops
+        return self._boundary(self.kernel(function), function)
+
+    def kernel(self, function) -> CudaKernel:
+        """The CUDA kernel of a group (its kernel IR's loops), compiled by ``cupy.RawModule``."""
+        from dpl.kernel import LoweringError, lower_function
+        from dpl.backends.c_emitter import EmitError
+
+        try:
+            source = emit_cuda(lower_function(function), SYMBOL, block_rows_from=self.block_rows_from)
+        except (LoweringError, EmitError) as err:
+            raise CompileError(f"'{function.name}' has no CUDA kernel: {err.message}") from None
+        options = (f"-DDPL_BLOCK={self.block}", *self.options)  # CuPy adds the architecture and -ftz=true
+        cp = self.cupy()
+        try:
+            compiled = cp.RawModule(code=source.code, options=options).get_function(SYMBOL)
+        except Exception as err:  # NVRTC's log, through CuPy
+            raise CompileError(f"'{function.name}': the CUDA kernel does not compile: {err}") from None
+        return CudaKernel(source, compiled, cp, self.block)
+
+    def _compile_segments(self, function):
+        """Each product through ``cupy.matmul`` (cuBLAS), each part between them one kernel."""
+        steps = segment(function)
+        kernels = [self.kernel(s.function) for s in steps if isinstance(s, Part)]
+        run = segment_runner(function, steps, kernels, self.cupy())
+        run.__qualname__ = f"cupy-cublas+cuda:{function.name}"
+        return run
+
+    def _boundary(self, device_run, function):
+        """``kernel(inputs, outputs)`` on host arrays around a run on device arrays."""
+        cp = self.cupy()
+
+        def run(inputs, outputs):
+            dev_in = [cp.asarray(_bits(np.require(a, requirements="C"))) for a in inputs]  # 0-d stays 0-d
+            dev_out = [cp.empty(o.shape, _bits_dtype(o.dtype)) for o in outputs]
+            device_run(dev_in, dev_out)
+            for o, d in zip(outputs, dev_out):
+                np.copyto(o, cp.asnumpy(d).view(o.dtype))
+
+        run.__qualname__ = f"cupy:{function.name}"
+        run.device = device_run  # type: ignore[attr-defined]
+        run.parts = getattr(device_run, "parts", [device_run])  # type: ignore[attr-defined]
+        return run
+
+
+def _has_bf16(function) -> bool:
+    return "bfloat16" in function_dtypes(function)
+
+
+def _bits_dtype(dtype):
+    """The dtype an array of ``dtype`` has on the device: bfloat16 travels as its 16 bits."""
+    return np.dtype(np.uint16) if np.dtype(dtype).name == "bfloat16" else np.dtype(dtype)
+
+
+def _bits(a):
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a

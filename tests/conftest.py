@@ -29,3 +29,44 @@ def no_c_compiler():
     register_backend(CpuBackend(cc="dpl-no-such-compiler"))
     yield
     register_backend(old)
+
+
+@pytest.fixture(scope="session")
+def nvrtc():
+    """NVRTC (the nvidia-cuda-nvrtc-cu12 wheel of the test extra), which compiles the CUDA
+    kernels without a GPU. Missing, it skips locally but fails under CI."""
+    from dpl.backends import nvrtc as module
+
+    ok, why = module.available()
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"NVRTC missing under CI: {why}")
+        pytest.skip(why)
+    return module
+
+
+@pytest.fixture(scope="session")
+def cxx():
+    """The system C++ compiler with OpenMP, which builds the host twin of the CUDA kernels.
+    Missing, it skips locally but fails under CI."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    cxx = os.environ.get("CXX") or "c++"
+    why = None
+    if shutil.which(cxx) is None:
+        why = f"no C++ compiler ('{cxx}')"
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "probe.cpp")
+            with open(src, "w") as f:
+                f.write("#include <omp.h>\nint f() { return omp_get_max_threads(); }\n")
+            r = subprocess.run([cxx, "-fopenmp", "-fPIC", "-shared", src, "-o", os.path.join(tmp, "p.so")], capture_output=True)
+            if r.returncode != 0:
+                why = f"the C++ compiler '{cxx}' has no OpenMP"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} under CI: the CUDA host twin cannot be built")
+        pytest.skip(why)
+    return cxx

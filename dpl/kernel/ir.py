@@ -221,25 +221,30 @@ def _c_const(c: Const) -> str:
     return str(int(v))
 
 
-def to_c(e: Expr, load=None, var=None) -> str:
+def to_c(e: Expr, load=None, var=None, op=None) -> str:
     """The expression as C: registry ops through their ``c_expr`` templates. A code generator
     passes ``load(e, index)`` to print a :class:`Load` (flattening its indices) and ``var(name)``
-    to spell variables; by default both print as the kernel IR names them."""
+    to spell variables; by default both print as the kernel IR names them. ``op(e, args)`` may
+    spell an :class:`Op` its own way for a target (returning None keeps the template)."""
     if isinstance(e, Const):
         return _c_const(e)
     if isinstance(e, Var):
         return var(e.name) if var is not None else e.name
     if isinstance(e, Load):
-        index = [to_c(i, load, var) for i in e.indices]
+        index = [to_c(i, load, var, op) for i in e.indices]
         return load(e, index) if load is not None else f"{e.buffer}[{', '.join(index)}]"
     if isinstance(e, Op):
+        args = [to_c(a, load, var, op) for a in e.args]
+        spelled = op(e, args) if op is not None else None
+        if spelled is not None:
+            return spelled
         template = get_op(e.op).c_expr
         named = {k: C_TYPES[v] if k == "dtype" else v for k, v in e.attrs}
-        return template.format(*(to_c(a, load, var) for a in e.args), **named)
+        return template.format(*args, **named)
     if isinstance(e, Bin):
-        return f"({to_c(e.a, load, var)} {e.op} {to_c(e.b, load, var)})"
+        return f"({to_c(e.a, load, var, op)} {e.op} {to_c(e.b, load, var, op)})"
     if isinstance(e, Select):
-        return f"({to_c(e.cond, load, var)} ? {to_c(e.a, load, var)} : {to_c(e.b, load, var)})"
+        return f"({to_c(e.cond, load, var, op)} ? {to_c(e.a, load, var, op)} : {to_c(e.b, load, var, op)})"
     raise TypeError(f"not a kernel expression: {e!r}")
 
 

@@ -1,0 +1,131 @@
+"""A group with matrix products, cut into segments: each product for a BLAS library (NumPy's on
+the CPU, cuBLAS through ``cupy.matmul`` on CUDA), each run of the other bindings between
+products as one generated kernel (an epilogue, a prologue, attention's scale-mask-softmax).
+
+:func:`segment` does the cutting; :func:`segment_runner` runs the steps on an array module
+(``numpy`` or ``cupy``), writing a product that is a result straight into its output.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import attrs
+
+from dpl import dtypes
+from dpl.ir.expr import Binding, Call, Constant, Function, Tuple, Var
+from dpl.ir.traverse import vars_in
+from dpl.ir.types import TensorType
+from dpl.transform.outline import substitute
+
+
+class NotSegmentable(Exception):
+    """An operand or result the segments cannot hold (tuples inside the group, shapes the
+    inputs do not determine, a product of something other than variables and constants)."""
+
+
+@attrs.frozen(eq=False)
+class Product:
+    var: Var
+    args: tuple
+
+
+@attrs.frozen(eq=False)
+class Part:
+    """A run of bindings as its own Primitive function; ``ins`` / ``outs`` are the group's
+    variables it reads and the ones read after it. ``after_product``: it runs right after a
+    product; ``feeds_result``: one of its outputs is a result of the group."""
+
+    function: Function
+    ins: tuple
+    outs: tuple
+    after_product: bool
+    feeds_result: bool
+
+
+def is_product(b: Binding) -> bool:
+    return isinstance(b.value, Call) and b.value.op == "matmul"
+
+
+def segment(function: Function) -> list[Product | Part]:
+    """The group's bindings as products and the parts between them, in order."""
+    params = list(function.params)
+    known = {d for p in params for d in p.ty.shape if isinstance(d, str)}
+    rets = list(vars_in(function.ret))
+    if not isinstance(function.ret, (Var, Tuple)) or any(not isinstance(b.var.ty, TensorType) or
+                                                         set(d for d in b.var.ty.shape if isinstance(d, str)) - known
+                                                         for b in function.bindings):
+        raise NotSegmentable
+    bindings = list(function.bindings)
+    steps: list[Product | Part] = []
+    i, after = 0, False
+    while i < len(bindings):
+        if is_product(bindings[i]):
+            b = bindings[i]
+            if not all(isinstance(x, (Var, Constant)) for x in b.value.args):
+                raise NotSegmentable
+            steps.append(Product(b.var, tuple(b.value.args)))
+            after, i = True, i + 1
+            continue
+        j = i
+        while j < len(bindings) and not is_product(bindings[j]):
+            j += 1
+        run = bindings[i:j]
+        later = {id(v) for b in bindings[j:] for v in vars_in(b.value)} | {id(v) for v in rets}
+        bound = {id(b.var) for b in run}
+        ins = list({id(v): v for b in run for v in vars_in(b.value) if id(v) not in bound}.values())
+        outs = [b.var for b in run if id(b.var) in later]
+        fresh = {id(v): Var(v.name, v.ty) for v in ins}
+        part = Function(f"{function.name}_part{len(steps)}", tuple(fresh[id(v)] for v in ins),
+                        tuple(Binding(b.var, substitute(b.value, fresh)) for b in run),
+                        outs[0] if len(outs) == 1 else Tuple(tuple(outs)), {"Primitive": True})
+        steps.append(Part(part, tuple(ins), tuple(outs), after, any(v is r for v in outs for r in rets)))
+        i = j
+    return steps
+
+
+def _shape(ty, dims) -> tuple[int, ...]:
+    return tuple(dims[d] if isinstance(d, str) else d for d in ty.shape)
+
+
+def segment_runner(function: Function, steps: Sequence[Product | Part], kernels: Sequence[Callable], xp) -> Callable:
+    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul``, each
+    part by its kernel (``kernels`` in the order of the parts)."""
+    params, rets = list(function.params), list(vars_in(function.ret))
+    parts = iter(kernels)
+    plan = [(s, None if isinstance(s, Product) else next(parts)) for s in steps]
+
+    def product(step: Product, env, direct):
+        a, b = (env[id(x)] if isinstance(x, Var) else xp.asarray(x.value) for x in step.args)
+        dtype = dtypes.to_numpy(step.var.ty.dtype)
+        target = direct.get(id(step.var))
+        if target is not None and xp.result_type(a, b) == dtype and target.flags.c_contiguous:
+            env[id(step.var)] = xp.matmul(a, b, out=target)
+        else:
+            env[id(step.var)] = xp.matmul(a, b).astype(dtype, copy=False)
+
+    def part(step: Part, kernel, env, dims, direct):
+        arrays = [direct.get(id(v)) for v in step.outs]
+        arrays = [a if a is not None else xp.empty(_shape(v.ty, dims), dtypes.to_numpy(v.ty.dtype))
+                  for a, v in zip(arrays, step.outs)]
+        kernel([env[id(v)] for v in step.ins], arrays)
+        env.update({id(v): a for v, a in zip(step.outs, arrays)})
+
+    def run(inputs, outputs):
+        env = {id(p): a for p, a in zip(params, inputs)}
+        dims = {d: n for p, a in zip(params, inputs) for d, n in zip(p.ty.shape, a.shape) if isinstance(d, str)}
+        # a result the group returns is written straight into its output (first place only)
+        direct = {}
+        for k, v in enumerate(rets):
+            direct.setdefault(id(v), outputs[k])
+        for step, kernel in plan:
+            if kernel is None:
+                product(step, env, direct)
+            else:
+                part(step, kernel, env, dims, direct)
+        for k, v in enumerate(rets):
+            if env[id(v)] is not outputs[k]:
+                xp.copyto(outputs[k], env[id(v)])
+
+    run.parts = list(kernels)  # type: ignore[attr-defined]
+    return run
