@@ -29,6 +29,7 @@ import numpy as np
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, Capabilities, CompileError
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
+from dpl.runtime.threads import BLAS, OPENMP
 
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
 FAST_FLAGS = ["-march=native", "-fopenmp", "-fno-math-errno"]  # each kept only if the compiler takes it
@@ -189,16 +190,16 @@ class CpuBackend(Backend):
         products as one generated-C kernel: a product and its epilogue, a prologue and its
         product, attention's two products with the softmax between them."""
         steps = segment(function)
-        # one thread after a BLAS call: the library's worker threads still spin on the other
-        # cores, and an OpenMP team sharing a core with a spinner waits for the scheduler
-        # (measured: the Llama MLP's SiLU-times-up group 4.5 ms with two threads, 3.2 with one)
+        # every part on one thread: BLAS's worker threads spin between products, and an OpenMP
+        # team sharing their cores waits for the scheduler (dpl.runtime.threads; measured: the
+        # Llama MLP's SiLU-times-up group 4.5 ms with two threads, 3.2 with one)
         # a part whose results only feed the next product keeps them in cache: no streaming
-        kernels = [self._compile_kernel(s.function, threads=1 if s.after_product else None,
-                                        stream_bytes=self.stream_bytes if s.feeds_result else None)
+        kernels = [self._compile_kernel(s.function, threads=1, stream_bytes=self.stream_bytes if s.feeds_result else None)
                    for s in steps if isinstance(s, Part)]
         run = segment_runner(function, steps, kernels, np)
         run.__qualname__ = f"cpu-blas+c:{function.name}"
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
+        run.thread_pools = frozenset({BLAS, OPENMP} if kernels else {BLAS})  # type: ignore[attr-defined]
         return run
 
     def _compile_kernel(self, function, threads: int | None = None, stream_bytes: int | None | str = "default"):
@@ -215,43 +216,51 @@ class CpuBackend(Backend):
         entry = getattr(lib, SYMBOL)
         entry.restype = None
         entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
-        # the OpenMP runtime the kernel links (found through its handle), when a cap is asked for
-        set_threads = getattr(lib, "omp_set_num_threads", None) if threads else None
-        get_threads = getattr(lib, "omp_get_max_threads", None)
-        if get_threads is None:
-            set_threads = None
-        constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
-        dim_names = kernel.dims
-        n_params = len(kernel.params)
+        return _c_runner(function.name, kernel, source, lib, entry, threads)
 
-        def run(inputs, outputs):
-            inputs = [np.ascontiguousarray(a) for a in inputs]
-            bound: dict[str, int] = {}
-            for buf, arr in zip((*kernel.params, *kernel.outputs), (*inputs, *outputs)):
-                for d, size in zip(buf.shape, arr.shape):
-                    if isinstance(d, str):
-                        bound.setdefault(d, int(size))
-            targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
-            arrays = [*inputs[:n_params], *constants, *targets]
-            ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-            dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
-            if set_threads is None:
+
+def _c_runner(name, kernel, source, lib, entry, threads):
+    """``run(inputs, outputs)`` calling a compiled kernel's entry; ``threads`` caps its OpenMP
+    team for the call (the calling thread's setting is restored after)."""
+    # the OpenMP runtime the kernel links (found through its handle), when a cap is asked for
+    set_threads = getattr(lib, "omp_set_num_threads", None) if threads else None
+    get_threads = getattr(lib, "omp_get_max_threads", None)
+    if get_threads is None:
+        set_threads = None
+    constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
+    dim_names = kernel.dims
+    n_params = len(kernel.params)
+
+    def run(inputs, outputs):
+        inputs = [np.ascontiguousarray(a) for a in inputs]
+        bound: dict[str, int] = {}
+        for buf, arr in zip((*kernel.params, *kernel.outputs), (*inputs, *outputs)):
+            for d, size in zip(buf.shape, arr.shape):
+                if isinstance(d, str):
+                    bound.setdefault(d, int(size))
+        targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
+        arrays = [*inputs[:n_params], *constants, *targets]
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
+        if set_threads is None:
+            entry(ptrs, dims)
+        else:  # the calling thread's OpenMP setting, restored after
+            before = get_threads()
+            set_threads(threads)
+            try:
                 entry(ptrs, dims)
-            else:  # the calling thread's OpenMP setting, restored after
-                before = get_threads()
-                set_threads(threads)
-                try:
-                    entry(ptrs, dims)
-                finally:
-                    set_threads(before)
-            for o, t in zip(outputs, targets):
-                if o is not t:
-                    np.copyto(o, t)
+            finally:
+                set_threads(before)
+        for o, t in zip(outputs, targets):
+            if o is not t:
+                np.copyto(o, t)
 
-        run.__qualname__ = f"cpu:{function.name}"
-        run.source = source  # type: ignore[attr-defined]
-        run.threads = threads  # type: ignore[attr-defined]
-        return run
+    run.__qualname__ = f"cpu:{name}"
+    run.source = source  # type: ignore[attr-defined]
+    run.threads = threads  # type: ignore[attr-defined]
+    run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
+    run.with_threads = lambda n: run if n == threads else _c_runner(name, kernel, source, lib, entry, n)  # type: ignore[attr-defined]
+    return run
 
 
 def _wrapped_composite(wrapper, module):

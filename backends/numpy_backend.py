@@ -11,6 +11,8 @@ import numpy as np
 
 from dpl.backends.registry import Backend, Capabilities, CompileError, flatten, unflatten
 from dpl.interpret import run_function
+from dpl.ir.expr import GlobalVar
+from dpl.runtime.threads import BLAS
 
 
 class NumpyBackend(Backend):
@@ -32,7 +34,20 @@ class NumpyBackend(Backend):
                 np.copyto(dst, src, casting="no")
 
         kernel.__qualname__ = f"numpy:{function.name}"
+        if _calls_matmul(function, module):
+            kernel.thread_pools = frozenset({BLAS})  # NumPy's matmul runs on BLAS's threads
         return kernel
+
+
+def _calls_matmul(function, module, depth=0) -> bool:
+    for b in function.bindings:
+        op = getattr(b.value, "op", None)
+        if op == "matmul":
+            return True
+        if isinstance(op, GlobalVar) and module is not None and op.name in module.functions and depth < 64:
+            if _calls_matmul(module[op.name], module, depth + 1):
+                return True
+    return False
 
 
 class NumpyKernelBackend(Backend):

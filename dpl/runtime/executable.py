@@ -207,6 +207,8 @@ class Executable(Compiler):
             lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel calls, "
                          f"arena {plan.peak_bytes} bytes in {len(plan.slot_sizes)} buffer(s) "
                          f"(without reuse {plan.unplanned_bytes}), outputs {plan.output_bytes} bytes")
+            if plan.threads_note:
+                lines.append(f"  {plan.threads_note}")
             for name, shapes_, group in plan.decisions:
                 lines.append(f"  group {name} at {' '.join(map(str, (list(s) for s in shapes_)))}: {group}")
         return "\n".join(lines)

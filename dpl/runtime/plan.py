@@ -26,6 +26,7 @@ from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TupleType
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
+from dpl.runtime.threads import one_pool_kernels
 
 
 @attrs.frozen
@@ -81,7 +82,8 @@ class Plan:
     """A plan for one input signature. Not thread-safe: its arena is reused by every call."""
 
     def __init__(self, signature, buffers: list[Buffer], steps: list[Step], inputs: list[int], result,
-                 output_ids: list[int | None], out_specs: list, copies: list[tuple[int, int]], decisions):
+                 output_ids: list[int | None], out_specs: list, copies: list[tuple[int, int]], decisions,
+                 threads_note: str | None = None):
         self.signature = signature
         self.buffers = buffers
         self.steps = steps
@@ -91,6 +93,7 @@ class Plan:
         self.out_specs = out_specs  # (shape, numpy dtype) of each output position
         self.copies = copies  # (output position, buffer read)
         self.decisions = decisions  # (function name, ScheduledGroup)
+        self.threads_note = threads_note  # why the plan caps its kernels' threads (dpl.runtime.threads)
         self._plan_memory()
 
     # -- memory ---------------------------------------------------------------------------------
@@ -204,7 +207,10 @@ class Planner:
                 output_ids.append(None)
         signature = tuple((tuple(shape), str(np.dtype(dtype))) for shape, dtype in specs)
         positions = _positions(result, iter(range(len(flat))))
-        return Plan(signature, self.buffers, self.steps, inputs, positions, output_ids, specs, copies, self.decisions)
+        capped = one_pool_kernels(s.kernel for s in self.steps)
+        steps = [attrs.evolve(s, kernel=capped.get(id(s.kernel), s.kernel)) for s in self.steps]
+        note = "OpenMP kernels on one thread: the plan also calls BLAS" if capped else None
+        return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note)
 
     # -- the walk -------------------------------------------------------------------------------
     def _new(self, shape, dtype, kind, value=None) -> int:

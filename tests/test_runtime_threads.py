@@ -1,0 +1,109 @@
+"""A plan that calls both NumPy's BLAS and OpenMP kernels runs the OpenMP kernels on one thread
+(dpl.runtime.threads: the two pools' spinning workers would share the cores); a plan with one
+pool keeps its threads. Numbers stay those of the interpreter either way."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.runtime.threads import BLAS, OPENMP, one_pool_kernels
+
+
+@pytest.fixture
+def cpu(tmp_path):
+    import os
+
+    from dpl.backends.cpu_backend import CpuBackend
+
+    if shutil.which("cc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C compiler ('cc') under CI")
+        pytest.skip("no C compiler on this machine")
+    return CpuBackend(cache_dir=tmp_path)
+
+
+FUSE_ALL = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0)
+
+MIXED = dpl.parse("""
+func main(x: f32[32, 64], w: f32[64, 48], s: f32[32, 48]) -> (f32[32, 48], f32[32, 48]) {
+  m = matmul(x, w)
+  z = nn.silu(m)
+  a = nn.relu(s)
+  b = exp(a)
+  return (z, b)
+}""")
+
+C_ONLY = dpl.parse("""
+func main(s: f32[32, 48]) -> f32[32, 48] {
+  a = nn.relu(s)
+  b = exp(a)
+  return b
+}""")
+
+
+def args_for(mod, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(tuple(p.ty.shape)).astype(np.float32) for p in mod["main"].params]
+
+
+def c_kernels(plan):
+    """The plan's OpenMP kernels that can change their thread count (a BLAS segment's parts are
+    always on one thread)."""
+    return [s.kernel for s in plan.steps if hasattr(s.kernel, "with_threads")]
+
+
+def test_a_plan_with_blas_runs_its_openmp_kernels_on_one_thread(cpu):
+    fused = dpl.apply(MIXED)
+    exe = dpl.build(fused, [cpu, "numpy"], config=FUSE_ALL)
+    args = args_for(MIXED)
+    for got, want in zip(exe(*args), dpl.interpret(MIXED, *args)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    plan = exe.plan(*args)
+    pools = set().union(*(getattr(s.kernel, "thread_pools", ()) for s in plan.steps))
+    assert pools == {BLAS, OPENMP}
+    assert c_kernels(plan) and all(k.threads == 1 for k in c_kernels(plan))
+    assert "OpenMP kernels on one thread: the plan also calls BLAS" in exe.summary()
+
+
+def test_a_plan_without_blas_keeps_every_thread(cpu):
+    exe = dpl.build(dpl.apply(C_ONLY), [cpu, "numpy"], config=FUSE_ALL)
+    args = args_for(C_ONLY)
+    np.testing.assert_allclose(exe(*args), dpl.interpret(C_ONLY, *args), rtol=1e-6)
+    plan = exe.plan(*args)
+    assert c_kernels(plan) and all(k.threads is None for k in c_kernels(plan))
+    assert "on one thread" not in exe.summary()
+
+
+def test_capping_does_not_change_the_shared_kernel(cpu):
+    """The capped kernel is a new callable: another plan using the same cached kernel alone
+    keeps all threads."""
+    from dpl.runtime.cache import KernelCache
+
+    cache = KernelCache()
+    mixed = dpl.build(dpl.apply(MIXED), [cpu, "numpy"], config=FUSE_ALL, cache=cache)
+    alone = dpl.build(dpl.apply(C_ONLY), [cpu, "numpy"], config=FUSE_ALL, cache=cache)
+    assert all(k.threads == 1 for k in c_kernels(mixed.plan(*args_for(MIXED))))
+    assert all(k.threads is None for k in c_kernels(alone.plan(*args_for(C_ONLY))))
+
+
+def fake(pools, threads=None):
+    def kernel(inputs, outputs):
+        pass
+
+    kernel.thread_pools = frozenset(pools)
+    kernel.threads = threads
+    if OPENMP in pools:
+        kernel.with_threads = lambda n: fake(pools, n)
+    return kernel
+
+
+def test_one_pool_kernels_caps_only_openmp_kernels_of_mixed_sets():
+    c, blas, plain = fake({OPENMP}), fake({BLAS}), lambda i, o: None
+    assert one_pool_kernels([c, plain]) == {}
+    assert one_pool_kernels([blas, plain]) == {}
+    capped = one_pool_kernels([c, blas, plain])
+    assert set(capped) == {id(c)} and capped[id(c)].threads == 1
+    both = fake({OPENMP, BLAS})  # a kernel that uses both pools on its own counts as mixed
+    assert set(one_pool_kernels([both, c])) == {id(both), id(c)}
