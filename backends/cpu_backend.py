@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpl.backends import im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, Capabilities, CompileError
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
@@ -178,7 +179,7 @@ class CpuBackend(Backend):
     def compile(self, function, *, module=None, shapes=()):
         if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
             function = _wrapped_composite(function, module)
-        if any(is_product(b) for b in function.bindings):
+        if any(_blas_product(b) for b in function.bindings):
             try:
                 return self._compile_segments(function)
             except NotSegmentable:
@@ -186,17 +187,18 @@ class CpuBackend(Backend):
         return self._compile_kernel(function)
 
     def _compile_segments(self, function):
-        """Each matrix product through NumPy's BLAS, each run of the other bindings between
-        products as one generated-C kernel: a product and its epilogue, a prologue and its
-        product, attention's two products with the softmax between them."""
-        steps = segment(function)
+        """Each matrix product (and each convolution, as one: backends/im2col.py) through NumPy's
+        BLAS, each run of the other bindings between products as one generated-C kernel: a
+        product and its epilogue, a prologue and its product, attention's two products with the
+        softmax between them."""
+        steps = segment(function, _blas_product)
         # every part on one thread: BLAS's worker threads spin between products, and an OpenMP
         # team sharing their cores waits for the scheduler (dpl.runtime.threads; measured: the
         # Llama MLP's SiLU-times-up group 4.5 ms with two threads, 3.2 with one)
         # a part whose results only feed the next product keeps them in cache: no streaming
         kernels = [self._compile_kernel(s.function, threads=1, stream_bytes=self.stream_bytes if s.feeds_result else None)
                    for s in steps if isinstance(s, Part)]
-        run = segment_runner(function, steps, kernels, np)
+        run = segment_runner(function, steps, kernels, np, products=im2col.conv2d_product)
         run.__qualname__ = f"cpu-blas+c:{function.name}"
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
         run.thread_pools = frozenset({BLAS, OPENMP} if kernels else {BLAS})  # type: ignore[attr-defined]
@@ -217,6 +219,11 @@ class CpuBackend(Backend):
         entry.restype = None
         entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
         return _c_runner(function.name, kernel, source, lib, entry, threads)
+
+
+def _blas_product(b) -> bool:
+    """A binding NumPy's BLAS computes: a matrix product, or a convolution as one (im2col)."""
+    return is_product(b) or im2col.takes(b.value)
 
 
 def _c_runner(name, kernel, source, lib, entry, threads):

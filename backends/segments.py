@@ -28,6 +28,7 @@ class NotSegmentable(Exception):
 class Product:
     var: Var
     args: tuple
+    call: Call | None = None  # the binding's call, for products other than matmul
 
 
 @attrs.frozen(eq=False)
@@ -47,8 +48,9 @@ def is_product(b: Binding) -> bool:
     return isinstance(b.value, Call) and b.value.op == "matmul"
 
 
-def segment(function: Function) -> list[Product | Part]:
-    """The group's bindings as products and the parts between them, in order."""
+def segment(function: Function, is_product: Callable[[Binding], bool] = is_product) -> list[Product | Part]:
+    """The group's bindings as products and the parts between them, in order. ``is_product``
+    says which bindings a library computes (a backend may add its own: the CPU's convolutions)."""
     params = list(function.params)
     known = {d for p in params for d in p.ty.shape if isinstance(d, str)}
     rets = list(vars_in(function.ret))
@@ -64,7 +66,7 @@ def segment(function: Function) -> list[Product | Part]:
             b = bindings[i]
             if not all(isinstance(x, (Var, Constant)) for x in b.value.args):
                 raise NotSegmentable
-            steps.append(Product(b.var, tuple(b.value.args)))
+            steps.append(Product(b.var, tuple(b.value.args), b.value))
             after, i = True, i + 1
             continue
         j = i
@@ -88,17 +90,25 @@ def _shape(ty, dims) -> tuple[int, ...]:
     return tuple(dims[d] if isinstance(d, str) else d for d in ty.shape)
 
 
-def segment_runner(function: Function, steps: Sequence[Product | Part], kernels: Sequence[Callable], xp) -> Callable:
-    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul``, each
-    part by its kernel (``kernels`` in the order of the parts)."""
+def segment_runner(function: Function, steps: Sequence[Product | Part], kernels: Sequence[Callable], xp,
+                   products: Callable[[Call], Callable] | None = None) -> Callable:
+    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul`` (or,
+    when ``products`` is given and the product is not a matmul, by ``products(call)(a, b, out)``,
+    which writes ``out`` when it is an array), each part by its kernel (``kernels`` in the order
+    of the parts)."""
     params, rets = list(function.params), list(vars_in(function.ret))
     parts = iter(kernels)
     plan = [(s, None if isinstance(s, Product) else next(parts)) for s in steps]
+    library = {id(s): products(s.call) for s in steps
+               if isinstance(s, Product) and s.call is not None and s.call.op != "matmul" and products is not None}
 
     def product(step: Product, env, direct):
         a, b = (env[id(x)] if isinstance(x, Var) else xp.asarray(x.value) for x in step.args)
         dtype = dtypes.to_numpy(step.var.ty.dtype)
         target = direct.get(id(step.var))
+        if id(step) in library:
+            env[id(step.var)] = library[id(step)](a, b, target if target is not None and target.flags.c_contiguous else None)
+            return
         if target is not None and xp.result_type(a, b) == dtype and target.flags.c_contiguous:
             env[id(step.var)] = xp.matmul(a, b, out=target)
         else:
