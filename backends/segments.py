@@ -8,6 +8,7 @@ products as one generated kernel (an epilogue, a prologue, attention's scale-mas
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Sequence
 
 import attrs
@@ -101,23 +102,35 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
     plan = [(s, None if isinstance(s, Product) else next(parts)) for s in steps]
     library = {id(s): products(s.call) for s in steps
                if isinstance(s, Product) and s.call is not None and s.call.op != "matmul" and products is not None}
+    local = threading.local()
 
-    def product(step: Product, env, direct):
+    def scratch(var, dims):
+        """The buffer an intermediate value lives in, kept from call to call: attention's scores
+        at 16 x 512 x 512 are 16 MB, and a fresh array each call paid its page faults (the
+        whole segment 12.9 ms against 8.0 for its steps). Per thread; never a result."""
+        buffers = local.__dict__.setdefault("buffers", {})
+        shape, dtype = _shape(var.ty, dims), dtypes.to_numpy(var.ty.dtype)
+        buf = buffers.get(id(var))
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = buffers[id(var)] = xp.empty(shape, dtype)
+        return buf
+
+    def product(step: Product, env, dims, direct):
         a, b = (env[id(x)] if isinstance(x, Var) else xp.asarray(x.value) for x in step.args)
         dtype = dtypes.to_numpy(step.var.ty.dtype)
         target = direct.get(id(step.var))
+        if target is None or not target.flags.c_contiguous:
+            target = scratch(step.var, dims)
         if id(step) in library:
-            env[id(step.var)] = library[id(step)](a, b, target if target is not None and target.flags.c_contiguous else None)
-            return
-        if target is not None and xp.result_type(a, b) == dtype and target.flags.c_contiguous:
+            env[id(step.var)] = library[id(step)](a, b, target)
+        elif xp.result_type(a, b) == dtype:
             env[id(step.var)] = xp.matmul(a, b, out=target)
         else:
             env[id(step.var)] = xp.matmul(a, b).astype(dtype, copy=False)
 
     def part(step: Part, kernel, env, dims, direct):
         arrays = [direct.get(id(v)) for v in step.outs]
-        arrays = [a if a is not None else xp.empty(_shape(v.ty, dims), dtypes.to_numpy(v.ty.dtype))
-                  for a, v in zip(arrays, step.outs)]
+        arrays = [a if a is not None else scratch(v, dims) for a, v in zip(arrays, step.outs)]
         kernel([env[id(v)] for v in step.ins], arrays)
         env.update({id(v): a for v, a in zip(step.outs, arrays)})
 
@@ -130,7 +143,7 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
             direct.setdefault(id(v), outputs[k])
         for step, kernel in plan:
             if kernel is None:
-                product(step, env, direct)
+                product(step, env, dims, direct)
             else:
                 part(step, kernel, env, dims, direct)
         for k, v in enumerate(rets):
