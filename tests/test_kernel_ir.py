@@ -20,10 +20,11 @@ kernel fused_softmax [row] (x: f32[n, 8]) -> (y: f32[n, 8]):
   for i0 in [0, n):
     f32 rowmax = maximum-reduce from -INFINITY over r in [0, 8):
       x[i0, r]
+    f32 exp_floor = (rowmax - 87.0f)
     f32 rowsum = add-reduce from 0.0f over r_1 in [0, 8):
-      exp((x[i0, r_1] - rowmax))
+      ((x[i0, r_1] < exp_floor) ? 0.0f : exp((((x[i0, r_1] < exp_floor) ? exp_floor : x[i0, r_1]) - rowmax)))
     for i1 in [0, 8):
-      y[i0, i1] = (exp((x[i0, i1] - rowmax)) / rowsum)"""
+      y[i0, i1] = (((x[i0, i1] < exp_floor) ? 0.0f : exp((((x[i0, i1] < exp_floor) ? exp_floor : x[i0, i1]) - rowmax))) / rowsum)"""
 
 
 def test_scalar_expressions_as_c():
