@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dpl.backends import im2col
+from dpl.backends import blas, im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, Capabilities, CompileError
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
-from dpl.runtime.threads import BLAS, OPENMP
+from dpl.runtime.threads import OPENMP
 
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
 FAST_FLAGS = ["-march=native", "-fopenmp", "-fno-math-errno"]  # each kept only if the compiler takes it
@@ -161,8 +161,9 @@ class CpuBackend(Backend):
                                 dtypes=("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"))
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
-                 stream_bytes: int | None = STREAM_BYTES):
+                 stream_bytes: int | None = STREAM_BYTES, products: str = "numpy"):
         self.cc = cc or os.environ.get("CC") or "cc"
+        self.products = blas.products(products)  # who computes matrix products: "numpy" or "torch"
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc)
         self._warned = False
@@ -198,11 +199,19 @@ class CpuBackend(Backend):
         # a part whose results only feed the next product keeps them in cache: no streaming
         kernels = [self._compile_kernel(s.function, threads=1, stream_bytes=self.stream_bytes if s.feeds_result else None)
                    for s in steps if isinstance(s, Part)]
-        run = segment_runner(function, steps, kernels, np, products=im2col.conv2d_product)
+        run = segment_runner(function, steps, kernels, np, products=self._product)
         run.__qualname__ = f"cpu-blas+c:{function.name}"
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
-        run.thread_pools = frozenset({BLAS, OPENMP} if kernels else {BLAS})  # type: ignore[attr-defined]
+        pool = self.products.thread_pool
+        run.thread_pools = frozenset({pool, OPENMP} if kernels else {pool})  # type: ignore[attr-defined]
         return run
+
+    def _product(self, call):
+        """How a product of the segments runs: a convolution by im2col and the provider's
+        matmul, a matmul by the provider (None: the segment runner's own NumPy matmul)."""
+        if call.op != "matmul":
+            return im2col.conv2d_product(call, self.products.matmul)
+        return None if self.products.name == "numpy" else self.products.matmul
 
     def _compile_kernel(self, function, threads: int | None = None, stream_bytes: int | None | str = "default"):
         """The kernel IR's loops as C; ``threads`` caps its OpenMP team (default: all cores);

@@ -49,7 +49,8 @@ def takes(call: Call) -> bool:
 class Conv2d:
     """One convolution's attributes, and a per-thread workspace for its padded input and columns."""
 
-    def __init__(self, attrs):
+    def __init__(self, attrs, matmul=None):
+        self.matmul = matmul or (lambda a, b, out: np.matmul(a, b, out=out))  # a provider's (backends/blas.py)
         self.strides = _pair(attrs.get("strides", 1))
         self.dilation = _pair(attrs.get("dilation", 1))
         self.padding = _pads(attrs.get("padding", 0))
@@ -93,18 +94,19 @@ class Conv2d:
         g, og, k = self.groups, o // self.groups, ci * kh * kw
         weights = np.ascontiguousarray(w).reshape(o, k)
         if g == 1:
-            np.matmul(weights, cols, out=flat_out)
+            self.matmul(weights, cols, flat_out)
         else:
             for i in range(g):
-                np.matmul(weights[i * og:(i + 1) * og], cols[:, i * k:(i + 1) * k], out=flat_out[:, i * og:(i + 1) * og])
+                self.matmul(weights[i * og:(i + 1) * og], cols[:, i * k:(i + 1) * k], flat_out[:, i * og:(i + 1) * og])
         if not contiguous:
             out[...] = flat_out.reshape(out.shape)
         return out
 
 
-def conv2d_product(call: Call):
-    """``fn(x, w, out)`` computing ``call`` (a convolution :func:`takes`) into ``out`` (or a new array)."""
-    conv = Conv2d(call.attrs)
+def conv2d_product(call: Call, matmul=None):
+    """``fn(x, w, out)`` computing ``call`` (a convolution :func:`takes`) into ``out`` (or a new
+    array); ``matmul(a, b, out)`` computes its product (default: NumPy's)."""
+    conv = Conv2d(call.attrs, matmul)
     dtype = dtypes.to_numpy(call.ty.dtype)
 
     def run(x, w, out=None):

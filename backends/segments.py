@@ -92,16 +92,15 @@ def _shape(ty, dims) -> tuple[int, ...]:
 
 
 def segment_runner(function: Function, steps: Sequence[Product | Part], kernels: Sequence[Callable], xp,
-                   products: Callable[[Call], Callable] | None = None) -> Callable:
-    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul`` (or,
-    when ``products`` is given and the product is not a matmul, by ``products(call)(a, b, out)``,
-    which writes ``out`` when it is an array), each part by its kernel (``kernels`` in the order
-    of the parts)."""
+                   products: Callable[[Call], Callable | None] | None = None) -> Callable:
+    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul`` or,
+    when ``products(call)`` gives a function, by ``fn(a, b, out)`` (it writes ``out`` and returns
+    it), each part by its kernel (``kernels`` in the order of the parts)."""
     params, rets = list(function.params), list(vars_in(function.ret))
     parts = iter(kernels)
     plan = [(s, None if isinstance(s, Product) else next(parts)) for s in steps]
-    library = {id(s): products(s.call) for s in steps
-               if isinstance(s, Product) and s.call is not None and s.call.op != "matmul" and products is not None}
+    library = {} if products is None else {id(s): products(s.call) for s in steps if isinstance(s, Product) and s.call is not None}
+    library = {k: fn for k, fn in library.items() if fn is not None}
     local = threading.local()
 
     def scratch(var, dims):

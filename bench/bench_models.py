@@ -22,15 +22,17 @@ fuse_reductions=...)`` -> ``dpl.build(fused, "cpu")`` with the default FusionCon
 ``out=``. Its configurations: ``numpy`` (``dpl.build(mod, "numpy")`` of the unfused import: the
 interpreter-less plan, every op by NumPy), ``cpu FuseOps`` (``apply(mod)``: automatic fusion
 only), ``cpu +patterns`` (``["rewrites", "llm"]``) and ``cpu +patterns +fr`` (also
-``fuse_reductions=True``). Contenders: torch eager and torch.compile (inductor), under
+``fuse_reductions=True``) and ``cpu +patterns, MKL`` (the same with the matrix products by
+torch's BLAS, ``CpuBackend(products="torch")``: the generated C is the same, the products are
+MKL's instead of NumPy's OpenBLAS; it shows how much of the gap to torch is the BLAS). Contenders: torch eager and torch.compile (inductor), under
 ``torch.no_grad``. Every dpl output is checked against torch eager (``assert_allclose``) before
 it is timed. Every contender runs with all the cores of the machine (torch is told
 ``os.cpu_count()``; dpl's OpenMP kernels and NumPy's BLAS take every core by default).
 
-Two tables: the run times (best of >= 5 runs; ratio = contender / dpl's best configuration,
-so > 1 means dpl is faster), and what it cost to get there (import, apply, and build with a
+Two tables: the run times (best of >= 5 runs; ratio = contender / dpl's best configuration
+with NumPy's BLAS, the default, so > 1 means dpl is faster), and what it cost to get there (import, apply, and build with a
 cold kernel cache, a fresh directory, and a warm one: the same directory, a new process-level
-cache; torch.compile's first call). On a shared machine repeat the run: the best times are
+cache; torch.compile's first call, with inductor's caches in a fresh directory). On a shared machine repeat the run: the best times are
 stable to about 10%, a single slow row is usually another process.
 """
 
@@ -49,6 +51,8 @@ import numpy as np
 import dpl
 from dpl.backends.cpu_backend import CpuBackend
 
+# torch.compile's first call is timed cold too: inductor's on-disk caches in a fresh directory
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench_models_inductor_"))
 try:
     import torch
     import torch.nn as nn
@@ -206,11 +210,12 @@ def workloads():
 # -- dpl's configurations --------------------------------------------------------------------------
 
 LLM = ["rewrites", "llm"]
-CONFIGS = {  # name -> (patterns, fuse_reductions); None: the unfused import on the NumPy backend
+CONFIGS = {  # name -> (patterns, fuse_reductions, products); None: the unfused import on the NumPy backend
     "dpl numpy": None,
-    "dpl cpu FuseOps": ([], False),
-    "dpl cpu +patterns": (LLM, False),
-    "dpl cpu +patterns +fr": (LLM, True),
+    "dpl cpu FuseOps": ([], False, "numpy"),
+    "dpl cpu +patterns": (LLM, False, "numpy"),
+    "dpl cpu +patterns +fr": (LLM, True, "numpy"),
+    "dpl cpu +patterns, MKL": (LLM, False, "torch"),  # products by torch's BLAS (backends/blas.py)
 }
 
 
@@ -221,11 +226,11 @@ def run_dpl(name, mod, inputs, expected, cache_dir, timings):
         exe, build_ms = timed(lambda: dpl.build(mod, "numpy"))
         timings[name] = {"build cold": build_ms}
     else:
-        patterns, fuse_reductions = config
+        patterns, fuse_reductions, products = config
         fused, apply_ms = timed(lambda: dpl.apply(mod, patterns, fuse_reductions=fuse_reductions))
         cold_dir = tempfile.mkdtemp(dir=cache_dir)
-        _, cold_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir), "numpy"]))
-        exe, warm_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir), "numpy"]))
+        _, cold_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products), "numpy"]))
+        exe, warm_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products), "numpy"]))
         timings[name] = {"apply": apply_ms, "build cold": cold_ms, "build warm": warm_ms}
     out = np.empty(expected.shape, expected.dtype)
     exe(*inputs, out=out)
@@ -285,10 +290,10 @@ def main():
     with tempfile.TemporaryDirectory() as cache_dir:
         for key in opts.workloads or list(workloads()):
             rows.append(bench(key, not opts.no_compile, opts.profile, cache_dir))
-    print(f"{os.cpu_count()} threads for every contender; ms, best of >= 5 runs; ratio = contender / best dpl cpu configuration")
+    print(f"{os.cpu_count()} threads for every contender; ms, best of >= 5 runs; ratio = contender / best dpl cpu configuration with NumPy's BLAS")
     print(f"{'workload':<32} {'contender':<24} {'ms':>9} {'ratio':>7}")
     for desc, res, _ in rows:
-        base = min(ms for who, ms in res.items() if who.startswith("dpl cpu"))
+        base = min(ms for who, ms in res.items() if who.startswith("dpl cpu") and "MKL" not in who)
         for who, ms in res.items():
             print(f"{desc:<32} {who:<24} {ms:9.2f} {ms / base:7.2f}")
             desc = ""

@@ -1,0 +1,139 @@
+"""The CPU backend's matrix products by another library (backends/blas.py): with
+``products="torch"`` every product, batched, broadcast, with an epilogue, of a constant
+read-only weight, and the product of an im2col convolution equal the interpreter; dtypes torch
+does not take run through NumPy; the kernels name the pool their products run on."""
+
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.backends.blas import NumpyProducts, products
+from dpl.ir import FunctionBuilder, Module, const
+
+
+@pytest.fixture(scope="module")
+def torch_cpu(tmp_path_factory):
+    from dpl.backends.cpu_backend import CpuBackend
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("torch is missing under CI: the torch products cannot be tested")
+        pytest.skip("torch is not installed")
+    if shutil.which("cc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C compiler ('cc') under CI")
+        pytest.skip("no C compiler on this machine")
+    return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), products="torch")
+
+
+def run(backend, mod, args):
+    exe = dpl.build(dpl.apply(mod, ["llm"]), [backend, "numpy"], config=dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0, fallback_on_error=False))
+    return exe(*args), exe
+
+
+def rand(*shape, dtype=np.float32, seed=0):
+    return np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(dtype)
+
+
+CASES = {
+    "epilogue": ("""
+func main(x: f32[16, 32], w: f32[32, 24], b: f32[24]) -> f32[16, 24] {
+  m = matmul(x, w)
+  y = nn.silu(add(m, b))
+  return y
+}""", [(16, 32), (32, 24), (24,)]),
+    "attention": ("""
+func main(q: f32[2, 4, 8, 16], k: f32[2, 4, 16, 8], v: f32[2, 4, 8, 16], mask: f32[1, 1, 8, 8]) -> f32[2, 4, 8, 16] {
+  s = matmul(q, k)
+  z = multiply(s, 0.25)
+  m = add(z, mask)
+  p = nn.softmax(m)
+  o = matmul(p, v)
+  return o
+}""", [(2, 4, 8, 16), (2, 4, 16, 8), (2, 4, 8, 16), (1, 1, 8, 8)]),
+    "broadcast batch": ("""
+func main(x: f32[3, 5, 7], w: f32[7, 4]) -> f32[3, 5, 4] {
+  y = matmul(x, w)
+  return y
+}""", [(3, 5, 7), (7, 4)]),
+    "float64": ("""
+func main(x: f64[6, 9], w: f64[9, 3]) -> f64[6, 3] {
+  y = matmul(x, w)
+  return y
+}""", [(6, 9), (9, 3)]),
+    "float16 (by NumPy)": ("""
+func main(x: f16[6, 9], w: f16[9, 3]) -> f16[6, 3] {
+  y = matmul(x, w)
+  return y
+}""", [(6, 9), (9, 3)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_products_by_torch_equal_the_interpreter(torch_cpu, case):
+    text, shapes = CASES[case]
+    mod = dpl.parse(text)
+    dtypes = [dpl.dtypes.to_numpy(p.ty.dtype) for p in mod["main"].params]
+    args = [rand(*s, dtype=d) for s, d in zip(shapes, dtypes)]
+    got, exe = run(torch_cpu, mod, args)
+    tol = 1e-2 if case.startswith("float16") else 1e-5
+    np.testing.assert_allclose(got.astype(np.float64), dpl.interpret(mod, *args).astype(np.float64), rtol=tol, atol=tol)
+    pools = set().union(*(getattr(s.kernel, "thread_pools", ()) for s in exe.plan(*args).steps))
+    assert "torch" in pools
+
+
+def test_a_read_only_constant_weight_is_wrapped_once_without_a_warning(torch_cpu):
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (4, 8))
+    w = rand(8, 5)
+    w.setflags(write=False)  # as dpl.from_torch binds a model's weights
+    y = fb.emit("matmul", x, const(w, name="w"))
+    mod = Module([fb.ret(y)])
+    args = [rand(4, 8)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            got, _ = run(torch_cpu, mod, args)
+    np.testing.assert_allclose(got, args[0] @ w, rtol=1e-5, atol=1e-5)
+    assert len(torch_cpu.products._kept) >= 1
+
+
+def test_convolution_product_by_torch(torch_cpu):
+    fb = FunctionBuilder("main")
+    x, w = fb.param("x", "f32", (1, 4, 9, 9)), fb.param("w", "f32", (6, 4, 3, 3))
+    mod = Module([fb.ret(fb.emit("nn.conv2d", x, w, padding=[1, 1, 1, 1]))])
+    args = [rand(1, 4, 9, 9), rand(6, 4, 3, 3)]
+    got, exe = run(torch_cpu, mod, args)
+    np.testing.assert_allclose(got, dpl.interpret(mod, *args), rtol=1e-5, atol=1e-4)
+    assert exe.plan(*args).steps[0].kernel.__qualname__.startswith("cpu-blas+c:")
+
+
+def test_numpy_products_cast_into_a_narrower_output():
+    a, b = rand(3, 4, dtype=np.float64), rand(4, 2, dtype=np.float64)
+    out = np.empty((3, 2), np.float32)
+    NumpyProducts().matmul(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-6)
+
+
+def test_an_unknown_library_is_an_error():
+    with pytest.raises(dpl.DplError, match="unknown products library 'mkl'"):
+        products("mkl")
+
+
+def test_float32_products_run_in_torch(torch_cpu, monkeypatch):
+    import torch
+
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    text, shapes = CASES["attention"]
+    mod = dpl.parse(text)
+    args = [rand(*s) for s in shapes]
+    run(torch_cpu, mod, args)
+    assert len(calls) >= 2  # both products of the attention (each call of the plan)
