@@ -30,10 +30,13 @@ it is timed. Every contender runs with all the cores of the machine (torch is to
 ``os.cpu_count()``; dpl's OpenMP kernels and NumPy's BLAS take every core by default).
 
 Two tables: the run times (best of >= 5 runs; ratio = contender / dpl's best configuration
-with NumPy's BLAS, the default, so > 1 means dpl is faster), and what it cost to get there (import, apply, and build with a
-cold kernel cache, a fresh directory, and a warm one: the same directory, a new process-level
-cache; torch.compile's first call, with inductor's caches in a fresh directory). On a shared machine repeat the run: the best times are
-stable to about 10%, a single slow row is usually another process.
+with NumPy's BLAS, the default, so > 1 means dpl is faster), and what it cost to get there
+(import, apply, and build with a cold kernel cache, a fresh directory, and a warm one: the same
+directory, a new process-level cache; torch.compile's first call, with inductor's caches in a
+fresh directory). A last section lists, from the plan of ``cpu +patterns``, the groups the
+fusion heuristics ran op by op and why, and whether the plan capped its OpenMP kernels at one
+thread (``dpl.runtime.threads``). On a shared machine repeat the run: the best times are stable
+to about 10%; a single slow row is usually another process.
 """
 
 from __future__ import annotations
@@ -269,6 +272,9 @@ def bench(key, compile_too, profile, cache_dir):
     for name in CONFIGS:
         exes[name], res[name] = run_dpl(name, mod, inputs, expected, cache_dir, timings)
     res.update(run_torch(model, args, compile_too, timings))
+    plan = exes["dpl cpu +patterns"].plan(*inputs)
+    unfused = sorted({f"{name}: {group.decision}" for name, _, group in plan.decisions if not group.fused})
+    timings["notes"] = unfused + ([plan.threads_note] if plan.threads_note else [])
     if profile:
         fastest = min((n for n in CONFIGS if n != "dpl numpy"), key=res.get)
         print(f"\n== {desc}: {fastest} ==\n{exes[fastest].summary()}\n{exes[fastest].profile(*inputs)}\n")
@@ -302,9 +308,16 @@ def main():
     print(f"{'workload':<32} {'step':<24} {'import':>9} {'apply':>9} {'build cold':>11} {'build warm':>11}")
     for desc, _, timings in rows:
         for who, t in timings.items():
+            if who == "notes":
+                continue
             cells = [f"{t[k]:9.1f}" if k in t else f"{'':>9}" for k in ("import", "apply")]
             cells += [f"{t[k]:11.1f}" if k in t else f"{'':>11}" for k in ("build cold", "build warm")]
             print(f"{desc:<32} {who:<24} {' '.join(cells)}")
+            desc = ""
+    print("\ndpl cpu +patterns, as its summary says: groups run op by op, and the threads")
+    for desc, _, timings in rows:
+        for note in timings["notes"] or ["every group fused"]:
+            print(f"{desc:<32} {note}")
             desc = ""
 
 
