@@ -55,8 +55,11 @@ class NumpyKernelBackend(Backend):
         except LoweringError as err:
             raise CompileError(f"'{function.name}' does not lower to one kernel: {err.message}") from None
 
+        out_types = leaf_types(function.ret.ty)
+
         def kernel(inputs, outputs):
-            result = evaluate(lowered, *inputs)
+            out_dims = {d: n for t, o in zip(out_types, outputs) for d, n in zip(t.shape, o.shape) if isinstance(d, str)}
+            result = evaluate(lowered, *inputs, dims=out_dims)
             for dst, src in zip(outputs, flatten(result)):
                 np.copyto(dst, src, casting="no")
 
