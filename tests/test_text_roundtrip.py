@@ -170,7 +170,7 @@ class RandomModule:
             choice = self.pick(["zeros", "ones", "full", "arange"])
             shape = [int(d) for d in r.integers(1, 4, size=2)]
             if choice == "arange":
-                return fb.emit("arange", end=t.shape[0] if isinstance(t.shape[0], str) else int(r.integers(1, 6)))
+                return fb.emit("arange", end=t.shape[0] if t.shape and isinstance(t.shape[0], str) else int(r.integers(1, 6)))
             if choice == "full":
                 return fb.emit("full", self.scalar(t.dtype), shape=shape, dtype=self.pick([None, "f32"]))
             return fb.emit(choice, shape=shape, dtype=self.pick(["f32", "f16", "i64"]))
