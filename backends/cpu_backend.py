@@ -254,6 +254,7 @@ def _c_runner(name, kernel, source, lib, entry, threads):
             for d, size in zip(buf.shape, arr.shape):
                 if isinstance(d, str):
                     bound.setdefault(d, int(size))
+        kernel.check_requires(bound)
         targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
         arrays = [*inputs[:n_params], *constants, *targets]
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])

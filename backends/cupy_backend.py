@@ -44,7 +44,9 @@ class CudaKernel:
     def arguments(self, inputs, outputs) -> tuple[tuple[int, int], tuple]:
         """(blocks, threads) and the argument tuple of one launch: arrays, then dims as int64."""
         arrays, dims = launch_arguments(self.source, list(inputs), list(outputs), constants=self.constants)
-        grid, block = launch_config(self.source, dict(zip(self.source.dims, dims)), block=self.block)
+        bound = dict(zip(self.source.dims, dims))
+        self.source.kernel.check_requires(bound)  # a slice past its buffer: an error, never a stray read
+        grid, block = launch_config(self.source, bound, block=self.block)
         return (grid, block), (*arrays, *(np.int64(d) for d in dims))
 
     def __call__(self, inputs, outputs) -> None:

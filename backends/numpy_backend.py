@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpl.backends.registry import Backend, Capabilities, CompileError, flatten, unflatten
+from dpl.backends.registry import Backend, Capabilities, CompileError, flatten, leaf_types, unflatten
 from dpl.interpret import run_function
 from dpl.ir.expr import GlobalVar
 from dpl.runtime.threads import BLAS
@@ -27,9 +27,12 @@ class NumpyBackend(Backend):
 
     def compile(self, function, *, module=None, shapes=()):
         types = [p.ty for p in function.params]
+        out_types = leaf_types(function.ret.ty)
 
         def kernel(inputs, outputs):
-            result = run_function(module, function, unflatten(types, inputs))
+            # dims only the results carry (arange(end=seq), full of [seq, seq]) are read off them
+            out_dims = {d: n for t, o in zip(out_types, outputs) for d, n in zip(t.shape, o.shape) if isinstance(d, str)}
+            result = run_function(module, function, unflatten(types, inputs), outer_dims=out_dims)
             for dst, src in zip(outputs, flatten(result)):
                 np.copyto(dst, src, casting="no")
 
@@ -67,8 +70,11 @@ class NumpyKernelBackend(Backend):
         except LoweringError as err:
             raise CompileError(f"'{function.name}' does not lower to one kernel: {err.message}") from None
 
+        out_types = leaf_types(function.ret.ty)
+
         def kernel(inputs, outputs):
-            result = evaluate(lowered, *inputs)
+            out_dims = {d: n for t, o in zip(out_types, outputs) for d, n in zip(t.shape, o.shape) if isinstance(d, str)}
+            result = evaluate(lowered, *inputs, dims=out_dims)
             for dst, src in zip(outputs, flatten(result)):
                 np.copyto(dst, src, casting="no")
 

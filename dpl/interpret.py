@@ -15,7 +15,7 @@ from dpl import dtypes
 from dpl.errors import DplError, InterpretError
 from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType, TupleType, Type
-from dpl.ops.registry import get_op
+from dpl.ops.registry import DIM_ATTR_KINDS, get_op
 
 
 def _bind_type(ty: Type, value: Any, dims: dict[str, int], what: str) -> None:
@@ -72,15 +72,27 @@ class _Frame:
         if isinstance(c.op, GlobalVar):
             if self.mod is None or c.op.name not in self.mod.functions:
                 raise DplError(f"call of unknown function '{c.op.name}'")
-            return run_function(self.mod, self.mod[c.op.name], args)
+            return run_function(self.mod, self.mod[c.op.name], args, outer_dims=self.dims)
         op = get_op(c.op)
-        attrs = {k: _resolve_dims(v, self.dims) if op.attrs[k].kind == "shape" else v for k, v in c.attrs.items()}
+        attrs = {k: _resolve_dims(v, self.dims) if op.attrs[k].kind in DIM_ATTR_KINDS else v for k, v in c.attrs.items()}
+        for k, v in attrs.items():
+            unbound = [d for d in (v if isinstance(v, tuple) else (v,)) if isinstance(d, str)] if op.attrs[k].kind in DIM_ATTR_KINDS else []
+            if unbound:
+                raise InterpretError(f"op '{c.op}': attribute '{k}' names the symbolic dimension '{unbound[0]}', which "
+                                     f"no input of '{self.fn.name}' binds")
         result = op.ref(*args, **attrs)
         result = tuple(np.asarray(r) for r in result) if isinstance(result, tuple) else np.asarray(result)
         try:
             _bind_type(c.ty, result, dict(self.dims), f"result of {c.op}")
-        except InterpretError as err:  # the reference disagrees with type inference: our bug
-            raise DplError(f"internal error: {err.message}") from None
+        except InterpretError as err:
+            if _mentions_symbolic_dims(c):
+                # a type over symbolic dims may assume something of their values (a slice ending
+                # at 'T' assumes T is within the sliced dimension); these inputs break it
+                bound = ", ".join(f"{d}={n}" for d, n in sorted(self.dims.items()))
+                raise InterpretError(f"op '{c.op}' at {bound}: {err.message}; its type {c.ty} assumes more of the "
+                                     "symbolic dimensions than these inputs give (a slice end beyond the sliced "
+                                     "dimension?)") from None
+            raise DplError(f"internal error: {err.message}") from None  # the reference disagrees with type inference
         return result
 
 
@@ -91,7 +103,16 @@ def _as_value(ty: Type, a: Any) -> Any:
     return np.asarray(a)
 
 
-def run_function(mod: Module | None, fn: Function, arrays: list[Any]) -> Any:
+def _mentions_symbolic_dims(c: Call) -> bool:
+    types = [a.ty for a in c.args] + [c.ty]
+    leaves = [t for ty in types for t in (ty.fields if isinstance(ty, TupleType) else (ty,))]
+    return any(isinstance(d, str) for t in leaves if isinstance(t, TensorType) for d in t.shape)
+
+
+def run_function(mod: Module | None, fn: Function, arrays: list[Any], outer_dims: dict[str, int] | None = None) -> Any:
+    """Run ``fn``; its symbolic dims bind from its inputs, and a dim no input binds (the length
+    of ``arange(end=seq)`` in a fused group) takes its value from ``outer_dims``: the caller's
+    dims, or those a backend read off the destination buffers."""
     if len(arrays) != len(fn.params):
         names = ", ".join(p.name for p in fn.params)
         raise InterpretError(f"function '{fn.name}' takes {len(fn.params)} inputs ({names}), got {len(arrays)}")
@@ -101,6 +122,8 @@ def run_function(mod: Module | None, fn: Function, arrays: list[Any]) -> Any:
         a = _as_value(p.ty, a)
         _bind_type(p.ty, a, dims, f"parameter '{p.name}' of '{fn.name}'")
         frame.env[id(p)] = a
+    for d, n in (outer_dims or {}).items():
+        dims.setdefault(d, n)
     for b in fn.bindings:
         frame.env[id(b.var)] = frame.eval(b.value)
     return frame.eval(fn.ret)

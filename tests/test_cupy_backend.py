@@ -231,3 +231,19 @@ func f(x: f32[n, 70], s: f32[]) -> (f32[n, 70], f32[]) {
     kernel(args, outs)
     assert_close(want, tuple(outs))
     assert fake.launches[-1][3][1] == "float32[]" and fake.launches[-1][3][3] == "float32[]"
+
+
+def test_a_slice_end_beyond_its_buffer_is_an_error_on_cuda(fake):
+    """A kernel's size requirements (``[0:T]`` of a 32-row buffer needs T <= 32) are checked
+    before the launch, as on the CPU: never a read past the buffer on the device."""
+    from test_masks_and_pooling import SLICED_BUFFER, args_for
+
+    mod = dpl.parse(SLICED_BUFFER)
+    exe = dpl.build(dpl.apply(mod, []), on_fake_cuda(fake), config=dpl.FusionConfig(
+        min_nodes_for_fusion=1, max_graph_size=10_000, min_tensor_elements=0, fallback_on_error=False))
+    x, mask = args_for(mod["main"], T=8)
+    for got, want in zip(exe(x, mask), dpl.interpret(mod, x, mask)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    x, mask = args_for(mod["main"], T=40)
+    with pytest.raises(dpl.errors.DplError, match="T"):
+        exe(x, mask)

@@ -260,6 +260,12 @@ OP_CASES = [
     Case("Identity", [x34]),
     Case("Dropout", [x34], opset=13),
     Case("Constant", [], {"value": numpy_helper.from_array(np.arange(6.0, dtype=F).reshape(2, 3))}, id="tensor"),
+    Case("Trilu", [x234], id="upper"),
+    Case("Trilu", [x234, C(1, "int64")], {"upper": 0}, id="lower_k1"),
+    Case("Trilu", [In((5, 3)), C(-2, "int64")], id="upper_k_minus2"),
+    Case("Trilu", [In((3, 4), "int64")], {"upper": 0}, id="int"),
+    Case("Range", [C(1, "int64"), C(9, "int64"), C(3, "int64")], id="ints"),
+    Case("Range", [C(0.5, F), C(-1.0, F), C(-0.25, F)], id="floats"),
     Case("Constant", [], {"value_ints": [3, 1, 4]}, id="ints"),
     Case("ConstantOfShape", [C([2, 3], "int64")], {"value": numpy_helper.from_array(np.array([1.5], F))}),
     # normalisation
@@ -288,7 +294,14 @@ OP_CASES = [
     Case("AveragePool", [img], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, id="pad_excluded"),
     Case("AveragePool", [img], {"kernel_shape": [3, 3], "pads": [1, 0, 2, 1], "count_include_pad": 1}, id="pad_included"),
     Case("AveragePool", [img], {"kernel_shape": [3, 2], "strides": [2, 1], "auto_pad": "SAME_UPPER"}, id="same_upper"),
+    Case("AveragePool", [img], {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, id="ceil"),
+    Case("AveragePool", [img], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}, id="ceil_pad_excluded"),
+    Case("AveragePool", [In((2, 4, 8, 8))], {"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 1, 1, 1], "ceil_mode": 1,
+                                            "count_include_pad": 1}, id="ceil_pad_included"),
+    Case("AveragePool", [In((1, 2, 9, 9))], {"kernel_shape": [3, 2], "strides": [2, 1], "dilations": [2, 3], "pads": [2, 1, 1, 0]},
+         opset=19, id="dilation"),
     Case("GlobalAveragePool", [img]),
+    Case("GlobalAveragePool", [In((2, 3, 5))], id="one_d"),
     Case("GlobalMaxPool", [img]),
 ]
 
@@ -445,7 +458,26 @@ def rms_norm_model(width=16):
     return g.model([f32_input("x", ["batch", width])], [f32_input(y, ["batch", width])])
 
 
-MODELS = {"mlp": mlp_model, "cnn": cnn_model, "transformer": transformer_model, "rms_norm": rms_norm_model}
+def causal_mask_model(width=8):
+    """A causal mask made in the graph at the symbolic length, as exporters write it: Range over
+    Gather(Shape(x)), compared, Where; and a Trilu of a ConstantOfShape of the same length. The
+    symbolic dim (called batch, as in the other models) is the sequence here."""
+    g = GraphWriter(5)
+    length = g("Gather", g("Shape", "x"), g.ints(0), axis=0)
+    length = g("Squeeze", length, g.ints(0))
+    r = g("Range", g.weight(value=np.array(0, np.int64)), length, g.weight(value=np.array(1, np.int64)))
+    allowed = g("GreaterOrEqual", g("Unsqueeze", r, g.ints(1)), g("Unsqueeze", r, g.ints(0)))
+    scores = g("MatMul", g("MatMul", "x", g.weight(width, width)), g("Transpose", "x", perm=[1, 0]))
+    probs = g("Softmax", g("Where", allowed, scores, g.weight(value=np.array(-np.inf, np.float32))), axis=-1)
+    square = g("Concat", g("Unsqueeze", length, g.ints(0)), g("Unsqueeze", length, g.ints(0)), axis=0)
+    ones = g("ConstantOfShape", square, value=numpy_helper.from_array(np.array([1.0], np.float32)))
+    keep = g("Trilu", ones, g.weight(value=np.array(-1, np.int64)), upper=0)
+    y = g("Add", probs, keep)
+    return g.model([f32_input("x", ["batch", width])], [f32_input(y, ["batch", "batch"])])
+
+
+MODELS = {"mlp": mlp_model, "cnn": cnn_model, "transformer": transformer_model, "rms_norm": rms_norm_model,
+          "causal_mask": causal_mask_model}
 
 
 def model_feeds(model, batch, seed):
@@ -620,7 +652,6 @@ def test_unsupported_op_version_names_the_versions_dpl_knows():
     ("Cast", {"to": TensorProto.STRING}, 17, "attribute to='STRING' is not supported; dpl supports casts to FLOAT"),
     ("Gelu", {"approximate": "sigmoid"}, 20, "attribute approximate='sigmoid' is not supported; dpl supports 'none' and 'tanh'"),
     ("MaxPool", {"kernel_shape": [2, 2], "auto_pad": "SAME_MIDDLE"}, 17, "attribute auto_pad='SAME_MIDDLE' is not supported"),
-    ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, 17, "attribute ceil_mode=1 is not supported"),
     ("BatchNormalization", {"training_mode": 1}, 15, "attribute training_mode=1 is not supported"),
 ])
 def test_unsupported_attribute_values_name_the_attribute(op, attrs, opset, expect):
@@ -791,3 +822,25 @@ def test_the_command_line_reads_onnx_files(tmp_path, capsys):
     bad.write_bytes(b"not a model")
     assert main(["print", str(bad)]) == 1
     assert "bad.onnx" in capsys.readouterr().err
+
+
+def test_masks_at_the_symbolic_length_become_range_and_triangle_ops():
+    mod = dpl.from_onnx(causal_mask_model())
+    ops = [b.value.op for b in mod["main"].bindings if isinstance(b.value, dpl.Call)]
+    assert "arange" in ops and "tril" in ops and "full" in ops
+    assert str(mod["main"].ret.ty) == "f32[batch, batch]"
+
+
+def test_a_range_whose_length_is_no_dimension_names_the_node():
+    g = GraphWriter()
+    length = g("Squeeze", g("Gather", g("Shape", "x"), g.ints(0), axis=0), g.ints(0))
+    r = g("Range", g.weight(value=np.array(1, np.int64)), length, g.weight(value=np.array(1, np.int64)))
+    model = g.model([f32_input("x", ["batch", 4])], [helper.make_tensor_value_info(r, TensorProto.INT64, [None])])
+    message = import_error(model)
+    assert "(Range, opset 17)" in message and "must start at 0 with step 1" in message, message
+
+
+def test_average_pooling_is_the_pooling_op_not_a_convolution():
+    mod = dpl.from_onnx(cnn_model())
+    ops = [b.value.op for b in mod["main"].bindings if isinstance(b.value, dpl.Call)]
+    assert "nn.avg_pool2d" in ops and "nn.adaptive_avg_pool2d" in ops and ops.count("nn.conv2d") == 2

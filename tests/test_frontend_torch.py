@@ -82,9 +82,9 @@ class SwiGLU(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, causal="triu"):
         super().__init__()
-        self.heads, self.head_dim = heads, dim // heads
+        self.heads, self.head_dim, self.causal = heads, dim // heads, causal
         self.q_proj = nn.Linear(dim, dim, bias=False)
         self.k_proj = nn.Linear(dim, dim, bias=False)
         self.v_proj = nn.Linear(dim, dim, bias=False)
@@ -96,17 +96,23 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
-        if mask is None:  # causal, built in the model (needs a static length)
+        if self.causal == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, d))
+        if mask is None and self.causal == "arange":  # causal, built in the model at its length
+            i = torch.arange(t)
+            mask = torch.where(i[:, None] >= i[None, :], 0.0, float("-inf")).to(x.dtype)
+        elif mask is None:
             mask = torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
         probs = torch.softmax(scores + mask, dim=-1)
         return self.o_proj((probs @ v).transpose(1, 2).reshape(b, t, d))
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, dim=64, heads=4, hidden=128):
+    def __init__(self, dim=64, heads=4, hidden=128, causal="triu"):
         super().__init__()
         self.input_layernorm = LlamaRMSNorm(dim)
-        self.self_attn = Attention(dim, heads)
+        self.self_attn = Attention(dim, heads, causal)
         self.post_attention_layernorm = LlamaRMSNorm(dim)
         self.mlp = SwiGLU(dim, hidden)
 
@@ -145,9 +151,9 @@ class GeluMLP(nn.Module):
         return self.fc2(h)
 
 
-def random_block(dtype=torch.float32, seed=0):
+def random_block(dtype=torch.float32, seed=0, causal="triu"):
     torch.manual_seed(seed)
-    return LlamaBlock().eval().to(dtype)
+    return LlamaBlock(causal=causal).eval().to(dtype)
 
 
 def causal_mask(t):
@@ -188,6 +194,27 @@ def test_llama_block_with_a_dynamic_sequence_runs_at_two_lengths():
         assert_matches_torch(exe(x.numpy(), mask.numpy()), want)
 
 
+@pytest.mark.parametrize("causal", ["triu", "arange", "sdpa"])
+def test_llama_block_building_its_causal_mask_at_a_dynamic_length(causal):
+    """The mask is made inside the model at the symbolic length: ``full(...).triu(1)``, two
+    ``arange``s compared, or ``scaled_dot_product_attention(is_causal=True)``."""
+    block = random_block(seed=9, causal=causal)
+    seq = torch.export.Dim("seq", min=2, max=128)
+    mod = dpl.from_torch(block, (torch.randn(2, 8, 64),), dynamic_shapes={"x": {1: seq}})
+    assert [str(p.ty) for p in mod["main"].params] == ["f32[2, seq, 64]"]
+    ops = {b.value.op for b in mod["main"].bindings}
+    assert ({"full", "triu"} if causal == "triu" else {"arange", "greater_equal"}) <= ops
+    fused = dpl.apply(mod, ["rewrites", "llm"])
+    assert {"kernel.add_rms_norm", "kernel.swiglu"} <= composites(fused)
+    exe = dpl.build(fused, "cpu")
+    for t in (5, 12):
+        x = torch.randn(2, t, 64)
+        want = block(x)
+        assert_matches_torch(dpl.interpret(mod, x.numpy()), want)
+        assert_matches_torch(exe(x.numpy()), want, rtol=1e-4, atol=1e-4)
+    assert "fall-back" not in exe.summary().split("plan for")[0], exe.summary()
+
+
 def test_dynamic_batch_dimension_keeps_the_users_name():
     mlp = SwiGLU(16, 32).eval()
     batch = torch.export.Dim("batch")
@@ -212,6 +239,65 @@ def test_small_cnn_interprets_and_compiles_like_torch():
     assert_matches_torch(dpl.interpret(mod, x.numpy()), want, rtol=1e-4, atol=1e-4)
     exe = dpl.build(dpl.apply(mod, ["rewrites", "llm"]), "cpu")
     assert_matches_torch(exe(x.numpy()), want, rtol=1e-4, atol=1e-4)
+
+
+class PoolingCNN(nn.Module):
+    """Overlapping and padded average pooling, ceil mode, adaptive pooling to sizes that do and
+    do not divide the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool1 = nn.AvgPool2d(3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.pool2 = nn.AvgPool2d(2, stride=2, ceil_mode=True, count_include_pad=False)
+        self.head = nn.Linear(8 * (1 + 9 + 6), 10)
+
+    def forward(self, x):
+        x = self.pool1(F.relu(self.conv1(x)))
+        x = self.pool2(F.relu(self.conv2(x)))
+        parts = [F.adaptive_avg_pool2d(x, 1), F.adaptive_avg_pool2d(x, (3, 3)), nn.AdaptiveAvgPool2d((2, 3))(x)]
+        return self.head(torch.cat([torch.flatten(p, 1) for p in parts], 1))
+
+
+@pytest.mark.parametrize("size", [15, 16])
+def test_cnn_with_average_pooling_equals_torch(size):
+    torch.manual_seed(10)
+    cnn = PoolingCNN().eval()
+    x = torch.randn(2, 3, size, size)
+    want = cnn(x)
+    mod = dpl.from_torch(cnn, (x,))
+    ops = [b.value.op for b in mod["main"].bindings]
+    assert ops.count("nn.avg_pool2d") == 2 and ops.count("nn.adaptive_avg_pool2d") == 3
+    assert_matches_torch(dpl.interpret(mod, x.numpy()), want, rtol=1e-4, atol=1e-4)
+    exe = dpl.build(dpl.apply(mod, ["rewrites", "llm"]), "cpu")
+    assert_matches_torch(exe(x.numpy()), want, rtol=1e-4, atol=1e-4)
+    assert "fall-back" not in exe.summary().split("plan for")[0], exe.summary()
+
+
+def test_slices_and_selects_along_a_dynamic_length():
+    """The last token (``x[:, -1]``), the last few, a static buffer cut to the length (nanoGPT's
+    ``bias[:, :, :T, :T]``): slices whose length a dpl type can hold."""
+
+    class Slices(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("bias", torch.tril(torch.ones(32, 32)).view(1, 1, 32, 32))
+
+        def forward(self, x):
+            t = x.shape[1]
+            scores = (x @ x.transpose(1, 2))[:, None]
+            masked = scores.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+            return masked.softmax(-1), x[:, -1], x[:, -3:], x[:, 0] + x[:, :t].sum(1)
+
+    seq = torch.export.Dim("seq", min=4, max=31)  # torch's guards: not 3 (x[:, -3:]), not 32 (the buffer)
+    model = Slices().eval()
+    mod = dpl.from_torch(model, (torch.randn(2, 8, 4),), dynamic_shapes={"x": {1: seq}})
+    exe = dpl.build(dpl.apply(mod, []), "cpu")
+    for t in (4, 20):
+        x = torch.randn(2, t, 4)
+        assert_matches_torch(dpl.interpret(mod, x.numpy()), model(x))
+        assert_matches_torch(exe(x.numpy()), model(x))
 
 
 @pytest.mark.parametrize("form, op", [("erf", "nn.gelu"), ("tanh", "nn.gelu_tanh")])
@@ -401,15 +487,14 @@ def test_unsupported_argument_is_named_with_its_module():
     assert "(node 'div' in module 'inner' (Floor))" in str(info.value)
 
 
-def test_decomposed_op_error_names_what_the_user_wrote():
-    class Tri(nn.Module):
+def test_a_slice_whose_length_is_no_dimension_is_named():
+    class Tail(nn.Module):
         def forward(self, x):
-            n = x.shape[0]
-            return x + torch.ones(n, n).triu(1)
+            return x[1:] * 2
 
-    with pytest.raises(FrontendError, match=r"aten.triu.default: a dimension of a triangular mask is the symbolic "
-                                            r"dimension 'n'; dpl needs a static size here \(node 'triu'\)"):
-        dpl.from_torch(Tri(), (torch.randn(4, 4),), dynamic_shapes={"x": {0: torch.export.Dim("n"), 1: torch.export.Dim("n")}})
+    with pytest.raises(FrontendError, match=r"aten.slice.Tensor: op 'strided_slice': slice \[1:.*\] of axis 0 \(n\) .* has "
+                                            r"length n - 1, which is no dimension \(node 'slice_1'\)"):
+        dpl.from_torch(Tail(), (torch.randn(4, 4),), dynamic_shapes={"x": {0: torch.export.Dim("n", min=3)}})
 
 
 def test_arguments_a_translation_does_not_take_are_named():

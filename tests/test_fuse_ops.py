@@ -365,3 +365,55 @@ def test_random_dags_match_tvm(tvm):
             np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-5)
     assert not mismatches, mismatches[:3]
     assert with_groups >= 150  # the corpus really exercises fusion (189 of 300 have live groups)
+
+
+NESTED = """
+func main(a: f32[1, 4, 8, 8], w: f32[4, 4, 3, 3], t: f32[1, 4, 6, 6]) -> (f32[1, 4, 3, 3], f32[1, 8, 6, 6]) {
+  b = add(nn.adaptive_avg_pool2d(nn.relu(a), output_size=[3, 3]), 1.0)
+  c = exp(b)
+  s = split(exp(nn.conv2d(a, w)), indices_or_sections=2, axis=1)
+  d = concat((multiply(s[0], 2.0), tanh(t), s[1]), axis=1)
+  return (c, sigmoid(d))
+}"""
+
+FLAT = """
+func main(a: f32[1, 4, 8, 8], w: f32[4, 4, 3, 3], t: f32[1, 4, 6, 6]) -> (f32[1, 4, 3, 3], f32[1, 8, 6, 6]) {
+  b_0 = nn.relu(a)
+  b_1 = nn.adaptive_avg_pool2d(b_0, output_size=[3, 3])
+  b = add(b_1, 1.0)
+  c = exp(b)
+  s_0 = nn.conv2d(a, w)
+  s_1 = exp(s_0)
+  s = split(s_1, indices_or_sections=2, axis=1)
+  d_0 = s[0]
+  d_1 = multiply(d_0, 2.0)
+  d_2 = tanh(t)
+  d_3 = s[1]
+  d = concat((d_1, d_2, d_3), axis=1)
+  ret_0 = sigmoid(d)
+  return (c, ret_0)
+}"""
+
+
+def test_nested_calls_are_bindings_of_their_own():
+    """A nested call is its own node, as in Relax (whose BlockBuilder binds every nested call):
+    an opaque op inside an elementwise binding stays out of the group, and FuseOps on the nested
+    text equals FuseOps on its flat twin."""
+    from dpl.transform.normalize import normalize_function
+
+    nested, flat = dpl.parse(NESTED), dpl.parse(FLAT)
+    assert dpl.structural_equal(normalize_function(nested["main"]), flat["main"])
+    assert normalize_function(flat["main"]) is flat["main"]  # already flat: untouched
+    fused = fuse_ops(nested)
+    assert dpl.structural_equal(fused, fuse_ops(flat))
+    assert not any("adaptive_avg_pool2d" in str(f) for f in fused.functions.values() if "Primitive" in f.attrs)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(tuple(p.ty.shape)).astype(np.float32) for p in nested["main"].params]
+    for x, y in zip(dpl.interpret(nested, *args), dpl.interpret(fused, *args)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    assert dpl.structural_equal(nested, dpl.parse(NESTED))  # the input is not changed
+
+
+@pytest.mark.oracle
+def test_flat_twin_of_nested_calls_matches_tvm(tvm):
+    check(dpl.parse(FLAT)["main"])

@@ -501,3 +501,94 @@ def test_llm_composite_attention_is_one_kernel():
     p = fb.emit("nn.softmax", fb.emit("add", z, mask))
     kern = check(fb.ret(fb.emit("matmul", p, v)), rtol=1e-4, atol=1e-5, kind="matmul")
     assert len(kern.body) == 1
+
+
+# -- masks built in the kernel, average pooling, slices over symbolic dims ---------------------
+
+
+def test_causal_mask_from_aranges_fuses_into_the_scores():
+    """The mask of a symbolic length, built from two ranges, is computed inside the kernel."""
+    fb = prim()
+    s = fb.param("scores", "f32", (2, "seq", "seq"))
+    r = fb.emit("arange", end="seq")
+    allowed = fb.emit("greater_equal", fb.emit("expand_dims", r, axis=[1]), fb.emit("expand_dims", r, axis=[0]))
+    masked = fb.emit("where", allowed, s, const(float("-inf")))
+    k = check(fb.ret(fb.emit("nn.softmax", masked)), rtol=1e-5, atol=1e-6)
+    assert k.params[0].name == "scores" and len(k.params) == 1 and not k.constants
+
+
+@pytest.mark.parametrize("op, diagonal", [("triu", 1), ("triu", -2), ("tril", 0), ("tril", 3)])
+def test_triangles_of_a_symbolic_square(op, diagonal):
+    fb = prim()
+    x = fb.param("x", "f32", (3, "n", "n"))
+    full = fb.emit("full", const(float("-inf")), shape=["n", "n"])
+    check(fb.ret(fb.emit("add", x, fb.emit(op, full, k=diagonal))))
+    fb = prim()
+    y = fb.param("y", "f32", (4, 6))
+    check(fb.ret(fb.emit("nn.relu", fb.emit(op, fb.emit("exp", y), k=diagonal))))
+
+
+@pytest.mark.parametrize("attrs", [dict(end=7), dict(start=3, end=-8, step=-2), dict(start=0.25, end=3.0, step=0.5, dtype="f16")])
+def test_static_ranges(attrs):
+    fb = prim()
+    r = fb.emit("arange", **attrs)
+    check(fb.ret(fb.emit("multiply", r, r)), rtol=1e-3)
+
+
+def test_a_range_no_buffer_carries_is_refused():
+    fb = prim()
+    x = fb.param("x", "f32", ("n",))
+    total = fb.emit("sum", fb.emit("add", fb.emit("astype", fb.emit("arange", end="m"), dtype="f32"), fb.emit("sum", x)))
+    with pytest.raises(LoweringError, match="symbolic dimension.* m appear in no parameter or result"):
+        lower_function(fb.ret(total))
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(pool_size=[2, 2], strides=[2, 2]),
+    dict(pool_size=[3, 3], padding=[1]),
+    dict(pool_size=[3, 3], padding=[1], count_include_pad=True),
+    dict(pool_size=[3, 2], strides=[2, 1], padding=[1, 0, 1, 1], dilation=[2, 1]),
+    dict(pool_size=[2, 2], strides=[2, 2], padding=[1], ceil_mode=True, count_include_pad=True),
+    dict(pool_size=[3, 3], strides=[2, 2], ceil_mode=True),
+])
+def test_avg_pool2d_with_epilogue(attrs):
+    fb = prim()
+    x = fb.param("x", "f32", (2, 3, 7, 6))
+    b = fb.param("b", "f32", (3, 1, 1))
+    check(fb.ret(fb.emit("nn.relu", fb.emit("add", fb.emit("nn.avg_pool2d", x, **attrs), b))), kind="pool")
+
+
+@pytest.mark.parametrize("size", [None, [1, 1], [2, 3], [3, 3], [7, 4], [14, 9]])
+def test_adaptive_avg_pool2d(size):
+    fb = prim()
+    x = fb.param("x", "f32", ("n", 3, 7, 6))
+    attrs = {} if size is None else {"output_size": size}
+    check(fb.ret(fb.emit("multiply", fb.emit("nn.adaptive_avg_pool2d", x, **attrs), 2.0)), kind="pool")
+
+
+def test_pooling_f16_accumulates_in_f32():
+    fb = prim()
+    x = fb.param("x", "f16", (1, 2, 8, 8))
+    check(fb.ret(fb.emit("nn.avg_pool2d", x, pool_size=4, strides=2)), rtol=2e-3, atol=2e-3)
+
+
+def test_slice_of_a_static_buffer_to_a_symbolic_length():
+    """nanoGPT's ``mask[:T, :T]``: read in place, and only for T within the buffer."""
+    fb = prim()
+    mask = fb.param("mask", "f32", (16, 16))
+    scores = fb.param("scores", "f32", (2, "T", "T"))
+    cut = fb.emit("strided_slice", mask, axes=[0, 1], begin=[0, 0], end=["T", "T"])
+    k = check(fb.ret(fb.emit("add", scores, cut)))
+    assert k.requires == (("T", 16),) and "requires T <= 16" in str(k)
+    from dpl.kernel.evaluate import KernelEvalError
+
+    with pytest.raises(KernelEvalError, match="needs T <= 16 .* got T=17"):
+        evaluate(k, np.zeros((16, 16), np.float32), np.zeros((2, 17, 17), np.float32))
+
+
+@pytest.mark.parametrize("begin, end", [(-2, 2**62), (-2, -1), (1, 2), (0, "n")])
+def test_slices_of_a_symbolic_axis(begin, end):
+    fb = prim()
+    x = fb.param("x", "f32", ("n", 4))
+    y = fb.emit("strided_slice", fb.emit("exp", x), axes=[0], begin=[begin], end=[end])
+    check(fb.ret(fb.emit("negative", y)))

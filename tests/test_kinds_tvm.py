@@ -25,6 +25,7 @@ from dpl.ir import Tuple, Var, const
 from dpl.ir import call as dpl_call
 from dpl.ir.types import TensorType
 from dpl.ops import OpPatternKind as K
+from dpl.ops.registry import DIM_ATTR_KINDS
 
 pytestmark = pytest.mark.oracle
 
@@ -263,6 +264,49 @@ CASES = [
     ("squeeze/no-axes", "squeeze", [t(4, 1, 8)], {"axis": []}, E),
     ("full/int-const", "full", [c(2, "int32")], {"shape": [4], "dtype": F}, E),
     ("full/bool-const", "full", [c(True, "bool")], {"shape": [4]}, E),
+    # -- symbolic sizes in attributes: a dim no operand carries comes in as a shape parameter --
+    ("full/symbolic", "full", [-1e9], {"shape": ["n", "n"]}, E),
+    ("zeros/symbolic", "zeros", [], {"shape": ["n", 8], "dtype": F}, E),
+    ("ones/symbolic", "ones", [], {"shape": [2, "n"], "dtype": "int64"}, E),
+    # arange is computed from the output index alone (a static range TVM folds: see FOLDED)
+    ("arange/symbolic", "arange", [], {"end": "n"}, E),
+    ("arange/symbolic-f32", "arange", [], {"end": "n", "dtype": F}, E),
+    # a triangle reads x at the output index, or gives 0
+    ("triu", "triu", [t(4, 8)], {"k": 1}, E),
+    ("triu/k0", "triu", [t(8, 8)], {}, E),
+    ("triu/symbolic", "triu", [t("n", "n")], {"k": 1}, E),
+    ("tril", "tril", [t(4, 8)], {"k": -1}, E),
+    ("tril/batched-symbolic", "tril", [t(2, "n", "n")], {}, E),
+    # average pooling: a windowed sum with an elementwise division after it
+    ("nn.avg_pool2d", "nn.avg_pool2d", [t(1, 4, 8, 8)], {"pool_size": [2, 2], "strides": [2, 2]}, O),
+    ("nn.avg_pool2d/pad", "nn.avg_pool2d", [t(1, 4, 8, 8)], {"pool_size": 3, "padding": 1}, O),
+    ("nn.avg_pool2d/pad-included", "nn.avg_pool2d", [t(1, 4, 8, 8)], {"pool_size": 3, "padding": 1, "count_include_pad": True}, O),
+    ("nn.avg_pool2d/ceil", "nn.avg_pool2d", [t(1, 4, 5, 5)], {"pool_size": 2, "strides": 2, "padding": 1, "ceil_mode": True}, O),
+    ("nn.avg_pool2d/dilated", "nn.avg_pool2d", [t(1, 4, 9, 7)], {"pool_size": [3, 2], "dilation": [2, 1], "strides": [2, 1]}, O),
+    ("nn.avg_pool2d/symbolic-batch", "nn.avg_pool2d", [t("n", 4, 8, 8)], {"pool_size": 2, "strides": 2}, O),
+    # adaptive pooling: Opaque only when the window length varies along both axes
+    ("nn.adaptive_avg_pool2d/global", "nn.adaptive_avg_pool2d", [t(1, 4, 7, 7)], {"output_size": [1, 1]}, O),
+    ("nn.adaptive_avg_pool2d/even", "nn.adaptive_avg_pool2d", [t(1, 4, 8, 8)], {"output_size": [2, 4]}, O),
+    ("nn.adaptive_avg_pool2d/same", "nn.adaptive_avg_pool2d", [t(1, 4, 8, 8)], {}, O),
+    ("nn.adaptive_avg_pool2d/one-uneven", "nn.adaptive_avg_pool2d", [t(1, 4, 8, 8)], {"output_size": [2, 3]}, O),
+    ("nn.adaptive_avg_pool2d/other-uneven", "nn.adaptive_avg_pool2d", [t(1, 4, 8, 6)], {"output_size": [3, 2]}, O),
+    ("nn.adaptive_avg_pool2d/both-uneven", "nn.adaptive_avg_pool2d", [t(1, 4, 7, 7)], {"output_size": [3, 3]}, X),
+    ("nn.adaptive_avg_pool2d/upsample", "nn.adaptive_avg_pool2d", [t(1, 4, 4, 4)], {"output_size": [8, 8]}, X),
+    # slicing: a symbolic end of a static axis keeps the index map; a symbolic axis is Opaque
+    ("strided_slice/symbolic-end", "strided_slice", [t(128, 8)], {"axes": [0], "begin": [0], "end": ["T"]}, E),
+    ("strided_slice/symbolic-end-both", "strided_slice", [t(128, 128)], {"axes": [0, 1], "begin": [0, 0], "end": ["T", "T"]}, E),
+    ("strided_slice/symbolic-axis-whole", "strided_slice", [t("n", 8)], {"axes": [0], "begin": [0], "end": ["n"]}, X),
+    ("strided_slice/symbolic-axis-last", "strided_slice", [t("n", 8)], {"axes": [0], "begin": [-1], "end": [2**62]}, X),
+    ("strided_slice/symbolic-axis-head", "strided_slice", [t("n", 8)], {"axes": [0], "begin": [0], "end": [2]}, X),
+]
+
+# Calls TVM 0.27 folds into a constant when it legalizes them (no PrimFunc, so no kind to read):
+# dpl's kind and why. test_folded_calls_are_folded keeps this true.
+FOLDED = [
+    # a static range is data; dpl's frontends fold it too, and the kind of the call is the one TVM
+    # gives a range to a symbolic end (arange/symbolic): computed from the output index alone
+    ("arange", "arange", [], {"end": 8}, E),
+    ("arange/float", "arange", [], {"start": 0.5, "end": 4.0, "step": 0.5}, E),
 ]
 
 # Ops TVM 0.27 cannot legalize on the CPU: op -> (the kind dpl chose, why). FuseOps would see
@@ -275,6 +319,12 @@ UNLEGALIZED: dict[str, tuple[K, str]] = {}
 TYPE_DIFFERENCES = {
     "split/one": "Relax's split into one piece returns the tensor itself, dpl's a 1-tuple",
     "split/no-indices": "Relax's split into one piece returns the tensor itself, dpl's a 1-tuple",
+    # Relax clamps a slice's length (min(T, 128)), which no dpl dim can hold; dpl's type is the
+    # length when the bound holds, and a run-time check refuses sizes that break it
+    "strided_slice/symbolic-end": "Relax: min(T, 128); dpl: T, needing T <= 128",
+    "strided_slice/symbolic-end-both": "Relax: min(T, 128); dpl: T, needing T <= 128",
+    "strided_slice/symbolic-axis-last": "Relax: min(2**62, n) - min(max(n - 1, 0), n); dpl: 1, needing 1 <= n",
+    "strided_slice/symbolic-axis-head": "Relax: min(2, n); dpl: 2, needing 2 <= n",
 }
 
 # Calls dpl accepts that TVM 0.27 has no Relax form for, so no kind to compare: dpl's kind, why,
@@ -316,6 +366,7 @@ def dpl_built(op, args, attrs):
 # dpl op -> the Relax call. Every op takes its operands and attributes under the same names in
 # Relax (``rx.op.<name>(*operands, **attrs)``) except these four.
 RELAX_SPELLING = {
+    "arange": lambda r, end, start=0, step=1, dtype=None: r.arange(start, end, step, dtype),
     "clip": lambda r, x, min, max: r.clip(x, min, max),
     "full": lambda r, fill, shape, dtype=None: r.full(shape, fill, dtype),
     "zeros": lambda r, shape, dtype: r.zeros(shape, dtype),
@@ -354,11 +405,30 @@ def tvm_operand(spec, name, params, dims):
 
 def tvm_module(op, args, attrs):
     from tvm import relax as rx
+    from tvm import tirx
+    from tvm.script import relax as R
 
     params, dims = [], {}
     operands = [tvm_operand(a, f"x{i}", params, dims) for i, a in enumerate(args)]
-    if "shape" in attrs:  # a symbolic dimension of a shape attribute is the operands' variable
-        attrs = {**attrs, "shape": [dims[d] if isinstance(d, str) else d for d in attrs["shape"]]}
+    # a symbolic dimension in an attribute (a shape, a slice or range end) is the operands'
+    # variable; one no operand carries arrives as a shape parameter, as Relax needs it defined
+    fresh = []
+
+    def dim_var(d):
+        if d not in dims:
+            dims[d] = tirx.Var(d, "int64")
+            fresh.append(dims[d])
+        return dims[d]
+
+    def symbolic(v):
+        if isinstance(v, (list, tuple)):
+            return [symbolic(x) for x in v]
+        return dim_var(v) if isinstance(v, str) else v
+
+    kinds = dpl.ops.get_op(op).attrs
+    attrs = {k: symbolic(v) if kinds[k].kind in DIM_ATTR_KINDS else v for k, v in attrs.items()}
+    if fresh:
+        params.append(rx.Var("dims", R.Shape(fresh)))
     bb = rx.BlockBuilder()
     with bb.function("main", params):
         with bb.dataflow():
@@ -409,7 +479,7 @@ def test_kind_matches_tvm(tvm, cid, op, args, attrs, recorded):
 
 
 def test_every_registered_op_is_compared():
-    covered = {c[1] for c in CASES}
+    covered = {c[1] for c in CASES + FOLDED}
     missing = sorted(set(dpl.ops.all_ops()) - covered)
     assert not missing, f"ops with no case in CASES: {missing}"
     unknown = sorted(covered - set(dpl.ops.all_ops()))
@@ -426,6 +496,14 @@ def test_the_spec_cases_are_there():
     for op in ("nn.softmax", "nn.layer_norm", "matmul", "nn.conv2d", "nn.max_pool2d"):
         assert by_id[op] == O, op
     assert by_id["take"] == X
+
+
+@pytest.mark.parametrize("cid, op, args, attrs, kind", FOLDED, ids=[c[0] for c in FOLDED])
+def test_folded_calls_are_folded(tvm, cid, op, args, attrs, kind):
+    assert dpl_kind(op, args, attrs) == kind
+    assert tvm_kinds(op, args, attrs) == ([], []), f"{cid}: TVM no longer folds this call; move it to CASES"
+    relax_ty = tvm_module(op, args, attrs)["main"].ret_ty
+    assert type_text(relax_ty) == type_text(dpl_built(op, args, attrs).ty)
 
 
 @pytest.mark.parametrize("cid, op, args, attrs, kind, tvm_error", DPL_ONLY, ids=[c[0] for c in DPL_ONLY])

@@ -73,6 +73,33 @@ def max_pool_direct(x, k, s, pad):
     return out
 
 
+def avg_pool_direct(x, k, s, pad, include_pad):
+    """Each window's mean, written out: padding taps count only when include_pad."""
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * pad - k) // s + 1, (w + 2 * pad - k) // s + 1
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, c0 = i * s - pad, j * s - pad
+            rows = [r for r in range(r0, r0 + k) if 0 <= r < h]
+            cols = [q for q in range(c0, c0 + k) if 0 <= q < w]
+            total = x[:, :, rows][:, :, :, cols].astype(np.float64).sum(axis=(2, 3))
+            out[:, :, i, j] = total / (k * k if include_pad else len(rows) * len(cols))
+    return out
+
+
+def adaptive_direct(x, oh, ow):
+    """PyTorch's adaptive windows: [floor(i*H/OH), ceil((i+1)*H/OH))."""
+    h, w = x.shape[2:]
+    out = np.empty(x.shape[:2] + (oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, r1 = math.floor(i * h / oh), math.ceil((i + 1) * h / oh)
+            c0, c1 = math.floor(j * w / ow), math.ceil((j + 1) * w / ow)
+            out[:, :, i, j] = x[:, :, r0:r1, c0:c1].astype(np.float64).mean(axis=(2, 3))
+    return out
+
+
 a34, b34, row4, col3 = rand(3, 4), rand(3, 4), rand(4), rand(3, 1)
 p34 = pos(3, 4)
 x2d, w2d = rand(5, 8), rand(8, 6)
@@ -135,6 +162,16 @@ CASES = {
         ((img, ker), {"strides": 2, "groups": 2, "dilation": 2}, None),
     ],
     "nn.max_pool2d": [((img,), {"pool_size": 3, "strides": 2, "padding": 1}, max_pool_direct(img, 3, 2, 1))],
+    "nn.avg_pool2d": [
+        ((img,), {"pool_size": 3, "strides": 2, "padding": 1}, avg_pool_direct(img, 3, 2, 1, False)),
+        ((img,), {"pool_size": 3, "strides": 2, "padding": 1, "count_include_pad": True}, avg_pool_direct(img, 3, 2, 1, True)),
+        ((img,), {"pool_size": 2, "strides": 2}, avg_pool_direct(img, 2, 2, 0, False)),
+    ],
+    "nn.adaptive_avg_pool2d": [
+        ((img,), {"output_size": [3, 2]}, adaptive_direct(img, 3, 2)),
+        ((img,), {"output_size": 1}, img.astype(np.float64).mean(axis=(2, 3), keepdims=True)),
+        ((img,), {}, img),
+    ],
     "sum": [((x3d,), {"axis": [1, 2]}, x3d.astype(np.float64).sum(axis=(1, 2))), ((x3d,), {"axis": [-1], "keepdims": True}, x3d.sum(-1, keepdims=True))],
     "prod": [((p34,), {"axis": [0]}, p34.astype(np.float64).prod(0))],
     "mean": [((x3d,), {"axis": [-1], "keepdims": True}, x3d.astype(np.float64).sum(-1, keepdims=True) / 4)],
@@ -153,6 +190,14 @@ CASES = {
     "full": [((np.array(2.5, "float32"),), {"shape": [2, 3]}, 2.5 * np.ones((2, 3)))],
     "zeros": [((), {"shape": [2, 2], "dtype": "f16"}, np.zeros((2, 2), np.float16))],
     "ones": [((), {"shape": [3]}, np.ones(3, np.float32))],
+    "arange": [
+        ((), {"end": 5}, np.array([0, 1, 2, 3, 4], np.int64)),
+        ((), {"start": 2, "end": -7, "step": -3}, np.array([2, -1, -4], np.int64)),
+        ((), {"start": 0.5, "end": 2.0, "step": 0.5}, np.array([0.5, 1.0, 1.5], np.float32)),
+        ((), {"end": 3, "dtype": "f16"}, np.array([0, 1, 2], np.float16)),
+    ],
+    "triu": [((x3d,), {}, x3d * (np.arange(4)[None, :] >= np.arange(3)[:, None])), ((a34,), {"k": 2}, None)],
+    "tril": [((x3d,), {"k": -1}, x3d * (np.arange(4)[None, :] <= np.arange(3)[:, None] - 1)), ((a34,), {"k": 1}, None)],
 }
 
 
@@ -172,6 +217,10 @@ def expected_for(op, arrays, attrs, expected):
         return conv2d_direct(x, w, attrs.get("strides", 1), attrs.get("padding", 0), attrs.get("dilation", 1), attrs.get("groups", 1))
     if op == "squeeze":
         return arrays[0].reshape(3)
+    if op in ("triu", "tril"):
+        (x,), k = arrays, attrs["k"]
+        keep = [[(j - i >= k) if op == "triu" else (j - i <= k) for j in range(x.shape[1])] for i in range(x.shape[0])]
+        return np.where(keep, x, 0)
     raise AssertionError(op)
 
 
@@ -219,3 +268,64 @@ def test_bfloat16_accumulates_as_a_float():
     assert got.dtype == a.dtype
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(run_op("sum", (a,), axis=[-1]).astype(np.float64), a.astype(np.float64).sum(-1), rtol=1e-2, atol=1e-2)
+
+
+# -- symbolic dims in attributes ---------------------------------------------------------------
+
+
+def symbolic_slice(x_shape, **attrs):
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", x_shape)
+    extra = [fb.param("t", "f32", ("T",))] if any(d == "T" for d in attrs.get("end", ())) else []
+    return Module([fb.ret(fb.emit("strided_slice", x, **attrs))]), x, extra
+
+
+@pytest.mark.parametrize("shape, attrs, n, want", [
+    ((16, 3), dict(axes=[0], begin=[0], end=["T"]), 5, lambda x: x[:5]),  # a static buffer cut to a length
+    (("n", 3), dict(axes=[0], begin=[0], end=["n"]), 6, lambda x: x),
+    (("n", 3), dict(axes=[0], begin=[-2], end=[2**63 - 1]), 6, lambda x: x[-2:]),  # the last rows
+    (("n", 3), dict(axes=[0], begin=[-3], end=["n"]), 6, lambda x: x[-3:]),
+    (("n", 3), dict(axes=[0], begin=[-3], end=[-1]), 6, lambda x: x[-3:-1]),
+    (("n", 3), dict(axes=[0], begin=[1], end=[3]), 6, lambda x: x[1:3]),
+])
+def test_slices_over_symbolic_dims(shape, attrs, n, want):
+    mod, x, extra = symbolic_slice(shape, **attrs)
+    data = rand(*(n if d == "n" else d for d in shape))
+    args = [data] + ([rand(5)] if extra else [])
+    np.testing.assert_array_equal(dpl.interpret(mod, *args), want(data))
+
+
+@pytest.mark.parametrize("shape, attrs, short, message", [
+    ((16, 3), dict(axes=[0], begin=[0], end=["T"]), dict(t=20), "T=20"),
+    (("n", 3), dict(axes=[0], begin=[-4], end=[2**40]), dict(n=3), "n=3"),
+])
+def test_a_slice_beyond_its_dimension_is_an_error_not_a_shorter_tensor(shape, attrs, short, message):
+    mod, x, extra = symbolic_slice(shape, **attrs)
+    args = [rand(*(short.get("n") if d == "n" else d for d in shape))] + ([rand(short["t"])] if extra else [])
+    with pytest.raises(dpl.errors.InterpretError, match=f"op 'strided_slice' at .*{message}.*assumes more of the symbolic"):
+        dpl.interpret(mod, *args)
+
+
+@pytest.mark.parametrize("attrs, message", [
+    (dict(axes=[0], begin=[1], end=["n"]), "has length n - 1, which is no dimension"),
+    (dict(axes=[0], begin=[0], end=[2**40], strides=[2]), "only stride 1 slices a symbolic dimension"),
+    (dict(axes=[0], begin=[-2], end=[3]), "has a length that depends on n"),
+    (dict(axes=[0], begin=[1], end=[-1]), "has a length that depends on n"),
+])
+def test_slices_whose_length_is_no_dimension_are_refused(attrs, message):
+    with pytest.raises(dpl.errors.TypeInferenceError, match=message):
+        symbolic_slice(("n", 3), **attrs)
+
+
+def test_arange_to_a_symbolic_end_takes_its_length_from_an_input():
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", ("n", 2))
+    r = fb.emit("arange", end="n")
+    assert str(r.ty) == "i64[n]"
+    mod = Module([fb.ret(r)])
+    np.testing.assert_array_equal(dpl.interpret(mod, rand(6, 2)), np.arange(6))
+    with pytest.raises(dpl.errors.TypeInferenceError, match="must start at 0 with step 1"):
+        fb.emit("arange", start=1, end="n")
+    lonely = FunctionBuilder("main")
+    with pytest.raises(dpl.errors.InterpretError, match="names the symbolic dimension 'm', which no input of 'main' binds"):
+        dpl.interpret(Module([lonely.ret(lonely.emit("zeros", shape=["m"]))]))

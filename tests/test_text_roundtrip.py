@@ -109,7 +109,7 @@ class RandomModule:
         if not isinstance(t, dpl.TensorType):
             return None
         kind = self.pick(["unary", "binary", "binary_const", "reduce", "shape", "cast", "compare", "tensor_const",
-                          "nn", "concat", "split", "slice", "matmul", "clip", "create", "take"])
+                          "nn", "concat", "split", "slice", "matmul", "clip", "create", "take", "triangle"])
         is_float = t.dtype.startswith("float")
         if kind == "unary" and is_float:
             return fb.emit(self.pick(self.FLOAT_UNARY), x)
@@ -167,11 +167,15 @@ class RandomModule:
         if kind == "clip" and is_float:
             return fb.emit("clip", x, min=-1.0, max=float(r.random()))
         if kind == "create":
-            choice = self.pick(["zeros", "ones", "full"])
+            choice = self.pick(["zeros", "ones", "full", "arange"])
             shape = [int(d) for d in r.integers(1, 4, size=2)]
+            if choice == "arange":
+                return fb.emit("arange", end=t.shape[0] if t.shape and isinstance(t.shape[0], str) else int(r.integers(1, 6)))
             if choice == "full":
                 return fb.emit("full", self.scalar(t.dtype), shape=shape, dtype=self.pick([None, "f32"]))
             return fb.emit(choice, shape=shape, dtype=self.pick(["f32", "f16", "i64"]))
+        if kind == "triangle" and t.ndim >= 2:
+            return fb.emit(self.pick(["triu", "tril"]), x, k=int(r.integers(-2, 3)))
         if kind == "take" and t.ndim:
             idx = const(r.integers(0, 1, size=(2,)), "i64")
             return fb.emit("take", x, idx, axis=int(r.integers(0, t.ndim)) if r.random() < 0.7 else None)
@@ -214,6 +218,10 @@ def every_op_module():
     fb.emit("nn.layer_norm", x, g, g, epsilon=1e-3, center=False, name="v_layer_norm")
     fb.emit("nn.conv2d", img, k, strides=[2, 2], padding=[1, 1, 0, 0], dilation=1, groups=2, out_dtype="f32", name="v_conv2d")
     fb.emit("nn.max_pool2d", img, pool_size=3, strides=2, padding=1, ceil_mode=True, name="v_max_pool2d")
+    fb.emit("nn.avg_pool2d", img, pool_size=[3, 2], strides=2, padding=[1, 0], dilation=[1, 2], ceil_mode=True,
+            count_include_pad=True, name="v_avg_pool2d")
+    fb.emit("nn.adaptive_avg_pool2d", img, output_size=[3, 4], name="v_adaptive_avg_pool2d")
+    fb.emit("nn.adaptive_avg_pool2d", img, name="v_adaptive_same")
     for op in ["sum", "prod", "max", "min", "mean", "variance"]:
         fb.emit(op, x, axis=[-1], keepdims=True, name=f"v_{op}")
     fb.emit("sum", x, name="v_sum_all")
@@ -223,6 +231,8 @@ def every_op_module():
     parts = fb.emit("split", sq, indices_or_sections=[2, 5], axis=1, name="v_split")
     fb.item(parts, 2, name="v_part")
     fb.emit("strided_slice", sq, axes=[0, 1], begin=[1, 0], end=[7, 8], strides=[2, 3], name="v_strided_slice")
+    fb.emit("strided_slice", x, axes=[0, 1], begin=[-2, 0], end=[2**63 - 1, 4], name="v_slice_last_rows")
+    fb.emit("strided_slice", sq, axes=[0], begin=[0], end=["n"], name="v_slice_to_symbolic_end")
     fb.emit("take", sq, const(np.array([[0, 7], [3, 3]], np.int64), name="idx"), axis=1, name="v_take")
     fb.emit("broadcast_to", x, shape=[3, "n", 8], name="v_broadcast_to")
     fb.emit("expand_dims", x, axis=[0, -1], name="v_expand_dims")
@@ -230,6 +240,11 @@ def every_op_module():
     fb.emit("full", const(7, "i32"), shape=[2, "n"], name="v_full")
     fb.emit("zeros", shape=[3], dtype="u8", name="v_zeros")
     fb.emit("ones", shape=[1, 2], name="v_ones")
+    fb.emit("zeros", shape=["n", "n"], dtype="bool", name="v_zeros_symbolic")
+    fb.emit("arange", end="n", name="v_arange")
+    fb.emit("arange", start=0.5, end=-2.0, step=-0.25, dtype="f16", name="v_arange_float")
+    fb.emit("triu", sq, k=1, name="v_triu")
+    fb.emit("tril", fb.emit("full", const(float("-inf")), shape=["n", "n"], name="v_full_symbolic"), k=-2, name="v_tril")
     last = fb.emit("add", x, const(float("inf")), name="v_inf")
     return Module([fb.ret(last, fb.emit("multiply", x, const(-0.0), name="v_negzero"))])
 

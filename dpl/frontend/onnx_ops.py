@@ -322,64 +322,62 @@ def _conv(ctx: NodeContext):
     return ctx.emit("squeeze", y, axis=(2,)) if one_d else y
 
 
-def _pool_out(size: int, k: int, s: int, d: int, lo: int, hi: int, ceil: bool) -> int:
-    """ONNX's output size: with ceil_mode, a last window that would start in the end padding
-    is dropped."""
-    span = d * (k - 1) + 1
-    if not ceil:
-        return (size + lo + hi - span) // s + 1
-    out = -(-(size + lo + hi - span) // s) + 1
-    return out - 1 if (out - 1) * s >= size + lo else out
-
-
 def _max_pool(ctx: NodeContext):
     ctx.refuse_used_outputs(1, "Indices")
     ctx.attr("storage_order", 0)  # only affects Indices
     x = ctx.input(0)
     kernel = _kernel_shape(ctx, x.ty, "MaxPool")
     strides, dilations, pads = _window(ctx, x.ty, kernel, "MaxPool")
-    ceil = bool(ctx.attr("ceil_mode", 0))
-    want = [_pool_out(x.ty.shape[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + 2], ceil) for i in range(2)]
-    y = ctx.emit("nn.max_pool2d", x, pool_size=tuple(kernel), strides=tuple(strides), padding=tuple(pads),
-                 dilation=tuple(dilations), ceil_mode=ceil)
-    if list(y.ty.shape[2:]) != want:  # dpl's ceil_mode keeps a window ONNX drops
-        y = ctx.emit("strided_slice", y, axes=(2, 3), begin=(0, 0), end=tuple(want))
-    return y
+    # ONNX's ceil_mode drops a last window that would start in the end padding, as dpl's does
+    return ctx.emit("nn.max_pool2d", x, pool_size=tuple(kernel), strides=tuple(strides), padding=tuple(pads),
+                    dilation=tuple(dilations), ceil_mode=bool(ctx.attr("ceil_mode", 0)))
 
 
 def _average_pool(ctx: NodeContext):
-    """A depthwise convolution with a window of ones, divided by the window's count of input
-    elements (dpl has no average-pooling op; this is exact)."""
     x = ctx.input(0)
-    xt = x.ty
-    kernel = _kernel_shape(ctx, xt, "AveragePool")
-    strides, dilations, pads = _window(ctx, xt, kernel, "AveragePool")
-    include_pad = bool(ctx.attr("count_include_pad", 0))
-    ceil = bool(ctx.attr("ceil_mode", 0))
-    sizes = xt.shape[2:]
-    want = [_pool_out(sizes[i], kernel[i], strides[i], dilations[i], pads[i], pads[i + 2], ceil) for i in range(2)]
-    if ceil and want != [_pool_out(sizes[i], kernel[i], strides[i], dilations[i], pads[i], pads[i + 2], False) for i in range(2)]:
-        raise ctx.unsupported("ceil_mode", 1, "ceil_mode=1 only where it gives the floor-mode output size")
-    channels = xt.shape[1]
-    if isinstance(channels, str):
-        raise ctx.error(f"the channel dimension '{channels}' must be static for AveragePool")
-    dtype = _numpy_dtype(x)
-    ones = Constant(np.ones((channels, 1, *kernel), dtype=dtype))
-    sums = ctx.emit("nn.conv2d", x, ones, strides=tuple(strides), padding=tuple(pads), dilation=tuple(dilations), groups=channels)
-    counts = [_window_counts(sizes[i], kernel[i], strides[i], dilations[i], pads[i], want[i], include_pad) for i in range(2)]
-    count = np.outer(counts[0], counts[1])
-    if np.all(count == count.flat[0]):
-        return ctx.emit("divide", sums, Constant(np.asarray(count.flat[0], dtype=dtype)))
-    return ctx.emit("divide", sums, Constant(count.astype(dtype)))
+    kernel = _kernel_shape(ctx, x.ty, "AveragePool")
+    strides, dilations, pads = _window(ctx, x.ty, kernel, "AveragePool")
+    return ctx.emit("nn.avg_pool2d", x, pool_size=tuple(kernel), strides=tuple(strides), padding=tuple(pads),
+                    dilation=tuple(dilations), ceil_mode=bool(ctx.attr("ceil_mode", 0)),
+                    count_include_pad=bool(ctx.attr("count_include_pad", 0)))
 
 
-def _window_counts(size: int, k: int, s: int, d: int, lo: int, out: int, include_pad: bool) -> np.ndarray:
-    """How many elements each window along one axis averages: all its taps when padding counts
-    (every window lies in the padded input), else only its taps inside the input."""
-    if include_pad:
-        return np.full(out, k)
-    taps = np.arange(out)[:, None] * s - lo + np.arange(k)[None, :] * d
-    return ((taps >= 0) & (taps < size)).sum(axis=1)
+def _global_average_pool(ctx: NodeContext):
+    x = ctx.input(0)
+    if x.ty.ndim == 4 and all(isinstance(d, int) for d in x.ty.shape[2:]):
+        return ctx.emit("nn.adaptive_avg_pool2d", x, output_size=(1, 1))
+    return _global_pool("mean")(ctx)
+
+
+# -- masks and ranges -------------------------------------------------------------------------
+
+
+def _trilu(ctx: NodeContext):
+    k = ctx.ints_input(1, "k") if ctx.has_input(1) else [0]
+    if len(k) != 1:
+        raise ctx.error(f"k must hold one value, got {k}")
+    return ctx.emit("triu" if ctx.attr("upper", 1) else "tril", ctx.input(0), k=k[0])
+
+
+def _range(ctx: NodeContext):
+    """A range of constants folds; a range to a symbolic length (``Range(0, Gather(Shape(x), 1),
+    1)``) is the ``arange`` op, which needs start 0 and delta 1."""
+    bounds, dtype = [], None
+    for i, what in enumerate(("start", "limit", "delta")):
+        v = ctx.value(i)
+        if isinstance(v, ShapeValue):
+            if v.dims.ndim != 0:
+                raise ctx.error(f"{what} must be a scalar, got the shape {v}")
+            d = v.dims[()]
+            bounds.append(d if isinstance(d, str) else int(d))
+            continue
+        value = ctx.constant(i, what)
+        if value.size != 1:
+            raise ctx.error(f"{what} must be a scalar, got shape {list(value.shape)}")
+        bounds.append(value.item())
+        dtype = dtypes.from_numpy(value.dtype)
+    start, end, step = bounds
+    return ctx.emit("arange", start=start, end=end, step=step, dtype=dtype or "int64")
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -433,7 +431,7 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "Conv": OnnxOp(_conv, 1, 22),
     "MaxPool": OnnxOp(_max_pool, 1, 22),
     "AveragePool": OnnxOp(_average_pool, 1, 22),
-    "GlobalAveragePool": OnnxOp(_global_pool("mean"), 1, 22),
+    "GlobalAveragePool": OnnxOp(_global_average_pool, 1, 22),
     "GlobalMaxPool": OnnxOp(_global_pool("max"), 1, 22),
     # shapes and data movement
     "Reshape": OnnxOp(shapes.reshape, 5, 24),
@@ -452,4 +450,7 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "ConstantOfShape": OnnxOp(shapes.constant_of_shape, 9, 24),
     "Identity": OnnxOp(shapes.identity, 1, 24),
     "Dropout": OnnxOp(shapes.dropout, 7, 22),
+    # masks and ranges
+    "Trilu": OnnxOp(_trilu, 14, 14),
+    "Range": OnnxOp(_range, 11, 11),
 }

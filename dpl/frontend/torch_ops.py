@@ -428,16 +428,24 @@ def _sdpa(cx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     axes = list(range(k.ty.ndim - 2)) + [k.ty.ndim - 1, k.ty.ndim - 2]
     scores = cx.call("multiply", cx.call("matmul", q, cx.permute(k, axes)), cx.scalar(scale, dtype))
     if is_causal:
-        rows = cx.static(q.ty.shape[-2], "the query length of a causal attention")
-        cols = cx.static(k.ty.shape[-2], "the key length of a causal attention")
-        allowed = np.tril(np.ones((rows, cols), bool))
-        scores = cx.call("add", scores, cx.scalar(np.where(allowed, 0.0, -np.inf), dtype))
+        scores = cx.call("add", scores, _causal_mask(cx, q.ty.shape[-2], k.ty.shape[-2], dtype))
     if attn_mask is not None:
         mask = cx.tensor(attn_mask)
         if mask.ty.dtype == "bool":
             mask = cx.call("where", mask, cx.scalar(0.0, dtype), cx.scalar(-np.inf, dtype))
         scores = cx.call("add", scores, cx.cast(mask, dtype))
     return cx.call("matmul", cx.call("nn.softmax", scores, axis=-1), v)
+
+
+def _causal_mask(cx, rows, cols, dtype):
+    """0 where key j may be seen from query i (j <= i, torch's top-left alignment), -inf elsewhere:
+    a constant for static lengths, built from two ranges for symbolic ones."""
+    if isinstance(rows, int) and isinstance(cols, int):
+        allowed = np.tril(np.ones((rows, cols), bool))
+        return cx.scalar(np.where(allowed, 0.0, -np.inf), dtype)
+    query = cx.call("expand_dims", cx.call("arange", end=rows), axis=[1])
+    key = cx.call("expand_dims", cx.call("arange", end=cols), axis=[0])
+    return cx.call("where", cx.call("greater_equal", query, key), cx.scalar(0.0, dtype), cx.scalar(-np.inf, dtype))
 
 
 # -- convolution and pooling -------------------------------------------------------------------
@@ -494,35 +502,22 @@ def _max_pool2d_with_indices(cx, self, kernel_size, stride=(), padding=0, dilati
 
 @aten("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default")
 def _adaptive_avg_pool2d(cx, self, output_size):
-    """Mean over equal windows: the input's spatial size must be a multiple of the output's."""
     x = cx.tensor(self)
-    oh, ow = _pair(output_size)
-    h, w = (cx.static(d, "a pooled spatial dimension") for d in x.ty.shape[-2:])
-    if (oh, ow) == (1, 1):
-        return cx.call("mean", x, axis=[-2, -1], keepdims=True)
-    if h % oh or w % ow:
-        raise FrontendError(f"adaptive average pooling of {h}x{w} to {oh}x{ow} needs unequal windows, which dpl does "
-                            "not express")
-    return _window_mean(cx, x, oh, h // oh, ow, w // ow)
+    if x.ty.ndim != 4:
+        raise FrontendError(f"only batched 2-D pooling (rank-4 input) is supported, got {x.ty}")
+    return cx.call("nn.adaptive_avg_pool2d", x, output_size=_pair(output_size))
 
 
 @aten("avg_pool2d.default")
 def _avg_pool2d(cx, self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
-    """Non-overlapping windows only (stride = kernel, no padding), as a mean over a reshape."""
     x = cx.tensor(self)
-    kh, kw = _pair(kernel_size)
-    sh, sw = _pair(stride) if stride else (kh, kw)
-    h, w = (cx.static(d, "a pooled spatial dimension") for d in x.ty.shape[-2:])
-    if (sh, sw) != (kh, kw) or any(_pair(padding)) or divisor_override is not None or h % kh or w % kw:
-        raise FrontendError("only average pooling over non-overlapping, unpadded windows that tile the input is supported")
-    return _window_mean(cx, x, h // kh, kh, w // kw, kw)
-
-
-def _window_mean(cx, x, oh, kh, ow, kw):
-    lead = list(x.ty.shape[:-2])
-    tiles = cx.call("reshape", x, shape=lead + [oh, kh, ow, kw])
-    return cx.call("mean", tiles, axis=[-3, -1], keepdims=False)
+    if divisor_override is not None:
+        raise FrontendError(f"argument 'divisor_override={divisor_override}' is not supported")
+    if x.ty.ndim != 4:
+        raise FrontendError(f"only batched 2-D pooling (rank-4 input) is supported, got {x.ty}")
+    return cx.call("nn.avg_pool2d", x, pool_size=_pair(kernel_size), strides=_pair(stride) if stride else _pair(kernel_size),
+                   padding=_pair(padding), ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
 
 
 # -- shapes and data movement ------------------------------------------------------------------
@@ -637,20 +632,24 @@ def _chunk(cx, self, chunks, dim=0):
     return _split_at(cx, x, list(range(step, size, step)), dim)
 
 
+_TO_END = 2**63 - 1  # torch's end for "to the end"
+
+
 @aten("slice.Tensor")
 def _slice(cx, self, dim=0, start=None, end=None, step=1):
+    """A slice; along a symbolic dimension, or to a symbolic end, it must have a length a dpl
+    type can hold (``x[:, -1:]``, ``mask[:seq]``): the strided_slice op says which do."""
     x = cx.tensor(self)
     axis = _axis(dim, x.ty.ndim)
     size = x.ty.shape[axis]
     start = 0 if start is None else start
-    if isinstance(size, str):
-        if start == 0 and step == 1 and (end is None or end == size or (isinstance(end, int) and end >= 2**62)):
-            return x  # the whole of a symbolic dimension
-        raise FrontendError(f"slicing the symbolic dimension '{size}' is not supported")
-    if not isinstance(start, int) or (end is not None and not isinstance(end, int)):
-        raise FrontendError(f"slice bounds {start}:{end} must be static")
-    end = size if end is None else min(end, size)
-    if (start, end, step) == (0, size, 1):
+    end = _TO_END if end is None else end
+    if isinstance(start, str):
+        raise FrontendError(f"slice start '{start}' is symbolic; dpl slices from a static start")
+    if isinstance(size, int) and isinstance(end, int):
+        end = min(end, size)
+    whole = end == size or (isinstance(end, int) and end >= _TO_END)
+    if start == 0 and step == 1 and whole:
         return x
     return cx.call("strided_slice", x, axes=[axis], begin=[start], end=[end], strides=[int(step)])
 
@@ -659,11 +658,13 @@ def _slice(cx, self, dim=0, start=None, end=None, step=1):
 def _select(cx, self, dim, index):
     x = cx.tensor(self)
     axis = _axis(dim, x.ty.ndim)
-    size = cx.static(x.ty.shape[axis], "the selected dimension")
-    if not isinstance(index, int) or not -size <= index < size:
+    size = x.ty.shape[axis]
+    if not isinstance(index, int) or (isinstance(size, int) and not -size <= index < size):
         raise FrontendError(f"index {index} is not a static index into dimension {axis} of size {size}")
-    index %= size
-    row = cx.call("strided_slice", x, axes=[axis], begin=[index], end=[index + 1], strides=[1])
+    if isinstance(size, int):
+        index %= size
+    end = _TO_END if index == -1 else index + 1  # along a symbolic size, -1 is the last element
+    row = cx.call("strided_slice", x, axes=[axis], begin=[index], end=[end], strides=[1])
     return cx.call("squeeze", row, axis=[axis])
 
 
@@ -707,29 +708,40 @@ def _scalar_tensor(cx, s, *, dtype=None):
     return cx.scalar(s, cx.out_dtype)
 
 
+@aten("new_full.default")
+def _new_full(cx, self, size, fill_value, *, dtype=None):
+    return cx.call("full", cx.scalar(fill_value, cx.out_dtype), shape=list(size))
+
+
+@aten("new_zeros.default", "new_ones.default")
+def _new_zeros_ones(cx, self, size, *, dtype=None):
+    op = "zeros" if str(cx.node.target).startswith("aten.new_zeros") else "ones"
+    return cx.call(op, shape=list(size), dtype=cx.out_dtype)
+
+
 @aten("arange.default", "arange.start", "arange.start_step")
 def _arange(cx, start, end=None, step=1, *, dtype=None):
-    """A static range is a constant; a range over a symbolic length has no dpl op."""
+    """A static range is a constant; a range to a symbolic length ``torch.arange(seq)`` is the
+    ``arange`` op (it must start at 0 with step 1, so its length is the dimension)."""
     start, end = (0, start) if end is None else (start, end)
+    if isinstance(end, str) and not isinstance(start, str) and not isinstance(step, str):
+        return cx.call("arange", start=start, end=end, step=step, dtype=cx.out_dtype)
     for name, value in (("start", start), ("end", end), ("step", step)):
         if not isinstance(value, (int, float)):
             raise FrontendError(f"a range with the symbolic {name} '{value}' has no dpl op",
-                                hint="make the length static, or compute the tensor outside the model and pass it in")
+                                hint="only the end of a range may be symbolic")
     return cx.scalar(np.arange(start, end, step), cx.out_dtype)
 
 
-def _triangle(keep):
+def _triangle(op):
     def translate(cx, self, diagonal=0):
-        x = cx.tensor(self)
-        rows, cols = (cx.static(d, "a dimension of a triangular mask") for d in x.ty.shape[-2:])
-        mask = keep(np.ones((rows, cols), bool), diagonal)
-        return cx.call("where", cx.scalar(mask, "bool"), x, cx.scalar(0, x.ty.dtype))
+        return cx.call(op, cx.tensor(self), k=int(diagonal))
 
     return translate
 
 
-aten("triu.default")(_triangle(np.triu))
-aten("tril.default")(_triangle(np.tril))
+aten("triu.default")(_triangle("triu"))
+aten("tril.default")(_triangle("tril"))
 
 
 def _unavailable(what: str):

@@ -36,9 +36,10 @@ _BIN = {
 }
 
 
-def evaluate(kernel: Kernel, *arrays: Any) -> Any:
-    """The kernel's outputs for these inputs: one array, or a tuple for several outputs."""
-    outs = _Run(kernel, arrays).outputs()
+def evaluate(kernel: Kernel, *arrays: Any, dims: dict[str, int] | None = None) -> Any:
+    """The kernel's outputs for these inputs: one array, or a tuple for several outputs.
+    ``dims`` gives symbolic dims that only the outputs carry (``arange(end=n)``)."""
+    outs = _Run(kernel, arrays, dims or {}).outputs()
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -50,7 +51,7 @@ def _lift(a: np.ndarray, ndim: int) -> np.ndarray:
 
 
 class _Run:
-    def __init__(self, kernel: Kernel, arrays):
+    def __init__(self, kernel: Kernel, arrays, given_dims: dict[str, int]):
         self.k = kernel
         if len(arrays) != len(kernel.params):
             raise KernelEvalError(f"kernel '{kernel.name}' takes {len(kernel.params)} inputs, got {len(arrays)}")
@@ -66,6 +67,15 @@ class _Run:
                 if want != got:
                     raise KernelEvalError(f"kernel '{kernel.name}': input '{buf.name}' expects {buf}, got shape {list(a.shape)}")
             self.buffers[buf.name] = a
+        for d, n in given_dims.items():
+            self.dims.setdefault(d, n)
+        unbound = [d for d in kernel.dims if d not in self.dims]
+        if unbound:
+            raise KernelEvalError(f"kernel '{kernel.name}': no input binds dimension '{unbound[0]}'; pass it in dims=")
+        try:
+            kernel.check_requires(self.dims)
+        except DplError as err:
+            raise KernelEvalError(err.message) from None
         self.buffers.update(kernel.constants)
         self.out: dict[str, np.ndarray] = {}
         self.written: dict[str, np.ndarray] = {}

@@ -181,6 +181,21 @@ class Kernel:
     body: tuple[Stmt, ...] = attrs.field(converter=tuple)
     kind: str = "elementwise"
     constants: Mapping[str, np.ndarray] = attrs.field(converter=_frozen, factory=dict)
+    # (small, large) pairs of dims the sizes must satisfy, small <= large: what a slice to a
+    # symbolic end assumes (``[0:T]`` of 128 rows reads in bounds only for T <= 128). Backends
+    # check them before running the kernel, so a violation is an error and never a stray read
+    requires: tuple[tuple[Dim, Dim], ...] = attrs.field(converter=tuple, default=())
+
+    def check_requires(self, dims: Mapping[str, int]) -> None:
+        """A DplError naming the first requirement the bound ``dims`` break."""
+        from dpl.errors import DplError
+
+        for small, large in self.requires:
+            a, b = (dims[d] if isinstance(d, str) else d for d in (small, large))
+            if a > b:
+                got = ", ".join(f"{d}={v}" for d, v in ((small, a), (large, b)) if isinstance(d, str))
+                raise DplError(f"kernel '{self.name}' needs {small} <= {large} (a slice must lie within its "
+                               f"dimension), got {got}")
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -289,6 +304,8 @@ def print_kernel(k: Kernel) -> str:
     lines = [f"kernel {k.name} [{k.kind}] ({params}) -> ({outputs}):"]
     for name, value in k.constants.items():
         lines.append(f"  const {name}: {dtypes.short(dtypes.from_numpy(value.dtype))}{list(value.shape)}")
+    for small, large in k.requires:
+        lines.append(f"  requires {small} <= {large}")
     _print_stmts(k.body, 1, lines)
     return "\n".join(lines)
 
@@ -325,6 +342,11 @@ def free_vars(node) -> frozenset[str]:
     if isinstance(node, Loop):
         return (_block_free(node.body, frozenset()) - {node.var.name}) | free_vars(node.extent)
     raise TypeError(f"not a kernel node: {node!r}")
+
+
+def block_free_vars(stmts) -> frozenset[str]:
+    """Names a statement sequence reads and does not define: a kernel body's symbolic dims."""
+    return _block_free(stmts, frozenset())
 
 
 def _block_free(stmts, tail: frozenset[str]) -> frozenset[str]:

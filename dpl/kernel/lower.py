@@ -224,6 +224,7 @@ class Lowerer:
         self.constants: dict[str, np.ndarray] = {}
         self.const_names: dict[int, str] = {}
         self.anchors: list[str] = []
+        self.requires: list[tuple] = []  # (small, large) dims a rule's index map assumes
         self.scopes: list[list] = [[]]
         self.depth: dict[str, int] = {}
         self.memo: dict = {}
@@ -441,7 +442,14 @@ class Lowerer:
         for shape, stores in nests:
             body.extend(self.ordered_nest(shape, stores))
         params = [Buffer(p.name, p.ty.shape, p.ty.dtype) for p in fn.params]
-        return Kernel(name, params, outputs, body, classify(body, self.anchors), self.constants)
+        kernel = Kernel(name, params, outputs, body, classify(body, self.anchors), self.constants,
+                        tuple(dict.fromkeys(self.requires)))
+        requires = {d for pair in kernel.requires for d in pair if isinstance(d, str)}
+        unknown = sorted((ir.block_free_vars(body) | requires) - set(kernel.dims))
+        if unknown:  # e.g. arange(end=n) reduced away: no buffer tells the kernel what n is
+            raise LoweringError(f"function '{fn.name}': symbolic dimension(s) {', '.join(unknown)} appear in no "
+                                "parameter or result, so the kernel cannot know their values")
+        return kernel
 
 
 def fit_axes(sub: tuple, shape: tuple) -> list | None:

@@ -13,12 +13,16 @@ from typing import Callable
 
 import numpy as np
 
+from dpl import dtypes
 from dpl.ir.expr import Call, Tuple, TupleGetItem, Var as IRVar
 from dpl.kernel import ir
-from dpl.kernel.ir import Bin
+from dpl.kernel.ir import INDEX, Bin
 from dpl.kernel.lower import (
     Lowerer, LoweringError, accum_dtype, add, broadcast_index, conj, const, dim, div, idx_const, mod, mul, sub,
 )
+from dpl.ops._slices import slice_axes
+from dpl.ops.nn import adaptive_windows, avg_pool_axis
+from dpl.ops.registry import call_info
 
 Rule = Callable[[Lowerer, Call, tuple], ir.Expr]
 RULES: dict[str, Rule] = {}
@@ -115,11 +119,11 @@ def _squeeze(lw, c, idx):
 def _strided_slice(lw, c, idx):
     x = c.args[0]
     src = list(idx)
-    strides = c.attrs["strides"] or (1,) * len(c.attrs["axes"])
-    for a, b, e, s in zip(c.attrs["axes"], c.attrs["begin"], c.attrs["end"], strides):
-        a %= x.ty.ndim
-        start = range(x.ty.shape[a])[slice(b, e, s)].start
-        src[a] = add(idx_const(start), mul(idx[a], idx_const(s)))
+    for sl in slice_axes(call_info(c), x.ty):
+        # counted from the end of a symbolic n: n - k
+        start = add(dim(sl.start[0]), idx_const(sl.start[1])) if isinstance(sl.start, tuple) else idx_const(sl.start)
+        src[sl.axis] = add(start, mul(idx[sl.axis], idx_const(sl.stride)))
+        lw.requires.extend(sl.requires)
     return lw.value(x, tuple(src))
 
 
@@ -196,6 +200,25 @@ def _full(lw, c, idx):
 @rule("zeros", "ones")
 def _zeros_ones(lw, c, idx):
     return const(0 if c.op == "zeros" else 1, c.ty.dtype)
+
+
+@rule("arange")
+def _arange(lw, c, idx):
+    start, step = c.attrs["start"], c.attrs["step"]
+    (i,) = idx
+    if isinstance(start, int) and isinstance(step, int):
+        return lw.cast(add(idx_const(start), mul(i, idx_const(step))), c.ty.dtype)
+    # the reference computes start + i * step in float64, then rounds to the dtype
+    at = lw.op("add", const(start, "float64"), lw.op("multiply", lw.cast(i, "float64"), const(step, "float64")))
+    return lw.cast(at, c.ty.dtype)
+
+
+@rule("triu", "tril")
+def _triangle(lw, c, idx):
+    row, col = idx[-2], idx[-1]
+    diagonal = add(row, idx_const(c.attrs["k"]))
+    keep = Bin(">=", col, diagonal) if c.op == "triu" else Bin("<=", col, diagonal)
+    return ir.Select(keep, lw.value(c.args[0], idx), const(0, c.ty.dtype))
 
 
 # -- reductions --------------------------------------------------------------------------------
@@ -351,6 +374,77 @@ def _max_pool2d(lw, c, idx):
         return lw.guard(conj(hy_ok, wx_ok), lambda: lw.value(x, (n, ch, hy, wx)), const(lowest, dtype))
 
     return lw.reduce("pool", "maximum", dtype, [KH, KW], window)
+
+
+def _table(lw, hint: str, values: np.ndarray, dtype: str, idx: tuple) -> ir.Expr:
+    """``values`` (known at lowering) at ``idx``: a constant when they are all equal, else a
+    constant buffer the kernel reads."""
+    values = np.asarray(values)
+    if np.all(values == values.flat[0]):
+        return const(values.flat[0].item(), dtype)
+    name = lw.fresh(hint)
+    lw.constants[name] = values.astype(dtypes.to_numpy(dtype))
+    return lw.load(name, dtype, idx)
+
+
+@rule("nn.avg_pool2d")
+def _avg_pool2d(lw, c, idx):
+    x = c.args[0]
+    _, _, H, W = x.ty.shape
+    KH, KW = _pair(c.attrs["pool_size"])
+    sh, sw = _pair(c.attrs["strides"])
+    dh, dw = _pair(c.attrs["dilation"])
+    pt, pl, pb, pr = _pads(c.attrs["padding"])
+    _, _, OH, OW = c.ty.shape
+    n, ch, oy, ox = idx
+    lw.anchors.append("pool")
+    acc = accum_dtype(x.ty.dtype)
+
+    def window(rvars):
+        ky, kx = rvars
+        hy, hy_ok = _window(lw, oy, ky, sh, dh, pt, H, OH, KH)
+        wx, wx_ok = _window(lw, ox, kx, sw, dw, pl, W, OW, KW)
+        return lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, (n, ch, hy, wx)), acc), const(0, acc))
+
+    total = lw.reduce("pool", "add", acc, [KH, KW], window)
+    include = c.attrs["count_include_pad"]
+    _, div_h = avg_pool_axis(H, KH, sh, dh, pt, pb, OH, include)
+    _, div_w = avg_pool_axis(W, KW, sw, dw, pl, pr, OW, include)
+    divisor = _table(lw, "divisor", np.outer(div_h, div_w), acc, (oy, ox))
+    return lw.cast(lw.op("divide", total, divisor), c.ty.dtype)
+
+
+@rule("nn.adaptive_avg_pool2d")
+def _adaptive_avg_pool2d(lw, c, idx):
+    x = c.args[0]
+    _, _, H, W = x.ty.shape
+    _, _, OH, OW = c.ty.shape
+    n, ch, oy, ox = idx
+    lw.anchors.append("pool")
+    acc = accum_dtype(x.ty.dtype)
+    axes = []
+    for size, out, o in ((H, OH, oy), (W, OW, ox)):
+        starts, ends = adaptive_windows(size, out)
+        lengths = ends - starts
+        widest = int(lengths.max())
+        # windows of one length need no bounds test; equal windows tiling the axis, no table
+        length = None if np.all(lengths == widest) else _table(lw, "length", lengths, INDEX, (o,))
+        if length is None and np.all(starts == np.arange(out) * widest):
+            axes.append((mul(o, idx_const(widest)), widest, None))
+        else:
+            axes.append((_table(lw, "start", starts, INDEX, (o,)), widest, length))
+
+    def window(rvars):
+        pos, inside = [], []
+        for (start, _, length), r in zip(axes, rvars):
+            pos.append(add(start, r))
+            inside.append(None if length is None else Bin("<", r, length))
+        return lw.guard(conj(*inside), lambda: lw.cast(lw.value(x, (n, ch, *pos)), acc), const(0, acc))
+
+    total = lw.reduce("pool", "add", acc, [axes[0][1], axes[1][1]], window)
+    counts = [np.diff(np.stack(adaptive_windows(size, out)), axis=0)[0] for size, out in ((H, OH), (W, OW))]
+    divisor = _table(lw, "divisor", np.outer(*counts), acc, (oy, ox))
+    return lw.cast(lw.op("divide", total, divisor), c.ty.dtype)
 
 
 # -- high-level row ops ------------------------------------------------------------------------

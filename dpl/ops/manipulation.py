@@ -1,15 +1,18 @@
 """Data movement and creation: reshape, transpose, concat/split, slicing, gather, broadcast,
-expand/squeeze, full/zeros/ones. Injective in TVM unless the index map is simpler: a call that
+expand/squeeze, full/zeros/ones, arange, triu/tril. Injective in TVM unless the index map is simpler: a call that
 reads its input at the output index (an identity permutation, a slice from 0 with stride 1, a
 split into one piece) is ElemWise, as TVM finds by looking at the loads of the kernel."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from dpl import dtypes
 from dpl.ir.types import TensorType, TupleType
 from dpl.ops._shapes import dim_product, fmt_dims, normalize_axes, normalize_axis
+from dpl.ops._slices import slice_axes, sliced_shape
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
 
 K = OpPatternKind
@@ -180,36 +183,22 @@ register(
 # -- strided_slice -----------------------------------------------------------------------------
 
 
-def _slice_bounds(size: int, begin: int, end: int, stride: int):
-    return range(size)[slice(begin, end, stride)]
-
-
 def _infer_strided_slice(info: CallInfo) -> TensorType:
     x = info.tensor(0)
-    axes, begin, end = info.attrs["axes"], info.attrs["begin"], info.attrs["end"]
-    strides = info.attrs["strides"] or (1,) * len(axes)
-    if not len(axes) == len(begin) == len(end) == len(strides):
-        raise info.error("axes, begin, end and strides must have the same length")
-    if 0 in strides:
-        raise info.error("strides must not be 0")
-    shape = list(x.shape)
-    for a, b, e, s in zip(normalize_axes(info, axes, x.ndim), begin, end, strides):
-        if isinstance(shape[a], str):
-            raise info.error(f"cannot slice symbolic dimension '{shape[a]}' of {info.operand(0)}")
-        shape[a] = len(_slice_bounds(shape[a], b, e, s))
-    return TensorType(tuple(shape), x.dtype)
+    return TensorType(sliced_shape(x, slice_axes(info, x)), x.dtype)
 
 
 def _strided_slice_kind(info: CallInfo, out) -> OpPatternKind:
     # TVM: a slice from 0 with stride 1 reads x at the output index itself, so it is ElemWise;
-    # the begin counts after Python's normalisation (-8 of 8 is 0; so is -100)
+    # the begin counts after Python's normalisation (-8 of 8 is 0; so is -100). Slicing a
+    # symbolic dimension legalizes into clamped, run-time index arithmetic: Opaque
     x = info.tensor(0)
-    axes = normalize_axes(info, info.attrs["axes"], x.ndim)
-    strides = info.attrs["strides"] or (1,) * len(axes)
-    for a, b, s in zip(axes, info.attrs["begin"], strides):
-        if s != 1 or range(x.shape[a])[b:].start != 0:
-            return K.INJECTIVE
-    return K.ELEMWISE
+    slices = slice_axes(info, x)
+    if any(isinstance(x.shape[sl.axis], str) for sl in slices):
+        return K.OPAQUE
+    if all(sl.stride == 1 and sl.start == 0 for sl in slices):
+        return K.ELEMWISE
+    return K.INJECTIVE
 
 
 def _strided_slice_ref(x, axes, begin, end, strides):
@@ -223,11 +212,11 @@ def _strided_slice_ref(x, axes, begin, end, strides):
 register(
     "strided_slice",
     num_args=1,
-    attrs={"axes": AttrSpec("ints"), "begin": AttrSpec("ints"), "end": AttrSpec("ints"), "strides": AttrSpec("ints", default=None)},
+    attrs={"axes": AttrSpec("ints"), "begin": AttrSpec("ints"), "end": AttrSpec("dims"), "strides": AttrSpec("ints", default=None)},
     infer=_infer_strided_slice,
     kind=_strided_slice_kind,
     ref=_strided_slice_ref,
-    doc="x[begin:end:stride] along the given axes (Python slice rules)",
+    doc="x[begin:end:stride] along the given axes (Python slice rules; an end may be a symbolic dim)",
 )
 
 # -- take --------------------------------------------------------------------------------------
@@ -375,3 +364,69 @@ def _creation(name, value):
 
 _creation("zeros", 0)
 _creation("ones", 1)
+
+
+# -- arange and triangles ----------------------------------------------------------------------
+
+
+def _arange_dtype(start, end, step, dtype) -> str:
+    """Relax's rule: the given dtype, else float32 when a bound is a float, else int64."""
+    if dtype is not None:
+        return dtype
+    return "float32" if any(isinstance(v, float) for v in (start, end, step)) else "int64"
+
+
+def _infer_arange(info: CallInfo) -> TensorType:
+    start, end, step = info.attrs["start"], info.attrs["end"], info.attrs["step"]
+    dtype = _arange_dtype(**info.attrs)
+    if isinstance(start, str) or isinstance(step, str):
+        raise info.error(f"start {start!r} and step {step!r} must be numbers; only the end may be a symbolic dimension")
+    if step == 0:
+        raise info.error("step must not be 0")
+    if isinstance(end, str):
+        if (start, step) != (0, 1):
+            raise info.error(f"a range to the symbolic end '{end}' must start at 0 with step 1 (its length must be a "
+                             f"dimension), got start {start} and step {step}")
+        return TensorType((end,), dtype)
+    return TensorType((max(0, math.ceil((end - start) / step)),), dtype)
+
+
+def _arange_ref(start, end, step, dtype):
+    n = max(0, math.ceil((end - start) / step))
+    return (start + step * np.arange(n, dtype=np.float64)).astype(dtypes.to_numpy(_arange_dtype(start, end, step, dtype)))
+
+
+register(
+    "arange",
+    num_args=0,
+    attrs={
+        "start": AttrSpec("scalar_or_dim", default=0),
+        "end": AttrSpec("scalar_or_dim"),
+        "step": AttrSpec("scalar_or_dim", default=1),
+        "dtype": AttrSpec("dtype", default=None),
+    },
+    infer=_infer_arange,
+    # TVM computes it from the output index alone; a static range it folds into a constant
+    kind=K.ELEMWISE,
+    ref=_arange_ref,
+    doc="start, start + step, ... below end; the end may be a symbolic dimension (then start 0, step 1)",
+)
+
+
+def _infer_triangle(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    if x.ndim < 2:
+        raise info.error(f"operand {info.operand(0)} must have rank >= 2 (the triangle is over its last two axes)")
+    return x
+
+
+for _name, _keep in (("triu", np.triu), ("tril", np.tril)):
+    register(
+        _name,
+        num_args=1,
+        attrs={"k": AttrSpec("int", default=0)},
+        infer=_infer_triangle,
+        kind=K.ELEMWISE,  # x read at the output index, or a zero
+        ref=lambda x, k, _keep=_keep: _keep(x, k),
+        doc=f"x with the elements {'below' if _name == 'triu' else 'above'} diagonal k of the last two axes zeroed",
+    )

@@ -1,6 +1,7 @@
 """Neural-network ops with internal structure: matrix product, normalisations, softmax,
 convolution and pooling. All OutEWiseFusable in TVM (they can absorb elementwise epilogues),
-except a matmul with a 1-D operand, which TVM sees as a plain CommReduce."""
+except a matmul with a 1-D operand, which TVM sees as a plain CommReduce, and an adaptive pooling
+whose windows vary in length along both axes, which it sees as Opaque."""
 
 from __future__ import annotations
 
@@ -193,8 +194,17 @@ def _window_out(info, size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode=
     total = size + pad_lo + pad_hi - span
     if total < 0:
         raise info.error(f"window {kernel} (dilation {dilation}) is larger than the padded input {size + pad_lo + pad_hi}")
-    out = (total + stride - 1) // stride + 1 if ceil_mode else total // stride + 1
-    return out
+    return pool_out(size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode)
+
+
+def pool_out(size: int, kernel: int, stride: int, dilation: int, pad_lo: int, pad_hi: int, ceil_mode: bool) -> int:
+    """Windows along one axis, as TVM 0.27 (and PyTorch) count them: with ``ceil_mode`` a last,
+    partial window is kept only when it starts inside the input or its leading padding."""
+    total = size + pad_lo + pad_hi - (dilation * (kernel - 1) + 1)
+    if not ceil_mode:
+        return total // stride + 1
+    out = (total + stride - 1) // stride + 1
+    return out - 1 if (out - 1) * stride >= size + pad_lo else out
 
 
 def _check_layout(info: CallInfo, key: str, want: str):
@@ -318,4 +328,128 @@ register(
     kind=FUSABLE,
     ref=_max_pool2d_ref,
     doc="2-D max pooling, NCHW",
+)
+
+# -- average pooling ---------------------------------------------------------------------------
+
+
+def avg_pool_axis(size: int, kernel: int, stride: int, dilation: int, pad_lo: int, pad_hi: int, out: int,
+                  count_include_pad: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Along one axis: where each window's first tap lies in the input (negative inside the
+    leading padding), and how many taps it averages. TVM (and PyTorch) count padding taps when
+    ``count_include_pad``, but never the taps a ceil-mode window hangs past the padding."""
+    starts = np.arange(out) * stride - pad_lo
+    taps = starts[:, None] + np.arange(kernel)[None, :] * dilation
+    lo, hi = (-pad_lo, size + pad_hi) if count_include_pad else (0, size)
+    return starts, np.maximum(((taps >= lo) & (taps < hi)).sum(axis=1), 1)
+
+
+def _pool_geometry(info: CallInfo):
+    """(kernel, strides, dilation, (top, left, bottom, right)) of a pooling call."""
+    return _pair(info, "pool_size"), _pair(info, "strides"), _pair(info, "dilation"), _padding(info)
+
+
+def _infer_avg_pool2d(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    if not x.dtype.startswith(("float", "bfloat")):
+        raise info.error(f"operand {info.operand(0)} must have a floating-point dtype")
+    return _infer_max_pool2d(info)
+
+
+def _avg_pool2d_ref(x, pool_size, strides, padding, dilation, ceil_mode, count_include_pad, layout):
+    attrs = dict(pool_size=pool_size, strides=strides, padding=padding, dilation=dilation, ceil_mode=ceil_mode,
+                 count_include_pad=count_include_pad, layout=layout)
+    info = CallInfo("nn.avg_pool2d", (TensorType(x.shape, str(x.dtype)),), attrs)
+    oh, ow = _infer_max_pool2d(info).shape[2:]
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = _pool_geometry(info)
+    h, w = x.shape[2:]
+    rows, div_h = avg_pool_axis(h, kh, sh, dh, pt, pb, oh, count_include_pad)
+    cols, div_w = avg_pool_axis(w, kw, sw, dw, pl, pr, ow, count_include_pad)
+    hi_h = max(pb, rows[-1] + dh * (kh - 1) + 1 - h)
+    hi_w = max(pr, cols[-1] + dw * (kw - 1) + 1 - w)
+    xp = np.pad(_f64(x), ((0, 0), (0, 0), (pt, hi_h), (pl, hi_w)))
+    total = np.zeros(x.shape[:2] + (oh, ow))
+    for ki in range(kh):
+        for kj in range(kw):
+            total += xp[:, :, ki * dh : ki * dh + sh * (oh - 1) + 1 : sh, kj * dw : kj * dw + sw * (ow - 1) + 1 : sw]
+    return (total / np.outer(div_h, div_w)).astype(x.dtype)
+
+
+_POOL_ATTRS = {
+    "pool_size": AttrSpec("ints_or_int", default=(1, 1)),
+    "strides": AttrSpec("ints_or_int", default=(1, 1)),
+    "padding": AttrSpec("ints_or_int", default=(0, 0, 0, 0)),
+    "dilation": AttrSpec("ints_or_int", default=(1, 1)),
+    "ceil_mode": AttrSpec("bool", default=False),
+}
+
+register(
+    "nn.avg_pool2d",
+    num_args=1,
+    attrs={**_POOL_ATTRS, "count_include_pad": AttrSpec("bool", default=False), "layout": AttrSpec("str", default="NCHW")},
+    infer=_infer_avg_pool2d,
+    kind=FUSABLE,
+    ref=_avg_pool2d_ref,
+    doc="2-D average pooling, NCHW; padding counts in the divisor only with count_include_pad",
+)
+
+
+def adaptive_windows(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Window ``i`` of ``out`` over ``size`` elements: [floor(i*size/out), ceil((i+1)*size/out))."""
+    i = np.arange(out)
+    starts = (i * size) // out
+    ends = -((-(i + 1) * size) // out)
+    return starts, ends
+
+
+def _adaptive_output(info: CallInfo, x: TensorType) -> tuple[int, int]:
+    size = info.attrs["output_size"]
+    if size is None:
+        return x.shape[2], x.shape[3]
+    oh, ow = _pair(info, "output_size")
+    if oh < 1 or ow < 1:
+        raise info.error(f"output_size {[oh, ow]} must be positive")
+    return oh, ow
+
+
+def _infer_adaptive_avg_pool2d(info: CallInfo) -> TensorType:
+    _check_layout(info, "layout", "NCHW")
+    x = info.tensor(0)
+    if x.ndim != 4:
+        raise info.error(f"operand {info.operand(0)} must have rank 4")
+    if not x.dtype.startswith(("float", "bfloat")):
+        raise info.error(f"operand {info.operand(0)} must have a floating-point dtype")
+    for d in x.shape[2:]:
+        if isinstance(d, str):
+            raise info.error(f"spatial dimension '{d}' of {info.operand(0)} must be static")
+    return TensorType(x.shape[:2] + _adaptive_output(info, x), x.dtype)
+
+
+def _adaptive_kind(info: CallInfo, out) -> OpPatternKind:
+    # TVM 0.27 gives windows whose length varies with the output index along both axes (neither
+    # size divides evenly) an extent AnnotateTIROpPattern cannot read: Opaque; one even axis suffices
+    h, w = info.tensor(0).shape[2:]
+    oh, ow = out.shape[2:]
+    return OpPatternKind.OPAQUE if h % oh and w % ow else FUSABLE
+
+
+def _adaptive_avg_pool2d_ref(x, output_size, layout):
+    info = CallInfo("nn.adaptive_avg_pool2d", (TensorType(x.shape, str(x.dtype)),), dict(output_size=output_size, layout=layout))
+    oh, ow = _infer_adaptive_avg_pool2d(info).shape[2:]
+    z = _f64(x)
+    out = np.empty(x.shape[:2] + (oh, ow))
+    for i, (h0, h1) in enumerate(zip(*adaptive_windows(x.shape[2], oh))):
+        for j, (w0, w1) in enumerate(zip(*adaptive_windows(x.shape[3], ow))):
+            out[:, :, i, j] = z[:, :, h0:h1, w0:w1].mean(axis=(2, 3))
+    return out.astype(x.dtype)
+
+
+register(
+    "nn.adaptive_avg_pool2d",
+    num_args=1,
+    attrs={"output_size": AttrSpec("ints_or_int", default=None), "layout": AttrSpec("str", default="NCHW")},
+    infer=_infer_adaptive_avg_pool2d,
+    kind=_adaptive_kind,
+    ref=_adaptive_avg_pool2d_ref,
+    doc="2-D average pooling to a given output size (no output_size: the input's), NCHW",
 )

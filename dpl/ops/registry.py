@@ -35,7 +35,10 @@ class OpPatternKind(enum.IntEnum):
 REQUIRED = object()  # an attribute default meaning "must be given"
 
 # attribute kinds and what each accepts
-ATTR_KINDS = ("int", "float", "bool", "str", "dtype", "ints", "axes", "axis", "shape", "scalar", "ints_or_int")
+ATTR_KINDS = ("int", "float", "bool", "str", "dtype", "ints", "axes", "axis", "shape", "scalar", "ints_or_int", "dims",
+              "scalar_or_dim")
+# kinds whose values may name symbolic dimensions, which run time binds (the interpreter resolves them)
+DIM_ATTR_KINDS = ("shape", "dims", "scalar_or_dim")
 
 
 @attrs.frozen
@@ -66,6 +69,10 @@ class AttrSpec:
             if not isinstance(value, (bool, int, float)):
                 raise bad("a number or a boolean")
             return value
+        if kind == "scalar_or_dim":
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise bad("a number or a symbolic dimension name")
+            return value
         if kind == "bool":
             if not isinstance(value, bool):
                 raise bad("true or false")
@@ -91,7 +98,7 @@ class AttrSpec:
             if not isinstance(value, tuple) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
                 raise bad("a list of integers")
             return value
-        if kind == "shape":
+        if kind in ("shape", "dims"):
             if not isinstance(value, tuple) or any(
                 isinstance(v, bool) or not isinstance(v, (int, str)) for v in value
             ):

@@ -272,6 +272,8 @@ class Planner:
         types = [t for p in callee.params for t in leaf_types(p.ty)]
         names = [f"parameter '{p.name}' of '{name}'" for p in callee.params for _ in leaf_types(p.ty)]
         callee_dims = bind_dims(types, shapes, names)
+        for d, n in dims.items():  # a dim no parameter binds (arange(end=seq) in a group) is the caller's
+            callee_dims.setdefault(d, n)
         if callee.attrs.get("Primitive") and "Composite" not in callee.attrs:
             group, backend = self.compiler.group(callee, shapes, dtypes)
             self.decisions.append((name, shapes, group))

@@ -15,6 +15,7 @@ import attrs
 from dpl.errors import DplError
 from dpl.ir.expr import Module
 from dpl.transform.graph import build_graph
+from dpl.transform.normalize import normalize_function
 from dpl.transform.outline import FunctionTable, Group, outline
 from dpl.transform.partition import partition
 
@@ -60,6 +61,9 @@ def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256, *, fuse_redu
 
 
 def _fuse_ops(mod: Module, opt_level: int, max_depth: int, fuse_reductions: bool) -> Module:
+    # one binding per call, as Relax's BlockBuilder makes it: a nested call is a node of its own
+    mod = Module({name: fn if any(k in fn.attrs for k in ("Primitive", "Codegen", "Composite")) else normalize_function(fn)
+                  for name, fn in mod.functions.items()})
     if fuse_reductions and opt_level > 0:
         from dpl.kernel.row_fusion import fuse_reductions as group_rows
 
