@@ -2,18 +2,15 @@ import os
 
 import pytest
 
+import needs
+
 
 @pytest.fixture(scope="session")
 def tvm():
     """TVM 0.27, the oracle. Missing TVM skips locally but fails under CI, so an oracle test
     can never silently stop running."""
-    try:
-        import tvm
-        from tvm import relax  # noqa: F401
-    except ImportError as err:
-        if os.environ.get("CI"):
-            pytest.fail(f"TVM oracle missing under CI: {err}")
-        pytest.skip(f"TVM oracle not installed: {err}")
+    tvm = needs.package("tvm")
+    needs.package("tvm.relax")
     return tvm
 
 
@@ -39,9 +36,7 @@ def nvrtc():
 
     ok, why = module.available()
     if not ok:
-        if os.environ.get("CI"):
-            pytest.fail(f"NVRTC missing under CI: {why}")
-        pytest.skip(why)
+        needs.missing(f"NVRTC: {why}")
     return module
 
 
@@ -66,7 +61,5 @@ def cxx():
             if r.returncode != 0:
                 why = f"the C++ compiler '{cxx}' has no OpenMP"
     if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"{why} under CI: the CUDA host twin cannot be built")
-        pytest.skip(why)
+        needs.missing(f"{why}: the CUDA host twin cannot be built")
     return cxx

@@ -10,6 +10,8 @@ import attrs
 import numpy as np
 import pytest
 
+import needs
+
 import dpl
 from dpl.backends.c_emitter import emit_kernel
 from dpl.backends.cpu_backend import CpuBackend, KernelCache
@@ -24,12 +26,7 @@ from test_fuse_ops import RandomDag
 def c_compiler():
     """These tests need the system C compiler: missing, they skip locally but fail under CI
     (as the TVM oracle does), so CI can never stop running them silently."""
-    import os
-
-    if shutil.which("cc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler ('cc') under CI: the CPU backend tests cannot run")
-        pytest.skip("no C compiler on this machine")
+    needs.c_compiler()
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 ALWAYS = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=10_000, min_tensor_elements=0, fallback_on_error=False)
@@ -269,7 +266,7 @@ func main(x: f32[16, 32], w: f32[32, 24], u: f32[16, 24]) -> f32[16, 24] {
     try:
         gomp = ctypes.CDLL("libgomp.so.1")  # the OpenMP runtime gcc's -fopenmp links
     except OSError:
-        pytest.skip("the kernels do not use GNU OpenMP here")
+        needs.missing("the kernels do not use GNU OpenMP (libgomp) here")
     before = gomp.omp_get_max_threads()
     gomp.omp_set_num_threads(3)
     try:
@@ -391,7 +388,7 @@ def test_bfloat16_is_stored_as_bits_and_computed_in_float(tmp_path):
     overflow goes to infinity), bit for bit with ml_dtypes; a chain keeps its intermediates in
     float32 where the interpreter rounds each op to bfloat16, so it agrees to bfloat16 precision
     (rtol 2e-2, a couple of bfloat16 ulps)."""
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = needs.package("ml_dtypes")
     mod = dpl.parse(BF16)
     backend = CpuBackend(cache_dir=tmp_path)
     rng = np.random.default_rng(3)

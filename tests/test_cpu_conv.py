@@ -3,11 +3,10 @@ padding, dilation and group count equals the interpreter, alone and with an epil
 generated C applies; what im2col does not take (float16, other layouts) stays with the kernel
 IR's loops and is right too."""
 
-import os
-import shutil
-
 import numpy as np
 import pytest
+
+import needs
 
 import dpl
 from dpl.backends.im2col import Conv2d, takes
@@ -20,10 +19,7 @@ FUSE_ALL = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0, max_g
 def cpu(tmp_path_factory):
     from dpl.backends.cpu_backend import CpuBackend
 
-    if shutil.which("cc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler ('cc') under CI")
-        pytest.skip("no C compiler on this machine")
+    needs.c_compiler()
     return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"))
 
 

@@ -3,12 +3,12 @@
 read-only weight, and the product of an im2col convolution equal the interpreter; dtypes torch
 does not take run through NumPy; the kernels name the pool their products run on."""
 
-import os
-import shutil
 import warnings
 
 import numpy as np
 import pytest
+
+import needs
 
 import dpl
 from dpl.backends.blas import NumpyProducts, products
@@ -19,16 +19,8 @@ from dpl.ir import FunctionBuilder, Module, const
 def torch_cpu(tmp_path_factory):
     from dpl.backends.cpu_backend import CpuBackend
 
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("torch is missing under CI: the torch products cannot be tested")
-        pytest.skip("torch is not installed")
-    if shutil.which("cc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler ('cc') under CI")
-        pytest.skip("no C compiler on this machine")
+    needs.package("torch")
+    needs.c_compiler()
     return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), products="torch")
 
 

@@ -6,6 +6,8 @@ at several grid sizes, with one thread per row and with a block per row."""
 import numpy as np
 import pytest
 
+import needs
+
 import dpl
 from dpl.backends.c_emitter import CpuEmitter, StatementEmitter, emit_kernel
 from dpl.backends.cuda_emitter import (
@@ -190,7 +192,7 @@ def test_twin_of_warp_shuffle_reductions(cxx, threads):
 def test_half_and_bfloat16_conversions_are_bit_exact(cxx):
     """Loads widen exactly and stores round to nearest even like NumPy and ml_dtypes: ties,
     subnormals, the largest finite values, overflow to infinity, signed zeros, NaN."""
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = needs.package("ml_dtypes")
     text = """
 func to_f16(x: f32[n]) -> f16[n] {
   y = astype(x, dtype=f16)

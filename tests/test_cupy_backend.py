@@ -8,12 +8,13 @@ launch configuration, argument marshalling, host/device copies — from a model 
 """
 
 import importlib.util
-import os
 from pathlib import Path
 
 import attrs
 import numpy as np
 import pytest
+
+import needs
 
 import dpl
 from dpl.backends.cupy_backend import CudaKernel, CupyBackend
@@ -60,9 +61,7 @@ def test_without_cupy_the_cuda_target_falls_back_to_the_cpu(monkeypatch):
 def test_with_cupy_but_no_device_the_cuda_target_falls_back_to_the_cpu():
     """Real CuPy imports without a driver (the test extra installs it) and reports no device."""
     if importlib.util.find_spec("cupy") is None:
-        if os.environ.get("CI"):
-            pytest.fail("cupy-cuda12x (in the test extra) is not installed under CI")
-        pytest.skip("CuPy is not installed")
+        needs.missing("cupy-cuda12x (in the test extra) is not installed")
     backend = CupyBackend()
     ok, why = backend.available()
     if ok:
@@ -142,7 +141,7 @@ def test_products_go_to_cublas_between_cuda_kernels(fake, name):
 
 
 def test_bfloat16_crosses_as_bits_and_runs_as_one_kernel(fake):
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = needs.package("ml_dtypes")
     mod = dpl.parse(BF16)
     backend = CupyBackend(cupy=fake, block=THREADS)
     rng = np.random.default_rng(3)

@@ -6,7 +6,6 @@ onnx missing skips these tests locally but fails them under CI, like the TVM ora
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -17,17 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+import needs
+
 import dpl
 from dpl.frontend import FrontendError
 
-try:
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    from onnx.reference import ReferenceEvaluator
-except ImportError as err:  # pragma: no cover - depends on the environment
-    if os.environ.get("CI"):
-        raise RuntimeError(f"onnx missing under CI: {err}") from err
-    pytest.skip(f"onnx not installed: {err}", allow_module_level=True)
+onnx = needs.package("onnx", module_level=True)
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from dpl.frontend.onnx_import import onnx_params  # noqa: E402
 from dpl.frontend.onnx_ops import ONNX_OPS  # noqa: E402
@@ -330,7 +326,7 @@ def case_id(case: Case) -> str:
 @pytest.mark.parametrize("case", OP_CASES, ids=case_id)
 def test_op_matches_the_reference(case):
     if case.opset > onnx.defs.onnx_opset_version():
-        pytest.skip(f"onnx {onnx.__version__} predates opset {case.opset}")
+        needs.missing(f"onnx {onnx.__version__} predates opset {case.opset}")
     rng = np.random.default_rng(sum(map(ord, case_id(case))))
     model, feeds, expected = single_node_model(case, rng)
     with warnings.catch_warnings():

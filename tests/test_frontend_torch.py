@@ -4,21 +4,17 @@ code (RMSNorm, GELU, SwiGLU, attention) is claimed by the shipped rewrite and fu
 what cannot come in is a FrontendError naming the op, the node and the user's line."""
 
 import math
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-try:
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-except ImportError as err:  # an optional extra: skipped locally, never silently under CI
-    if os.environ.get("CI"):
-        raise
-    pytest.skip(f"torch not installed: {err}", allow_module_level=True)
+import needs
+
+torch = needs.package("torch", module_level=True)
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 import dpl
 from dpl.frontend import FrontendError

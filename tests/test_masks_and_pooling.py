@@ -3,11 +3,10 @@ symbolic dims, end to end: the text form in, FuseOps, the kernels the CPU backen
 the NumPy kernel evaluator), numbers equal to the interpreter at two lengths; TVM 0.27 as the
 oracle for pooling's numbers and output sizes."""
 
-import os
-import shutil
-
 import numpy as np
 import pytest
+
+import needs
 
 import dpl
 
@@ -113,10 +112,7 @@ def groups(mod):
 
 @pytest.fixture
 def c_compiler():
-    if shutil.which("cc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler ('cc') under CI: the CPU backend tests cannot run")
-        pytest.skip("no C compiler on this machine")
+    needs.c_compiler()
 
 
 @pytest.mark.parametrize("name", MODELS)

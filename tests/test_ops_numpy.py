@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 
+import needs
+
 import dpl
 from dpl.ir import FunctionBuilder, Module
 from dpl.ops import all_ops
@@ -261,7 +263,7 @@ def test_result_dtypes_follow_inputs():
 
 def test_bfloat16_accumulates_as_a_float():
     """ml_dtypes' bfloat16 has NumPy kind 'V': a matmul once accumulated it in int64, truncating."""
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = needs.package("ml_dtypes")
     a, b = rand(4, 8).astype(ml_dtypes.bfloat16), rand(8, 3).astype(ml_dtypes.bfloat16)
     want = a.astype(np.float64) @ b.astype(np.float64)
     got = run_op("matmul", (a, b))

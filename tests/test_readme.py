@@ -1,10 +1,11 @@
 """The README's Python examples run as written."""
 
-import os
 import re
 from pathlib import Path
 
 import pytest
+
+import needs
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
@@ -14,12 +15,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 def test_readme_python_blocks_run(index, monkeypatch):
     for marker, package in (("import torch", "torch"), ("from onnx", "onnx")):
         if any(marker in block for block in BLOCKS[: index + 1]):
-            try:
-                __import__(package)
-            except ImportError as err:  # an optional extra: skipped locally, never silently under CI
-                if os.environ.get("CI"):
-                    pytest.fail(f"{package} missing under CI: {err}")
-                pytest.skip(f"the block needs {package}, which is not installed: {err}")
+            needs.package(package)
     monkeypatch.chdir(Path(__file__).parent.parent)  # the examples are named from the repository root
     # later blocks build on earlier ones: run every block up to this one
     exec(compile("\n".join(BLOCKS[: index + 1]), "README.md", "exec"), {})

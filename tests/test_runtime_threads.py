@@ -2,10 +2,10 @@
 (dpl.runtime.threads: the two pools' spinning workers would share the cores); a plan with one
 pool keeps its threads. Numbers stay those of the interpreter either way."""
 
-import shutil
-
 import numpy as np
 import pytest
+
+import needs
 
 import dpl
 from dpl.runtime.threads import BLAS, OPENMP, one_pool_kernels
@@ -13,14 +13,9 @@ from dpl.runtime.threads import BLAS, OPENMP, one_pool_kernels
 
 @pytest.fixture
 def cpu(tmp_path):
-    import os
-
     from dpl.backends.cpu_backend import CpuBackend
 
-    if shutil.which("cc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler ('cc') under CI")
-        pytest.skip("no C compiler on this machine")
+    needs.c_compiler()
     return CpuBackend(cache_dir=tmp_path)
 
 

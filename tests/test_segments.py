@@ -2,12 +2,11 @@
 results are right on every call, at every shape, and never share memory with what the next
 call writes."""
 
-import os
-import shutil
-
 import attrs
 import numpy as np
 import pytest
+
+import needs
 
 import dpl
 
@@ -26,10 +25,7 @@ func main(q: f32[4, n, 16], k: f32[4, 16, n], v: f32[4, n, 16], mask: f32[n, n])
 def kernel(tmp_path_factory):
     from dpl.backends.cpu_backend import CpuBackend
 
-    if shutil.which("cc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler ('cc') under CI")
-        pytest.skip("no C compiler on this machine")
+    needs.c_compiler()
     fused = dpl.apply(ATTENTION, ["llm"])
     composite = next(f for f in fused.functions.values() if f.attrs.get("Composite") == "kernel.attention")
     run = CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels")).compile(composite, module=fused)
@@ -77,8 +73,7 @@ def test_intermediates_alive_together_have_their_own_buffers(tmp_path):
     """``a`` is read after ``b`` and ``c`` are written: each value keeps its own buffer."""
     from dpl.backends.cpu_backend import CpuBackend
 
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler on this machine")
+    needs.c_compiler()
     group = attrs.evolve(RESIDUAL["main"], attrs={"Primitive": True})  # FuseOps never groups two products
     run = CpuBackend(cache_dir=tmp_path).compile(group, module=dpl.Module([group]))
     assert run.__qualname__.startswith("cpu-blas+c:") and len(run.parts) == 2

@@ -2,12 +2,11 @@
 -3.4e38 or -inf) are exactly 0 and computed on the vector path; every other entry, NaN and
 infinity equal the interpreter. On the CPU (generated C) and the kernel IR's NumPy evaluator."""
 
-import os
-import shutil
-
 import attrs
 import numpy as np
 import pytest
+
+import needs
 
 import dpl
 
@@ -38,10 +37,7 @@ def run(request, tmp_path):
         return lambda mod, x: evaluate(lower_function(attrs.evolve(mod["main"], attrs={"Primitive": True})), x)
     from dpl.backends.cpu_backend import CpuBackend
 
-    if shutil.which("cc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler ('cc') under CI")
-        pytest.skip("no C compiler on this machine")
+    needs.c_compiler()
     backend = CpuBackend(cache_dir=tmp_path)
 
     def on_cpu(mod, x):

@@ -1,0 +1,28 @@
+"""What a test needs from the machine (a C compiler, an optional package): missing, the test
+skips locally but fails under CI, so CI can never stop running it silently."""
+
+import importlib
+import os
+import shutil
+
+import pytest
+
+
+def missing(why: str, module_level: bool = False):
+    """Fail under CI, skip elsewhere, saying ``why``."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} under CI", pytrace=False)
+    pytest.skip(why, allow_module_level=module_level)
+
+
+def c_compiler() -> None:
+    if shutil.which("cc") is None:
+        missing("no C compiler ('cc') on this machine")
+
+
+def package(name: str, module_level: bool = False):
+    """The imported package ``name``."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        missing(f"{name} is not installed ({err})", module_level)
