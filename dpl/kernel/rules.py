@@ -353,8 +353,9 @@ def _conv2d(lw, c, idx):
     return lw.cast(lw.reduce("acc", "add", acc, [CI, KH, KW], product), c.ty.dtype)
 
 
-@rule("nn.max_pool2d")
-def _max_pool2d(lw, c, idx):
+def _pool_windows(lw, c, idx, dtype: str, outside):
+    """The (ky, kx) window of a 2-D pool over ``c``'s input at output ``idx``: each element cast
+    to ``dtype``, ``outside`` where the window reaches into the padding; and the reduction axes."""
     x = c.args[0]
     _, _, H, W = x.ty.shape
     KH, KW = _pair(c.attrs["pool_size"])
@@ -364,16 +365,22 @@ def _max_pool2d(lw, c, idx):
     _, _, OH, OW = c.ty.shape
     n, ch, oy, ox = idx
     lw.anchors.append("pool")
-    dtype = x.ty.dtype
-    lowest = float("-inf") if dtype.startswith(("float", "bfloat")) else int(np.iinfo(dtype).min)
 
     def window(rvars):
         ky, kx = rvars
         hy, hy_ok = _window(lw, oy, ky, sh, dh, pt, H, OH, KH)
         wx, wx_ok = _window(lw, ox, kx, sw, dw, pl, W, OW, KW)
-        return lw.guard(conj(hy_ok, wx_ok), lambda: lw.value(x, (n, ch, hy, wx)), const(lowest, dtype))
+        return lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, (n, ch, hy, wx)), dtype), const(outside, dtype))
 
-    return lw.reduce("pool", "maximum", dtype, [KH, KW], window)
+    return window, [KH, KW]
+
+
+@rule("nn.max_pool2d")
+def _max_pool2d(lw, c, idx):
+    dtype = c.args[0].ty.dtype
+    lowest = float("-inf") if dtype.startswith(("float", "bfloat")) else int(np.iinfo(dtype).min)
+    window, axes = _pool_windows(lw, c, idx, dtype, lowest)
+    return lw.reduce("pool", "maximum", dtype, axes, window)
 
 
 def _table(lw, hint: str, values: np.ndarray, dtype: str, idx: tuple) -> ir.Expr:
@@ -396,21 +403,13 @@ def _avg_pool2d(lw, c, idx):
     dh, dw = _pair(c.attrs["dilation"])
     pt, pl, pb, pr = _pads(c.attrs["padding"])
     _, _, OH, OW = c.ty.shape
-    n, ch, oy, ox = idx
-    lw.anchors.append("pool")
     acc = accum_dtype(x.ty.dtype)
-
-    def window(rvars):
-        ky, kx = rvars
-        hy, hy_ok = _window(lw, oy, ky, sh, dh, pt, H, OH, KH)
-        wx, wx_ok = _window(lw, ox, kx, sw, dw, pl, W, OW, KW)
-        return lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, (n, ch, hy, wx)), acc), const(0, acc))
-
-    total = lw.reduce("pool", "add", acc, [KH, KW], window)
+    window, axes = _pool_windows(lw, c, idx, acc, 0)
+    total = lw.reduce("pool", "add", acc, axes, window)
     include = c.attrs["count_include_pad"]
     _, div_h = avg_pool_axis(H, KH, sh, dh, pt, pb, OH, include)
     _, div_w = avg_pool_axis(W, KW, sw, dw, pl, pr, OW, include)
-    divisor = _table(lw, "divisor", np.outer(div_h, div_w), acc, (oy, ox))
+    divisor = _table(lw, "divisor", np.outer(div_h, div_w), acc, (idx[2], idx[3]))
     return lw.cast(lw.op("divide", total, divisor), c.ty.dtype)
 
 
