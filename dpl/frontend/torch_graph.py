@@ -217,6 +217,7 @@ class GraphImporter:
     # -- the walk
     def run(self):
         self.check_pure()
+        self.check_ops()
         signature = self.program.graph_signature
         specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")}
         placeholders = [n for n in self.program.graph.nodes if n.op == "placeholder"]
@@ -241,6 +242,34 @@ class GraphImporter:
                 raise self.error(node, f"{node.op} node '{node.name}' ({node.target}) is not supported",
                                  "control flow (torch.cond, loops) and submodule calls are not translated")
         raise FrontendError("the exported graph has no output")
+
+    def check_ops(self) -> None:
+        """Every op the table does not translate, listed in one error before any is translated:
+        the user sees the whole gap at once (each op, how often, and the first source line)."""
+        import operator
+
+        missing: dict[str, list] = {}
+        for node in self.program.graph.nodes:
+            if node.op != "call_function" or node.target is operator.getitem or not node.users:
+                continue
+            name = str(node.target)
+            if name in IGNORED_OPS or name in self.table or self._is_symbolic_scalar(node.meta.get("val")):
+                continue
+            missing.setdefault(name, []).append(node)
+        if not missing:
+            return
+        if len(missing) == 1:
+            (name, nodes), = missing.items()
+            count = f" ({len(nodes)} uses)" if len(nodes) > 1 else ""
+            raise self.error(nodes[0], f"{name} is not supported by dpl's torch.export frontend{count}",
+                             ADD_OP_HINT.format(name=name.removeprefix("aten.")))
+        lines = []
+        for name, nodes in sorted(missing.items(), key=lambda item: (-len(item[1]), item[0])):
+            span = _source_span(nodes[0])
+            where = f"{span.file}:{span.line}: {span.source_line.strip()}" if span else f"node '{nodes[0].name}'"
+            lines.append(f"  {name} x{len(nodes)}, first at {where}")
+        raise FrontendError(f"{len(missing)} ops are not supported by dpl's torch.export frontend:\n" + "\n".join(lines),
+                            hint=ADD_OP_HINT.format(name="<op>") + " for each")
 
     def user_input(self, node) -> None:
         torch = import_torch()

@@ -429,12 +429,25 @@ def _sdpa(cx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     scores = cx.call("multiply", cx.call("matmul", q, cx.permute(k, axes)), cx.scalar(scale, dtype))
     if is_causal:
         scores = cx.call("add", scores, _causal_mask(cx, q.ty.shape[-2], k.ty.shape[-2], dtype))
+    seen = None
     if attn_mask is not None:
         mask = cx.tensor(attn_mask)
         if mask.ty.dtype == "bool":
-            mask = cx.call("where", mask, cx.scalar(0.0, dtype), cx.scalar(-np.inf, dtype))
+            # torch's safe softmax: a query that may see no key at all (a padded row of a
+            # left-padded batch) gets zeros, not NaN. The masked scores are the dtype's lowest
+            # value rather than -inf, so such a row's softmax stays finite, and the product is
+            # then multiplied by 0 for it; elsewhere exp(lowest - max) is exactly 0, as exp(-inf)
+            seen = cx.call("max", cx.cast(mask, dtype), axis=[-1], keepdims=True)
+            mask = cx.call("where", mask, cx.scalar(0.0, dtype), cx.scalar(_lowest(dtype), dtype))
         scores = cx.call("add", scores, cx.cast(mask, dtype))
-    return cx.call("matmul", cx.call("nn.softmax", scores, axis=-1), v)
+    out = cx.call("matmul", cx.call("nn.softmax", scores, axis=-1), v)
+    return out if seen is None else cx.call("multiply", out, seen)
+
+
+def _lowest(dtype: str) -> float:
+    from dpl import dtypes
+
+    return float(np.finfo(dtypes.to_numpy(dtype)).min)
 
 
 def _causal_mask(cx, rows, cols, dtype):
@@ -588,8 +601,14 @@ def _cat(cx, tensors, dim=0):
     from dpl.ir.expr import Tuple
 
     dtype = cx.out_dtype
-    parts = [cx.cast(cx.tensor(t), dtype) for t in tensors if not (t.ty.ndim == 1 and t.ty.shape == (0,))]
-    return cx.call("concat", Tuple(tuple(parts)), axis=_axis(dim, parts[0].ty.ndim))
+    # an empty part adds nothing: torch.tensor([]) (shape [0]) or a key/value cache before its
+    # first update (shape [b, h, 0, d])
+    axis = _axis(dim, cx.out_type.ndim)
+    parts = [cx.cast(cx.tensor(t), dtype) for t in tensors
+             if not (t.ty.ndim == 1 and t.ty.shape == (0,)) and not (t.ty.ndim > axis and t.ty.shape[axis] == 0)]
+    if len(parts) == 1:
+        return parts[0]
+    return cx.call("concat", Tuple(tuple(parts)), axis=axis)
 
 
 @aten("stack.default")
@@ -748,3 +767,90 @@ def _unavailable(what: str):
     from dpl.frontend.torch_graph import Unavailable
 
     return Unavailable(what)
+
+
+# -- advanced indexing -------------------------------------------------------------------------
+
+
+def _arange_of(node):
+    """``(length, offset)`` when the fx ``node`` is ``arange(length) + offset`` (step 1, a static
+    offset), seen through casts and the reshapes that only add size-1 axes; else None. The
+    masks transformers builds index with such ranges (``mask[batch_idx, kv_idx]``)."""
+    offset = 0
+    while hasattr(node, "target"):
+        name = str(node.target)
+        if name in ("aten.unsqueeze.default", "aten.view.default", "aten.reshape.default", "aten._to_copy.default",
+                    "aten.clone.default", "aten.expand.default", "aten.alias.default"):
+            node = node.args[0]
+        elif name in ("aten.add.Tensor", "aten.add.Scalar") and isinstance(node.args[1], int) and not node.kwargs:
+            offset += node.args[1]
+            node = node.args[0]
+        elif name == "aten.arange.default" or (name == "aten.arange.start" and node.args[0] == 0):
+            return node.meta["val"].shape[0], offset
+        else:
+            return None
+    return None
+
+
+@aten("index.Tensor")
+def _index(cx, self, indices):
+    """``x[i0, i1, ...]``. Indices that are ranges (``arange(n) + c``, each varying along one
+    axis of the broadcast index shape) select a slice and place it: strided_slice, permute and
+    expand_dims, no gather. A single tensor index (the others None) is ``take``."""
+    x = cx.tensor(self)
+    nodes = list(cx.node.args[1])
+    given = [(axis, value, node) for axis, (value, node) in enumerate(zip(indices, nodes)) if value is not None]
+    if len(given) == 1 and not any(v is None for v in indices[:given[0][0]]):
+        axis, idx, _ = given[0]
+        return cx.call("take", x, cx.tensor(idx), axis=axis)
+    if any(v is None for v in indices):
+        raise FrontendError("indexing with None between tensor indices is not supported")
+    ranges = [_arange_of(node) for _axis_, _value, node in given]
+    if any(r is None for r in ranges):
+        raise FrontendError("indexing with several tensor indices is supported where each is a range (arange(n) + c), "
+                            "as transformers' masks use them")
+    rank = max(cx.tensor(v).ty.ndim for _a, v, _n in given)
+    placed = []  # (axis of the result, axis of x) for each index
+    for (axis, value, _node), (length, offset) in zip(given, ranges):
+        shape = (1,) * (rank - value.ty.ndim) + tuple(value.ty.shape)
+        varying = [i for i, d in enumerate(shape) if d != 1]
+        if len(varying) > 1:
+            raise FrontendError(f"index {axis} varies along several axes {varying}")
+        size = x.ty.shape[axis]
+        length = cx.importer.dim(length, f"the length of index {axis}")
+        if not (offset == 0 and length == size):
+            x = cx.call("strided_slice", x, axes=[axis], begin=[offset], end=[_end(offset, length)], strides=[1])
+        placed.append((varying[0] if varying else None, axis))
+    k = len(given)
+    # x's indexed axes, in the order of the result axes they go to; then size-1 axes in between
+    order = sorted(range(k), key=lambda j: (placed[j][0] is None, placed[j][0] if placed[j][0] is not None else 0))
+    x = cx.permute(x, order + list(range(k, x.ty.ndim)))
+    targets = [placed[j][0] for j in order]
+    if any(t is None for t in targets):
+        raise FrontendError("an index of one element is not supported with other tensor indices")
+    missing = [i for i in range(rank) if i not in targets]
+    if missing:
+        x = cx.call("expand_dims", x, axis=missing)
+    out = list(cx.out_shape)
+    return x if list(x.ty.shape) == out else cx.call("broadcast_to", x, shape=out)
+
+
+def _end(offset, length):
+    return offset + length if isinstance(length, int) else (length if offset == 0 else None)
+
+
+@aten("gather.default")
+def _gather(cx, self, dim, index, *, sparse_grad=False):
+    """``torch.gather`` where the index varies along ``dim`` only (its other axes of size 1), as
+    BERT's buffered token types use it: a ``take`` along ``dim``."""
+    x, idx = cx.tensor(self), cx.tensor(index)
+    axis = _axis(dim, x.ty.ndim)
+    others = [i for i in range(idx.ty.ndim) if i != axis]
+    if any(idx.ty.shape[i] != 1 for i in others):
+        raise FrontendError(f"gather with an index of shape {list(idx.ty.shape)} is supported only where the index's "
+                            f"axes other than {axis} have size 1")
+    if any(x.ty.shape[i] != 1 for i in others):
+        x = cx.call("strided_slice", x, axes=others, begin=[0] * len(others), end=[1] * len(others),
+                    strides=[1] * len(others))
+    flat = cx.reshape(idx, [idx.ty.shape[axis]])
+    return cx.call("take", x, flat, axis=axis)
