@@ -20,7 +20,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError, Span
-from dpl.frontend import FrontendError
+from dpl.frontend import FrontendError, torch_merged
 from dpl.ir.builder import FunctionBuilder, const
 from dpl.ir.expr import Call, Constant, Expr, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.types import TensorType
@@ -82,11 +82,18 @@ class NodeContext:
     def __init__(self, importer: "GraphImporter", node):
         self.importer = importer
         self.node = node
+        # the leading axes of the result where torch merged them into one (dpl.frontend.torch_merged)
+        self.leading: tuple | None = None
 
     # -- torch metadata of the node
     @property
     def out_type(self) -> TensorType:
-        return self.importer.tensor_type(self.node.meta.get("val"), f"the result of node '{self.node.name}'")
+        meta = self.node.meta.get("val")
+        where = f"the result of node '{self.node.name}'"
+        if self.leading is None:
+            return self.importer.tensor_type(meta, where)
+        rest = tuple(self.importer.dim(d, f"dimension {i + 1} of {where}") for i, d in enumerate(meta.shape[1:]))
+        return TensorType(tuple(self.leading) + rest, self.dtype(meta.dtype))
 
     @property
     def out_dtype(self) -> str:
@@ -168,6 +175,7 @@ class GraphImporter:
         # (``x - mu`` written twice is two nodes), and a pattern that uses a value twice needs it
         self.computed: dict[tuple, Var] = {}
         self.names: set[str] = set()
+        self.torch = import_torch()
         self.weights: dict[str, np.ndarray] = {}
 
     # -- metadata conversions
@@ -316,6 +324,9 @@ class GraphImporter:
                              ADD_OP_HINT.format(name=op_name.removeprefix("aten.")))
         cx = NodeContext(self, node)
         try:
+            if torch_merged.touches(self, node):
+                self.env[node] = torch_merged.translate(self, node, translate, _invoke, NodeContext)
+                return
             args = [self.value(a) for a in node.args]
             kwargs = {k: self.value(v) for k, v in node.kwargs.items()}
             result = _invoke(translate, cx, args, kwargs)
@@ -334,6 +345,8 @@ class GraphImporter:
             return type(arg)(self.value(a) for a in arg)
         if hasattr(arg, "op") and hasattr(arg, "meta"):  # an fx Node
             value = self.env[arg]
+            if isinstance(value, torch_merged.Merged):
+                raise FrontendError(f"'{arg.name}' is a tensor whose symbolic dimension torch merged with others")
             torch = import_torch()
             if isinstance(value, torch.SymInt):
                 return self.dim(value, f"size '{arg.name}'")

@@ -854,3 +854,9 @@ def _gather(cx, self, dim, index, *, sparse_grad=False):
                     strides=[1] * len(others))
     flat = cx.reshape(idx, [idx.ty.shape[axis]])
     return cx.call("take", x, flat, axis=axis)
+
+
+@aten("cumsum.default")
+def _cumsum(cx, self, dim, *, dtype=None):
+    x = cx.tensor(self)
+    return cx.call("cumsum", x, axis=_axis(dim, x.ty.ndim), dtype=cx.out_dtype)
