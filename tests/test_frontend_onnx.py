@@ -262,6 +262,17 @@ OP_CASES = [
     Case("Trilu", [In((3, 4), "int64")], {"upper": 0}, id="int"),
     Case("Range", [C(1, "int64"), C(9, "int64"), C(3, "int64")], id="ints"),
     Case("Range", [C(0.5, F), C(-1.0, F), C(-0.25, F)], id="floats"),
+    # logic and the gathers of masks (torch.onnx's exports of transformers' models)
+    Case("IsNaN", [C([1.0, np.nan, -np.inf, 0.0], F)], opset=20),
+    Case("And", [In((3, 4), "bool"), In((4,), "bool")]),
+    Case("Or", [In((3, 4), "bool"), In((3, 1), "bool")]),
+    Case("Xor", [In((3, 4), "bool"), In((3, 4), "bool")]),
+    Case("Not", [In((3, 4), "bool")]),
+    Case("CumSum", [In((3, 4)), C(1, "int64")], id="floats"),
+    Case("CumSum", [In((2, 5), "int64"), C(-1, "int64")], id="ints"),
+    Case("GatherElements", [In((1, 6), "int64"), C([[2, 0, 5]], "int64")], {"axis": 1}, id="row"),
+    Case("GatherND", [In((3, 5)), C(np.stack(np.broadcast_arrays(np.arange(3)[:, None], 1 + np.arange(4)[None, :]), -1),
+                                    "int64")], id="range_grid"),
     Case("Constant", [], {"value_ints": [3, 1, 4]}, id="ints"),
     Case("ConstantOfShape", [C([2, 3], "int64")], {"value": numpy_helper.from_array(np.array([1.5], F))}),
     # normalisation

@@ -86,7 +86,19 @@ class ShapeValue:
         return "[" + ", ".join(str(d) for d in self.dims.flat) + "]"
 
 
-Value = Expr | ShapeValue
+@attrs.frozen(eq=False)
+class MergedValue:
+    """A tensor reshaped to ``[-1, ...]`` where the -1 merges a symbolic dimension with others
+    (``[batch, 4, 17, 16]`` to ``[-1, 17, 16]``), which no dpl type can hold: carried unmerged
+    (``value``, whose first ``lead`` axes are the merged one) through Transposes that keep the
+    merged axis first, until a Reshape restores the leading axes. torch.onnx writes a key's
+    transpose in attention so."""
+
+    value: Expr
+    lead: int
+
+
+Value = Expr | ShapeValue | MergedValue
 
 
 @attrs.define
@@ -102,6 +114,8 @@ class NodeContext:
     tensor_of: Callable[[str, Expr], Expr]  # the importer's view of an input used as a tensor
     used_outputs: frozenset[str]
     read_attrs: set[str] = attrs.field(factory=set)
+    producer: Callable[[str], Any] = lambda name: None  # the node computing an ONNX name (None: an input)
+    is_initializer: Callable[[str], bool] = lambda name: False
 
     # -- where we are, for messages ------------------------------------------------------------
 
@@ -173,6 +187,9 @@ class NodeContext:
     def input(self, i: int) -> Expr:
         """Input ``i`` as a tensor expression."""
         v = self.value(i)
+        if isinstance(v, MergedValue):
+            raise self.error(f"input '{self.node.input[i]}' was reshaped to [-1, ...] merging a symbolic dimension with "
+                             "others; dpl follows such a tensor only through Transpose and back through Reshape")
         if isinstance(v, ShapeValue):
             if v.is_static:
                 return Constant(np.asarray(v.dims.astype(np.int64)))

@@ -12,14 +12,20 @@ import math
 
 import numpy as np
 
-from dpl.frontend.onnx_node import NodeContext, ShapeValue
+from dpl.frontend.onnx_node import MergedValue, NodeContext, ShapeValue
 from dpl.ir.expr import Constant, TupleGetItem
 
 
 def reshape(ctx: NodeContext):
-    x = ctx.input(0)
     allowzero = ctx.version >= 14 and bool(ctx.attr("allowzero", 0))
     shape = ctx.dims_input(1, "the shape")
+    v = ctx.value(0)
+    if isinstance(v, MergedValue):
+        return _unmerge(ctx, v, shape)
+    x = ctx.input(0)
+    merged = _merge(x, shape)
+    if merged is not None:
+        return merged
     if allowzero and 0 in shape:
         raise ctx.unsupported("allowzero", 1, "allowzero=1 only when the shape holds no 0")
     dims = list(x.ty.shape)
@@ -33,6 +39,31 @@ def reshape(ctx: NodeContext):
             out.append(d)
     y = ctx.emit("reshape", x, shape=tuple(out))
     return x if y.ty == x.ty else y
+
+
+def _merge(x, shape):
+    """``x`` reshaped to ``[-1, *rest]`` where the -1 merges a symbolic dimension with other
+    leading axes of ``x`` (the trailing axes unchanged): a MergedValue, or None otherwise."""
+    if not shape or shape[0] != -1 or any(isinstance(d, int) and d <= 0 for d in shape[1:]):
+        return None
+    k = x.ty.ndim - (len(shape) - 1)
+    if k < 2 or tuple(x.ty.shape[k:]) != tuple(shape[1:]):
+        return None
+    if all(isinstance(d, int) for d in x.ty.shape[:k]):
+        return None  # static: an ordinary reshape
+    return MergedValue(x, k)
+
+
+def _unmerge(ctx: NodeContext, v: MergedValue, shape):
+    x = v.value
+    merged = _merge(x, shape)  # merged again, with other trailing axes
+    lead = tuple(x.ty.shape[:v.lead])
+    if merged is None and len(shape) > 0 and shape[0] == -1:
+        rest = tuple(shape[1:])
+        return MergedValue(ctx.emit("reshape", x, shape=lead + rest), v.lead)
+    if merged is not None:
+        return merged
+    return ctx.emit("reshape", x, shape=tuple(shape))
 
 
 def flatten(ctx: NodeContext):
@@ -58,6 +89,14 @@ def _dims_product(dims):
 
 
 def transpose(ctx: NodeContext):
+    v = ctx.value(0)
+    if isinstance(v, MergedValue):
+        perm = list(ctx.attr("perm"))
+        if perm[0] != 0:
+            raise ctx.error(f"perm {perm} moves the axis that merges a symbolic dimension with others")
+        k = v.lead
+        axes = tuple(range(k)) + tuple(p + k - 1 for p in perm[1:])
+        return MergedValue(ctx.emit("permute_dims", v.value, axes=axes), k)
     x = ctx.input(0)
     ndim = x.ty.ndim
     perm = ctx.attr("perm", list(reversed(range(ndim))))
