@@ -78,6 +78,33 @@ def from_torch(model, example_args: Sequence[Any] = (), example_kwargs: Mapping[
     return from_exported_program(program, bind_params=bind_params, dim_names=dim_names, name=name)
 
 
+def load_exported(path, *, name: str = "main"):
+    """The Module of an ExportedProgram saved with ``torch.export.save`` (a ``.pt2`` file).
+    Its symbolic dimensions keep torch's names (``s27``): the Dim names are not saved."""
+    import os
+
+    torch = import_torch()
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FrontendError(f"no saved ExportedProgram at '{path}'")
+    import zipfile
+
+    if not zipfile.is_zipfile(path):  # torch would log a traceback before raising
+        raise FrontendError(f"'{path}' is not a readable torch.export program: it is no zip archive",
+                            hint="write it with torch.export.save(torch.export.export(model, args), path)")
+    try:
+        program = torch.export.load(path)
+    except Exception as err:  # a zip that is no .pt2, a version mismatch: torch's message says which
+        raise FrontendError(f"'{path}' is not a readable torch.export program: {_first_line(err)}",
+                            hint="write it with torch.export.save(torch.export.export(model, args), path)") from None
+    return from_exported_program(program, name=name)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _export(torch, model, args, kwargs, dynamic_shapes):
     """``torch.export.export`` of ``model`` with its non-tensor outputs dropped (see
     :func:`tensor_outputs`), through a forward hook: the model keeps its signature, its
