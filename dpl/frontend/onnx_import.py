@@ -366,10 +366,18 @@ class _GraphImporter:
         if not entry.first <= version <= entry.last:
             raise FrontendError(f"{where}: {node.op_type} version {version} (selected by opset {self.opset}) is not supported; "
                                 f"dpl translates versions {entry.first} to {entry.last} of {node.op_type}")
-        ctx = NodeContext(node, index, self.opset, version, self._lookup, self._tensor_of, used,
+        from dpl.frontend.onnx_node import MergedValue, unmerged_lookup
+
+        lookup, lead = self._lookup, None
+        if node.op_type not in ("Reshape", "Transpose") and any(
+                isinstance(self.values.get(n), MergedValue) for n in node.input if n):
+            lookup, lead = unmerged_lookup(where, node, self._lookup)
+        ctx = NodeContext(node, index, self.opset, version, lookup, self._tensor_of, used,
                           producer=self.producers.get, is_initializer=self.weights.__contains__)
         try:
             result = entry.translate(ctx)
+            if lead is not None:
+                result = [MergedValue(r, lead) for r in (result if isinstance(result, list) else [result])]
             unread = ctx.unread_attributes()
             if unread:
                 raise ctx.error(f"attribute {unread[0]} is not supported")

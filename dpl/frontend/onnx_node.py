@@ -100,6 +100,43 @@ class MergedValue:
 
 Value = Expr | ShapeValue | MergedValue
 
+# ops whose output row i depends only on row i of their (first) operands, translated on the
+# unmerged tensor: elementwise ops, products with a weight, normalisations over the last axes
+_ROW_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Relu", "Gelu", "Tanh", "Sigmoid", "Erf", "Sqrt", "Reciprocal",
+                      "Neg", "Cast", "Identity", "Dropout", "Gemm", "MatMul", "LayerNormalization", "Softmax", "Where",
+                      "IsNaN"})
+
+
+def unmerged_lookup(where: str, node, lookup: Callable[[str], Value | None]):
+    """A lookup that reads each MergedValue input of ``node`` unmerged, and the count of leading
+    axes the result keeps merged; an error where the op is not row-wise or its operands do not
+    broadcast over the merged axis alone."""
+    if node.op_type not in _ROW_OPS or (node.op_type == "Gemm" and any(
+            a.name == "transA" and a.i for a in node.attribute)):
+        raise FrontendError(f"{where}: an input was reshaped to [-1, ...] merging a symbolic dimension with others; "
+                            "dpl follows such a tensor only through row-wise ops (elementwise, MatMul/Gemm with a "
+                            "weight, normalisations) and back through Reshape")
+    for a in node.attribute:
+        if a.name == "axis" and a.i >= 0:
+            raise FrontendError(f"{where}: axis {a.i} counts from the axis that merges a symbolic dimension with others")
+    merged = {n: lookup(n) for n in node.input if n and isinstance(lookup(n), MergedValue)}
+    leads = {(m.lead, tuple(m.value.ty.shape[:m.lead])) for m in merged.values()}
+    if len(leads) != 1:
+        raise FrontendError(f"{where}: inputs merge different dimensions")
+    lead = next(iter(leads))[0]
+    rank = next(iter(merged.values())).value.ty.ndim - lead + 1  # the rank torch sees
+    for i, n in enumerate(node.input):
+        v = lookup(n) if n else None
+        weight = node.op_type in ("Gemm", "MatMul") and i == 1
+        if n and n not in merged and hasattr(v, "ty") and v.ty.ndim >= rank and not weight:
+            raise FrontendError(f"{where}: input '{n}' of rank {v.ty.ndim} does not broadcast over the merged axis alone")
+
+    def read(name: str):
+        v = lookup(name)
+        return v.value if isinstance(v, MergedValue) else v
+
+    return read, lead
+
 
 @attrs.define
 class NodeContext:

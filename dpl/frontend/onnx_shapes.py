@@ -46,12 +46,22 @@ def _merge(x, shape):
     leading axes of ``x`` (the trailing axes unchanged): a MergedValue, or None otherwise."""
     if not shape or shape[0] != -1 or any(isinstance(d, int) and d <= 0 for d in shape[1:]):
         return None
-    k = x.ty.ndim - (len(shape) - 1)
-    if k < 2 or tuple(x.ty.shape[k:]) != tuple(shape[1:]):
+    rest = tuple(shape[1:])
+    k = x.ty.ndim - len(rest)
+    if k >= 2 and tuple(x.ty.shape[k:]) == rest:
+        return None if all(isinstance(d, int) for d in x.ty.shape[:k]) else MergedValue(x, k)
+    if any(isinstance(d, str) for d in rest):
         return None
-    if all(isinstance(d, int) for d in x.ty.shape[:k]):
-        return None  # static: an ordinary reshape
-    return MergedValue(x, k)
+    # the trailing axes are regrouped too ([2, seq, 4, 16] to [-1, 64]): regroup them first
+    for k in range(2, x.ty.ndim):
+        tail = x.ty.shape[k:]
+        if all(isinstance(d, int) for d in tail) and math.prod(tail) == math.prod(rest):
+            if all(isinstance(d, int) for d in x.ty.shape[:k]):
+                return None
+            from dpl.ops.registry import make_call
+
+            return MergedValue(make_call("reshape", (x,), {"shape": tuple(x.ty.shape[:k]) + rest}), k)
+    return None
 
 
 def _unmerge(ctx: NodeContext, v: MergedValue, shape):
@@ -153,12 +163,14 @@ def slice_tensor(ctx: NodeContext):
         axes = list(ctx.attr("axes", range(len(starts))))
         steps = [1] * len(starts)
     else:
-        starts, ends = ctx.ints_input(1, "starts"), ctx.ints_input(2, "ends")
+        starts, ends = ctx.ints_input(1, "starts"), ctx.dims_input(2, "ends")  # an end may be a symbolic length
         axes = ctx.ints_input(3, "axes") if ctx.has_input(3) else list(range(len(starts)))
         steps = ctx.ints_input(4, "steps") if ctx.has_input(4) else [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length")
     if isinstance(v, ShapeValue):
+        if any(isinstance(e, str) for e in ends):
+            raise ctx.error(f"ends {ends} of a slice of a shape must be constant")
         if len(axes) != 1 or ctx.axis(axes[0], 1) != 0:
             raise ctx.error(f"axes {axes} do not fit a shape vector, which has one axis")
         return ShapeValue(v.dims[slice(starts[0], ends[0], steps[0])])
@@ -170,6 +182,14 @@ def slice_tensor(ctx: NodeContext):
         if s == 0:
             raise ctx.error("steps must not be 0")
         size = shape[a]
+        if isinstance(e, str):  # x[:seq] for a symbolic seq: its length is the dimension
+            if e == size and b == 0 and s == 1:
+                continue
+            if b != 0 or s != 1:
+                raise ctx.error(f"a slice to the symbolic end '{e}' must start at 0 with step 1, got start {b}, step {s}")
+            for lst, val in zip(keep, (a, b, e, s)):
+                lst.append(val)
+            continue
         if isinstance(size, str):
             if b == 0 and s == 1 and e >= _INT_MAX:
                 continue  # the whole symbolic axis
