@@ -644,6 +644,25 @@ def test_unsupported_op_names_op_node_index_and_opset():
     assert "Traceback" not in message
 
 
+def test_every_unsupported_op_type_is_listed_at_once_with_counts_and_source_lines():
+    g = GraphWriter()
+    y = g("Relu", "x")
+    a = g("Hardmax", y)
+    b = g("Hardmax", a)
+    c = g("Shrink", b)
+    g.nodes.append(helper.make_node("FusedMatMul", [c, c], ["z"], name="ms", domain="com.microsoft"))
+    # torch.onnx records the user's stack on each node; the innermost frame is the source line
+    trace = f'File "{__file__}", line 1, in forward\n    x = 1'
+    g.nodes[1].metadata_props.add(key="pkg.torch.onnx.stack_trace", value=trace)
+    graph = helper.make_graph(g.nodes, "model", [f32_input("x", [3, 4])], [f32_input("z", [3, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    message = import_error(model)
+    assert message.startswith("error: 3 op types are not supported by dpl's ONNX frontend:")
+    assert f"'Hardmax' x2, first at node #1 '/hardmax_1' ({__file__}:1: " in message
+    assert "'Shrink' x1, first at node #3" in message
+    assert "'FusedMatMul' of domain 'com.microsoft' x1, first at node #4 'ms'" in message
+
+
 def test_unsupported_domain():
     message = import_error(one_node("FusedMatMul", [X34, Y34], ["y"], domain="com.microsoft"))
     assert "'FusedMatMul' of domain 'com.microsoft' is not supported" in message and "#0 'culprit'" in message
