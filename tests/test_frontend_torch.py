@@ -484,6 +484,26 @@ def test_every_missing_op_is_listed_at_once_with_counts_and_first_lines():
                f"aten.{op}.Scalar x{count}, first at {__file__}:{lines[op]}: " in text, (op, text)
 
 
+def test_repeat_gather_and_single_index_as_transformers_use_them():
+    class Rotary(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.randn(1, 16, 6))
+
+        def forward(self, x, ids):
+            table = self.table.repeat(ids.shape[0], 1, 1)  # GPT-J's embed_positions
+            picked = torch.gather(table, 1, ids.unsqueeze(-1).repeat(1, 1, 6))
+            return picked * x + x[:, :, [-1]]  # Falcon's qkv[..., [-1], :]
+
+    model = Rotary().eval()
+    x, ids = torch.randn(2, 5, 6), torch.randint(0, 16, (2, 5))
+    with pytest.raises(FrontendError, match="gather"):  # the ids differ per row: not one repeated index
+        dpl.from_torch(model, (x, ids))
+    one = torch.randint(0, 16, (1, 5))
+    mod = dpl.from_torch(model, (x[:1], one))
+    assert_matches_torch(dpl.interpret(mod, x[:1].numpy(), one.numpy()), model(x[:1], one))
+
+
 def test_a_saved_program_loads_as_the_command_line_reads_it(tmp_path):
     from dpl.frontend import load_model
 

@@ -800,9 +800,9 @@ def _index(cx, self, indices):
     x = cx.tensor(self)
     nodes = list(cx.node.args[1])
     given = [(axis, value, node) for axis, (value, node) in enumerate(zip(indices, nodes)) if value is not None]
-    if len(given) == 1 and not any(v is None for v in indices[:given[0][0]]):
+    if len(given) == 1:  # x[:, :, idx]: the axes before it whole, as NumPy's one advanced index
         axis, idx, _ = given[0]
-        return cx.call("take", x, cx.tensor(idx), axis=axis)
+        return cx.call("take", x, _wrapped(cx, cx.tensor(idx), x.ty.shape[axis]), axis=axis)
     if any(v is None for v in indices):
         raise FrontendError("indexing with None between tensor indices is not supported")
     ranges = [_arange_of(node) for _axis_, _value, node in given]
@@ -835,6 +835,16 @@ def _index(cx, self, indices):
     return x if list(x.ty.shape) == out else cx.call("broadcast_to", x, shape=out)
 
 
+def _wrapped(cx, idx, size):
+    """Constant indices with negative entries counted from the end, as torch counts them."""
+    from dpl.ir.expr import Constant
+
+    if isinstance(idx, Constant) and isinstance(size, int) and (np.asarray(idx.value) < 0).any():
+        value = np.asarray(idx.value)
+        return Constant(np.where(value < 0, value + size, value).astype(value.dtype))
+    return idx
+
+
 def _end(offset, length):
     return offset + length if isinstance(length, int) else (length if offset == 0 else None)
 
@@ -846,9 +856,19 @@ def _gather(cx, self, dim, index, *, sparse_grad=False):
     x, idx = cx.tensor(self), cx.tensor(index)
     axis = _axis(dim, x.ty.ndim)
     others = [i for i in range(idx.ty.ndim) if i != axis]
+    base = _expanded_from(cx, cx.node.args[0])
+    if base is not None and all(base.ty.shape[i] == 1 for i in others) and base.ty.ndim == x.ty.ndim:
+        # rows that are copies of one (RoBERTa's token types expanded to the batch): take from it
+        row = cx.reshape(base, [base.ty.shape[axis]])
+        return cx.call("take", row, idx, axis=0)
+    index_base = _repeated_from(cx, cx.node.args[2])
+    if index_base is not None and all(index_base.ty.shape[i] == 1 for i in others) and \
+            all(idx.ty.shape[i] == x.ty.shape[i] for i in others):
+        # an index repeated along the other axes (GPT-J's position ids per rotary channel)
+        return cx.call("take", x, cx.reshape(index_base, [index_base.ty.shape[axis]]), axis=axis)
     if any(idx.ty.shape[i] != 1 for i in others):
         raise FrontendError(f"gather with an index of shape {list(idx.ty.shape)} is supported only where the index's "
-                            f"axes other than {axis} have size 1")
+                            f"axes other than {axis} have size 1, or it repeats one such index")
     if any(x.ty.shape[i] != 1 for i in others):
         x = cx.call("strided_slice", x, axes=others, begin=[0] * len(others), end=[1] * len(others),
                     strides=[1] * len(others))
@@ -856,7 +876,51 @@ def _gather(cx, self, dim, index, *, sparse_grad=False):
     return cx.call("take", x, flat, axis=axis)
 
 
+def _expanded_from(cx, node):
+    """The dpl value an ``aten.expand`` node broadcasts, or None when ``node`` is no expand."""
+    if str(getattr(node, "target", "")) != "aten.expand.default":
+        return None
+    value = cx.importer.env.get(node.args[0])
+    return value if hasattr(value, "ty") else None
+
+
+def _repeated_from(cx, node):
+    """The dpl value an ``aten.expand`` or ``aten.repeat`` node copies along its size-1 axes."""
+    if str(getattr(node, "target", "")) not in ("aten.expand.default", "aten.repeat.default"):
+        return None
+    value = cx.importer.env.get(node.args[0])
+    if not hasattr(value, "ty") or value.ty.ndim != len(node.meta["val"].shape):
+        return None
+    return value
+
+
 @aten("cumsum.default")
 def _cumsum(cx, self, dim, *, dtype=None):
     x = cx.tensor(self)
     return cx.call("cumsum", x, axis=_axis(dim, x.ty.ndim), dtype=cx.out_dtype)
+
+
+@aten("repeat.default")
+def _repeat(cx, self, repeats):
+    """``x.repeat(r0, r1, ...)``: each axis tiled, as broadcast_to over an interleaved size-1
+    axis then a reshape merging the pair (a symbolic size tiled more than once has no dpl type)."""
+    x = cx.tensor(self)
+    reps = list(repeats)
+    if len(reps) < x.ty.ndim:
+        raise FrontendError(f"repeat takes at least {x.ty.ndim} sizes for a rank-{x.ty.ndim} tensor, got {reps}")
+    if len(reps) > x.ty.ndim:
+        x = cx.call("expand_dims", x, axis=list(range(len(reps) - x.ty.ndim)))
+    if all(r == 1 for r in reps):
+        return x
+    shape = list(x.ty.shape)
+    final = []
+    for r, d in zip(reps, shape):
+        if r == 1 or d == 1:
+            final.append(d if r == 1 else r)
+        elif isinstance(r, int) and isinstance(d, int):
+            final.append(r * d)
+        else:
+            raise FrontendError(f"repeating a dimension {d} {r} times gives a size no dpl type can hold")
+    pairs = cx.call("expand_dims", x, axis=[2 * i for i in range(len(shape))])
+    tiled = cx.call("broadcast_to", pairs, shape=[v for r, d in zip(reps, shape) for v in (r, d)])
+    return cx.call("reshape", tiled, shape=final)
