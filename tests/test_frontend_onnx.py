@@ -644,6 +644,29 @@ def test_unsupported_op_names_op_node_index_and_opset():
     assert "Traceback" not in message
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # the -inf row
+def test_safe_softmax_guard_moves_after_the_product():
+    """torch.onnx writes SDPA's softmax as Where(IsNaN(p), 0, p): dpl guards the product instead
+    (the attention chain softmax -> matmul stays whole), with the same numbers, fully masked
+    rows (all -inf) giving zeros."""
+    g = GraphWriter()
+    p = g("Softmax", "s", axis=-1)
+    guarded = g("Where", g("IsNaN", p), g.weight(value=np.array(0.0, np.float32)), p)
+    g("MatMul", guarded, "v")
+    model = g.model([f32_input("s", [2, 3, 4]), f32_input("v", [2, 4, 5])], [f32_input(g.nodes[-1].output[0], [2, 3, 5])])
+    mod = dpl.from_onnx(model)
+    ops = [b.value.op for b in mod["main"].bindings]
+    assert "matmul" in ops[ops.index("nn.softmax"):]  # the product reads the softmax itself
+    assert "not_equal" not in ops  # the IsNaN guard is gone
+    s = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    s[1, 2] = -np.inf
+    v = np.random.default_rng(1).standard_normal((2, 4, 5)).astype(np.float32)
+    want = onnx.reference.ReferenceEvaluator(model).run(None, {"s": s, "v": v})[0]
+    got = dpl.interpret(mod, s, v)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert np.all(got[1, 2] == 0)
+
+
 def test_every_unsupported_op_type_is_listed_at_once_with_counts_and_source_lines():
     g = GraphWriter()
     y = g("Relu", "x")

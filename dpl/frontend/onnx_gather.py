@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpl import dtypes
 from dpl.frontend.onnx_node import NodeContext, ShapeValue
 from dpl.ir.expr import Constant
 
@@ -208,3 +209,40 @@ def gather_elements(ctx: NodeContext):
                      strides=(1,) * len(others))
     flat = ctx.emit("reshape", idx, shape=(idx.ty.shape[axis],))
     return ctx.emit("take", x, flat, axis=axis)
+
+
+def matmul(ctx: NodeContext):
+    """MatMul; where its left operand is torch.onnx's safe softmax, ``Where(IsNaN(p), 0, p)``
+    with ``p = Softmax(s)`` (SDPA's guard for a query that sees no key), the guard moves after
+    the product: ``where(max(s) > -inf, p @ v, 0)``, equal row by row, so that the attention
+    chain softmax -> matmul stays whole for ``llm.dpl``'s pattern."""
+    guarded = _safe_softmax(ctx, ctx.node.input[0])
+    if guarded is None:
+        return ctx.emit("matmul", ctx.input(0), ctx.input(1))
+    probs, scores = guarded
+    product = ctx.emit("matmul", probs, ctx.input(1))
+    lowest = Constant(np.asarray(-np.inf, dtype=dtypes.to_numpy(scores.ty.dtype)))
+    seen = ctx.emit("greater", ctx.emit("max", scores, axis=(-1,), keepdims=True), lowest)
+    zero = Constant(np.asarray(0, dtype=np.dtype(product.ty.dtype)))
+    return ctx.emit("where", seen, product, zero)
+
+
+def _safe_softmax(ctx: NodeContext, name: str):
+    """(the softmax's value, its scores) where ``name`` is ``Where(IsNaN(p), 0, p)`` of a
+    ``Softmax`` over the last axis; else None."""
+    where = ctx.producer(name)
+    if where is None or where.op_type != "Where" or len(where.input) != 3:
+        return None
+    test, fill, p = where.input
+    isnan = ctx.producer(test)
+    softmax = ctx.producer(p)
+    if isnan is None or isnan.op_type != "IsNaN" or isnan.input[0] != p or softmax is None or softmax.op_type != "Softmax":
+        return None
+    zero = ctx.values(fill)
+    if not isinstance(zero, Constant) or np.asarray(zero.value).size != 1 or float(np.asarray(zero.value).reshape(())) != 0:
+        return None
+    probs, scores = ctx.values(p), ctx.values(softmax.input[0])
+    axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
+    if not hasattr(probs, "ty") or not hasattr(scores, "ty") or axis not in (-1, scores.ty.ndim - 1):
+        return None
+    return probs, scores

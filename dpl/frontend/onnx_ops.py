@@ -415,7 +415,7 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "Clip": OnnxOp(_clip, 6, 13),
     "Cast": OnnxOp(_cast, 6, 24),
     # matrix products, softmax, normalisation
-    "MatMul": OnnxOp(lambda ctx: ctx.emit("matmul", ctx.input(0), ctx.input(1)), 1, 13),
+    "MatMul": OnnxOp(gather.matmul, 1, 13),
     "Gemm": OnnxOp(_gemm, 7, 13),
     "Softmax": OnnxOp(_softmax("nn.softmax"), 1, 13),
     "LogSoftmax": OnnxOp(_softmax("nn.log_softmax"), 1, 13),
