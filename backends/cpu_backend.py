@@ -159,6 +159,7 @@ class CpuBackend(Backend):
     prefixes = ("cpu", "kernel")
     capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"), composites=("cublas.*",),
                                 dtypes=("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"))
+    dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
                  stream_bytes: int | None = STREAM_BYTES, products: str = "numpy"):

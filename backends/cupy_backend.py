@@ -61,6 +61,7 @@ class CupyBackend(Backend):
     prefixes = ("cupy", "cublas", "kernel")
     capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"),
                                 composites=("cublas.*", "cupy.*", "kernel.*"), dtypes=DTYPES)
+    dispatch_by_prefix = False  # "cuda" runs it; "cpu" keeps cuBLAS composites on the CPU
 
     def __init__(self, cupy=None, block: int = BLOCK, block_rows_from: int = BLOCK_ROWS_FROM, options: tuple[str, ...] = ()):
         """``cupy``: the module to use (CuPy itself, imported when first needed, or a stand-in);

@@ -189,8 +189,11 @@ def test_register_codegen_claims_a_prefix_for_composites_and_codegen_wrappers():
         np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
         assert seen == [("c", ((4, 4),)), ("w", ((4, 4),))]
         assert {k: c.backend.name for k, c in exe.choices.items()} == {"c": "mylib", "w": "mylib"}
-        # a target without mylib: the reference runs both, and says why
-        assert {c.backend.name for c in dpl.build(mod, "cpu").choices.values()} == {"numpy"}
+        # a target without mylib: the prefix still sends both to mylib (TVM's RunCodegen)
+        exe = dpl.build(mod, "cpu")
+        assert {k: c.backend.name for k, c in exe.choices.items()} == {"c": "mylib", "w": "mylib"}
+        assert "codegen 'mylib' (w)" in exe.summary() and "-> mylib (owns codegen prefix 'mylib')" in exe.summary()
+        np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
     finally:
         unregister_backend("mylib")
 
