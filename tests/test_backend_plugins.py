@@ -219,3 +219,133 @@ def test_register_codegen_checks_its_prefix():
         dpl.register_codegen("my.lib")
     with pytest.raises(BackendError, match="is neither a Backend nor a compile function"):
         dpl.register_codegen("lib", 42)
+
+
+# -- the backend author's path: prefixes under any target, defaults, targets, precedence -------
+
+def mylib_module(shape=(4, 4)):
+    """main: tanh(x) through a mylib.tanh composite, then a single matmul op no composite claims."""
+    comp = group("c", [("x", "f32", shape)], lambda fb, x: fb.emit("tanh", x), attrs={"Primitive": True, "Composite": "mylib.tanh"})
+    fb = dpl.FunctionBuilder("main")
+    x = fb.param("x", "f32", shape)
+    return dpl.Module([fb.ret(fb.emit("matmul", fb.call(comp, x), x)), comp])
+
+
+class Recording(Backend):
+    """Owns prefix ``mylib`` with the default Capabilities; runs what it is handed by reference."""
+    name = "mylib"
+    prefixes = ("mylib",)
+
+    def __init__(self, fail: bool = False):
+        self.seen, self.fail = [], fail
+
+    def compile(self, function, *, module=None, shapes=()):
+        self.seen.append(function.name)
+        if self.fail:
+            raise dpl.backends.CompileError(f"mylib cannot compile '{function.name}'")
+        return get_backend("numpy").compile(function, module=module, shapes=shapes)
+
+
+@pytest.fixture
+def mylib():
+    backend = dpl.register_codegen("mylib", Recording())
+    yield backend
+    unregister_backend("mylib")
+
+
+def test_default_capabilities_claim_only_the_own_prefix():
+    b = Recording()
+    mod = mylib_module()
+    from dpl.backends import classify
+    from dpl.backends.registry import Unit
+
+    assert b.can_run(classify(mod["c"], mod)) == (True, "capable")
+    other = classify(dpl.ir.replace(mod["c"], attrs={"Primitive": True, "Composite": "cublas.tanh"}), mod)
+    assert b.can_run(other) == (False, "has no kernel for composite 'cublas.tanh'")
+    op = Unit("op", "matmul", mod["main"], ("matmul",), frozenset({"float32"}))
+    assert b.can_run(op) == (False, "runs no op functions")
+
+
+@pytest.mark.parametrize("target", ["cpu", "numpy", "mylib,cpu", ["mylib", "cpu"], "mylib, numpy"])
+def test_a_prefix_goes_to_its_backend_under_any_target(mylib, target):
+    mod = mylib_module()
+    exe = dpl.build(mod, target)
+    args = inputs_for(mod, {})
+    np.testing.assert_allclose(exe(*args), dpl.interpret(mod, *args), rtol=1e-6)
+    assert exe.choices["c"].backend is mylib and mylib.seen == ["c"]  # handed its composite, never the lone matmul
+    assert exe.choices["op matmul float32"].backend.name != "mylib"
+    assert "composite 'mylib.tanh' (c)" in exe.summary() and "-> mylib (" in exe.summary()
+
+
+def test_a_prefix_outside_the_target_is_listed_in_the_summary(mylib):
+    text = dpl.build(mylib_module(), "numpy").summary()
+    assert "mylib    available (owns codegen prefix 'mylib', outside the target)" in text
+    assert "-> mylib (owns codegen prefix 'mylib')" in text
+
+
+def test_a_prefix_backend_that_fails_falls_back_along_the_target_with_its_reason():
+    failing = dpl.register_codegen("mylib", Recording(fail=True))
+    try:
+        mod = mylib_module()
+        exe = dpl.build(mod, "cpu")
+        args = inputs_for(mod, {})
+        np.testing.assert_allclose(exe(*args), dpl.interpret(mod, *args), rtol=1e-6)
+        assert failing.seen == ["c"] and exe.choices["c"].backend.name == "numpy"
+        assert ("-> numpy by fall-back (mylib failed to compile: mylib cannot compile 'c'; "
+                "cpu has no kernel for composite 'mylib.tanh')") in exe.summary()
+        [record] = [f for f in exe.fallbacks if f.skipped == "mylib"]
+        assert record.unit == "composite 'mylib.tanh' (c)" and record.runs_on == "numpy"
+    finally:
+        unregister_backend("mylib")
+
+
+def test_a_plugin_that_failed_to_load_says_so_for_its_prefix(plugin):
+    comp = group("c", [("x", "f32", (4, 4))], lambda fb, x: fb.emit("exp", x), attrs={"Primitive": True, "Composite": "broken.exp"})
+    fb = dpl.FunctionBuilder("main")
+    x = fb.param("x", "f32", (4, 4))
+    exe = dpl.build(dpl.Module([fb.ret(fb.call(comp, x)), comp]), "cpu")
+    assert exe.choices["c"].backend.name == "numpy"
+    assert "numpy by fall-back (broken is unavailable: plugin 'broken' (dpl_testplug_missing:Nothing) failed to load" in exe.summary()
+
+
+def test_target_text_is_parsed_and_checked():
+    from dpl.backends import BackendError, parse_target, resolve_target
+
+    assert parse_target("mylib,cpu") == ("mylib", "cpu") and parse_target(" numpy ") == ("numpy",)
+    assert [b.name for b in resolve_target("numpy-kernel,cpu")] == ["numpy-kernel", "numpy", "cpu"]
+    for bad in ("", "mylib,,cpu", "cpu,"):
+        with pytest.raises(BackendError, match="has an empty name"):
+            resolve_target(bad)
+    with pytest.raises(BackendError, match="unknown backend 'nolib'") as err:
+        resolve_target("nolib,cpu")
+    assert "named targets: numpy, cpu" in str(err.value)
+
+
+def test_a_registration_that_replaces_another_is_logged(caplog):
+    first = dpl.register_codegen("mylib", Recording())
+    try:
+        with caplog.at_level("WARNING", logger="dpl.backends.registry"):
+            second = dpl.register_codegen("mylib", Recording())
+        assert get_backend("mylib") is second and second is not first
+        assert "backend 'mylib' (in-process) replaces the one registered before (in-process)" in caplog.text
+    finally:
+        unregister_backend("mylib")
+
+
+def test_an_in_process_registration_wins_over_an_installed_plugin(plugin, caplog):
+    module, _ = plugin
+    mine = Recording()
+    mine.name = "testplug_ok"
+    dpl.backends.register_backend(mine)  # replaces the plugin loaded before (logged)
+    try:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="dpl.backends.registry"):
+            load_plugins(reload=True)
+        assert get_backend("testplug_ok") is mine
+        assert ("installed plugin testplug_ok (dpl_testplug:factory) is not used: backend 'testplug_ok' is registered "
+                "in-process, which takes precedence") in caplog.text
+        assert "replaces" not in caplog.text  # the other plugins loaded again replace nothing
+    finally:
+        unregister_backend("testplug_ok")
+        load_plugins(reload=True)
+    assert type(get_backend("testplug_ok")) is module.WorkingBackend
