@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dpl
+import dpl.cli
 from dpl.backends import Backend, Capabilities, backends, get_backend, load_plugins, unregister_backend
 from dpl.runtime import FusionConfig, FusionError
 from runtime_corpus import composite, group, inputs_for, swiglu_group
@@ -47,7 +48,20 @@ class WorkingBackend(Backend):
 
 def factory():
     return WorkingBackend()
+
+
+PATTERNS = __import__("pathlib").Path(__file__).with_name("other.dpl")
 '''
+
+TESTLIB = """\
+codegen testplug
+
+## tanh of a sum
+pattern add_tanh {
+  s   = add(x, y)
+  out = tanh(s)
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +69,8 @@ def plugin(tmp_path_factory):
     root = tmp_path_factory.mktemp("site")
     (root / "dpl_testplug").mkdir()
     (root / "dpl_testplug" / "__init__.py").write_text(PLUGIN)
+    (root / "dpl_testplug" / "testlib.dpl").write_text(TESTLIB)
+    (root / "dpl_testplug" / "other.dpl").write_text(TESTLIB.replace("add_tanh", "add_tanh_too"))
     info = root / "dpl_testplug-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dpl-testplug\nVersion: 0.1\n")
@@ -63,6 +79,12 @@ def plugin(tmp_path_factory):
         testplug = dpl_testplug:FailingBackend
         testplug_ok = dpl_testplug:factory
         broken = dpl_testplug_missing:Nothing
+
+        [dpl.patterns]
+        testlib = dpl_testplug
+        otherlib = dpl_testplug:PATTERNS
+        cublas = dpl_testplug
+        brokenlib = dpl_testplug_missing
         """))
     sys.path.insert(0, str(root))
     importlib.invalidate_caches()
@@ -349,3 +371,47 @@ def test_an_in_process_registration_wins_over_an_installed_plugin(plugin, caplog
         unregister_backend("testplug_ok")
         load_plugins(reload=True)
     assert type(get_backend("testplug_ok")) is module.WorkingBackend
+
+
+# -- pattern libraries installed by plugins (entry-point group dpl.patterns) -----------------------
+
+def test_an_installed_pattern_library_is_found_by_name(plugin, capsys):
+    from dpl.lang import library_names, load_rules
+    from dpl.lang.tool import check_report
+
+    assert [r.name for r in load_rules("testlib")] == ["testplug.add_tanh"]  # a package holding testlib.dpl
+    [rule] = load_rules(["otherlib"])  # an object that is the file: errors and imports point at its path
+    assert rule.name == "testplug.add_tanh_too" and rule.span.file.endswith("other.dpl")
+    assert {"testlib", "otherlib"} <= set(library_names())
+    assert "testplug.add_tanh" in check_report(["testlib"]) and "1 rule ok" in check_report(["testlib"])
+    assert dpl.cli.main(["check", "testlib"]) == 0 and "codegen testplug" in capsys.readouterr().out
+
+
+def test_an_installed_library_is_applied_and_its_composites_reach_their_backend(plugin):
+    fb = dpl.FunctionBuilder("main")
+    x, y = fb.param("x", "f32", (4, 4)), fb.param("y", "f32", (4, 4))
+    mod = dpl.Module([fb.ret(fb.emit("tanh", fb.emit("add", x, y)))])
+    fused = dpl.apply(mod, ["testlib"])
+    assert {f.attrs.get("Codegen") for f in fused.functions.values()} >= {"testplug"}
+    exe = dpl.build(fused, "cpu")  # testplug owns the prefix but runs no codegen wrappers: the target runs it
+    args = inputs_for(mod, {})
+    np.testing.assert_allclose(exe(*args), dpl.interpret(mod, *args), rtol=1e-6)
+    assert ("codegen 'testplug' (fused_add_tanh_testplug) -> numpy by fall-back (testplug runs no codegen functions; "
+            "cpu does not own codegen prefix 'testplug')") in exe.summary()
+    assert "testplug available (owns codegen prefix 'testplug', outside the target)" in exe.summary()
+
+
+def test_a_shipped_library_wins_and_a_broken_one_is_a_clear_error(plugin, caplog):
+    from dpl.lang import PatternFileError, load_rules
+
+    with caplog.at_level("WARNING", logger="dpl.lang.libraries"):
+        assert all(r.name.startswith("cublas.") for r in load_rules("cublas"))
+        load_rules("testlib")
+    assert "installed pattern library 'cublas' (dpl_testplug) is not used: dpl ships a library of that name" in caplog.text
+    with pytest.raises(PatternFileError, match=r"installed pattern library 'brokenlib' \(dpl_testplug_missing\) cannot be read: "
+                                               r"ModuleNotFoundError"):
+        load_rules("brokenlib")
+    with pytest.raises(PatternFileError) as err:
+        load_rules("nolib")
+    assert "no shipped or installed pattern library 'nolib'" in str(err.value)
+    assert "installed: brokenlib, otherlib, testlib" in str(err.value)
