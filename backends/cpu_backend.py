@@ -28,7 +28,7 @@ import numpy as np
 
 from dpl.backends import blas, im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
-from dpl.backends.registry import Backend, Capabilities, CompileError
+from dpl.backends.registry import Backend, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 from dpl.runtime.threads import OPENMP
 
@@ -179,8 +179,7 @@ class CpuBackend(Backend):
         return True, "available"
 
     def compile(self, function, *, module=None, shapes=()):
-        if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
-            function = _wrapped_composite(function, module)
+        function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
         if any(_blas_product(b) for b in function.bindings):
             try:
                 return self._compile_segments(function)
@@ -279,13 +278,3 @@ def _c_runner(name, kernel, source, lib, entry, threads):
     run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
     run.with_threads = lambda n: run if n == threads else _c_runner(name, kernel, source, lib, entry, n)  # type: ignore[attr-defined]
     return run
-
-
-def _wrapped_composite(wrapper, module):
-    from dpl.ir.expr import Call, GlobalVar
-
-    body = wrapper.bindings
-    if (module is None or len(body) != 1 or not isinstance(body[0].value, Call) or not isinstance(body[0].value.op, GlobalVar)
-            or list(body[0].value.args) != list(wrapper.params) or wrapper.ret is not body[0].var):
-        raise CompileError(f"codegen function '{wrapper.name}' is not a plain call of one composite")
-    return module[body[0].value.op.name]

@@ -26,7 +26,7 @@ import importlib.util
 import numpy as np
 
 from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_arguments, launch_config
-from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes
+from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 
 SYMBOL = "dpl_kernel"
@@ -91,10 +91,7 @@ class CupyBackend(Backend):
     # -- compiling ------------------------------------------------------------------------------
 
     def compile(self, function, *, module=None, shapes=()):
-        if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
-            from dpl.backends.cpu_backend import _wrapped_composite
-
-            function = _wrapped_composite(function, module)
+        function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
         if any(is_product(b) for b in function.bindings) and not _has_bf16(function):
             try:
                 return self._boundary(self._compile_segments(function), function)

@@ -472,7 +472,21 @@ def choose(unit: Unit, target: Sequence[Backend], skip: Mapping[str, str] | None
 
 
 # ---------------------------------------------------------------------------------------------
-# helpers for kernels: flat lists of arrays <-> the nested values of a function's signature
+# helpers for kernels: the composite of a wrapper; flat lists of arrays <-> the nested values
+# of a function's signature
+
+
+def wrapped_composite(function: Function, module: Module | None) -> Function:
+    """The composite a ``Codegen`` wrapper calls (its whole body is one call of it with the
+    wrapper's parameters, as FuseOpsByPattern writes it); any other function is itself."""
+    if "Codegen" not in function.attrs:
+        return function
+    body = function.bindings
+    if (module is None or len(body) != 1 or not isinstance(body[0].value, Call) or not isinstance(body[0].value.op, GlobalVar)
+            or body[0].value.op.name not in module.functions
+            or list(body[0].value.args) != list(function.params) or function.ret is not body[0].var):
+        raise CompileError(f"codegen function '{function.name}' is not a plain call of one composite")
+    return module[body[0].value.op.name]
 
 
 def flatten(value: Any) -> list[np.ndarray]:
