@@ -117,3 +117,61 @@ def test_dpl_check_and_fuse_find_the_installed_library(installed):
     assert "3 rules ok" in check
     fused = run([dpl_script, "fuse", EXAMPLE / "mlp.ir", "-p", "mylib"], cwd=tmp, env=env).stdout
     assert '@composite("mylib.dense_relu")' in fused and '@codegen("mylib")' in fused
+
+
+# -- the example's backend in this process (fast: no install) --------------------------------------
+
+@pytest.fixture
+def mylib_in_process(tmp_path):
+    needs.c_compiler()
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from dpl_mylib import MyLibBackend
+        import dpl
+
+        backend = dpl.register_codegen("mylib", MyLibBackend(cache_dir=tmp_path))
+        yield backend
+    finally:
+        from dpl.backends import unregister_backend
+
+        unregister_backend("mylib")
+        sys.path.remove(str(EXAMPLE))
+        for name in [m for m in sys.modules if m == "dpl_mylib" or m.startswith("dpl_mylib.")]:
+            del sys.modules[name]
+
+
+def test_the_example_compiles_its_composites_for_every_n(mylib_in_process):
+    import numpy as np
+
+    import dpl
+    from runtime_corpus import inputs_for
+
+    mod = dpl.parse((EXAMPLE / "mlp.ir").read_text())
+    exe = dpl.build(dpl.apply(mod, EXAMPLE / "dpl_mylib" / "mylib.dpl"), "cpu")
+    for n in (1, 9, 33):
+        args = inputs_for(mod, {"n": n}, seed=n)
+        np.testing.assert_allclose(exe(*args), dpl.interpret(mod, *args), rtol=1e-4, atol=1e-5)
+    assert {s.backend for p in exe.plans.values() for s in p.steps} == {"mylib"}
+    assert mylib_in_process.cache.compiles == 3  # one C library per composite serves every n
+    assert "void dpl_kernel(void **buffers, const int64_t *dims)" in exe.plans[next(iter(exe.plans))].steps[0].kernel.source
+
+
+def test_a_composite_the_example_cannot_compile_falls_back_with_its_reason(mylib_in_process):
+    import numpy as np
+
+    import dpl
+    from runtime_corpus import inputs_for
+
+    mod = dpl.parse(textwrap.dedent("""\
+        func main(x: f32[n, 8], b: f32[8]) -> f32[n, 8] {
+          y = add(x, b)
+          z = nn.silu(y)
+          return z
+        }
+        """))
+    pats = dpl.parse_patterns("codegen mylib\npattern bias_silu {\n  y = add(x, b)\n  out = nn.silu(y)\n}\n")
+    exe = dpl.build(dpl.apply(mod, pats), "cpu")
+    args = inputs_for(mod, {"n": 4})
+    np.testing.assert_allclose(exe(*args), dpl.interpret(mod, *args), rtol=1e-6)
+    text = exe.summary()
+    assert "by fall-back (mylib failed to compile: mylib: no C for op 'nn.silu' in 'fused_add_nn_silu'" in text
