@@ -3,7 +3,8 @@
 A backend is data plus a small class: a name, the codegen prefixes it owns, a
 :class:`Capabilities` table and ``compile(function, ...)`` returning a kernel. A kernel uses
 destination passing: ``kernel(inputs, outputs)`` reads the flat list of input arrays and
-writes every output array in place; it never writes an input.
+writes every output array in place; it never writes an input. The whole contract a backend
+keeps is docs/writing-a-backend.md.
 
 Backends come from three places: the ones shipped here, ``register_codegen("prefix")`` in the
 running process, and installed plugins that declare an entry point in the group
