@@ -212,9 +212,14 @@ def test_builds_a_dead_process_left_are_swept(tmp_path):
     (stale / "lib.so").write_bytes(b"half")
     live = directory / ("cd" + "0" * 62 + ".build-x2")
     live.mkdir()
+    legacy, recent = directory / "tmpab12", directory / "tmpcd34"  # an older dpl's, no lock to tell
+    legacy.mkdir()
+    recent.mkdir()
+    os.utime(legacy, (time.time() - 7200, time.time() - 7200))
     with FileLock(directory / LOCKS / "cd.lock"):  # its build is still running
         LibraryCache(directory).directory  # noqa: B018 - a new store sweeps on first use
         assert not stale.exists() and live.exists()
+        assert not legacy.exists() and recent.exists()
     LibraryCache(directory).clear()
     assert not live.exists()
 

@@ -12,7 +12,8 @@ Concurrent processes meet through ``filelock`` locks in ``locks/``: building a k
 bucket's lock (one of 256, by the key's first two hex digits; lock files are never deleted, so
 two processes can never hold "the same" lock on two inodes), so a kernel is compiled once and
 the others load it. A build works in ``KEY.build-*`` beside the entries; one a SIGKILL left
-behind is swept when its bucket's lock is free. The manifest's modification time is the entry's
+behind is swept when its bucket's lock is free (a ``tmp*`` folder of an older dpl, which took
+no locks, when it is an hour old). The manifest's modification time is the entry's
 last use: past ``max_bytes`` the least recently used entries are evicted (to 90% of it), by
 one process at a time.
 """
@@ -27,6 +28,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 MANIFEST_LIMIT = 64 * 1024  # a manifest is a few hundred bytes; anything larger is not ours
 LOCKS = "locks"
+LEGACY_BUILD_AGE = 3600  # seconds: a tmp* folder of an older dpl this old is no live build
 
 
 class CacheError(DplError):
@@ -217,3 +220,9 @@ class LibraryCache:
                     log.info("dpl: removed %s, left by a build that did not finish", work)
             except Timeout:
                 continue  # a build of this bucket is running
+        for work in directory.glob("tmp*"):  # builds of dpl before these locks: no lock tells, age does
+            try:
+                if work.is_dir() and time.time() - work.stat().st_mtime > LEGACY_BUILD_AGE:
+                    shutil.rmtree(work, ignore_errors=True)
+            except OSError:
+                continue
