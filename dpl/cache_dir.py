@@ -118,6 +118,8 @@ def private_dir(directory: str | os.PathLike, purpose: str) -> Path:
         why = why_unsafe(directory)
     except OSError as err:
         why = f"cannot be created ({err.strerror})"
+    if why is None and not os.access(directory, os.W_OK | os.X_OK):
+        why = "is not writable"
     if why is None:
         return directory
     fallback = _process_dir() / purpose

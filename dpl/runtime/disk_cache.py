@@ -98,11 +98,14 @@ class LibraryCache:
         lib = self._verified(key, symbol)
         if lib is not None:
             return lib
-        with self._bucket(key):
-            lib = self._verified(key, symbol)  # built by another process while this one waited
-            if lib is None:
-                self._build(key, build, about or {})
-                lib = self._verified(key, symbol)
+        try:
+            with self._bucket(key):
+                lib = self._verified(key, symbol)  # built by another process while this one waited
+                if lib is None:
+                    self._build(key, build, about or {})
+                    lib = self._verified(key, symbol)
+        except OSError as err:  # a full disk, a folder made read-only meanwhile, a directory under a key
+            raise CacheError(f"cannot write the cache entry {key[:16]} in {self.directory}: {err}") from None
         if lib is None:
             raise CacheError(f"the library built for key {key[:16]} in {self.directory} does not load")
         self.evict()
