@@ -12,7 +12,6 @@ from importlib import resources
 from pathlib import Path
 
 import lark as _lark_package
-from filelock import FileLock
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
@@ -39,6 +38,8 @@ def open_grammar(name: str, **options) -> Lark:
     manifest = path.with_suffix(".sha256")
     if _verified(path, manifest):
         return Lark.open_from_package("dpl.grammar", name, parser="lalr", cache=str(path), **options)
+    from filelock import FileLock  # only here: importing it costs more than loading the tables
+
     try:
         with FileLock(directory / "write.lock", mode=FILE_MODE):
             if not _verified(path, manifest):  # another process may have written it meanwhile
