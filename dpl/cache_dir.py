@@ -60,12 +60,16 @@ def _others_can_write(st: os.stat_result) -> bool:
 
 
 def _private_group(gid: int) -> bool:
+    """The user-private-group convention: this user's primary group, named after the user, with
+    no other members (a shared primary group such as ``users`` is not private)."""
     import grp
+    import pwd
 
     try:
-        return gid == os.getegid() and not grp.getgrgid(gid).gr_mem
+        user, group = pwd.getpwuid(os.geteuid()), grp.getgrgid(gid)
     except KeyError:
         return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
 
 
 def why_unsafe(directory: Path) -> str | None:

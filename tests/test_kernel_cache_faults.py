@@ -284,3 +284,15 @@ def test_past_its_cap_the_least_recently_used_entries_go(built, tmp_path):
     info = store.info()
     assert info.entries == 3 and info.bytes <= store.max_bytes
     assert store.clear() == 3 and store.info().entries == 0
+
+
+def test_group_write_is_fine_only_for_a_user_private_group(tmp_path, monkeypatch):
+    import dpl.cache_dir
+
+    folder = tmp_path / "upg"
+    folder.mkdir()
+    os.chmod(folder, 0o770)  # umask 002 on a user-private-group system
+    monkeypatch.setattr(dpl.cache_dir, "_private_group", lambda gid: True)
+    assert why_unsafe(folder) is None
+    monkeypatch.setattr(dpl.cache_dir, "_private_group", lambda gid: False)  # a shared group, as "users"
+    assert "writable by others (mode 770)" in why_unsafe(folder)
