@@ -127,7 +127,7 @@ def private_dir(directory: str | os.PathLike, purpose: str) -> Path:
     if why is None:
         return directory
     fallback = _process_dir() / purpose
-    fallback.mkdir(mode=DIR_MODE, exist_ok=True)
+    make_private_dirs(fallback)
     with _lock:
         first = str(directory) not in _warned
         _warned.add(str(directory))

@@ -35,7 +35,7 @@ from typing import Callable
 import attrs
 from filelock import FileLock, Timeout
 
-from dpl.cache_dir import FILE_MODE, private_dir, read_own_file, write_private_file
+from dpl.cache_dir import FILE_MODE, make_private_dirs, private_dir, read_own_file, write_private_file
 from dpl.errors import DplError
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class LibraryCache:
         with self._lock:
             if self._directory is None:
                 self._directory = private_dir(self.requested, self.requested.name or "cache")
-                (self._directory / LOCKS).mkdir(mode=0o700, exist_ok=True)
+                make_private_dirs(self._directory / LOCKS)
                 self._sweep(self._directory)
             return self._directory
 
@@ -105,7 +105,7 @@ class LibraryCache:
                     self._build(key, build, about or {})
                     lib = self._verified(key, symbol)
         except OSError as err:  # a full disk, a folder made read-only meanwhile, a directory under a key
-            raise CacheError(f"cannot write the cache entry {key[:16]} in {self.directory}: {err}") from None
+            raise CacheError(f"cannot write the cache entry {key[:16]} in {self._directory or self.requested}: {err}") from None
         if lib is None:
             raise CacheError(f"the library built for key {key[:16]} in {self.directory} does not load")
         self.evict()
