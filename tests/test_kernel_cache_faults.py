@@ -23,7 +23,7 @@ from filelock import FileLock
 import needs
 
 import dpl
-from dpl.backends.cpu_backend import CpuBackend, KernelCache, default_cache_dir
+from dpl.backends.cpu_backend import CpuBackend, default_cache_dir
 from dpl.cache_dir import why_unsafe
 from dpl.runtime.disk_cache import LOCKS, LibraryCache
 
