@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from dpl.cli_cache import add_cache_command
 from dpl.errors import DplError
 
 
@@ -142,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpl.runtime.profiler import add_profile_command
 
     add_profile_command(sub)
+    add_cache_command(sub)
     return parser
 
 

@@ -20,7 +20,7 @@ from dpl.errors import AttributeValueError, DplError, Span, UnknownAttributeErro
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.printer import DECORATORS, DEFAULT_LITERAL_DTYPE
 from dpl.ir.types import TensorType, TupleType, Type
-from dpl.syntax import DplSyntaxError, Source as _Source, syntax_error
+from dpl.syntax import DplSyntaxError, Source as _Source, open_grammar, syntax_error
 from dpl.ops.registry import call_function, make_call
 
 
@@ -57,7 +57,7 @@ class IRErrors(DplError):
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return Lark.open_from_package("dpl.grammar", "ir.lark", parser="lalr", propagate_positions=True, maybe_placeholders=False)
+    return open_grammar("ir.lark", propagate_positions=True, maybe_placeholders=False)
 
 
 class _Poisoned(Exception):

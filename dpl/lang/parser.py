@@ -9,15 +9,15 @@ from lark.exceptions import UnexpectedInput, VisitError
 
 from dpl import dtypes
 from dpl.errors import DplError, Span
-from dpl.syntax import DplSyntaxError, Source as _Source, syntax_error
+from dpl.syntax import DplSyntaxError, Source as _Source, open_grammar, syntax_error
 from dpl.lang import ast
 
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
     # read from the installed package (dpl.grammar), never a path relative to this file
-    return Lark.open_from_package(
-        "dpl.grammar", "dpl.lark", parser="lalr", propagate_positions=True, maybe_placeholders=False,
+    return open_grammar(
+        "dpl.lark", propagate_positions=True, maybe_placeholders=False,
         lexer_callbacks={"DOC": lambda token: _DOC_SINK[-1](token) if _DOC_SINK else token},
     )
 
