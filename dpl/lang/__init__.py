@@ -12,6 +12,7 @@ compiled rules themselves (names, docs, ops, spans) for tools such as ``dpl chec
 from __future__ import annotations
 
 import os
+import sys
 from importlib import resources
 from typing import Iterable, Sequence
 
@@ -48,7 +49,10 @@ def shipped_libraries() -> list[str]:
 
 
 def _read(source: str) -> tuple[str, str]:
-    """(text, filename) of a path or of a shipped library name such as ``"cublas"``."""
+    """(text, filename) of a path, of a shipped library name such as ``"cublas"``, or of
+    stdin (``-``, as the command line names it)."""
+    if source == "-":
+        return sys.stdin.read(), "<stdin>"
     if source.endswith(".dpl") or os.sep in source or "/" in source:
         try:
             with open(source, encoding="utf-8") as f:
