@@ -179,7 +179,8 @@ def _add_verbosity(parser: argparse.ArgumentParser, default) -> None:
 class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         level = "" if record.levelno == logging.INFO else record.levelname.lower() + ": "
-        return f"dpl: {level}{record.getMessage()}"
+        text = f"dpl: {level}{record.getMessage()}"
+        return text + "\n" + self.formatException(record.exc_info) if record.exc_info else text
 
 
 def _configure_logging(verbose: int, quiet: int) -> logging.Handler:
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
     except Exception as err:  # a bug in dpl, not in the user's input
-        log.debug("internal error", exc_info=True)
+        log.debug("where the internal error happened:", exc_info=True)
         print(f"dpl: internal error ({type(err).__name__}: {err}); please report it as a bug (-v shows the traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL

@@ -72,14 +72,16 @@ def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float | None, a
         r, a = (r if rtol is None else rtol), (a if atol is None else atol)
         tolerances.append((r, a))
         g64, w64 = g.astype(np.float64), w.astype(np.float64)
-        diff = np.abs(g64 - w64)
-        both_nan = np.isnan(g64) & np.isnan(w64)
-        diff = np.where(both_nan, 0.0, diff)
+        same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))  # equal infinities and NaN for NaN agree
+        with np.errstate(invalid="ignore"):
+            diff = np.where(same, 0.0, np.abs(g64 - w64))
+        diff = np.where(np.isnan(diff), np.inf, diff)
         if diff.size:
+            finite = np.where(np.isfinite(w64), np.abs(w64), 0.0)
+            scale = max(1.0, float(np.max(finite)))
             max_abs = max(max_abs, float(np.max(diff)))
-            max_rel = max(max_rel, float(np.max(diff / np.maximum(np.abs(w64), np.finfo(np.float64).tiny))))
-            scale = max(1.0, float(np.max(np.abs(np.where(np.isfinite(w64), w64, 0.0)))))
-            ok = ok and bool(np.all(diff <= a * scale + r * np.abs(w64)))
+            max_rel = max(max_rel, float(np.max(diff / np.maximum(finite, np.finfo(np.float64).tiny))))
+            ok = ok and bool(np.all(diff <= a * scale + r * finite))
     rtol_used, atol_used = tolerances[0] if tolerances else (rtol or 0.0, atol or 0.0)
     return {"ok": ok, "max_abs_error": max_abs, "max_rel_error": max_rel, "rtol": rtol_used, "atol": atol_used}
 
