@@ -197,11 +197,18 @@ def _log_warning(message, category, filename, lineno, file=None, line=None) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C: the shell's code for SIGINT, no traceback
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exit:  # --help, --version, or a usage error (argparse printed it)
-        return exit.code if isinstance(exit.code, int) else EXIT_OK
+    except SystemExit as stop:  # --help, --version, or a usage error (argparse printed it)
+        return stop.code if isinstance(stop.code, int) else EXIT_OK
     handler = _configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", 0))
     try:
         with warnings.catch_warnings():
@@ -210,11 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     except DplError as err:
         print(err, file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
     except BrokenPipeError:  # stdout closed early (dpl print ... | head): not an error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _silence_stdout()
         return EXIT_OK
     except Exception as err:  # a bug in dpl, not in the user's input
         log.debug("where the internal error happened:", exc_info=True)
@@ -223,6 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
     finally:
         log.removeHandler(handler)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
