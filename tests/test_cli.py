@@ -133,7 +133,8 @@ def test_json_outputs(command, files, capsys):
     if command == "run":
         assert out["check"]["ok"] is True and out["check"]["max_abs_error"] == 0.0
         assert out["time"]["runs"] == 2 and out["time"]["median_ms"] > 0
-        assert out["outputs"] == [{"shape": [8, 4], "dtype": "float32", "checksum": pytest.approx(out["outputs"][0]["checksum"])}]
+        [o] = out["outputs"]
+        assert o["shape"] == [8, 4] and o["dtype"] == "float32" and o["checksum"] > 0  # relu: non-negative, not all 0
     if command == "check":
         assert out["count"] == 1 and out["rules"][0]["name"] == "mylib.mm_bias" and out["rules"][0]["location"].startswith("p.dpl:")
     if command == "fuse":
