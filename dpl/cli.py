@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``dpl`` parser: one ``add_<name>_command(subparsers)`` call per subcommand."""
     from dpl import __version__
 
-    parser = argparse.ArgumentParser(prog="dpl", description="rewrite and fuse tensor-program graphs")
+    parser = argparse.ArgumentParser(prog="dpl", description="rewrite and fuse tensor-program graphs",
+                                     epilog="'dpl COMMAND --help' describes a command. Exit codes: 0 ok, 1 bad input, "
+                                            "2 usage, 3 internal failure (a bug), 130 interrupted.")
     parser.add_argument("--version", action="version", version=f"dpl {__version__}")
     _add_verbosity(parser, default=0)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

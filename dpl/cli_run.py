@@ -27,8 +27,8 @@ def add_run_command(sub) -> None:
                        description="Run a module on random inputs (the interpreter by default). With --target or -p, "
                                    "the module is fused (dpl.apply with the -p libraries) and built for the target.")
     p.add_argument("file", help="a module in the text form, an .onnx model, or - for stdin")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--entry", default="main")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--entry", default="main", help="the function to run (default main)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dimension (default 8)")
     p.add_argument("--target", metavar="T", help="build for T (numpy, cpu, cuda, a backend name, or several: mylib,cpu); "
                                                 "without it the interpreter runs the module")
