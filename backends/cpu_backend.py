@@ -28,7 +28,7 @@ import numpy as np
 
 from dpl.backends import blas, im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
-from dpl.backends.registry import Backend, Capabilities, CompileError
+from dpl.backends.registry import Backend, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 from dpl.runtime.threads import OPENMP
 
@@ -159,6 +159,7 @@ class CpuBackend(Backend):
     prefixes = ("cpu", "kernel")
     capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"), composites=("cublas.*",),
                                 dtypes=("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"))
+    dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
                  stream_bytes: int | None = STREAM_BYTES, products: str = "numpy"):
@@ -178,8 +179,7 @@ class CpuBackend(Backend):
         return True, "available"
 
     def compile(self, function, *, module=None, shapes=()):
-        if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
-            function = _wrapped_composite(function, module)
+        function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
         if any(_blas_product(b) for b in function.bindings):
             try:
                 return self._compile_segments(function)
@@ -278,13 +278,3 @@ def _c_runner(name, kernel, source, lib, entry, threads):
     run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
     run.with_threads = lambda n: run if n == threads else _c_runner(name, kernel, source, lib, entry, n)  # type: ignore[attr-defined]
     return run
-
-
-def _wrapped_composite(wrapper, module):
-    from dpl.ir.expr import Call, GlobalVar
-
-    body = wrapper.bindings
-    if (module is None or len(body) != 1 or not isinstance(body[0].value, Call) or not isinstance(body[0].value.op, GlobalVar)
-            or list(body[0].value.args) != list(wrapper.params) or wrapper.ret is not body[0].var):
-        raise CompileError(f"codegen function '{wrapper.name}' is not a plain call of one composite")
-    return module[body[0].value.op.name]

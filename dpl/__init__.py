@@ -21,7 +21,7 @@ from dpl.pattern import (
 from dpl.lang import check_hook, load_patterns, parse_patterns
 from dpl.trace import Trace
 from dpl.apply import apply
-from dpl.transform import fuse_ops, fuse_ops_by_pattern
+from dpl.transform import fold_constants, fuse_ops, fuse_ops_by_pattern
 from dpl.backends.registry import register_codegen
 from dpl.runtime import FusionConfig, build
 from dpl.frontend.onnx_import import from_onnx  # imports onnx only when a model is imported
@@ -49,7 +49,7 @@ __all__ = [
     # dpl.lang
     "check_hook", "load_patterns", "parse_patterns",
     # passes
-    "Trace", "apply", "fuse_ops", "fuse_ops_by_pattern",
+    "Trace", "apply", "fold_constants", "fuse_ops", "fuse_ops_by_pattern",
     # runtime
     "FusionConfig", "build", "register_codegen",
     # frontends (each loads its framework on first use)

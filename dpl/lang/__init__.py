@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib import resources
 from typing import Iterable, Sequence
 
 from dpl.errors import DplError
 from dpl.lang.compiler import CompiledFile, DplErrors, LangError, Rule, compile_file, pattern_set
 from dpl.pattern.fusion import PatternSet
 from dpl.lang.hooks import check_hook
+from dpl.lang.libraries import LibraryError, library_names, read_library, shipped_libraries
 from dpl.lang.parser import DplSyntaxError, parse_file
 
 
@@ -34,7 +34,7 @@ def parse_rules(text: str, filename: str = "<string>") -> tuple[Rule, ...]:
 
 def _resolve(decl, importer: str):
     """(key, syntax tree) of an import: a quoted path relative to the importing file, or a
-    shipped library by name."""
+    library by name (shipped or installed)."""
     if decl.is_path:
         base = os.path.dirname(importer) if os.path.isfile(importer) else os.getcwd()
         source = os.path.normpath(os.path.join(base, decl.target))
@@ -44,13 +44,10 @@ def _resolve(decl, importer: str):
     return filename, parse_file(text, filename)
 
 
-def shipped_libraries() -> list[str]:
-    return sorted(p.name[:-4] for p in resources.files("dpl.patterns").iterdir() if p.name.endswith(".dpl"))
-
-
 def _read(source: str) -> tuple[str, str]:
-    """(text, filename) of a path, of a shipped library name such as ``"cublas"``, or of
-    stdin (``-``, as the command line names it)."""
+    """(text, filename) of a path, of a library name such as ``"cublas"`` (shipped) or
+    ``"mylib"`` (installed by a plugin in the entry-point group ``dpl.patterns``), or of stdin
+    (``-``, as the command line names it)."""
     if source == "-":
         return sys.stdin.read(), "<stdin>"
     if source.endswith(".dpl") or os.sep in source or "/" in source:
@@ -66,11 +63,11 @@ def _read(source: str) -> tuple[str, str]:
         except OSError as err:
             raise PatternFileError(f"cannot read '{source}': {err.strerror}") from None
     if not source.isidentifier():
-        raise PatternFileError(f"'{source}' is neither a .dpl file nor a shipped library name")
-    entry = resources.files("dpl.patterns").joinpath(f"{source}.dpl")
-    if not entry.is_file():
-        raise PatternFileError(f"no shipped pattern library '{source}'", hint=f"shipped libraries: {', '.join(shipped_libraries())}")
-    return entry.read_text(encoding="utf-8"), f"{source}.dpl"
+        raise PatternFileError(f"'{source}' is neither a .dpl file nor a library name")
+    try:
+        return read_library(source)  # shipped, or installed by a plugin (dpl/lang/libraries.py)
+    except LibraryError as err:
+        raise PatternFileError(err.message, hint=err.hint) from None
 
 
 def load_rules(sources: str | Sequence[str]) -> tuple[Rule, ...]:
@@ -103,5 +100,5 @@ def load_patterns(sources: str | Sequence[str]) -> PatternSet:
 __all__ = [
     "PatternSet", "load_patterns", "parse_patterns",
     "CompiledFile", "DplErrors", "DplSyntaxError", "LangError", "PatternFileError", "Rule", "check_hook",
-    "load_rules", "parse_rules", "shipped_libraries",
+    "library_names", "load_rules", "parse_rules", "shipped_libraries",
 ]

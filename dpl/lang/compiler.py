@@ -143,12 +143,20 @@ class CompiledFile:
 
 
 def _users_from(ctx):
-    """users(expr) over a fusion CheckContext: the values of the bindings that use ``expr``."""
-    value_of = {id(var): value for value, var in ctx.value_to_bound_var.items()}
+    """users(expr) over a fusion CheckContext: the values of the bindings that use ``expr``
+    (a user whose binding the context has not reached yet is its variable)."""
+    bound = ctx.value_to_bound_var
+    value_of = getattr(bound, "value_of", None)
 
     def users(e: Expr) -> list:
-        var = e if isinstance(e, Var) else ctx.value_to_bound_var.get(e)
-        return [value_of.get(id(u), u) for u in ctx.var_usages.get(var, ())] if var is not None else []
+        nonlocal value_of
+        var = e if isinstance(e, Var) else bound.get(e)
+        if var is None:
+            return []
+        if value_of is None:  # a plain mapping: index it once, on first use
+            index = {id(v): value for value, v in bound.items()}
+            value_of = lambda u: index.get(id(u))  # noqa: E731
+        return [value_of(u) or u for u in ctx.var_usages.get(var, ())]
 
     return users
 

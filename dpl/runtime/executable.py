@@ -19,7 +19,8 @@ import attrs
 import numpy as np
 
 from dpl import dtypes as dt
-from dpl.backends.registry import Backend, BackendError, Choice, Unit, choose, classify, function_dtypes, leaf_types, resolve_target
+from dpl.backends.registry import (Backend, BackendError, Choice, Unit, choose, classify, function_dtypes, get_backend, leaf_types,
+                                   resolve_target)
 from dpl.errors import DplError
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
 from dpl.ir.types import TupleType
@@ -198,6 +199,11 @@ class Executable(Compiler):
         for b in self.target:
             ok, why = b.available()
             lines.append(f"  {b.name:<8} {'available' if ok else 'unavailable: ' + why}")
+        in_target = {b.name for b in self.target}
+        owners = {n: c.unit.prefix for c in self.choices.values() for n in c.by_prefix if n not in in_target}
+        for name, prefix in owners.items():  # outside the target, tried first for their prefix
+            ok, why = get_backend(name).available()
+            lines.append(f"  {name:<8} {'available' if ok else 'unavailable: ' + why} (owns codegen prefix '{prefix}', outside the target)")
         lines.append("functions:")
         for key, choice in self.choices.items():
             unit = choice.unit
@@ -278,5 +284,7 @@ def _called_functions(module: Module, fn: Function) -> list[str]:
 
 def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = None, entry: str = "main", cache: KernelCache | None = None) -> Executable:
     """Build ``mod`` for ``target``: ``"cpu"``, ``"numpy"``, ``"cuda"``, a backend name, a
-    Backend, or a list of them tried in order."""
+    Backend, comma-separated names (``"mylib,cpu"``), or a list of them tried in order. A
+    function carrying a codegen prefix goes first to the backend registered for that prefix,
+    whatever the target."""
     return Executable(mod, target, config, entry=entry, cache=cache)

@@ -23,7 +23,7 @@ import attrs
 from dpl.errors import DplError
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Var
 from dpl.pattern import nodes as P
-from dpl.pattern.fusion import CheckContext, FusionPattern
+from dpl.pattern.fusion import BoundSoFar, CheckContext, FusionPattern
 from dpl.pattern.match import Matcher, PatternIndex
 from dpl.transform.outline import FunctionTable, Group, leaves, outline
 
@@ -80,16 +80,15 @@ def matches(pattern: FusionPattern, func: Function, taken=None) -> Iterable[Cand
     index = PatternIndex([pattern.pattern])
     matcher = Matcher(func)
     usages = var_usages(func)
-    seen: dict = {}
+    by_value, by_var = BoundSoFar.index(func.bindings)
     for i, b in enumerate(func.bindings):
-        seen[b.value] = b.var
         if not isinstance(b.value, Call) or not index.candidates(b.value):
             continue
         m = matcher.match(pattern.pattern, b.value)
         if not m:
             continue
         members, matched = _members(m, position, func, {b.var: b.value})
-        ctx = CheckContext(b.value, pattern.annotated(m), matched, usages, dict(seen), m)
+        ctx = CheckContext(b.value, pattern.annotated(m), matched, usages, BoundSoFar(by_value, by_var, i), m)
         yield Candidate(i, frozenset(members | {i}), ctx, frozenset({i}))
 
 
@@ -105,6 +104,7 @@ def _multi_root_matches(pattern: FusionPattern, func: Function, taken) -> Iterab
     position = {id(b.value): i for i, b in enumerate(func.bindings)}
     matcher = Matcher(func)
     usages = var_usages(func)
+    by_value, by_var = BoundSoFar.index(func.bindings)
     options = []
     for r in roots:
         index = PatternIndex([r])
@@ -133,8 +133,7 @@ def _multi_root_matches(pattern: FusionPattern, func: Function, taken) -> Iterab
             if not m:
                 continue
             members, matched = _members(m, position, func, {func.bindings[i].var: func.bindings[i].value for i in combo})
-            seen = {b.value: b.var for b in func.bindings[: last + 1]}
-            ctx = CheckContext(joint, pattern.annotated(m), matched, usages, seen, m)
+            ctx = CheckContext(joint, pattern.annotated(m), matched, usages, BoundSoFar(by_value, by_var, last), m)
             yield Candidate(last, frozenset(members | set(combo)), ctx, frozenset(combo))
 
 
