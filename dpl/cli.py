@@ -77,6 +77,8 @@ def add_check_command(sub) -> None:
 
 
 def cmd_check(args) -> int:
+    from dpl.lang.tool import check_report
+
     if args.json:
         from dpl.lang import load_rules
 
@@ -85,8 +87,6 @@ def cmd_check(args) -> int:
                                "codegen": r.codegen, "doc": r.doc, "location": str(r.span)} for r in rules],
                     "count": len(rules)})
         return 0
-    from dpl.lang.tool import check_report
-
     print(check_report(args.files))
     return 0
 

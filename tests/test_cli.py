@@ -16,6 +16,7 @@ import pytest
 
 import dpl
 import dpl.cli
+import needs
 from dpl.cli import build_parser, main
 from dpl.cli_run import compare
 
@@ -269,3 +270,20 @@ def test_the_library_never_prints():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+def test_dash_reads_an_onnx_model_from_stdin(files, capsys, monkeypatch):
+    needs.package("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype("float32"), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [w])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["run", "-", "--dim", "batch=5", "--target", "numpy", "--check"]) == 0
+    assert "output 0: shape (5, 4)" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfe not a model")))
+    assert main(["print", "-"]) == 1
+    assert "stdin is neither UTF-8 module text nor an ONNX model" in capsys.readouterr().err
