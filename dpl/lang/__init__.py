@@ -12,6 +12,7 @@ compiled rules themselves (names, docs, ops, spans) for tools such as ``dpl chec
 from __future__ import annotations
 
 import os
+import sys
 from typing import Iterable, Sequence
 
 from dpl.errors import DplError
@@ -44,8 +45,11 @@ def _resolve(decl, importer: str):
 
 
 def _read(source: str) -> tuple[str, str]:
-    """(text, filename) of a path or of a library name such as ``"cublas"`` (shipped) or
-    ``"mylib"`` (installed by a plugin in the entry-point group ``dpl.patterns``)."""
+    """(text, filename) of a path, of a library name such as ``"cublas"`` (shipped) or
+    ``"mylib"`` (installed by a plugin in the entry-point group ``dpl.patterns``), or of stdin
+    (``-``, as the command line names it)."""
+    if source == "-":
+        return sys.stdin.read(), "<stdin>"
     if source.endswith(".dpl") or os.sep in source or "/" in source:
         try:
             with open(source, encoding="utf-8") as f:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpl.errors import DplError
 from dpl.lang import load_rules
 
 
@@ -22,12 +21,3 @@ def check_report(sources: Sequence[str]) -> str:
         lines.append(line.rstrip())
     lines.append(f"{len(rules)} rule{'s' if len(rules) != 1 else ''} ok")
     return "\n".join(lines)
-
-
-def cmd_check(args) -> int:
-    try:
-        print(check_report(args.files))
-    except DplError as err:
-        print(err)
-        return 1
-    return 0
