@@ -48,8 +48,12 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
+    if trace is not None:
+        trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:
         mod = patterns.apply_rewrites(mod)
+    if trace is not None:
+        trace.rewritten = mod
     if composites and patterns.patterns:
         from dpl.transform.fuse_by_pattern import fuse_ops_by_pattern
 
@@ -61,4 +65,6 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
         except ImportError:
             raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
         mod = fuse_ops(mod, fuse_reductions=fuse_reductions)
+    if trace is not None:
+        trace.result = mod
     return mod

@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="build a Llama-style MLP block in Python, print it and run it")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
+    from dpl.cli_viz import add_report_command; add_report_command(sub)  # noqa: E702
     from dpl.runtime.profiler import add_profile_command
 
     add_profile_command(sub)
