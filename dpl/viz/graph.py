@@ -29,6 +29,8 @@ class Node:
     claim: str  # one of CLAIMS
     lines: tuple[str, ...] = ()  # a group's ops, one "binding = op" a line
     detail: Mapping[str, str] = attrs.field(factory=dict)
+    group: str = ""  # the composite (or op) that claimed it, for colours
+    rewritten: bool = False  # an op of the input a rewrite replaced (drawn dashed)
 
 
 @attrs.frozen
@@ -91,8 +93,11 @@ def _output(fn: Function, prefix: str, node_of, seen) -> tuple[Node, list[Edge]]
     return Node(nid, "return", "return", "output", (str(fn.ret.ty),)), _edges_into(fn, node_of, nid, fn.ret, seen)
 
 
-def before_view(fn: Function, claims: Mapping[str, str], title: str = "before apply") -> View:
-    """Every op of ``fn`` a node, coloured by ``claims`` (binding name -> claim after apply)."""
+def before_view(fn: Function, claims: Mapping[str, tuple[str, str]], kept: set[str] | frozenset = frozenset(),
+                title: str = "before apply") -> View:
+    """Every op of ``fn`` a node, coloured by ``claims`` (binding name -> (claim, by what),
+    from :func:`claims_by_binding`); an op whose binding is not in ``kept`` (the bindings
+    after the rewrites) is marked as rewritten."""
     node_of: dict[int, str] = {}
     nodes = _params(fn, "b:", node_of)
     edges: list[Edge] = []
@@ -105,9 +110,13 @@ def before_view(fn: Function, claims: Mapping[str, str], title: str = "before ap
                 node_of[id(b.var)] = node_of[id(src[0])]
                 continue
         node_of[id(b.var)] = nid
-        text = f"{b.var.name} = {_op_text(b.value)}"
-        nodes.append(Node(nid, _op_text(b.value), b.var.name, claims.get(b.var.name, "rewritten"),
-                          detail={"ir": text + "  : " + str(b.var.ty)}))
+        text = f"{b.var.name} = {_op_text(b.value)}  : {b.var.ty}"
+        claim, by = claims.get(b.var.name, ("rewritten", ""))
+        detail = {"ir": text, "claimed by": by}
+        if kept and b.var.name not in kept:
+            detail["rewritten"] = "a rewrite replaced this op (see the rewrites applied)"
+        nodes.append(Node(nid, _op_text(b.value), b.var.name, claim, detail=detail, group=by,
+                          rewritten=bool(kept) and b.var.name not in kept))
         edges += _edges_into(fn, node_of, nid, b.value, seen)
     out, out_edges = _output(fn, "b:", node_of, seen)
     return View(title, tuple(nodes + [out]), tuple(edges + out_edges))
@@ -158,7 +167,7 @@ def _group_node(mod: Module, nid: str, g: GroupCoverage, sources: Mapping[str, s
         "runtime": _runtime_text(g),
         "kernel source": sources.get(g.function, ""),
     }
-    return Node(nid, g.label, g.function, claim, lines, detail)
+    return Node(nid, g.label, g.function, claim, lines, detail, group=g.label)
 
 
 def _runtime_text(g: GroupCoverage) -> str:
@@ -185,13 +194,32 @@ def _innermost(mod: Module, fn: Function) -> Function:
     return fn
 
 
-def claims_by_binding(mod: Module, fn: Function, cov: Coverage) -> dict[str, str]:
-    """binding name -> claim, for the ops inside every group and the ops alone."""
-    out: dict[str, str] = {}
-    for g in cov[fn.name].groups:
-        claim = "fallback" if g.runtime is not None and not g.runtime.fused else g.claim
-        for b in _innermost(mod, mod[g.function]).bindings:
-            out[b.var.name] = claim
-    for a in cov[fn.name].alone:
-        out[a.binding] = "alone"
+def claims_by_binding(mod: Module, fn: Function, cov: Coverage, before: Function) -> dict[str, tuple[str, str]]:
+    """binding name of ``before`` -> (claim, the composite or op that claimed it). Each group
+    (and each op alone) of the applied ``fn`` claims what lies between its results and its
+    operands in ``before``: walking back from its results, stopping at its operands, so ops a
+    rewrite replaced are claimed by what took their place."""
+    reads = {b.var.name: [v.name for v in _vars_read(b.value)] for b in before.bindings}
+    params = {p.name for p in before.params}
+    groups = {g.bindings[0]: g for g in cov[fn.name].groups}
+    alone = {a.binding for a in cov[fn.name].alone}
+    out: dict[str, tuple[str, str]] = {}
+    for b in fn.bindings:
+        name = b.var.name
+        if name in groups:
+            g = groups[name]
+            claim = ("fallback" if g.runtime is not None and not g.runtime.fused else g.claim, g.label)
+            results = list(g.bindings)
+        elif name in alone:
+            claim, results = ("alone", _op_text(b.value)), [name]
+        else:
+            continue
+        stop = {v.name for v in _vars_read(b.value)} | params
+        stack = [r for r in results if r in reads]
+        while stack:
+            cur = stack.pop()
+            if cur in out or cur in stop or cur not in reads:
+                continue
+            out[cur] = claim
+            stack.extend(reads[cur])
     return out
