@@ -136,10 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse-reductions", action="store_true",
                    help="beyond TVM: also fuse row-wise chains (decomposed softmax, RMSNorm, LayerNorm) into one kernel")
     p.set_defaults(func=cmd_fuse)
-    p = sub.add_parser("demo", help="build a Llama-style MLP block in Python, print it and run it")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_demo)
+    from dpl.cli_viz import add_demo_command; add_demo_command(sub)  # noqa: E702
     from dpl.cli_viz import add_report_command; add_report_command(sub)  # noqa: E702
+    from dpl.cli_viz import add_viz_command; add_viz_command(sub)  # noqa: E702
     from dpl.runtime.profiler import add_profile_command
 
     add_profile_command(sub)

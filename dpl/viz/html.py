@@ -56,7 +56,7 @@ def svg(view: View, fills: dict[str, str]) -> str:
         box = boxes[n.id]
         stroke = STROKE.get(n.claim, "#888")
         dash = ' stroke-dasharray="5 3"' if n.rewritten else ""
-        search = html.escape(" ".join([n.name, n.title, *n.lines]).lower(), quote=True)
+        search = html.escape(" ".join([n.name, n.title, n.group, *n.lines]).lower(), quote=True)
         out.append(f'<g class="node claim-{n.claim}" data-id="{html.escape(n.id, quote=True)}" data-search="{search}">'
                    f'<title>{html.escape(n.name)}</title>'
                    f'<rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.w:.1f}" height="{box.h:.1f}" rx="5" '
