@@ -96,7 +96,7 @@ func main(x: f32[16, 64], i: i64[4], w: f32[64]) -> (f32[4, 64], f32[16, 64]) {
     rules = dpl.parse_patterns("""codegen kernel
 pattern wide_norm {
   out = nn.rms_norm(x, w)
-  where rank(x) == 3
+  where rank(w) == 1 and rank(x) == 3
 }
 """, "rules.dpl")
     trace = dpl.Trace()
@@ -104,7 +104,9 @@ pattern wide_norm {
     alone = {a.binding: a for a in trace.coverage()["main"].alone}
     assert alone["g"].reason == "opaque"
     assert alone["h"].reason == "refused" and alone["h"].rule == "kernel.wide_norm"
-    assert "rank(x) == 3" in alone["h"].detail and "rules.dpl:4" in alone["h"].detail
+    # the conjunct that failed, where it is written, and the values it saw
+    assert "'rank(x) == 3' does not hold: rank(x) = 2" in alone["h"].detail
+    assert "rules.dpl:4:26" in alone["h"].detail and "rank(w) == 1" not in alone["h"].detail
     assert alone["r"].reason == "unmatched"  # its only neighbour is the opaque take
 
 
