@@ -51,7 +51,16 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     if trace is not None:
         trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:
-        mod = patterns.apply_rewrites(mod)
+        if trace is None:
+            mod = patterns.apply_rewrites(mod)
+        else:  # the same rules in the same order, each one's changes recorded
+            from dpl.trace import rewrite_events
+
+            for rule in patterns.rewrites:
+                new = rule.apply(mod)
+                if new is not mod:
+                    trace.rewrites.extend(rewrite_events(rule.name, rule.origin, mod, new))
+                mod = new
     if trace is not None:
         trace.rewritten = mod
     if composites and patterns.patterns:

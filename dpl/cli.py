@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpl.cli_viz import add_demo_command; add_demo_command(sub)  # noqa: E702
     from dpl.cli_viz import add_report_command; add_report_command(sub)  # noqa: E702
     from dpl.cli_viz import add_viz_command; add_viz_command(sub)  # noqa: E702
+    from dpl.cli_viz import add_explain_command; add_explain_command(sub)  # noqa: E702
     from dpl.runtime.profiler import add_profile_command
 
     add_profile_command(sub)

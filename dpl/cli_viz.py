@@ -147,3 +147,26 @@ def add_demo_command(sub) -> None:
     p.add_argument("--output", "-o", default="demo.html", help="where to write the picture (default demo.html)")
     p.add_argument("--budget", type=float, default=0.5, help="seconds of timing per variant (default 0.5)")
     p.set_defaults(func=cmd_demo)
+
+
+# -- dpl explain --------------------------------------------------------------------------------
+def cmd_explain(args) -> int:
+    from dpl.frontend import load_model
+    from dpl.viz.explain import explain_module
+
+    if not args.patterns:
+        raise DplError("dpl explain needs the rules to explain", hint="give pattern files or libraries with -p, e.g. -p rewrites -p llm")
+    report = explain_module(load_model(args.file), args.patterns, rule=args.rule, at=args.at, top=args.top)
+    print(report)
+    return 0
+
+
+def add_explain_command(sub) -> None:
+    p = sub.add_parser("explain", help="for each rule, its closest misses in the module (how much matched, the binding "
+                                       "and sub-pattern that failed, the where conjunct and its values) and the rewrites applied")
+    p.add_argument("file")
+    _patterns_option(p)
+    p.add_argument("--rule", metavar="NAME", help="only this rule (its full name or the part after the prefix)")
+    p.add_argument("--at", metavar="BINDING", help="only tries rooted at this binding (of the module after the rewrites)")
+    p.add_argument("--top", type=int, default=3, help="closest misses shown per rule (default 3)")
+    p.set_defaults(func=cmd_explain)
