@@ -120,3 +120,34 @@ def test_dpl_demo_runs_checks_times_and_writes_the_picture(tmp_path, capsys):
     assert str(out) in text and out.stat().st_size > 10_000
     fused_ms, unfused_ms = (float(x) for x in re.findall(r"(\d+\.\d+) ms", text)[:2])
     assert fused_ms > 0 and unfused_ms > 0
+
+
+def layered(k: int) -> str:
+    """A k-layer model in the text form: each layer matmul, relu, residual add, RMSNorm."""
+    params = ["x: f32[n, 32]"] + [f"w{i}: f32[32, 32], g{i}: f32[32]" for i in range(k)]
+    body, h = [], "x"
+    for i in range(k):
+        body += [f"  m{i} = matmul({h}, w{i})", f"  r{i} = nn.relu(m{i})", f"  s{i} = add(r{i}, {h})", f"  h{i} = nn.rms_norm(s{i}, g{i})"]
+        h = f"h{i}"
+    return "func main(" + ", ".join(params) + ") -> f32[n, 32] {\n" + "\n".join(body) + f"\n  return {h}\n}}"
+
+
+def test_repeated_layers_collapse_and_the_rest_stays():
+    from dpl.viz.graph import collapse_repeats, find_repeat
+
+    assert find_repeat(list("abcxyzxyzxyzq")) is None  # 6 boxes hidden: not worth it
+    assert find_repeat(list("abcxyzxyzxyzxyzq")) == (3, 3, 4)
+    assert find_repeat(list("abcdefg")) is None
+    drawing = dpl.draw(dpl.parse(layered(12)), ["llm"], sources=False)
+    before, after = drawing.views[0]
+    short = collapse_repeats(after)
+    placeholders = [n for n in short.nodes if n.claim == "repeat"]
+    assert len(placeholders) == 1 and placeholders[0].title == "x11 more like the layer above"
+    # one layer stays (its automatic group and its composite), the weights of the others go
+    assert sum(n.claim in ("automatic", "fallback", "composite") for n in short.nodes) == 2
+    assert {n.name for n in short.nodes if n.claim == "input"} == {"x", "w0", "g0"}
+    assert any(e.dst == placeholders[0].id for e in short.edges) and any(e.src == placeholders[0].id for e in short.edges)
+    assert collapse_repeats(before) is not None
+    page = drawing.html()
+    assert 'id="collapse" checked' in page and "x11 more like the layer above" in page
+    assert all(f"fused" in n.name for n in after.nodes if n.claim in ("automatic", "fallback", "composite"))

@@ -23,7 +23,7 @@ def test_clicking_a_group_shows_its_kernel_source(tmp_path):
         # the attention composite's box, scrolled into view, clicked where it is on the screen
         box = browser.evaluate("""(() => {
             const g = Array.from(document.querySelectorAll('#after g.node.claim-composite'))
-                .find(n => n.dataset.search.includes('kernel.attention'));
+                .find(n => n.dataset.search.includes('kernel.attention') && n.getBoundingClientRect().width > 0);
             g.scrollIntoView({block: 'center', inline: 'center'});
             const r = g.querySelector('rect').getBoundingClientRect();
             return [r.x + r.width / 2, r.y + r.height / 2];

@@ -18,7 +18,7 @@ from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem, 
 from dpl.ir.printer import print_module
 from dpl.viz.coverage import Coverage, GroupCoverage, LoneOp
 
-CLAIMS = ("composite", "automatic", "alone", "fallback", "rewritten", "input", "output")
+CLAIMS = ("composite", "automatic", "alone", "fallback", "rewritten", "input", "output", "repeat")
 
 
 @attrs.frozen
@@ -223,3 +223,71 @@ def claims_by_binding(mod: Module, fn: Function, cov: Coverage, before: Function
             out[cur] = claim
             stack.extend(reads[cur])
     return out
+
+
+def _signature(node: Node) -> tuple:
+    """What a node does, names aside: layers of a model look alike by this."""
+    ops = tuple(line.split(" = ", 1)[-1] for line in node.lines)
+    return (node.claim, node.title, ops)
+
+
+def find_repeat(signatures: list[tuple], limit: int = 3000, min_saved: int = 8) -> tuple[int, int, int] | None:
+    """(start, period, count) of the run of a block repeated back to back (count >= 2) that
+    hides the most nodes; None when no run hides ``min_saved`` nodes. For each period, one
+    pass marks where the sequence equals itself shifted by the period: a stretch of ``r``
+    such marks is a block repeated ``r // period + 1`` times."""
+    n = len(signatures)
+    if n > limit:
+        return None
+    best, best_saved = None, min_saved - 1
+    for period in range(1, n // 2 + 1):
+        run = 0
+        for i in range(n - period):
+            run = run + 1 if signatures[i] == signatures[i + period] else 0
+            if run >= period:
+                count = run // period + 1
+                saved = period * (count - 1)
+                if saved > best_saved:
+                    best, best_saved = (i - run + 1, period, count), saved
+    return best
+
+
+def collapse_repeats(view: View) -> View | None:
+    """``view`` with a run of repeated layers drawn once, the repeats after the first as one
+    box; None when nothing repeats."""
+    body = [node for node in view.nodes if node.claim not in ("input", "output")]
+    found = find_repeat([_signature(node) for node in body])
+    if found is None:
+        return None
+    start, period, count = found
+    hidden = {node.id for node in body[start + period:start + period * count]}
+    readers: dict[str, set[str]] = {}
+    for e in view.edges:
+        readers.setdefault(e.src, set()).add(e.dst)
+    # the inputs (weights) only the collapsed layers read go with them
+    hidden |= {node.id for node in view.nodes if node.claim == "input" and readers.get(node.id) and readers[node.id] <= hidden}
+    first = body[start:start + period]
+    nid = f"{body[start + period].id}:repeats"
+    names = f"{body[start + period].name} .. {body[start + period * count - 1].name}"
+    placeholder = Node(nid, f"x{count - 1} more like the layer above", names, "repeat",
+                       (f"{period} boxes each ({first[0].name} .. {first[-1].name} is the first)",),
+                       {"repeated layers": f"{count} layers of {period} boxes each are alike (same ops, same claims); "
+                                           f"the {count - 1} after the first are collapsed: {names}. "
+                                           "Untick 'collapse repeated layers' to see them all."})
+    nodes, placed = [], False
+    for node in view.nodes:
+        if node.id in hidden:
+            if not placed and node.claim != "input":
+                nodes.append(placeholder)
+                placed = True
+            continue
+        nodes.append(node)
+    edges, seen = [], set()
+    for e in view.edges:
+        src = nid if e.src in hidden else e.src
+        dst = nid if e.dst in hidden else e.dst
+        if src == dst or (src, dst) in seen:
+            continue
+        seen.add((src, dst))
+        edges.append(Edge(src, dst, e.label))
+    return View(view.title + f" ({count} repeated layers collapsed)", tuple(nodes), tuple(edges))

@@ -8,13 +8,13 @@ from __future__ import annotations
 import html
 import json
 
-from dpl.viz.graph import View
+from dpl.viz.graph import View, collapse_repeats
 from dpl.viz.layout import LINE_H, PAD, layout
 
 FILL = {"automatic": "#d5ecd1", "alone": "#f8d3d3", "fallback": "#fde3c8", "rewritten": "#eeeeee",
-        "input": "#ffffff", "output": "#ffffff"}
+        "input": "#ffffff", "output": "#ffffff", "repeat": "#f4f4f4"}
 STROKE = {"automatic": "#59a14f", "alone": "#e15759", "fallback": "#f28e2b", "rewritten": "#9a9a9a",
-          "input": "#888888", "output": "#888888", "composite": "#4e79a7"}
+          "input": "#888888", "output": "#888888", "composite": "#4e79a7", "repeat": "#555555"}
 COMPOSITE_FILLS = ["#cfe0f3", "#e1d5f0", "#d3eef0", "#f3e1ef", "#dfe5f7", "#e8e3d3"]
 LEGEND = [("composite", "claimed by a composite pattern"), ("automatic", "automatic fusion (FuseOps)"),
           ("alone", "alone: no group claimed it"), ("fallback", "fallen back: runs op by op at run time"),
@@ -55,7 +55,7 @@ def svg(view: View, fills: dict[str, str]) -> str:
     for n in view.nodes:
         box = boxes[n.id]
         stroke = STROKE.get(n.claim, "#888")
-        dash = ' stroke-dasharray="5 3"' if n.rewritten else ""
+        dash = ' stroke-dasharray="5 3"' if n.rewritten or n.claim == "repeat" else ""
         search = html.escape(" ".join([n.name, n.title, n.group, *n.lines]).lower(), quote=True)
         out.append(f'<g class="node claim-{n.claim}" data-id="{html.escape(n.id, quote=True)}" data-search="{search}">'
                    f'<title>{html.escape(n.name)}</title>'
@@ -88,6 +88,8 @@ g.node:hover rect { stroke-width: 3; }
 g.node.selected rect { stroke: #000 !important; stroke-width: 3.5; }
 g.node.hit rect { stroke: #d4a000 !important; stroke-width: 4; }
 body.hide-before #before { display: none; }
+body.collapsed .full.has-collapsed { display: none; }
+body:not(.collapsed) .collapsed-view { display: none; }
 body.hide-types g.edge text { display: none; }
 #groups li { cursor: pointer; margin: 2px 0; }
 #groups li:hover { text-decoration: underline; }
@@ -116,8 +118,9 @@ function show(id) {
   if (src) src.id = 'kernel-source';
 }
 nodes.forEach(g => g.addEventListener('click', () => show(g.dataset.id)));
+function shown(g) { const r = g.getBoundingClientRect(); return r.width > 0 || r.height > 0; }
 function reveal(id) {
-  const g = nodes.find(n => n.dataset.id === id);
+  const g = nodes.find(n => n.dataset.id === id && shown(n)) || nodes.find(n => n.dataset.id === id);
   if (g) { g.scrollIntoView({block: 'center', inline: 'center'}); show(id); }
 }
 document.getElementById('search').addEventListener('input', ev => {
@@ -126,12 +129,13 @@ document.getElementById('search').addEventListener('input', ev => {
   nodes.forEach(g => {
     const hit = q !== '' && g.dataset.search.includes(q);
     g.classList.toggle('hit', hit);
-    if (hit && !first) first = g;
+    if (hit && !first && shown(g)) first = g;
   });
-  document.getElementById('hits').textContent = q ? nodes.filter(g => g.classList.contains('hit')).length + ' found' : '';
+  document.getElementById('hits').textContent = q ? nodes.filter(g => g.classList.contains('hit') && shown(g)).length + ' found' : '';
   if (first) first.scrollIntoView({block: 'center', inline: 'center'});
 });
 document.getElementById('hide-before').addEventListener('change', ev => document.body.classList.toggle('hide-before', ev.target.checked));
+document.getElementById('collapse').addEventListener('change', ev => document.body.classList.toggle('collapsed', ev.target.checked));
 document.getElementById('hide-types').addEventListener('change', ev => document.body.classList.toggle('hide-types', ev.target.checked));
 const cursor = {};
 document.querySelectorAll('#groups li').forEach(li => li.addEventListener('click', () => {
@@ -164,19 +168,31 @@ def page(title: str, before: View | None, after: View, table: str) -> str:
         count = f" &times;{len(ids)}" if len(ids) > 1 else ""
         items.append(f'<li data-key="{html.escape(key, quote=True)}" data-ids="{html.escape(json.dumps(ids), quote=True)}">'
                      f'{html.escape(key)}{count}</li>')
-    payload = json.dumps(data).replace("</", "<\\/")
     panels = []
-    if before is not None:
-        panels.append(f'<section class="panel" id="before"><h2>{html.escape(before.title)}</h2>{svg(before, fills)}</section>')
-    panels.append(f'<section class="panel" id="after"><h2>{html.escape(after.title)}</h2>{svg(after, fills)}</section>')
+    any_collapsed = False
+    for view, key in ((before, "before"), (after, "after")):
+        if view is None:
+            continue
+        short = collapse_repeats(view)
+        inner = f'<div class="full{" has-collapsed" if short else ""}"><h2>{html.escape(view.title)}</h2>{svg(view, fills)}</div>'
+        if short is not None:
+            any_collapsed = True
+            inner += f'<div class="collapsed-view"><h2>{html.escape(short.title)}</h2>{svg(short, fills)}</div>'
+            for n in short.nodes:
+                data["nodes"].setdefault(n.id, {"title": n.title, "name": n.name, "claim": n.claim, "detail": dict(n.detail)})
+        panels.append(f'<section class="panel" id="{key}">{inner}</section>')
+    payload = json.dumps(data).replace("</", "<\\/")
+    collapse = (' &nbsp; <label><input type="checkbox" id="collapse" checked> collapse repeated layers</label>' if any_collapsed
+                else '<input type="checkbox" id="collapse" hidden>')
+    body_class = "collapsed" if any_collapsed else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{STYLE}</style></head>
-<body>
+<body class="{body_class}">
 <header><h1>{html.escape(title)}</h1>
 <div class="legend">{''.join(legend)}</div>
 <div id="tools"><input id="search" type="search" placeholder="find a binding or op (e.g. softmax)"> <span id="hits"></span>
  &nbsp; <label><input type="checkbox" id="hide-before"> only after</label>
- &nbsp; <label><input type="checkbox" id="hide-types"> hide edge types</label></div>
+ &nbsp; <label><input type="checkbox" id="hide-types"> hide edge types</label>{collapse}</div>
 </header>
 <main>{''.join(panels)}
 <aside id="side"><div id="detail"><p>Click a box to see its IR, the pattern that claimed it, the runtime decision and its

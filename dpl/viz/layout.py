@@ -34,6 +34,13 @@ def layout(view: View) -> tuple[dict[str, Box], float, float]:
     layer: dict[str, int] = {}
     for n in view.nodes:  # nodes come in a topological order (bindings, then the return)
         layer[n.id] = 1 + max((layer[p] for p in preds[n.id] if p in layer), default=-1)
+    # an input (a weight) sits just above its first reader, not in one long row at the top
+    succs: dict[str, list[str]] = {}
+    for e in view.edges:
+        succs.setdefault(e.src, []).append(e.dst)
+    for n in view.nodes:
+        if n.claim == "input" and succs.get(n.id):
+            layer[n.id] = max(0, min(layer[d] for d in succs[n.id] if d in layer) - 1)
     rows: dict[int, list[str]] = {}
     for n in view.nodes:
         rows.setdefault(layer[n.id], []).append(n.id)
