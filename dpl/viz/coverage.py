@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 import attrs
 
 from dpl.backends.registry import function_ops
-from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
+from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ops.registry import OpPatternKind, op_kind
 
 ALONE_REASONS = ("refused", "opaque", "unmatched")
@@ -253,6 +253,7 @@ def _refusals(trace) -> dict[str, dict[str, tuple[str, str]]]:
 def _function_coverage(mod: Module, fn: Function, origins, refusals, runtime) -> FunctionCoverage:
     groups: list[GroupCoverage] = []
     alone: list[LoneOp] = []
+    users = _users_in(mod, fn)
     by_binding: dict[str, int] = {}
     for b in fn.bindings:
         v = b.value
@@ -269,8 +270,34 @@ def _function_coverage(mod: Module, fn: Function, origins, refusals, runtime) ->
                 groups.append(group)
             continue
         for call in _op_calls(v):
-            alone.append(_lone(b.var.name, call, refusals))
+            alone.append(_lone(b.var.name, call, refusals, users.get(b.var.name, [])))
     return FunctionCoverage(fn.name, tuple(groups), tuple(alone))
+
+
+def _users_in(mod: Module, fn: Function) -> dict[str, list[str]]:
+    """binding name -> what reads it, in words ("probs (kernel.attention)")."""
+    out: dict[str, list[str]] = {}
+    for b in fn.bindings:
+        v = b.value
+        what = b.var.name
+        if isinstance(v, Call) and isinstance(v.op, GlobalVar) and v.op.name in mod.functions:
+            what = f"{b.var.name} ({_composite_name(mod, mod[v.op.name]) or 'automatic group'})"
+        elif isinstance(v, Call):
+            what = f"{b.var.name} ({v.op})"
+        for name in {getattr(x, "name", None) for x in _leaf_vars(v)}:
+            if name is not None and what not in out.setdefault(name, []):
+                out[name].append(what)
+    return out
+
+
+def _leaf_vars(e) -> list:
+    if isinstance(e, Call):
+        return [x for a in e.args for x in _leaf_vars(a)]
+    if isinstance(e, Tuple):
+        return [x for f in e.fields for x in _leaf_vars(f)]
+    if isinstance(e, TupleGetItem):
+        return _leaf_vars(e.tuple_value)
+    return [e] if isinstance(e, Var) else []
 
 
 def _op_calls(e) -> list[Call]:
@@ -316,12 +343,23 @@ def _composite_name(mod: Module, fn: Function) -> str | None:
     return None
 
 
-def _lone(binding: str, call: Call, refusals) -> LoneOp:
+def _lone(binding: str, call: Call, refusals, users: list[str] = ()) -> LoneOp:
     if binding in refusals:
         rule, why = refusals[binding]
         return LoneOp(binding, call.op, "refused", f"rule '{rule}' matched it but refused: {why}", rule)
     kind = op_kind(call)
     if kind == OpPatternKind.OPAQUE:
         return LoneOp(binding, call.op, "opaque", "opaque by nature (kind kOpaque): automatic fusion never fuses it")
+    near = f"; its users: {', '.join(users)}" if users else ""
     return LoneOp(binding, call.op, "unmatched",
-                  f"no pattern matched it, and automatic fusion found no neighbour to fuse it with (kind {kind.name})")
+                  f"no pattern matched it, and automatic fusion left it alone: {_KIND_RULES.get(kind, kind.name)}{near}")
+
+
+# what TVM's FuseOps fuses an op of each kind with (dpl.transform.partition), for the reasons
+_KIND_RULES = {
+    OpPatternKind.OUT_EWISE_FUSABLE: "a kOutEWiseFusable op (matmul, conv, norms) takes only elementwise or broadcast ops after it",
+    OpPatternKind.COMM_REDUCE: "a reduction takes injective ops before it and elementwise ops after it",
+    OpPatternKind.ELEMWISE: "its producers and users are in composites, opaque, or of kinds it cannot join",
+    OpPatternKind.BROADCAST: "its producers and users are in composites, opaque, or of kinds it cannot join",
+    OpPatternKind.INJECTIVE: "its producers and users are in composites, opaque, or of kinds it cannot join",
+}
