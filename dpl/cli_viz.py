@@ -91,7 +91,8 @@ def cmd_demo(args) -> int:
     from dpl.interpret import interpret
     from dpl.runtime import build
     from dpl.trace import Trace
-    from dpl.viz.coverage import entry_functions
+    from dpl.viz.coverage import coverage, entry_functions
+    from dpl.viz.runtime import from_executable
     from dpl.viz.demo import best_time_ms, decoder_block
     from dpl.viz.draw import draw
 
@@ -127,9 +128,11 @@ def cmd_demo(args) -> int:
     print(f"5. time (best of repeated runs): fused {t_fused:.3f} ms in {steps(fused_exe)} kernel calls; "
           f"op by op {t_unfused:.3f} ms in {steps(unfused_exe)} kernel calls (the same ops after the rewrites, one kernel each); "
           f"speed-up {t_unfused / t_fused:.2f}x")
+    # what the runtime did when it planned the run above (compile errors included)
+    cov = coverage(fused, trace, patterns, from_executable(fused_exe))
     print()
     print(cov.table())
-    out = draw(None, trace=trace, title="dpl demo: a decoder block, before and after fusion").save(args.output)
+    out = draw(None, trace=trace, title="dpl demo: a decoder block, before and after fusion", coverage=cov).save(args.output)
     print(f"\nthe picture: {os.path.abspath(out)} (open it in a browser; click a box for its IR and generated C)")
     return 0 if ok else 1
 

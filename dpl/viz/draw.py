@@ -83,10 +83,11 @@ class Drawing:
 
 
 def draw(mod: Module, patterns: Any = (), *, target: Any = "cpu", config=None, dims=None, title: str | None = None,
-         trace=None, sources: bool = True) -> Drawing:
+         trace=None, sources: bool = True, coverage: Coverage | None = None) -> Drawing:
     """Apply ``patterns`` to ``mod`` (or take an applied ``trace``) and draw before and after.
-    ``target``/``config``/``dims``: whose runtime heuristics colour the groups that fall back;
-    ``sources``: generate each group's C kernel source for the click panel."""
+    ``target``/``config``/``dims``: whose runtime heuristics colour the groups that fall back
+    (or ``coverage``, made with the decisions of a real build); ``sources``: generate each
+    group's C kernel source for the click panel."""
     from dpl.apply import apply
     from dpl.trace import Trace
     from dpl.viz.kernels import kernel_sources
@@ -97,7 +98,7 @@ def draw(mod: Module, patterns: Any = (), *, target: Any = "cpu", config=None, d
         trace = Trace()
         apply(mod, patterns, trace=trace)
     fused = trace.result
-    cov = trace.coverage(target=target, config=config, dims=dims)
+    cov = coverage if coverage is not None else trace.coverage(target=target, config=config, dims=dims)
     views = []
     for fc in cov.functions:
         fn = fused[fc.function]

@@ -58,3 +58,19 @@ def _signature(fn, sizes: dict[str, int]):
             shapes.append(concrete(t, sizes, f"parameter '{p.name}'").shape)
             dtypes.append(t.dtype)
     return shapes, dtypes
+
+
+def from_executable(exe) -> dict[str, RuntimeDecision]:
+    """What a built Executable actually did in the plans it made (compile errors included):
+    per Primitive group the scheduler's decision, per composite or codegen function the
+    backend that compiled it."""
+    out: dict[str, RuntimeDecision] = {}
+    for name, choice in exe.choices.items():
+        if name in exe.module.functions and choice.unit.kind in ("composite", "codegen"):
+            out[name] = RuntimeDecision(choice.backend is not None, getattr(choice.backend, "name", None),
+                                        f"{choice.unit.kind} on {choice.explain()}")
+    for plan in exe.plans.values():
+        for name, _shapes, group in plan.decisions:
+            backend = exe.choices[name].backend if name in exe.choices else None
+            out[name] = RuntimeDecision(group.fused, getattr(backend, "name", None), str(group))
+    return out
