@@ -68,10 +68,10 @@ class Trace:
     rewrites: list[RewriteEvent] = attrs.field(factory=list)  # the rewrites applied, in order
     # set by dpl.apply: the module it was given, the module after the rewrites, the result and
     # the PatternSet, so that coverage() and the pictures can say what happened to every op
-    source: Any = None
-    rewritten: Any = None
-    result: Any = None
-    patterns: Any = None
+    source: Any = attrs.field(default=None, eq=False)
+    rewritten: Any = attrs.field(default=None, eq=False)
+    result: Any = attrs.field(default=None, eq=False)
+    patterns: Any = attrs.field(default=None, eq=False)
 
     def record(self, pattern: str, function: str, root: str, members: tuple[str, ...], accepted: bool, reason: str | None = None) -> None:
         self.events.append(TraceEvent(pattern, function, root, members, accepted, reason))

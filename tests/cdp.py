@@ -30,9 +30,13 @@ class Browser:
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
 
-        def fds():  # the child's fds 3 and 4 are the pipe's ends (dup2 makes them inheritable)
-            os.dup2(to_child_r, 3)
-            os.dup2(from_child_w, 4)
+        def fds():  # the child's fds 3 and 4 are the pipe's ends (dup2 makes them inheritable);
+            # through high numbers first: an end may already be 3 or 4, and dup2(3, 3) is a no-op
+            # that would leave it close-on-exec
+            os.dup2(to_child_r, 200)
+            os.dup2(from_child_w, 201)
+            os.dup2(200, 3)
+            os.dup2(201, 4)
 
         self.proc = subprocess.Popen([executable, *FLAGS, f"--user-data-dir={self.profile}", f"--window-size={width},{height}",
                                       "about:blank"], close_fds=False, preexec_fn=fds,
