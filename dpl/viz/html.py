@@ -48,10 +48,12 @@ def svg(view: View, fills: dict[str, str]) -> str:
         if a is None or b is None:
             continue
         x1, y1, x2, y2 = a.x + a.w / 2, a.y + a.h, b.x + b.w / 2, b.y
+        # the type near the reader's end: the edges of a value read by several spread out there
+        lx, ly = x1 + (x2 - x1) * 0.75, y1 + (y2 - y1) * 0.75
         label = html.escape(e.label)
         out.append(f'<g class="edge"><title>{label}</title><path d="M {x1:.1f} {y1:.1f} C {x1:.1f} {y1 + 25:.1f}, '
                    f'{x2:.1f} {y2 - 25:.1f}, {x2:.1f} {y2:.1f}" fill="none" stroke="#999" marker-end="url(#arrow)"/>'
-                   f'<text x="{(x1 + x2) / 2 + 4:.1f}" y="{(y1 + y2) / 2:.1f}" font-size="10" fill="#666">{label}</text></g>')
+                   f'<text x="{lx + 4:.1f}" y="{ly:.1f}" font-size="10" fill="#666">{label}</text></g>')
     for n in view.nodes:
         box = boxes[n.id]
         stroke = STROKE.get(n.claim, "#888")
