@@ -172,9 +172,16 @@ def _table(f: FunctionCoverage) -> str:
         row("in one kernel at run time", fused)
     if f.groups:
         lines.append("groups:")
+        # alike groups (same claim, ops and runtime decision: a model's layers) on one line
+        alike: dict[tuple, list[GroupCoverage]] = {}
         for g in f.groups:
+            why = (g.runtime.fused, g.runtime.backend, g.runtime.why.split("; fused kernel")[0]) if g.runtime else None
+            alike.setdefault((g.label, g.origin, g.ops, why), []).append(g)
+        for same in alike.values():
+            g = same[0]
             where = f" [{g.origin}]" if g.origin else ""
-            lines.append(f"  {g.function} ({g.label}{where}): {' + '.join(g.ops)}")
+            times = f" x{len(same)}" if len(same) > 1 else ""
+            lines.append(f"  {g.function}{times} ({g.label}{where}): {' + '.join(g.ops)}")
             if g.runtime is not None:
                 how = "one kernel" if g.runtime.fused else "op by op"
                 lines.append(f"      at run time: {how} on {g.runtime.backend or 'nothing'} ({g.runtime.why})")
