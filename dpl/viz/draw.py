@@ -13,7 +13,7 @@ from dpl.errors import DplError
 from dpl.ir.expr import Module
 from dpl.viz.coverage import Coverage
 from dpl.viz.graph import View, after_view, before_view, claims_by_binding
-from dpl.viz.html import COMPOSITE_FILLS, FILL, STROKE, composite_fills, fill_of, page
+from dpl.viz.html import STROKE, composite_fills, fill_of, page
 
 
 class VizError(DplError):
@@ -119,4 +119,4 @@ def draw(mod: Module, patterns: Any = (), *, target: Any = "cpu", config=None, d
     return Drawing(title or "dpl: what fusion did", tuple(views), cov)
 
 
-__all__ = ["Drawing", "VizError", "draw", "FILL", "COMPOSITE_FILLS"]
+__all__ = ["Drawing", "VizError", "draw"]

@@ -6,8 +6,9 @@ rule. The matcher records, at each failure, how much of the pattern had matched;
 deepest failure of a try is its miss: how many of the rule's bindings matched, the rule's
 binding and the sub-pattern (file:line:col) that failed, the expression it met and why. A
 try whose pattern matches whole but whose ``where`` clause refuses names the conjunct and the
-values it saw. Misses are ranked by how much matched; ``dpl.explain`` (one pattern, one
-expression) is the building block.
+values it saw. Misses are ranked by how much matched. ``dpl.explain`` answers for one pattern
+and one expression; this runs the same matcher (a subclass that keeps its deepest failure)
+over every binding and every rule.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import attrs
 from dpl.errors import DplError
 from dpl.ir.expr import Function, Module, Var
 from dpl.pattern import nodes as n
-from dpl.pattern.match import Match, Matcher, NoMatch, show
+from dpl.pattern.match import Matcher, NoMatch, show
 
 
 @attrs.frozen
@@ -259,8 +260,8 @@ def _replacement_fits(r, match, users, b) -> tuple[bool, str | None]:
 
 
 def _line(origin: str) -> str:
-    file, _, rest = origin.rpartition(":")  # drop the column
-    return file
+    """``file:line`` of a ``file:line:col`` origin."""
+    return origin.rpartition(":")[0]
 
 
 def _met(fn: Function, matcher: Matcher, e) -> str:
@@ -291,4 +292,4 @@ def _users(fn: Function):
     return users
 
 
-__all__ = ["ExplainReport", "Miss", "RuleReport", "explain_module", "Match"]
+__all__ = ["ExplainReport", "Miss", "RuleReport", "explain_module"]
