@@ -122,6 +122,10 @@ def cmd_demo(args) -> int:
     backends = sorted({s.backend for p in fused_exe.plans.values() for s in p.steps})
     print(f"4. built for cpu (kernels on: {', '.join(backends)}); checked against the interpreter: "
           f"max |difference| {err:.2e} -> {'OK' if ok else 'MISMATCH'}")
+    ok_cpu, why_not = fused_exe.target[0].available()
+    if not ok_cpu:
+        print(f"   note: {why_not}: the cpu target fell back to NumPy, which runs every group by reference, "
+              "so the times below compare nothing fused; install a C compiler (cc) to see fused kernels")
     t_fused = best_time_ms(lambda: fused_exe(*x), args.budget)
     t_unfused = best_time_ms(lambda: unfused_exe(*x), args.budget)
     steps = lambda exe: sum(len(p.steps) for p in exe.plans.values())  # noqa: E731
