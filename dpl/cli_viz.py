@@ -18,6 +18,18 @@ def _dims_option(p: argparse.ArgumentParser) -> None:
                    help="size of a symbolic dimension for the runtime decisions (default 8)")
 
 
+def _runtime_options(p: argparse.ArgumentParser) -> None:
+    _dims_option(p)
+    p.add_argument("--target", default="cpu", help="the build target whose backends and heuristics decide (default cpu)")
+    p.add_argument("--profile", metavar="FILE", help="a profile written by `dpl profile`, for the heuristics' stage two")
+
+
+def _config(args):
+    from dpl.runtime.config import FusionConfig
+
+    return FusionConfig(profile_path=args.profile) if args.profile else None
+
+
 def _dims(texts) -> dict[str, int]:
     out = {}
     for text in texts:
@@ -43,7 +55,7 @@ def _applied(args):
 # -- dpl report ---------------------------------------------------------------------------------
 def cmd_report(args) -> int:
     _, trace = _applied(args)
-    cov = trace.coverage(target=args.target, dims=_dims(args.dim))
+    cov = trace.coverage(target=args.target, config=_config(args), dims=_dims(args.dim))
     print(cov.json() if args.json else cov.table())
     return 0
 
@@ -53,8 +65,7 @@ def add_report_command(sub) -> None:
                                       "(with reasons), and what the runtime heuristics decide per group")
     p.add_argument("file")
     _patterns_option(p)
-    _dims_option(p)
-    p.add_argument("--target", default="cpu", help="the build target whose heuristics decide (default cpu)")
+    _runtime_options(p)
     p.add_argument("--json", action="store_true", help="print JSON for tools")
     p.set_defaults(func=cmd_report)
 
@@ -64,7 +75,7 @@ def cmd_viz(args) -> int:
     from dpl.viz.draw import draw
 
     _, trace = _applied(args)
-    drawing = draw(None, trace=trace, target=args.target, dims=_dims(args.dim), title=f"dpl: {args.file}")
+    drawing = draw(None, trace=trace, target=args.target, config=_config(args), dims=_dims(args.dim), title=f"dpl: {args.file}")
     print(f"wrote {drawing.save(args.output)}")
     return 0
 
@@ -74,9 +85,8 @@ def add_viz_command(sub) -> None:
                                    "(.html: self-contained, click a group for its IR and kernel; .svg: needs Graphviz)")
     p.add_argument("file")
     _patterns_option(p)
-    _dims_option(p)
+    _runtime_options(p)
     p.add_argument("--output", "-o", required=True, metavar="OUT.html|OUT.svg")
-    p.add_argument("--target", default="cpu", help="the build target whose heuristics decide what falls back (default cpu)")
     p.set_defaults(func=cmd_viz)
 
 
