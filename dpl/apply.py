@@ -50,8 +50,19 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
+    if trace is not None:
+        trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:
-        mod = patterns.apply_rewrites(mod)
+        if trace is None:
+            mod = patterns.apply_rewrites(mod)
+        else:  # the same rules in the same order, each one's changes recorded
+            from dpl.trace import rewrite_events
+
+            for rule in patterns.rewrites:
+                new = rule.apply(mod)
+                if new is not mod:
+                    trace.rewrites.extend(rewrite_events(rule.name, rule.origin, mod, new))
+                mod = new
     if fold:
         from dpl.transform.fold_constants import fold_constants
 
@@ -60,6 +71,8 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
         from dpl.transform.merge_products import merge_products as merge
 
         mod = merge(mod)
+    if trace is not None:
+        trace.rewritten = mod  # what the fusion passes start from
     if composites and patterns.patterns:
         from dpl.transform.fuse_by_pattern import fuse_ops_by_pattern
 
@@ -71,4 +84,6 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
         except ImportError:
             raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
         mod = fuse_ops(mod, fuse_reductions=fuse_reductions)
+    if trace is not None:
+        trace.result = mod
     return mod

@@ -23,6 +23,7 @@ from dpl.cli_cache import add_cache_command
 from dpl.cli_common import load_module, print_json, random_inputs, write_module
 from dpl.cli_profile import add_profile_command
 from dpl.cli_run import add_run_command
+from dpl.cli_viz import add_demo_command, add_explain_command, add_report_command, add_viz_command
 from dpl.errors import DplError
 
 __all__ = ["build_parser", "main", "random_inputs"]
@@ -30,30 +31,6 @@ __all__ = ["build_parser", "main", "random_inputs"]
 log = logging.getLogger("dpl")
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-def _llama_mlp():
-    from dpl.ir import FunctionBuilder, Module
-
-    fb = FunctionBuilder("main")
-    x = fb.param("x", "f32", ("n", 64))
-    w_gate = fb.param("w_gate", "f32", (64, 172))
-    w_up = fb.param("w_up", "f32", (64, 172))
-    w_down = fb.param("w_down", "f32", (172, 64))
-    gate = fb.emit("matmul", x, w_gate, name="gate")
-    act = fb.emit("nn.silu", gate, name="act")
-    up = fb.emit("matmul", x, w_up, name="up")
-    h = fb.emit("multiply", act, up, name="h")
-    out = fb.emit("matmul", h, w_down, name="out")
-    return Module([fb.ret(out)])
-
-
-def _summarise(result) -> str:
-    results = result if isinstance(result, tuple) else (result,)
-    lines = []
-    for i, r in enumerate(results):
-        lines.append(f"output {i}: shape {tuple(r.shape)} dtype {r.dtype} checksum {float(np.sum(r.astype(np.float64))):.6g}")
-    return "\n".join(lines)
 
 
 def add_print_command(sub) -> None:
@@ -133,21 +110,6 @@ def cmd_fuse(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from dpl.interpret import interpret
-
-    mod = _llama_mlp()
-    print(mod.script())
-    print(_summarise(interpret(mod, *random_inputs(mod["main"], args.seed))))
-    return 0
-
-
-def add_demo_command(sub) -> None:
-    p = sub.add_parser("demo", help="build a Llama-style MLP block in Python, print it and run it")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_demo)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``dpl`` parser: one ``add_<name>_command(subparsers)`` call per subcommand."""
     from dpl import __version__
@@ -165,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_fuse_command,
         add_profile_command,
         add_demo_command,
+        add_report_command,
+        add_viz_command,
+        add_explain_command,
         add_cache_command,
     ):
         add_command(sub)

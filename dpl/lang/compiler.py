@@ -27,7 +27,7 @@ from dpl.ir.expr import Expr, Tuple, TupleGetItem, Var
 from dpl.lang import ast
 from dpl.lang.expand import MAX_VARIANTS, Scope, apply_equivs, check_def, check_equiv, count_variants, expand_macros
 from dpl.lang.hooks import lookup_hook
-from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, evaluate
+from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, compile_conjunct, conjuncts, evaluate
 from dpl.ops.registry import REQUIRED, get_op, make_call
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FusionPattern, PatternSet, RewriteRule
@@ -122,8 +122,10 @@ class Rule:
         for pred, span in self.predicates:
             ok, why = evaluate(pred, view)
             if not ok:
-                where = span.source_line.strip() if span.source_line else "where clause"
-                return False, f"{span}: '{where}' does not hold" + (f" ({why})" if why else "")
+                where = getattr(pred, "text", None) or (span.source_line.strip() if span.source_line else "where clause")
+                values = pred.values(view) if hasattr(pred, "values") else ""
+                return False, (f"{span}: '{where}' does not hold" + (f" ({why})" if why else "")
+                               + (f": {values}" if values else ""))
         for name, hook in self.hooks:
             answer = hook(view)
             if not answer:
@@ -487,7 +489,8 @@ class _DeclCompiler:
                      hint="a rewrite replaces one value: the binding no other binding consumes")
         known = set(self.bindings) | set(self.free)
         preds = PredicateCompiler(known, self.errors)
-        predicates = tuple((preds.compile(w), w.span) for w in d.body.wheres)
+        # each conjunct of a where clause checked (and reported) on its own
+        predicates = tuple((compile_conjunct(preds, c), c.span) for w in d.body.wheres for c in conjuncts(w))
         annotations = {}
         for key, ref, span in d.body.annotates:
             if ref not in known:
