@@ -117,9 +117,12 @@ KEEP_ROW_BYTES = 64 << 10
 
 # OpenMP reduction operators for the registry combiners
 _SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "min"}
-# OpenMP's max and min combine the lanes' partial results with no rule for NaN, so a float
-# max/min SIMD reduction folds the non-NaN values and ORs a NaN flag beside them (see CpuEmitter)
+# A float max/min reduction folds the non-NaN values (one maxss/minss: the NaN-propagating
+# select would put a compare, an or and a blend on the accumulator's chain, and branches) and
+# ORs a NaN flag beside them, which also survives OpenMP's SIMD max/min (it combines the lanes'
+# partial results with no rule for NaN); the local becomes NaN after the loop if the flag is set
 _NAN_FOLD = {"maximum": ">", "minimum": "<"}
+SIMD_MIN_TRIPS = 8  # a max/min reduction's innermost loop shorter than this stays scalar
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -333,12 +336,15 @@ class CpuEmitter(StatementEmitter):
         keep = self.kept.get(id(s))
         if keep is not None:
             out.append(f"{'  ' * indent}{self.ctype(s.value.dtype)} {keep}[{self.expr(s.axes[0].extent)}];")
-        if s.combiner in _NAN_FOLD and dtypes.is_float(s.dtype) and self.simd_reduction(s):
+        if s.combiner in _NAN_FOLD and dtypes.is_float(s.dtype):
             flag = self.nan_flags[id(s)] = self.names.internal("nan")
             out.append(f"{'  ' * indent}int {flag} = 0;")
 
     def before_axis(self, s: Reduce, k: int, indent: int, out: list[str]) -> None:
         clause = self.simd_reduction(s)
+        extent = s.axes[-1].extent
+        if s.combiner in _NAN_FOLD and isinstance(extent, Const) and int(extent.value) < SIMD_MIN_TRIPS:
+            return  # a pooling window's row: the vector loop with its NaN flag costs more than it gains
         if clause and k == len(s.axes) - 1:
             flag = self.nan_flags.get(id(s))
             also = f" reduction(|:{flag})" if flag else ""

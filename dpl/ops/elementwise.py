@@ -108,7 +108,8 @@ _unary("negative", np.negative, "(-{0})", "-x", infer=_infer_unary)
 # ``x + 0``: NumPy's |-0.0| is +0.0
 _unary("abs", np.abs, "({0} < 0 ? -{0} : {0} + 0)", "|x|", infer=_infer_unary)
 _unary("square", np.square, "({0} * {0})", "x * x", infer=_infer_unary)
-_unary("nn.relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), "(({0} > 0 || {0} != {0}) ? {0} : 0)", "max(x, 0)", infer=_infer_unary)
+# ``x <= 0`` is false for NaN, which passes through (NumPy's maximum); -0.0 gives +0.0
+_unary("nn.relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), "({0} <= 0 ? 0 : {0})", "max(x, 0)", infer=_infer_unary)
 _unary(
     "nn.gelu",
     _same_float(lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))),
