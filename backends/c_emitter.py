@@ -11,6 +11,10 @@ register-sized buffer and streams each block out, which skips the read-for-owner
 store costs (a third of the traffic of a one-read one-write kernel). Each thread fences its
 streams before the parallel region ends. Without SSE2/AVX the plain loop is all there is.
 
+Every C identifier the kernel's own names need (buffers, dims, loop variables, locals) is
+spelled by one allocator, ``c_names.CNames``; the emitter's scaffolding lives in ``dpl_*``.
+NaN, the infinities and -0.0 mean what they mean to NumPy (see ``_NAN_FOLD`` for max/min).
+
 The generated function is ``void <name>(void **buffers, const int64_t *dims)``: buffers are
 the kernel's parameters, then its constants, then its outputs, all C-contiguous; ``dims`` are
 the symbolic dimensions in ``Kernel.dims`` order.
@@ -25,10 +29,9 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
+from dpl.backends.c_names import CNames, EmitError
 from dpl.kernel.ir import C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, to_c, walk
 from dpl.ops.registry import get_op
-
-from dpl.backends.c_names import CNames, EmitError
 
 PRELUDE = """\
 #include <stdint.h>
@@ -289,7 +292,7 @@ class CpuEmitter(StatementEmitter):
         self.redirect: dict[int, str] = {}  # id(Store) -> the C lvalue it writes instead (a block buffer)
         self.kept: dict[int, str] = {}  # id(Reduce) -> the row buffer its folded values are kept in
         self.aliases: dict[str, str] = {}  # kernel IR variable -> the C it reads instead (a kept row)
-        self.nan_flags: dict[int, str] = {}  # id(Reduce) -> the NaN flag of a float max/min SIMD reduction
+        self.nan_flags: dict[int, str] = {}  # id(Reduce) -> the NaN flag of a float max/min reduction
 
     def var(self, name: str) -> str:
         return self.aliases.get(name) or self.names[name]
