@@ -89,7 +89,9 @@ def test_non_convergence_names_the_pattern():
     fn, _ = build_dpl(DOUBLE)
     w, p = doubling()
     with pytest.raises(RewriteNotConverged) as err:
-        rewrite_call(p, lambda e, m: call("add", m[w], m[w]), fn, max_iterations=5)
+        # every round rebuilds the pattern one level deeper (an equal rebuild would be a fixed point)
+        grow = lambda e, m: call("add", call("multiply", m[w], const(1.0)), call("multiply", m[w], const(1.0)))  # noqa: E731
+        rewrite_call(p, grow, fn, max_iterations=5)
     assert "is_op('add')(w0, w0)" in str(err.value) and "test_pattern_rewrite.py" in str(err.value)
 
 

@@ -20,8 +20,17 @@ from typing import Any, Callable, Iterator, Mapping
 import attrs
 
 from dpl.ir.expr import Expr, Function, Module, Var
+from dpl.ir.types import TupleType
 from dpl.pattern import nodes as n
 from dpl.pattern.match import Match, NoMatch
+
+FUNCTION_RETURN = Var("<return>", TupleType(()))
+"""The user that :attr:`CheckContext.var_usages` lists for a variable the function returns.
+
+In TVM a returned value leaves its dataflow block through a non-dataflow variable, which
+``has_leaking_intermediate_variables`` counts as a leak; dpl has one kind of variable, so the
+return is counted as a user instead, and the same check (users outside ``matched_bindings``)
+rejects a returned intermediate. It is never a binding's variable."""
 
 
 def _mapping(value) -> Mapping[str, n.Pattern]:
@@ -32,7 +41,8 @@ def _mapping(value) -> Mapping[str, n.Pattern]:
 class CheckContext:
     """What a check sees (TVM's ``PatternCheckContext``): the matched root value, the
     annotated expressions by name, the matched bindings {var: value}, the users of every
-    variable of the function, and value -> bound variable for the bindings seen so far."""
+    variable of the function (:data:`FUNCTION_RETURN` among them for a returned variable),
+    and value -> bound variable for the bindings seen so far."""
 
     matched_expr: Expr
     annotated_expr: Mapping[str, Expr]
