@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="build a Llama-style MLP block in Python, print it and run it")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
+    from dpl.cli_fmt import add_fmt_command
+
+    add_fmt_command(sub)
     from dpl.runtime.profiler import add_profile_command
 
     add_profile_command(sub)
