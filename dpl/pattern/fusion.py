@@ -14,6 +14,7 @@ rewrite rules (applied before fusion, in order).
 
 from __future__ import annotations
 
+import logging
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
@@ -23,6 +24,8 @@ from dpl.ir.expr import Expr, Function, Module, Var
 from dpl.ir.types import TupleType
 from dpl.pattern import nodes as n
 from dpl.pattern.match import Match, NoMatch
+
+_log = logging.getLogger(__name__)
 
 FUNCTION_RETURN = Var("<return>", TupleType(()))
 """The user that :attr:`CheckContext.var_usages` lists for a variable the function returns.
@@ -156,8 +159,21 @@ class PatternSet:
         raise KeyError(name)
 
     def __add__(self, other: "PatternSet") -> "PatternSet":
-        """Both sets, ``self`` first (so its patterns take priority)."""
-        return PatternSet(self.patterns + other.patterns, self.rewrites + other.rewrites)
+        """Both sets, ``self`` first (so its patterns take priority). A rule of ``other`` named
+        like one of ``self`` is left out, with a logged note: the earlier one wins, as for
+        pattern files given in order (``dpl fuse -p mine.dpl -p cublas``)."""
+        earlier = {item.name: item for item in (*self.patterns, *self.rewrites)}
+
+        def kept(item) -> bool:
+            first = earlier.get(item.name)
+            if first is None:
+                return True
+            _log.warning("rule '%s' (%s) is shadowed by the earlier rule of that name (%s); the earlier one wins",
+                         item.name, item.origin, first.origin)
+            return False
+
+        return PatternSet(self.patterns + tuple(p for p in other.patterns if kept(p)),
+                          self.rewrites + tuple(r for r in other.rewrites if kept(r)))
 
     def apply_rewrites(self, target: Function | Module) -> Function | Module:
         for rule in self.rewrites:
