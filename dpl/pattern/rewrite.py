@@ -69,10 +69,10 @@ def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | No
     current = func
     for _ in range(max_iterations):
         new = _round(pattern, alternatives, index, rewriter, current)
-        if new is current:
-            return current
+        if new is current or structural_equal(new, current, names=False):
+            return current  # an equal rebuild is a fixed point too (Relax compares structurally)
         new = simplify(new)  # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused
-        if structural_equal(new, current):
+        if structural_equal(new, current, names=False):
             return current
         current = new
     raise RewriteNotConverged(
