@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 
 from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, replace
-from dpl.ir.simplify import remove_dead_bindings, simplify
+from dpl.ir.simplify import remove_dead_bindings, simplify  # noqa: F401 (remove_dead_bindings: re-exported)
 from dpl.ir.structural import structural_equal
 from dpl.pattern import nodes as n
 from dpl.pattern.context import GraphPattern, PatternContext, _as_graph, _leaf_vars, iter_graph_matches
