@@ -107,6 +107,16 @@ def test_every_comment_is_kept_once():
     assert comments(format_text(MESSY)) == comments(MESSY) and len(comments(MESSY)) == 10
 
 
+def test_docs_stay_with_their_declaration():
+    from dpl.lang.parser import parse_file
+
+    text = "codegen k ## the doc of p (the parser reads it so)\npattern p { out = exp(x)\n## doc of q\n} rewrite q {\n  ## not a doc\n  out = multiply(x, sigmoid(x)) => nn.silu(x) }\n"
+    out = format_text(text)
+    assert [d.doc for d in parse_file(out).decls[1:]] == [d.doc for d in parse_file(text).decls[1:]] == [
+        "the doc of p (the parser reads it so)", "doc of q"]
+    assert format_text(out) == out and "  ## not a doc\n  out = multiply" in out
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
 def test_shipped_libraries_are_formatted(path):
     text = open(path, encoding="utf-8").read()

@@ -12,8 +12,9 @@ The layout (what the shipped libraries already look like):
 Comments are trivia the parser skips; here the lexer hands them over (a Lark lexer callback)
 and each is attached to a line of the output: a comment ending a statement's last line stays
 at its end (two spaces before the ``#``), a comment on a line of its own stays above the
-statement that follows it (a ``##`` doc comment so stays on the declaration it documents),
-and a comment inside a statement spread over several lines moves above that statement.
+statement that follows it, and a comment inside a statement spread over several lines moves
+above that statement. A ``##`` run the parser reads as a declaration's doc (the lines right
+above ``pattern``/``rewrite``) goes right above that declaration, whatever stood between.
 
 The tokens themselves are printed as written (numbers, strings, names), so formatting never
 changes what a file means; :func:`format_text` checks that the result lexes to the same
@@ -82,6 +83,7 @@ class _Line:
     kind: str  # a declaration's rule, "binding"/... for statements, "header", "repl", "close"
     name_width: int = 0  # bindings of one block: the width their names are padded to
     leading: list[tuple[Token, bool]] = attrs.field(factory=list)  # (comment, blank line before it)
+    hoisted: list[tuple[Token, bool]] = attrs.field(factory=list)  # comments from inside it, moved above
     trailing: list[Token] = attrs.field(factory=list)
     blank: bool = False
 
@@ -200,16 +202,30 @@ def _place_comments(lines: list[_Line], comments: list[Token]) -> list[tuple[Tok
             if (ln.first.line, ln.first.column) == (line, col):
                 ln.blank = had
             previous_end = max(previous_end, line)
+    # a ``##`` run on the lines right above a declaration is its doc (the parser reads it so,
+    # whatever stands between): it goes with that declaration
+    docs_by_line = {c.line: c for c in comments if c.type == "DOC"}
+    doc_of: dict[int, _Line] = {}
+    for ln in lines:
+        if ln.kind == "header":
+            line = ln.first.line - 1
+            while line in docs_by_line:
+                doc_of[id(docs_by_line[line])] = ln
+                line -= 1
     end: list[tuple[Token, bool]] = []
     for c in comments:
         i = bisect.bisect_left(positions, (c.line, c.column))
         before = owner[i - 1] if i else None
         after = owner[i] if i < len(owner) else None
         blank = gap[id(c)]
-        if before is not None and before[0] == c.line and before[2].last.end_line == c.line:
+        if id(c) in doc_of:  # even one ending a line: the parser makes it the doc below
+            doc_of[id(c)].leading.append((c, blank))
+        elif before is not None and before[0] == c.line and before[2].last.end_line == c.line:
             before[2].trailing.append(c)  # ends the statement's last line: stays there
         elif before is not None and before[0] == c.line:
-            before[2].leading.append((c, blank))  # inside a statement spread over lines: above it
+            before[2].hoisted.append((c, blank))  # inside a statement spread over lines: above it
+        elif after is not None and (after[2].first.line, after[2].first.column) != (after[0], after[1]):
+            after[2].hoisted.append((c, blank))  # on a line of its own inside a statement
         elif after is not None:
             after[2].leading.append((c, blank))
         else:
@@ -227,15 +243,22 @@ def _render(lines: list[_Line], end: list[tuple[Token, bool]]) -> str:
     after_block = False
     for i, ln in enumerate(lines):
         top = ln.depth == 0 and ln.kind != "close"
+        first_in_block = bool(i) and lines[i - 1].kind == "header"
+        # (comment or None for the line itself, blank line before it in the text, moved up)
+        group = [(c, had, True) for c, had in ln.hoisted] + [(c, had, False) for c, had in ln.leading] + [(None, ln.blank, False)]
         force = top and (ln.kind == "header" or after_block)
-        inside_edge = ln.kind == "close" or (i and lines[i - 1].kind == "header")
-        for j, (c, had_blank) in enumerate(ln.leading):
-            if (had_blank and not (j == 0 and inside_edge and ln.kind != "close")) or (j == 0 and force):
+        # a ``##`` moved up out of a declaration must not become that declaration's doc
+        split_docs = ln.kind == "header" and any(c.type == "DOC" for c, _ in ln.hoisted)
+        indent = INDENT * (1 if ln.kind == "close" else ln.depth)
+        for j, (c, had, hoisted) in enumerate(group):
+            want = (force or (had and not first_in_block)) if j == 0 else had
+            if split_docs and not hoisted and group[j - 1][2]:
+                want = True
+            if c is None and ln.kind == "close":
+                want = False
+            if want:
                 blank()
-            out.append(INDENT * (ln.depth if ln.kind != "close" else 1) + str(c).rstrip())
-        if (ln.blank and not inside_edge) or (force and not ln.leading):
-            blank()
-        out.append(ln.render())
+            out.append(ln.render() if c is None else indent + str(c).rstrip())
         if ln.kind == "close":
             after_block = True
         elif top:
