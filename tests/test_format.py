@@ -162,6 +162,19 @@ def test_layout_does_not_depend_on_the_whitespace_written(data):
     assert "\n".join(kept) == plain
 
 
+@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_never_refuses_comments_anywhere(data):
+    """Comments of both kinds and blank lines anywhere between tokens: the formatter keeps
+    tokens, comments and docs (format_text verifies it and would raise FormatError) and is
+    idempotent."""
+    tokens = data.draw(st.sampled_from(CORPUS))
+    gaps = data.draw(st.lists(st.sampled_from([" ", "\n", "\n\n", "  # c\n", "\n## d\n", " ## t\n", "\n  # e\n"]),
+                              min_size=len(tokens), max_size=len(tokens)))
+    out = format_text("".join(t + g for t, g in zip(tokens, gaps)))
+    assert format_text(out) == out
+
+
 # -- the command -----------------------------------------------------------------------------------
 
 
