@@ -21,6 +21,7 @@ import numpy as np
 
 from dpl.cli_cache import add_cache_command
 from dpl.cli_common import load_module, print_json, random_inputs, write_module
+from dpl.cli_fmt import add_fmt_command
 from dpl.cli_profile import add_profile_command
 from dpl.cli_run import add_run_command
 from dpl.cli_viz import add_demo_command, add_explain_command, add_report_command, add_viz_command
@@ -58,12 +59,13 @@ def cmd_check(args) -> int:
     from dpl.lang.tool import check_report
 
     if args.json:
-        from dpl.lang import load_rules
+        from dpl.lang import _load
 
-        rules = load_rules(args.files)
+        rules, shadowed = _load(args.files)
         print_json({"rules": [{"kind": r.kind, "name": r.name, "root_op": r.root_op, "ops": list(r.ops), "variants": r.variants,
                                "codegen": r.codegen, "doc": r.doc, "location": str(r.span)} for r in rules],
-                    "count": len(rules)})
+                    "count": len(rules),
+                    "shadowed": [{"name": d.name, "location": str(d.span), "earlier": str(k.span)} for d, k in shadowed]})
         return 0
     print(check_report(args.files))
     return 0
@@ -130,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_report_command,
         add_viz_command,
         add_explain_command,
+        add_fmt_command,
         add_cache_command,
     ):
         add_command(sub)

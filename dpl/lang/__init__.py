@@ -11,6 +11,7 @@ compiled rules themselves (names, docs, ops, spans) for tools such as ``dpl chec
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Iterable, Sequence
@@ -21,6 +22,9 @@ from dpl.pattern.fusion import PatternSet
 from dpl.lang.hooks import check_hook
 from dpl.lang.libraries import LibraryError, library_names, read_library, shipped_libraries
 from dpl.lang.parser import DplSyntaxError, parse_file
+
+
+_log = logging.getLogger(__name__)
 
 
 class PatternFileError(DplError):
@@ -71,22 +75,48 @@ def _read(source: str) -> tuple[str, str]:
 
 
 def load_rules(sources: str | Sequence[str]) -> tuple[Rule, ...]:
-    """Rules of one or several files/libraries, in the order given (that order is priority)."""
+    """Rules of one or several files/libraries, in the order given (that order is priority).
+    A rule named like one of an earlier file is left out with a logged note: the earlier one
+    wins (:func:`shadowed_rules` lists such pairs, as ``dpl check`` reports them)."""
+    rules, shadowed = _load(sources)
+    for dropped, kept in shadowed:
+        _log.warning("%s: %s '%s' is shadowed by the earlier one at %s; the earlier one wins",
+                     dropped.span, dropped.kind, dropped.name, kept.span)
+    return rules
+
+
+def shadowed_rules(sources: str | Sequence[str]) -> list[tuple[Rule, Rule]]:
+    """(left-out rule, the earlier rule of that name) for every name defined by two of the
+    files given."""
+    return _load(sources)[1]
+
+
+def _load(sources) -> tuple[tuple[Rule, ...], list[tuple[Rule, Rule]]]:
     if isinstance(sources, (str, os.PathLike)):
         sources = [os.fspath(sources)]
     rules: list[Rule] = []
+    shadowed: list[tuple[Rule, Rule]] = []
+    by_name: dict[str, Rule] = {}
     errors: list[DplError] = []
     for source in sources:
         text, filename = _read(os.fspath(source))
         try:
-            rules.extend(parse_rules(text, filename))
+            compiled = parse_rules(text, filename)
         except DplErrors as err:
             errors.extend(err.errors)
+            continue
         except DplError as err:
             errors.append(err)
+            continue
+        for rule in compiled:  # one file never defines a name twice (the compiler refuses)
+            if rule.name in by_name:
+                shadowed.append((rule, by_name[rule.name]))
+                continue
+            by_name[rule.name] = rule
+            rules.append(rule)
     if errors:
         raise errors[0] if len(errors) == 1 else DplErrors(errors)
-    return tuple(rules)
+    return tuple(rules), shadowed
 
 
 def parse_patterns(text: str, filename: str = "<string>") -> PatternSet:
@@ -100,5 +130,5 @@ def load_patterns(sources: str | Sequence[str]) -> PatternSet:
 __all__ = [
     "PatternSet", "load_patterns", "parse_patterns",
     "CompiledFile", "DplErrors", "DplSyntaxError", "LangError", "PatternFileError", "Rule", "check_hook",
-    "library_names", "load_rules", "parse_rules", "shipped_libraries",
+    "library_names", "load_rules", "parse_rules", "shadowed_rules", "shipped_libraries",
 ]

@@ -15,14 +15,26 @@ rewrite rules (applied before fusion, in order).
 from __future__ import annotations
 
 import collections.abc
+import logging
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
 import attrs
 
 from dpl.ir.expr import Expr, Function, Module, Var
+from dpl.ir.types import TupleType
 from dpl.pattern import nodes as n
 from dpl.pattern.match import Match, NoMatch
+
+_log = logging.getLogger(__name__)
+
+FUNCTION_RETURN = Var("<return>", TupleType(()))
+"""The user that :attr:`CheckContext.var_usages` lists for a variable the function returns.
+
+In TVM a returned value leaves its dataflow block through a non-dataflow variable, which
+``has_leaking_intermediate_variables`` counts as a leak; dpl has one kind of variable, so the
+return is counted as a user instead, and the same check (users outside ``matched_bindings``)
+rejects a returned intermediate. It is never a binding's variable."""
 
 
 def _mapping(value) -> Mapping[str, n.Pattern]:
@@ -66,7 +78,8 @@ class BoundSoFar(collections.abc.Mapping):
 class CheckContext:
     """What a check sees (TVM's ``PatternCheckContext``): the matched root value, the
     annotated expressions by name, the matched bindings {var: value}, the users of every
-    variable of the function, and value -> bound variable for the bindings seen so far."""
+    variable of the function (:data:`FUNCTION_RETURN` among them for a returned variable),
+    and value -> bound variable for the bindings seen so far."""
 
     matched_expr: Expr
     annotated_expr: Mapping[str, Expr]
@@ -180,8 +193,21 @@ class PatternSet:
         raise KeyError(name)
 
     def __add__(self, other: "PatternSet") -> "PatternSet":
-        """Both sets, ``self`` first (so its patterns take priority)."""
-        return PatternSet(self.patterns + other.patterns, self.rewrites + other.rewrites)
+        """Both sets, ``self`` first (so its patterns take priority). A rule of ``other`` named
+        like one of ``self`` is left out, with a logged note: the earlier one wins, as for
+        pattern files given in order (``dpl fuse -p mine.dpl -p cublas``)."""
+        earlier = {item.name: item for item in (*self.patterns, *self.rewrites)}
+
+        def kept(item) -> bool:
+            first = earlier.get(item.name)
+            if first is None:
+                return True
+            _log.warning("rule '%s' (%s) is shadowed by the earlier rule of that name (%s); the earlier one wins",
+                         item.name, item.origin, first.origin)
+            return False
+
+        return PatternSet(self.patterns + tuple(p for p in other.patterns if kept(p)),
+                          self.rewrites + tuple(r for r in other.rewrites if kept(r)))
 
     def apply_rewrites(self, target: Function | Module) -> Function | Module:
         for rule in self.rewrites:

@@ -23,7 +23,7 @@ import attrs
 from dpl.errors import DplError
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Var
 from dpl.pattern import nodes as P
-from dpl.pattern.fusion import BoundSoFar, CheckContext, FusionPattern
+from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern
 from dpl.pattern.match import Matcher, PatternIndex
 from dpl.transform.outline import FunctionTable, Group, leaves, outline
 
@@ -33,7 +33,9 @@ class CodegenNameError(DplError):
 
 
 def var_usages(func: Function) -> dict[Var, tuple[Var, ...]]:
-    """{var: binding vars that use it}, params included; the return is not a use (as in TVM)."""
+    """{var: binding vars that use it}, params included, in program order; a variable the
+    function returns also lists :data:`FUNCTION_RETURN` (last), so that a leak check over the
+    users rejects a returned intermediate as TVM's does (there, through its non-dataflow var)."""
     users: dict[Var, list[Var]] = {p: [] for p in func.params}
     for b in func.bindings:
         users.setdefault(b.var, [])
@@ -42,6 +44,11 @@ def var_usages(func: Function) -> dict[Var, tuple[Var, ...]]:
                 lst = users.setdefault(v, [])
                 if b.var not in lst:
                     lst.append(b.var)
+    for v in leaves(func.ret):
+        if isinstance(v, Var):
+            lst = users.setdefault(v, [])
+            if FUNCTION_RETURN not in lst:
+                lst.append(FUNCTION_RETURN)
     return {k: tuple(v) for k, v in users.items()}
 
 
