@@ -65,7 +65,7 @@ TABLE = {
 JSON_KEYS = {
     "run": (["m.ir", "--target", "numpy", "--check", "--time", "--repeat", "2"],
             {"file", "entry", "target", "patterns", "outputs", "check", "time"}),
-    "check": (["p.dpl"], {"rules", "count"}),
+    "check": (["p.dpl"], {"rules", "count", "shadowed"}),
     "fuse": (["m.ir", "-p", "p.dpl", "--report"], {"module", "output", "events"}),
     "profile": (["m.ir", "--dim", "n=4", "--repeat", "1", "--target", "numpy"], {"module", "output", "fused_first", "groups"}),
 }
