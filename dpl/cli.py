@@ -46,8 +46,15 @@ def random_inputs(fn, seed: int = 0, dims: dict[str, int] | None = None):
     return arrays
 
 
+def _flatten(result) -> list:
+    """The arrays of a result, nested tuples flattened in order."""
+    if isinstance(result, tuple):
+        return [a for r in result for a in _flatten(r)]
+    return [result]
+
+
 def _summarise(result) -> str:
-    results = result if isinstance(result, tuple) else (result,)
+    results = _flatten(result)
     lines = []
     for i, r in enumerate(results):
         lines.append(f"output {i}: shape {tuple(r.shape)} dtype {r.dtype} checksum {float(np.sum(r.astype(np.float64))):.6g}")

@@ -7,6 +7,8 @@ from typing import Union
 import attrs
 
 from dpl import dtypes
+from dpl.errors import TypeInferenceError
+from dpl.limits import LimitError, excerpt, shape_size_error
 
 Dim = Union[int, str]  # a string dimension is symbolic (bound from the inputs at run time)
 
@@ -28,8 +30,22 @@ class TensorType:
     def is_static(self) -> bool:
         return all(isinstance(d, int) for d in self.shape)
 
+    def __attrs_post_init__(self) -> None:
+        _check_shape(self.shape, self.dtype)
+
     def __str__(self) -> str:
         return f"{dtypes.short(self.dtype)}[{', '.join(map(str, self.shape))}]"
+
+
+def _check_shape(shape: tuple[Dim, ...], dtype: str) -> None:
+    """Dimensions are sizes, and a static shape stays within MAX_TENSOR_ELEMENTS and
+    MAX_TENSOR_BYTES, so that nothing later allocates or indexes past what exists."""
+    negative = next((d for d in shape if isinstance(d, int) and d < 0), None)
+    if negative is not None:
+        raise TypeInferenceError(f"shape [{excerpt(', '.join(map(str, shape)))}] has the negative dimension {negative}")
+    why = shape_size_error(shape, dtypes.ITEMSIZE.get(dtype, 8))
+    if why is not None:
+        raise LimitError(f"a {dtypes.short(dtype)} tensor of shape [{excerpt(', '.join(map(str, shape)))}] {why}")
 
 
 @attrs.frozen

@@ -11,12 +11,18 @@ from dpl.ir.types import TensorType
 from dpl.ops._shapes import normalize_axes
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
 
+# reductions without an identity: over a zero-length axis they have no value
+_NO_IDENTITY = ("max", "min")
 _REDUCE_ATTRS = {"axis": AttrSpec("axes", default=None), "keepdims": AttrSpec("bool", default=False)}
 
 
 def _infer_reduce(info: CallInfo) -> TensorType:
     x = info.tensor(0)
     axes = normalize_axes(info, info.attrs["axis"], x.ndim)
+    empty = next((i for i in axes if x.shape[i] == 0), None)
+    if info.op in _NO_IDENTITY and empty is not None:
+        raise info.error(f"'{info.op}' over axis {empty} of {info.operand(0)}, which has length 0, has no value "
+                         "(the maximum or minimum of nothing is undefined)")
     if info.attrs["keepdims"]:
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     else:
