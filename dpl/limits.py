@@ -37,15 +37,17 @@ MAX_TENSOR_BYTES = 2**42  # 4 TiB
 MAX_FOLD_ELEMENTS = 2**24
 
 # -- diagnostics -----------------------------------------------------------------------------
-# characters of a source line, a message or a hint that an error prints
+# characters of a source line an error quotes (a window around the caret), and of its message
+# or hint (a value quoted in a message may be a whole string literal)
 MAX_EXCERPT = 160
+MAX_MESSAGE = 1000
 
 
 class LimitError(DplError):
     """Input larger than one of the limits of :mod:`dpl.limits`."""
 
 
-def excerpt(text: str, limit: int = MAX_EXCERPT) -> str:
+def excerpt(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` cut to about ``limit`` characters, keeping its head and tail."""
     if len(text) <= limit:
         return text

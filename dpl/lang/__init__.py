@@ -12,7 +12,6 @@ compiled rules themselves (names, docs, ops, spans) for tools such as ``dpl chec
 from __future__ import annotations
 
 import os
-from importlib import resources
 from typing import Iterable, Sequence
 
 from dpl.errors import DplError
@@ -20,65 +19,33 @@ from dpl.lang.compiler import CompiledFile, DplErrors, LangError, Rule, compile_
 from dpl.pattern.fusion import PatternSet
 from dpl.lang.hooks import check_hook
 from dpl.lang.parser import DplSyntaxError, parse_file
+from dpl.lang.sources import PatternFileError, read, resolve_import, shipped_libraries
 
 
-class PatternFileError(DplError):
-    """A pattern file or library that cannot be found or read."""
+def parse_rules(text: str, filename: str = "<string>", search_path: Sequence[str] = ()) -> tuple[Rule, ...]:
+    """Compile ``.dpl`` text; every error of the text (and of what it imports) is reported together.
+    Imports resolve inside the file's directory tree, then inside ``search_path``'s directories."""
+    return compile_file(parse_file(text, filename), _resolver(tuple(search_path))).rules
 
 
-def parse_rules(text: str, filename: str = "<string>") -> tuple[Rule, ...]:
-    """Compile ``.dpl`` text; every error of the text (and of what it imports) is reported together."""
-    return compile_file(parse_file(text, filename), _resolve).rules
+def _resolver(search_path: tuple[str, ...]):
+    def resolve(decl, importer: str):
+        text, filename = resolve_import(decl, importer, search_path)
+        return filename, parse_file(text, filename)
+
+    return resolve
 
 
-def _resolve(decl, importer: str):
-    """(key, syntax tree) of an import: a quoted path relative to the importing file, or a
-    shipped library by name."""
-    if decl.is_path:
-        base = os.path.dirname(importer) if os.path.isfile(importer) else os.getcwd()
-        source = os.path.normpath(os.path.join(base, decl.target))
-    else:
-        source = decl.target
-    text, filename = _read(source)
-    return filename, parse_file(text, filename)
-
-
-def shipped_libraries() -> list[str]:
-    return sorted(p.name[:-4] for p in resources.files("dpl.patterns").iterdir() if p.name.endswith(".dpl"))
-
-
-def _read(source: str) -> tuple[str, str]:
-    """(text, filename) of a path or of a shipped library name such as ``"cublas"``."""
-    if source.endswith(".dpl") or os.sep in source or "/" in source:
-        try:
-            with open(source, encoding="utf-8") as f:
-                return f.read(), source
-        except FileNotFoundError:
-            raise PatternFileError(f"pattern file '{source}' does not exist") from None
-        except IsADirectoryError:
-            raise PatternFileError(f"'{source}' is a directory, not a pattern file") from None
-        except UnicodeDecodeError:
-            raise PatternFileError(f"'{source}' is not a UTF-8 text file") from None
-        except OSError as err:
-            raise PatternFileError(f"cannot read '{source}': {err.strerror}") from None
-    if not source.isidentifier():
-        raise PatternFileError(f"'{source}' is neither a .dpl file nor a shipped library name")
-    entry = resources.files("dpl.patterns").joinpath(f"{source}.dpl")
-    if not entry.is_file():
-        raise PatternFileError(f"no shipped pattern library '{source}'", hint=f"shipped libraries: {', '.join(shipped_libraries())}")
-    return entry.read_text(encoding="utf-8"), f"{source}.dpl"
-
-
-def load_rules(sources: str | Sequence[str]) -> tuple[Rule, ...]:
+def load_rules(sources: str | Sequence[str], search_path: Sequence[str] = ()) -> tuple[Rule, ...]:
     """Rules of one or several files/libraries, in the order given (that order is priority)."""
     if isinstance(sources, (str, os.PathLike)):
         sources = [os.fspath(sources)]
     rules: list[Rule] = []
     errors: list[DplError] = []
     for source in sources:
-        text, filename = _read(os.fspath(source))
+        text, filename = read(os.fspath(source))
         try:
-            rules.extend(parse_rules(text, filename))
+            rules.extend(parse_rules(text, filename, search_path))
         except DplErrors as err:
             errors.extend(err.errors)
         except DplError as err:
@@ -88,12 +55,12 @@ def load_rules(sources: str | Sequence[str]) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def parse_patterns(text: str, filename: str = "<string>") -> PatternSet:
-    return pattern_set(parse_rules(text, filename))
+def parse_patterns(text: str, filename: str = "<string>", search_path: Sequence[str] = ()) -> PatternSet:
+    return pattern_set(parse_rules(text, filename, search_path))
 
 
-def load_patterns(sources: str | Sequence[str]) -> PatternSet:
-    return pattern_set(load_rules(sources))
+def load_patterns(sources: str | Sequence[str], search_path: Sequence[str] = ()) -> PatternSet:
+    return pattern_set(load_rules(sources, search_path))
 
 
 __all__ = [
