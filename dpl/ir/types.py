@@ -41,8 +41,8 @@ def _check_shape(shape: tuple[Dim, ...], dtype: str) -> None:
     """Dimensions are sizes, and a static shape stays within MAX_TENSOR_ELEMENTS and
     MAX_TENSOR_BYTES, so that nothing later allocates or indexes past what exists."""
     negative = next((d for d in shape if isinstance(d, int) and d < 0), None)
-    dims = excerpt(", ".join(map(str, shape)), 120) if negative is not None else ""
     if negative is not None:
+        dims = excerpt(", ".join(map(str, shape)), 120)
         raise TypeInferenceError(f"shape [{dims}] has the negative dimension {negative}")
     why = shape_size_error(shape, dtypes.ITEMSIZE.get(dtype, 8))
     if why is not None:
