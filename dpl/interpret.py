@@ -125,7 +125,10 @@ def run_function(mod: Module | None, fn: Function, arrays: list[Any], outer_dims
     for d, n in (outer_dims or {}).items():
         dims.setdefault(d, n)
     for b in fn.bindings:
-        frame.env[id(b.var)] = frame.eval(b.value)
+        try:
+            frame.env[id(b.var)] = frame.eval(b.value)
+        except MemoryError:  # a shape within the type limits may still exceed this machine
+            raise InterpretError(f"not enough memory to compute '{b.var.name}': {b.var.ty} in function '{fn.name}'") from None
     return frame.eval(fn.ret)
 
 

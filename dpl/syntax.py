@@ -155,7 +155,8 @@ def check_nesting(tree, src: "Source") -> None:
 
     node = tree_too_deep(tree)
     if node is not None:
-        raise LimitError(f"this is nested more than MAX_NESTING = {MAX_NESTING} levels deep", src.of(node),
+        at = src.of(node)  # the caret marks where the level past the limit starts
+        raise LimitError(f"this is nested more than MAX_NESTING = {MAX_NESTING} levels deep", src.span(at.line, at.col),
                          hint="split the expression into named bindings")
 
 
