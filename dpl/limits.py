@@ -19,6 +19,11 @@ from dpl.errors import DplError, Span
 MAX_NESTING = 100
 # alternatives of one `|` chain: in a .dpl file, and built with `|` through the Python API
 MAX_ALTERNATIVES = 64
+# nodes one .dpl pattern may grow to while its macros expand (a macro that uses a parameter
+# twice doubles its argument at every level)
+MAX_MACRO_NODES = 100_000
+# plain patterns one .dpl pattern may stand for (alternatives, equivalences, optional ops)
+MAX_VARIANTS = 1024
 # digits of an integer literal (int64 needs at most 19)
 MAX_INT_DIGITS = 20
 # bytes of one .ir or .dpl source file read from disk (an import included)

@@ -48,7 +48,9 @@ IR_PIECES = st.one_of(
 DPL_PIECES = st.one_of(
     SHARED,
     st.sampled_from(['import "/dev/zero"\n', 'import "/etc/passwd"\n', 'import "../../x.dpl"\n', "where [1] * 99999999999 == [1]",
-                     "where rank(x) + 1 == 2", "_", "...", "const", "~", "|", "&", "?", "=>", "priority 99999999999999999999"]),
+                     "where rank(x) + 1 == 2", "_", "...", "const", "~", "|", "&", "?", "=>", "priority 99999999999999999999",
+                     "def f(x) = f(x)\n", "def g(y) = exp(y) | exp(y)\n", "g(", "equiv power(x, 2.0) == multiply(x, x)\n",
+                     "power(", ", 2.0)"]),
     st.integers(1, 400).map(lambda n: "~" * n),
     _nest("exp(", "x", ")"),
     _nest("(", "1", " + 1)"),

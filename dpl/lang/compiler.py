@@ -25,7 +25,7 @@ from dpl.errors import DplError, Span
 from dpl.ir.builder import const
 from dpl.ir.expr import Expr, Tuple, TupleGetItem, Var
 from dpl.lang import ast
-from dpl.lang.expand import MAX_VARIANTS, Scope, apply_equivs, check_def, check_equiv, count_variants, expand_macros
+from dpl.lang.expand import MAX_VARIANTS, VARIANTS_COUNTED, Scope, apply_equivs, check_def, check_equiv, count_variants, expand_macros
 from dpl.lang.hooks import lookup_hook
 from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, evaluate
 from dpl.ops.registry import REQUIRED, get_op, make_call
@@ -285,10 +285,11 @@ class _DeclCompiler:
         for b in body.bindings:
             value = expand_macros(b.value, scope, errors)
             value, _ = apply_equivs(value, scope.equivs)
-            self.variants *= count_variants(value)
+            self.variants = min(self.variants * count_variants(value), VARIANTS_COUNTED)
             expanded.append(attrs.evolve(b, value=value))
         if self.variants > MAX_VARIANTS:
-            self.err(LangError, f"{decl.kind} '{decl.name}' expands into {self.variants} variants (the limit is {MAX_VARIANTS})", decl.span,
+            count = f"more than {VARIANTS_COUNTED - 1}" if self.variants >= VARIANTS_COUNTED else str(self.variants)
+            self.err(LangError, f"{decl.kind} '{decl.name}' expands into {count} variants (the limit is {MAX_VARIANTS})", decl.span,
                      hint="write the pattern more specifically, or split it")
         self.memo: dict[int, P.Pattern] = {}
         self.bindings: dict[str, ast.Binding] = {}
@@ -303,6 +304,7 @@ class _DeclCompiler:
         self.free: dict[str, Span] = {}  # names used but not bound: wildcards
         self.deps: dict[str, list[str]] = {name: [] for name in self.bindings}
         self.ops: list[str] = []
+        self.scanned: set[tuple[int, str]] = set()
         for b in self.bindings.values():
             self._scan(b.value, b.name)
         self.types: dict[str, list[ast.TypePat]] = {}
@@ -322,6 +324,11 @@ class _DeclCompiler:
 
     # -- names and ops --------------------------------------------------------------------
     def _scan(self, e: ast.PExpr, owner: str) -> None:
+        # equivalences and macros share nodes (a placeholder used twice): visit each once, so
+        # that a pattern of nested sites costs linear time, not exponential
+        if (id(e), owner) in self.scanned:
+            return
+        self.scanned.add((id(e), owner))
         if isinstance(e, ast.Ref):
             if e.name in self.bindings:
                 self.deps[owner].append(e.name)
