@@ -8,7 +8,7 @@ import attrs
 
 from dpl import dtypes
 from dpl.errors import TypeInferenceError
-from dpl.limits import LimitError, excerpt, shape_size_error
+from dpl.limits import MAX_TENSOR_BYTES, MAX_TENSOR_ELEMENTS, LimitError, excerpt, shape_size_error
 
 Dim = Union[int, str]  # a string dimension is symbolic (bound from the inputs at run time)
 
@@ -39,15 +39,24 @@ class TensorType:
 
 def _check_shape(shape: tuple[Dim, ...], dtype: str) -> None:
     """Dimensions are sizes, and a static shape stays within MAX_TENSOR_ELEMENTS and
-    MAX_TENSOR_BYTES, so that nothing later allocates or indexes past what exists."""
-    negative = next((d for d in shape if isinstance(d, int) and d < 0), None)
-    if negative is not None:
-        dims = excerpt(", ".join(map(str, shape)), 120)
-        raise TypeInferenceError(f"shape [{dims}] has the negative dimension {negative}")
+    MAX_TENSOR_BYTES, so that nothing later allocates or indexes past what exists. (Every
+    type passes here: one loop, the messages built only on failure.)"""
+    elements = 1
+    for d in shape:
+        if type(d) is int:
+            if d < 0:
+                dims = excerpt(", ".join(map(str, shape)), 120)
+                raise TypeInferenceError(f"shape [{dims}] has the negative dimension {d}")
+            elements *= d
+    if elements <= _SURELY_SMALL:
+        return
     why = shape_size_error(shape, dtypes.ITEMSIZE.get(dtype, 8))
     if why is not None:
         dims = excerpt(", ".join(map(str, shape)), 120)
         raise LimitError(f"a {dtypes.short(dtype)} tensor of shape [{dims}] {why}")
+
+
+_SURELY_SMALL = min(MAX_TENSOR_ELEMENTS, MAX_TENSOR_BYTES // 8)  # within both limits, whatever the dtype
 
 
 @attrs.frozen
