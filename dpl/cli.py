@@ -30,12 +30,17 @@ def _llama_mlp():
 def random_inputs(fn, seed: int = 0, dims: dict[str, int] | None = None):
     """Random arrays for a function's parameters (symbolic dims default to 8)."""
     from dpl import dtypes
+    from dpl.ir.types import TensorType
 
     rng = np.random.default_rng(seed)
     dims = dict(dims or {})
     arrays = []
     for p in fn.params:
         shape = tuple(dims.setdefault(d, 8) if isinstance(d, str) else d for d in p.ty.shape)
+        try:
+            TensorType(shape, p.ty.dtype)  # with the dims bound: within dpl.limits' shape sizes
+        except DplError as err:
+            raise DplError(f"input '{p.name}': {err.message}") from None
         dtype = dtypes.to_numpy(p.ty.dtype)
         if dtypes.is_float_numpy(dtype):
             arrays.append(rng.standard_normal(shape).astype(dtype))
@@ -76,7 +81,11 @@ def cmd_run(args) -> int:
     if args.entry not in mod.functions:
         raise DplError(f"'{args.file}' has no function '{args.entry}' (it has: {', '.join(mod.functions)})")
     dims = dict(_dim(d) for d in args.dim)
-    print(_summarise(interpret(mod, *random_inputs(mod[args.entry], args.seed, dims), entry=args.entry)))
+    try:
+        inputs = random_inputs(mod[args.entry], args.seed, dims)
+    except MemoryError:
+        raise DplError("not enough memory for random inputs of these sizes", hint="give smaller sizes with --dim") from None
+    print(_summarise(interpret(mod, *inputs, entry=args.entry)))
     return 0
 
 
