@@ -17,6 +17,9 @@ from dpl.errors import DplError, Span
 # how deeply expressions, types and attribute lists may nest in .ir and .dpl texts (levels of
 # brackets, `~`, and chained operators such as `a + b + ...`)
 MAX_NESTING = 100
+# how deeply calls of module functions may nest (f calls g calls h ...), checked by the IR
+# parser and when a module is built
+MAX_CALL_DEPTH = 64
 # alternatives of one `|` chain: in a .dpl file, and built with `|` through the Python API
 MAX_ALTERNATIVES = 64
 # nodes one .dpl pattern may grow to while its macros expand (a macro that uses a parameter

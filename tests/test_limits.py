@@ -31,6 +31,19 @@ def test_nesting_just_inside_the_limit_parses_prints_and_runs():
         dpl.parse(nested_calls(limits.MAX_NESTING + 1))
 
 
+def call_chain(depth: int) -> str:
+    funcs = [f"func f{i}(x: f32[4]) -> f32[4] {{\n  y = f{i + 1}(x)\n  return y\n}}\n" for i in range(depth)]
+    return "\n".join(funcs + [f"func f{depth}(x: f32[4]) -> f32[4] {{\n  y = negative(x)\n  return y\n}}\n"])
+
+
+def test_calls_nested_up_to_the_limit_run():
+    mod = dpl.parse(call_chain(limits.MAX_CALL_DEPTH))
+    x = np.random.default_rng(0).standard_normal(4).astype(np.float32)
+    np.testing.assert_array_equal(dpl.interpret(mod, x, entry="f0"), -x)
+    with pytest.raises(LimitError, match="MAX_CALL_DEPTH"):
+        dpl.parse(call_chain(limits.MAX_CALL_DEPTH + 1))
+
+
 def alternatives(n: int) -> str:
     return "codegen t\npattern p {\n  y = " + " | ".join(["nn.relu(x)"] * (n - 1) + ["exp(x)"]) + "\n}\n"
 

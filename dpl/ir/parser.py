@@ -20,7 +20,7 @@ from dpl.errors import AttributeValueError, DplError, Span, UnknownAttributeErro
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.printer import DECORATORS, DEFAULT_LITERAL_DTYPE
 from dpl.ir.types import TensorType, TupleType, Type
-from dpl.limits import check_int_digits
+from dpl.limits import MAX_CALL_DEPTH, LimitError, check_int_digits
 from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, syntax_error, unescape_string
 from dpl.ops.registry import call_function, make_call
 
@@ -118,7 +118,7 @@ class _Reader:
                 continue
             self.signatures[str(name)] = (params, ret)
         functions = [fn for fn in (self.function(f) for f in funcs) if fn is not None]
-        self.check_recursion()
+        self.check_calls()
         if self.errors:
             raise self.errors[0] if len(self.errors) == 1 else IRErrors(self.errors)
         return Module({fn.name: fn for fn in functions})
@@ -250,26 +250,39 @@ class _Reader:
             return None
         return Function(name, params, bindings, ret, attrs)
 
-    def check_recursion(self) -> None:
+    def check_calls(self) -> None:
         """Functions may call functions defined anywhere in the module, but not themselves,
-        directly or through others: nothing could run them (the interpreter would not stop)."""
-        done: set[str] = set()
-
-        def visit(fn: str, path: list[str]) -> bool:
-            for callee, where in self.calls.get(fn, ()):
-                if callee in path:
+        directly or through others (nothing could run them), and calls may nest at most
+        MAX_CALL_DEPTH deep. A depth-first walk with its own stack: the chain may be long."""
+        state: dict[str, str] = {}  # "open" while on the walk's stack, then "done"
+        depth: dict[str, int] = {}  # the longest chain of calls below a finished function
+        for root in list(self.calls):
+            if root in state:
+                continue
+            state[root], stack = "open", [(root, iter(self.calls.get(root, ())))]
+            while stack:
+                fn, pending = stack[-1]
+                step = next(pending, None)
+                if step is None:
+                    stack.pop()
+                    state[fn] = "done"
+                    depth[fn] = max((depth[c] + 1 for c, _ in self.calls.get(fn, ())), default=0)
+                    continue
+                callee, where = step
+                if state.get(callee) == "open":
+                    path = [f for f, _ in stack]
                     cycle = " -> ".join(path[path.index(callee):] + [callee])
                     self.error(RecursionNotSupportedError, f"function '{fn}' calls '{callee}' recursively ({cycle})", where,
                                hint="dpl functions cannot be recursive")
-                    return True
-                if callee not in done and visit(callee, path + [callee]):
-                    return True
-            done.add(fn)
-            return False
-
-        for fn in list(self.calls):
-            if fn not in done:
-                visit(fn, [fn])
+                    return
+                if callee not in state:
+                    state[callee] = "open"
+                    stack.append((callee, iter(self.calls.get(callee, ()))))
+        deep = next((f for f in depth if depth[f] > MAX_CALL_DEPTH), None)
+        if deep is not None:
+            callee, where = max(self.calls[deep], key=lambda c: depth[c[0]])
+            self.error(LimitError, f"calls of functions nest {depth[deep]} deep below '{deep}'; the limit is "
+                       f"MAX_CALL_DEPTH = {MAX_CALL_DEPTH}", where)
 
     def decorator(self, d: Tree):
         name, *args = d.children
