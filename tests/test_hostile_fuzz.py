@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import dpl
 from dpl.errors import DplError
+from test_text_roundtrip import every_op_module
 
 ROOT = Path(__file__).parent.parent
 DPL_TEXTS = [p.read_text() for p in sorted((ROOT / "patterns").glob("*.dpl"))]
@@ -109,13 +110,14 @@ def test_hostile_pattern_files(data):
     check_dpl(splice(data.draw(st.sampled_from(DPL_TEXTS)), DPL_PIECES, data))
 
 
-HOSTILE_NUMBERS = ["-3", "0", "99999999999", "9223372036854775808", "1e20", "nan", "n"]
+EVERY_OP_TEXT = every_op_module().script()
+HOSTILE_NUMBERS = ["-3", "-1", "0", "99999999999", "9223372036854775808", "-9223372036854775808", "1e20", "nan", "inf", "n"]
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(st.data())
 def test_hostile_numbers_in_types_and_attributes(data):
-    text = data.draw(st.sampled_from(IR_TEXTS))
+    text = data.draw(st.sampled_from(IR_TEXTS + [EVERY_OP_TEXT]))
     numbers = list(re.finditer(r"(?<=[\[, =])-?\d+(\.\d+)?(e-?\d+)?(?=[\],)])", text))
     chosen = data.draw(st.lists(st.sampled_from(numbers), min_size=1, max_size=3, unique_by=lambda m: m.start()))
     for m in sorted(chosen, key=lambda m: -m.start()):
