@@ -1,12 +1,64 @@
-"""Lark glue shared by the IR text parser and the ``.dpl`` parser: spans from parse-tree
-positions, and syntax errors that read like a compiler's."""
+"""Lark glue shared by the IR text parser and the ``.dpl`` parser: the parsers themselves (their
+tables cached on disk), spans from parse-tree positions, and syntax errors that read like a
+compiler's."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+import lark as _lark_package
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
+from dpl.cache_dir import FILE_MODE, private_dir, read_own_file, store_dir, write_private_file
 from dpl.errors import DplError, Span
+
+log = logging.getLogger(__name__)
+
+
+def open_grammar(name: str, **options) -> Lark:
+    """The LALR parser of the shipped grammar ``name`` (in ``dpl.grammar``), its tables cached in
+    the ``parsers`` store of the user cache (``dpl.cache_dir``) through Lark's ``cache=`` option:
+    building them is most of a first parse.
+
+    Lark's cache file is a pickle, so it is treated as the kernels are: its name holds a hash of
+    everything that decides it (grammar, options, Lark and Python versions); it is handed to
+    Lark only when its bytes match the SHA-256 recorded beside it; otherwise it is removed and
+    written again (0600) under a file lock, one process at a time."""
+    text = resources.files("dpl.grammar").joinpath(name).read_text(encoding="utf-8")
+    recipe = "\0".join([text, repr(sorted((k, repr(v)) for k, v in options.items() if k != "lexer_callbacks")),
+                        _lark_package.__version__, sys.version])
+    directory = private_dir(store_dir("parsers"), "parsers")
+    path = directory / f"{Path(name).stem}-{hashlib.sha256(recipe.encode()).hexdigest()[:32]}.lark"
+    manifest = path.with_suffix(".sha256")
+    if _verified(path, manifest):
+        return Lark.open_from_package("dpl.grammar", name, parser="lalr", cache=str(path), **options)
+    from filelock import FileLock  # only here: importing it costs more than loading the tables
+
+    try:
+        with FileLock(directory / "write.lock", mode=FILE_MODE):
+            if not _verified(path, manifest):  # another process may have written it meanwhile
+                manifest.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)  # never handed to Lark unverified
+            parser = Lark.open_from_package("dpl.grammar", name, parser="lalr", cache=str(path), **options)
+            os.chmod(path, FILE_MODE)  # Lark made it 0666 less the umask (inside a 0700 folder)
+            write_private_file(manifest, hashlib.sha256(read_own_file(path)).hexdigest().encode())
+            return parser
+    except OSError as err:  # a cache that cannot be written costs time, never the parse
+        log.info("dpl: parse tables of %s not cached: %s", name, err)
+        return Lark.open_from_package("dpl.grammar", name, parser="lalr", **options)
+
+
+def _verified(path: Path, manifest: Path) -> bool:
+    try:
+        return hashlib.sha256(read_own_file(path)).hexdigest().encode() == read_own_file(manifest, 128)
+    except OSError:
+        return False
 
 
 class DplSyntaxError(DplError):

@@ -157,7 +157,7 @@ def test_missing_import(tmp_path):
         "a.dpl:1:8: error: pattern file 'nope.dpl' does not exist\n"
         '  import "nope.dpl"\n'
         "         ^^^^^^^^^^\n"
-        "a.dpl:2:8: error: no shipped pattern library 'nolib'\n"
+        "a.dpl:2:8: error: no shipped or installed pattern library 'nolib'\n"
         "  import nolib\n"
         "         ^^^^^\n"
         "  hint: shipped libraries: cublas, llm, rewrites\n"

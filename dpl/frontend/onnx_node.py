@@ -36,6 +36,12 @@ _log = logging.getLogger(__name__)
 
 _REQUIRED = object()
 
+
+def _f32_decimal(value: float) -> float:
+    """An ONNX float attribute (an f32) as the shortest decimal that reads back to the same f32:
+    ``epsilon=1e-6`` in the model is 1e-06 in the IR, not the f64 widening 9.999999974752427e-07."""
+    return float(str(np.float32(value)))
+
 # ONNX element types dpl can hold, and their dpl dtypes
 ONNX_DTYPES: dict[int, str] = {
     onnx.TensorProto.FLOAT: "float32",
@@ -147,6 +153,10 @@ class NodeContext:
                     return value.decode("utf-8", "replace")
                 if isinstance(value, onnx.TensorProto):
                     return tensor_to_array(value, f"{self.where}: attribute {name}")
+                if a.type == onnx.AttributeProto.FLOAT:
+                    return _f32_decimal(value)
+                if a.type == onnx.AttributeProto.FLOATS:
+                    return [_f32_decimal(v) for v in value]
                 if isinstance(value, list):
                     return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
                 return value

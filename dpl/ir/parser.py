@@ -21,7 +21,7 @@ from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Modu
 from dpl.ir.printer import DECORATORS, DEFAULT_LITERAL_DTYPE
 from dpl.ir.types import TensorType, TupleType, Type
 from dpl.limits import MAX_CALL_DEPTH, LimitError, check_int_digits
-from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, syntax_error, unescape_string
+from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, open_grammar, syntax_error, unescape_string
 from dpl.ops.registry import call_function, make_call
 
 
@@ -62,7 +62,7 @@ class IRErrors(DplError):
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return Lark.open_from_package("dpl.grammar", "ir.lark", parser="lalr", propagate_positions=True, maybe_placeholders=False)
+    return open_grammar("ir.lark", propagate_positions=True, maybe_placeholders=False)
 
 
 class _Poisoned(Exception):

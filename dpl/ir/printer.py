@@ -44,6 +44,8 @@ def format_scalar(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, np.integer)):
         return str(int(value))
+    if isinstance(value, np.floating) and value.dtype != np.float64:
+        return _shortest(value, value.dtype)  # an f32 / f16 attribute: its own shortest form
     value = float(value)
     if math.isnan(value):
         return "nan"

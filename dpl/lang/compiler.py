@@ -27,7 +27,7 @@ from dpl.ir.expr import Expr, Tuple, TupleGetItem, Var
 from dpl.lang import ast
 from dpl.lang.expand import MAX_VARIANTS, VARIANTS_COUNTED, Scope, apply_equivs, check_def, check_equiv, count_variants, expand_macros
 from dpl.lang.hooks import lookup_hook
-from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, evaluate
+from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, compile_conjunct, conjuncts, evaluate
 from dpl.ops.registry import REQUIRED, get_op, make_call
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FusionPattern, PatternSet, RewriteRule
@@ -122,8 +122,10 @@ class Rule:
         for pred, span in self.predicates:
             ok, why = evaluate(pred, view)
             if not ok:
-                where = span.source_line.strip() if span.source_line else "where clause"
-                return False, f"{span}: '{where}' does not hold" + (f" ({why})" if why else "")
+                where = getattr(pred, "text", None) or (span.source_line.strip() if span.source_line else "where clause")
+                values = pred.values(view) if hasattr(pred, "values") else ""
+                return False, (f"{span}: '{where}' does not hold" + (f" ({why})" if why else "")
+                               + (f": {values}" if values else ""))
         for name, hook in self.hooks:
             answer = hook(view)
             if not answer:
@@ -143,12 +145,20 @@ class CompiledFile:
 
 
 def _users_from(ctx):
-    """users(expr) over a fusion CheckContext: the values of the bindings that use ``expr``."""
-    value_of = {id(var): value for value, var in ctx.value_to_bound_var.items()}
+    """users(expr) over a fusion CheckContext: the values of the bindings that use ``expr``
+    (a user whose binding the context has not reached yet is its variable)."""
+    bound = ctx.value_to_bound_var
+    value_of = getattr(bound, "value_of", None)
 
     def users(e: Expr) -> list:
-        var = e if isinstance(e, Var) else ctx.value_to_bound_var.get(e)
-        return [value_of.get(id(u), u) for u in ctx.var_usages.get(var, ())] if var is not None else []
+        nonlocal value_of
+        var = e if isinstance(e, Var) else bound.get(e)
+        if var is None:
+            return []
+        if value_of is None:  # a plain mapping: index it once, on first use
+            index = {id(v): value for value, v in bound.items()}
+            value_of = lambda u: index.get(id(u))  # noqa: E731
+        return [value_of(u) or u for u in ctx.var_usages.get(var, ())]
 
     return users
 
@@ -486,7 +496,8 @@ class _DeclCompiler:
                      hint="a rewrite replaces one value: the binding no other binding consumes")
         known = set(self.bindings) | set(self.free)
         preds = PredicateCompiler(known, self.errors)
-        predicates = tuple((preds.compile(w), w.span) for w in d.body.wheres)
+        # each conjunct of a where clause checked (and reported) on its own
+        predicates = tuple((compile_conjunct(preds, c), c.span) for w in d.body.wheres for c in conjuncts(w))
         annotations = {}
         for key, ref, span in d.body.annotates:
             if ref not in known:

@@ -10,15 +10,15 @@ from lark.exceptions import UnexpectedInput, VisitError
 from dpl import dtypes
 from dpl.errors import DplError, Span
 from dpl.limits import MAX_ALTERNATIVES, LimitError, check_int_digits
-from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, syntax_error, unescape_string
+from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, open_grammar, syntax_error, unescape_string
 from dpl.lang import ast
 
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
     # read from the installed package (dpl.grammar), never a path relative to this file
-    return Lark.open_from_package(
-        "dpl.grammar", "dpl.lark", parser="lalr", propagate_positions=True, maybe_placeholders=False,
+    return open_grammar(
+        "dpl.lark", propagate_positions=True, maybe_placeholders=False,
         lexer_callbacks={"DOC": lambda token: _DOC_SINK[-1](token) if _DOC_SINK else token},
     )
 

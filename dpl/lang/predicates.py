@@ -223,6 +223,86 @@ def _static(p: ast.Pred) -> Any:
     return None
 
 
+def conjuncts(p: ast.Pred) -> list[ast.Pred]:
+    """The conjuncts of a where clause (``a and b and c`` -> a, b, c), each checked and
+    reported on its own."""
+    if isinstance(p, ast.PBinary) and p.op == "and":
+        return conjuncts(p.left) + conjuncts(p.right)
+    return [p]
+
+
+def show_pred(p: ast.Pred) -> str:
+    """A predicate as written (normalised spacing)."""
+    if isinstance(p, ast.PName):
+        return p.name
+    if isinstance(p, ast.PLiteral):
+        return {True: "true", False: "false"}.get(p.value, repr(p.value)) if isinstance(p.value, bool) else repr(p.value)
+    if isinstance(p, ast.PList):
+        return "[" + ", ".join(show_pred(i) for i in p.items) + "]"
+    if isinstance(p, ast.PCall):
+        return f"{p.fn}({', '.join(show_pred(a) for a in p.args)})"
+    if isinstance(p, ast.PIndex):
+        return f"{show_pred(p.base)}[{p.index}]"
+    if isinstance(p, ast.PNot):
+        return f"not {show_pred(p.operand)}"
+    if isinstance(p, ast.PBinary):
+        return f"{show_pred(p.left)} {p.op} {show_pred(p.right)}"
+    raise AssertionError(p)
+
+
+def _operands(p: ast.Pred) -> list[ast.Pred]:
+    """The parts of a conjunct whose values explain why it failed (literals say nothing)."""
+    if isinstance(p, ast.PNot):
+        return _operands(p.operand)
+    if isinstance(p, ast.PBinary):
+        if p.op in ("and", "or"):
+            return _operands(p.left) + _operands(p.right)
+        return [q for q in (p.left, p.right) if not isinstance(q, (ast.PLiteral, ast.PList))]
+    if isinstance(p, ast.PCall):
+        return [p] + [a for a in p.args if isinstance(a, ast.PName)]
+    return [p]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, Var):
+        return f"variable {value.name}: {value.ty}"
+    if isinstance(value, (Constant, Call)):
+        from dpl.pattern.match import show
+
+        return show(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(_norm(value))
+
+
+def compile_conjunct(compiler: "PredicateCompiler", p: ast.Pred) -> Compiled:
+    """``p`` compiled, carrying ``text`` (the conjunct as written) and ``values(view)`` (the
+    values of its parts on a match: ``rank(w) = 2``), for the report when it fails."""
+    whole = compiler.compile(p)
+    quiet = PredicateCompiler(compiler.names, [])  # the parts' errors are the whole's, reported once
+    parts = []
+    for q in _operands(p):
+        text = show_pred(q)
+        if all(text != t for t, _ in parts) and not (isinstance(q, ast.PName) and q.name not in compiler.names):
+            parts.append((text, quiet.compile(q)))
+
+    def values(view: MatchView) -> str:
+        out = []
+        for text, part in parts:
+            try:
+                out.append(f"{text} = {_fmt(part(view))}")
+            except Exception:  # a part that cannot be evaluated on this match
+                out.append(f"{text} = ?")
+        return ", ".join(out)
+
+    def check(view):
+        return whole(view)
+
+    check.text = show_pred(p)  # type: ignore[attr-defined]
+    check.values = values  # type: ignore[attr-defined]
+    return check
+
+
 def evaluate(pred: Compiled, view: MatchView) -> tuple[bool, str | None]:
     """(holds, why not) — a predicate that cannot be evaluated on this match does not hold."""
     try:

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import os
 import stat
-from importlib import resources
+import sys
 from typing import Sequence
 
 from dpl.errors import DplError
 from dpl.lang import ast
+from dpl.lang.libraries import LibraryError, read_library
 from dpl.limits import MAX_SOURCE_BYTES, LimitError
 
 
 class PatternFileError(DplError):
     """A pattern file or library that cannot be found or read."""
-
-
-def shipped_libraries() -> list[str]:
-    return sorted(p.name[:-4] for p in resources.files("dpl.patterns").iterdir() if p.name.endswith(".dpl"))
 
 
 def read_source(path: str) -> str:
@@ -56,21 +53,27 @@ def read_source(path: str) -> str:
         raise PatternFileError(f"'{path}' is not a UTF-8 text file") from None
 
 
-def read_library(name: str) -> tuple[str, str]:
-    """(text, filename) of a shipped library such as ``"cublas"``."""
+def library(name: str) -> tuple[str, str]:
+    """(text, filename) of a library by name: shipped, or installed by a plugin."""
     if not name.isidentifier():
-        raise PatternFileError(f"'{name}' is neither a .dpl file nor a shipped library name")
-    entry = resources.files("dpl.patterns").joinpath(f"{name}.dpl")
-    if not entry.is_file():
-        raise PatternFileError(f"no shipped pattern library '{name}'", hint=f"shipped libraries: {', '.join(shipped_libraries())}")
-    return entry.read_text(encoding="utf-8"), f"{name}.dpl"
+        raise PatternFileError(f"'{name}' is neither a .dpl file nor a library name")
+    try:
+        return read_library(name)
+    except LibraryError as err:
+        raise PatternFileError(err.message, hint=err.hint) from None
 
 
 def read(source: str) -> tuple[str, str]:
-    """(text, filename) of what the user named: a path to a ``.dpl`` file, or a library."""
+    """(text, filename) of what the user named: a path to a ``.dpl`` file, a library, or stdin
+    (``-``, as the command line names it)."""
+    if source == "-":
+        text = sys.stdin.read(MAX_SOURCE_BYTES + 1)
+        if len(text) > MAX_SOURCE_BYTES:
+            raise LimitError(f"stdin has more than MAX_SOURCE_BYTES = {MAX_SOURCE_BYTES} characters")
+        return text, "<stdin>"
     if source.endswith(".dpl") or os.sep in source or "/" in source:
         return read_source(source), source
-    return read_library(source)
+    return library(source)
 
 
 def _inside(path: str, root: str) -> bool:
@@ -82,7 +85,7 @@ def resolve_import(decl: ast.ImportDecl, importer: str, search_path: Sequence[st
     """(text, filename) of an import: a library by name, or a relative ``.dpl`` path inside the
     importing file's directory tree, else inside one of ``search_path``'s directories."""
     if not decl.is_path:
-        return read_library(decl.target)
+        return library(decl.target)
     target = decl.target
     if os.path.isabs(target) or not target.endswith(".dpl"):
         raise PatternFileError(f"cannot import '{target}': an import names a relative path to a .dpl file",

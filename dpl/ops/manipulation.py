@@ -99,6 +99,8 @@ def _infer_concat(info: CallInfo) -> TensorType:
     tup = info.arg_types[0]
     if not isinstance(tup, TupleType) or not tup.fields:
         raise info.error(f"operand {info.operand(0)} must be a non-empty tuple of tensors")
+    if not all(isinstance(t, TensorType) for t in tup.fields):
+        raise info.error(f"operand {info.operand(0)} must be a tuple of tensors")
     first = tup.fields[0]
     axis = normalize_axis(info, info.attrs["axis"], first.ndim)
     total_n, total_syms = 0, []
