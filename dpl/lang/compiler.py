@@ -275,6 +275,20 @@ class _Unit:
         return rules
 
 
+_DYNAMIC = object()
+
+
+def _static_value(p) -> Any:
+    """The value of a replacement attribute written as a literal or a list of literals, else
+    _DYNAMIC (computed from the match when the rule fires)."""
+    if isinstance(p, ast.PLiteral):
+        return p.value
+    if isinstance(p, ast.PList):
+        items = [_static_value(i) for i in p.items]
+        return _DYNAMIC if any(i is _DYNAMIC for i in items) else tuple(items)
+    return _DYNAMIC
+
+
 def _merge(scope: Scope, other: Scope) -> None:
     for name, d in other.macros.items():
         scope.macros.setdefault(name, d)
@@ -575,10 +589,17 @@ class _ReplCompiler:
         if len(args) < lo or (hi >= 0 and len(args) > hi):
             want = str(lo) if lo == hi else f"{lo} to {hi}"
             self.decl.err(ArityError, f"op '{r.op}' takes {want} argument{'s' if want != '1' else ''}, got {len(args)}", r.span)
-        for k, _, span in kwargs:
+        for (k, _, span), (_, written, _) in zip(kwargs, r.kwargs):
             if k not in op.attrs:
                 known = ", ".join(op.attrs) or "none"
                 self.decl.err(UnknownAttributeError, f"op '{r.op}' has no attribute '{k}' (its attributes: {known})", span)
+                continue
+            value = _static_value(written)
+            if value is not _DYNAMIC:  # a value written out is checked now, not at each rewrite
+                try:
+                    op.attrs[k].convert(r.op, k, value)
+                except DplError as err:
+                    self.decl.errors.append(err.with_span(span))
         missing = [k for k, spec in op.attrs.items() if spec.default is REQUIRED and k not in {k for k, _, _ in kwargs}]
         if missing:
             self.decl.err(LangError, f"op '{r.op}' needs attribute '{missing[0]}'", r.span)
