@@ -73,7 +73,7 @@ def parse_dims(items: Iterable[str], fn) -> dict[str, int]:
     dims: dict[str, int] = {}
     for text in items:
         name, _, value = text.partition("=")
-        if not name or not value.isdigit():
+        if not name or not value.isdigit() or len(value) > 18:
             raise DplError(f"--dim takes NAME=SIZE, got '{text}'")
         if name not in known:
             have = f"its symbolic dimensions are {', '.join(known)}" if known else "it has no symbolic dimensions"
@@ -87,23 +87,31 @@ def random_inputs(fn, seed: int = 0, dims: dict[str, int] | None = None, default
     a tuple parameter gets a tuple of arrays."""
     from dpl import dtypes
     from dpl.backends.registry import leaf_types
-    from dpl.ir.types import TupleType
+    from dpl.ir.types import TensorType, TupleType
 
     rng = np.random.default_rng(seed)
     dims = dict(dims or {})
 
-    def array(t):
+    def array(t, name):
         shape = tuple(dims.setdefault(d, default_dim) if isinstance(d, str) else d for d in t.shape)
+        try:
+            TensorType(shape, t.dtype)  # with the dims bound: within dpl.limits' shape sizes
+        except DplError as err:
+            raise DplError(f"input '{name}': {err.message}") from None
         dtype = dtypes.to_numpy(t.dtype)
-        if dtypes.is_float_numpy(dtype):
-            return rng.standard_normal(shape).astype(dtype)
-        if dtype.kind == "b":
-            return rng.random(shape) < 0.5
-        return rng.integers(0, 4, shape).astype(dtype)
+        try:
+            if dtypes.is_float_numpy(dtype):
+                return rng.standard_normal(shape).astype(dtype)
+            if dtype.kind == "b":
+                return rng.random(shape) < 0.5
+            return rng.integers(0, 4, shape).astype(dtype)
+        except MemoryError:
+            raise DplError(f"not enough memory for a random input '{name}' of shape {list(shape)}",
+                           hint="give smaller sizes with --dim") from None
 
     arrays = []
     for p in fn.params:
-        leaves = [array(t) for t in leaf_types(p.ty)]
+        leaves = [array(t, p.name) for t in leaf_types(p.ty)]
         arrays.append(tuple(leaves) if isinstance(p.ty, TupleType) else leaves[0])
     return arrays
 

@@ -149,3 +149,72 @@ def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " or " + items[-1]
 
 
+
+
+# ---- strings and limits shared by both text forms -------------------------------------------
+
+# the escapes a string literal may use, and what each stands for; the printers write these
+_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
+_ESCAPED = {v: "\\" + k for k, v in _ESCAPES.items()}
+
+
+def escape_string(value: str) -> str:
+    """``value`` as a quoted literal that :func:`unescape_string` reads back exactly: quotes,
+    backslashes and control characters escaped, everything else (UTF-8 text) kept as is."""
+    out = []
+    for ch in value:
+        if ch in _ESCAPED:
+            out.append(_ESCAPED[ch])
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or 0xD800 <= ord(ch) < 0xE000 or ch in "\u2028\u2029":
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def unescape_string(token: Token, src: "Source") -> str:
+    """The value of a string literal token (quotes included), its escapes read as written:
+    ``\\" \\\\ \\n \\t \\r \\uXXXX \\UXXXXXXXX``; anything else is a located error."""
+    text, out, i = str(token)[1:-1], [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        nxt = text[i + 1 : i + 2]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+            continue
+        width = {"u": 4, "U": 8}.get(nxt)
+        digits = text[i + 2 : i + 2 + width] if width else ""
+        if width and len(digits) == width and all(c in "0123456789abcdefABCDEF" for c in digits) and int(digits, 16) <= 0x10FFFF:
+            out.append(chr(int(digits, 16)))
+            i += 2 + width
+            continue
+        col = token.column + 1 + i
+        bad = text[i : i + 2 + (width or 0)]
+        raise DplSyntaxError(f"unknown escape '{bad}' in a string", src.span(token.line, col, token.line, col + len(bad)),
+                             hint='a string may use \\" \\\\ \\n \\t \\r \\uXXXX and \\UXXXXXXXX')
+    return "".join(out)
+
+
+def check_nesting(tree, src: "Source") -> None:
+    """A located error for a parse tree nested deeper than MAX_NESTING, before anything
+    recursive (transformers, type checks, printers) walks it."""
+    from dpl.limits import MAX_NESTING, LimitError, tree_too_deep
+
+    node = tree_too_deep(tree)
+    if node is not None:
+        at = src.of(node)  # the caret marks where the level past the limit starts
+        raise LimitError(f"this is nested more than MAX_NESTING = {MAX_NESTING} levels deep", src.span(at.line, at.col),
+                         hint="split the expression into named bindings")
+
+
+def int_token(token: Token, src: "Source", what: str = "integer literal") -> int:
+    """``int(token)``, or a located error for a literal longer than any dtype holds."""
+    from dpl.limits import check_int_digits
+
+    check_int_digits(str(token), src.of(token), what)
+    return int(str(token))

@@ -15,6 +15,8 @@ a :class:`FrontendError` that says the model computes on shapes at run time.
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -27,7 +29,10 @@ from dpl.errors import DplError
 from dpl.frontend import FrontendError
 from dpl.ir.expr import Call, Constant, Expr, Tuple
 from dpl.ir.types import TensorType
+from dpl.limits import MAX_FOLD_ELEMENTS
 from dpl.ops.registry import get_op, make_call
+
+_log = logging.getLogger(__name__)
 
 _REQUIRED = object()
 
@@ -243,6 +248,10 @@ def fold(call: Call) -> Expr:
         return call
     ty = call.ty
     if not isinstance(ty, TensorType) or not ty.is_static:
+        return call
+    if math.prod(ty.shape) > MAX_FOLD_ELEMENTS:
+        # too large to compute at import time and keep in the module: the op runs at run time
+        _log.info("not folding %s of %s: more than MAX_FOLD_ELEMENTS = %d elements", call.op, ty, MAX_FOLD_ELEMENTS)
         return call
     arrays = [tuple(np.asarray(f.value) for f in a.fields) if isinstance(a, Tuple) else np.asarray(a.value) for a in call.args]
     try:

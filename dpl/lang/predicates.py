@@ -17,6 +17,7 @@ from dpl.errors import DplError, Span
 from dpl.ir.expr import Call, Constant, Expr, Function, Var
 from dpl.ir.types import TensorType
 from dpl.lang import ast
+from dpl.limits import MAX_WHERE_LIST, LimitError
 
 
 class WhereError(DplError):
@@ -95,10 +96,30 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "==": lambda a, b: _norm(a) == _norm(b),
     "!=": lambda a, b: _norm(a) != _norm(b),
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod,
+    "+": lambda a, b: operator.add(*_sized(a, b, "+")), "-": operator.sub,
+    "*": lambda a, b: operator.mul(*_sized(a, b, "*")), "/": operator.truediv, "%": operator.mod,
     "in": lambda a, b: _norm(a) in [_norm(x) for x in b],
     "not in": lambda a, b: _norm(a) not in [_norm(x) for x in b],
 }
+
+
+def _result_size(a: Any, b: Any, op: str) -> int:
+    """Items of the list or string ``a op b`` would build (0 for numbers), before building it."""
+    seqs = (list, tuple, str)
+    if op == "*" and isinstance(a, int) and isinstance(b, seqs):
+        a, b = b, a
+    if op == "*" and isinstance(a, seqs) and isinstance(b, int) and not isinstance(b, bool):
+        return len(a) * max(b, 0)
+    if op == "+" and isinstance(a, seqs) and isinstance(b, seqs):
+        return len(a) + len(b)
+    return 0
+
+
+def _sized(a: Any, b: Any, op: str) -> tuple[Any, Any]:
+    n = _result_size(a, b, op)
+    if n > MAX_WHERE_LIST:
+        raise _Unknown(f"the list would have {n} items; the limit is MAX_WHERE_LIST = {MAX_WHERE_LIST}")
+    return a, b
 
 
 def _norm(v: Any) -> Any:
@@ -171,6 +192,11 @@ class PredicateCompiler:
         if p.op == "or":
             return lambda view: bool(left(view)) or bool(right(view))
         fn = _BINARY[p.op]
+        static = (_static(p.left), _static(p.right))
+        if None not in static and _result_size(*static, p.op) > MAX_WHERE_LIST:
+            self.errors.append(LimitError(f"this list would have {_result_size(*static, p.op)} items; the limit is "
+                                          f"MAX_WHERE_LIST = {MAX_WHERE_LIST}", p.span))
+            return lambda view: None
         return lambda view: fn(left(view), right(view))
 
     def _call(self, p: ast.PCall) -> Compiled:
@@ -186,6 +212,15 @@ class PredicateCompiler:
                 return self.error(f"argument of '{p.fn}' must be a pattern name", p.span)
             args.append(self.compile(arg, as_name=is_name))
         return lambda view: impl(view, *(a(view) for a in args))
+
+
+def _static(p: ast.Pred) -> Any:
+    """The value of a literal or a list of literals (what the compiler can size), else None."""
+    if isinstance(p, ast.PLiteral):
+        return p.value
+    if isinstance(p, ast.PList) and all(isinstance(i, ast.PLiteral) for i in p.items):
+        return [i.value for i in p.items]
+    return None
 
 
 def conjuncts(p: ast.Pred) -> list[ast.Pred]:

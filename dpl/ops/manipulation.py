@@ -385,6 +385,9 @@ def _infer_arange(info: CallInfo) -> TensorType:
         raise info.error(f"start {start!r} and step {step!r} must be numbers; only the end may be a symbolic dimension")
     if step == 0:
         raise info.error("step must not be 0")
+    bad = next((f"{k} {v}" for k, v in (("start", start), ("end", end), ("step", step)) if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:
+        raise info.error(f"{bad} is not a finite number (the length of the range would be undefined)")
     if isinstance(end, str):
         if (start, step) != (0, 1):
             raise info.error(f"a range to the symbolic end '{end}' must start at 0 with step 1 (its length must be a "

@@ -30,6 +30,7 @@ from dpl.backends.registry import flatten, leaf_types
 from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TupleType
+from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.threads import one_pool_kernels
 
@@ -322,8 +323,8 @@ class Planner:
         return tree
 
     def _inline(self, callee: Function, args, dims):
-        if self._depth > 64:
-            raise DplError(f"calls nest deeper than 64 levels at '{callee.name}' (recursion?)")
+        if self._depth > MAX_CALL_DEPTH:
+            raise LimitError(f"calls nest deeper than MAX_CALL_DEPTH = {MAX_CALL_DEPTH} levels at '{callee.name}' (recursion?)")
         self._depth += 1
         try:
             env = {id(p): a for p, a in zip(callee.params, args)}
