@@ -134,7 +134,9 @@ def _tokens(path):
     return [str(t) for t, _ in _flatten(tree, "start", [])]
 
 
-CORPUS = [_tokens(p) for p in SHIPPED + TEST_FILES]
+# the whitespace properties draw one separator per token: files hypothesis can draw for (the
+# limit tests' 13,000-token macro chain is covered by the idempotence test above)
+CORPUS = [t for t in (_tokens(p) for p in SHIPPED + TEST_FILES) if len(t) <= 5000]
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
