@@ -11,6 +11,10 @@ register-sized buffer and streams each block out, which skips the read-for-owner
 store costs (a third of the traffic of a one-read one-write kernel). Each thread fences its
 streams before the parallel region ends. Without SSE2/AVX the plain loop is all there is.
 
+Every C identifier the kernel's own names need (buffers, dims, loop variables, locals) is
+spelled by one allocator, ``c_names.CNames``; the emitter's scaffolding lives in ``dpl_*``.
+NaN, the infinities and -0.0 mean what they mean to NumPy (see ``_NAN_FOLD`` for max/min).
+
 The generated function is ``void <name>(void **buffers, const int64_t *dims)``: buffers are
 the kernel's parameters, then its constants, then its outputs, all C-contiguous; ``dims`` are
 the symbolic dimensions in ``Kernel.dims`` order.
@@ -25,7 +29,7 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
-from dpl.errors import DplError
+from dpl.backends.c_names import CNames, EmitError
 from dpl.kernel.ir import C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, to_c, walk
 from dpl.ops.registry import get_op
 
@@ -116,15 +120,13 @@ KEEP_ROW_BYTES = 64 << 10
 
 # OpenMP reduction operators for the registry combiners
 _SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "min"}
-
-
-class EmitError(DplError):
-    """A kernel the C emitter cannot express (a dtype with no C type, a statement it does not know)."""
-
-
-def c_name(name: str) -> str:
-    """A C identifier for a buffer, local or dimension name (dpl names may hold dots)."""
-    return "v_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+# A float max/min reduction folds the non-NaN values (one maxss/minss: the NaN-propagating
+# select would put a compare, an or and a blend on the accumulator's chain, and branches) and
+# ORs a NaN flag beside them, which also survives OpenMP's SIMD max/min (it combines the lanes'
+# partial results with no rule for NaN); the local becomes NaN after the loop if the flag is set
+_NAN_FOLD = {"maximum": ">", "minimum": "<"}
+SIMD_MIN_TRIPS = 8  # a max/min reduction's innermost loop shorter than this stays scalar
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class StatementEmitter:
@@ -138,6 +140,7 @@ class StatementEmitter:
 
     def __init__(self, kernel: Kernel):
         self.kernel = kernel
+        self.names = CNames(kernel)  # every C identifier of the kernel's own names
         self.buffers = {}
         for b in (*kernel.params, *kernel.outputs):
             self.buffers[b.name] = b
@@ -151,7 +154,7 @@ class StatementEmitter:
     # -- expressions ------------------------------------------------------------------------
 
     def dim(self, d) -> str:
-        return c_name(d) if isinstance(d, str) else f"{int(d)}LL"
+        return self.names[d] if isinstance(d, str) else f"{int(d)}LL"
 
     def dtype_of(self, buffer: str) -> str:
         return self.buffers[buffer].dtype if buffer in self.buffers else _dtype_of(self.const_buffers[buffer])
@@ -166,14 +169,14 @@ class StatementEmitter:
         else:
             shape = self.const_buffers[buffer].shape
         if not index:
-            return f"{c_name(buffer)}[0]"
+            return f"{self.names.buffer(buffer)}[0]"
         offset = index[0]
         for d, i in zip(shape[1:], index[1:]):
             offset = f"({offset}) * {self.dim(d)} + {i}"
-        return f"{c_name(buffer)}[{offset}]"
+        return f"{self.names.buffer(buffer)}[{offset}]"
 
     def var(self, name: str) -> str:
-        return c_name(name)
+        return self.names[name]
 
     def op(self, e: Op, args: list[str]) -> str | None:
         """The C for a registry op when this target spells it differently (None: its template)."""
@@ -216,13 +219,13 @@ class StatementEmitter:
                 raise EmitError(f"cannot emit {type(s).__name__}")
 
     def loop(self, s: Loop, indent: int, out: list[str], outer: bool) -> None:
-        pad, v = "  " * indent, c_name(s.var.name)
+        pad, v = "  " * indent, self.names[s.var.name]
         out.append(f"{pad}for (int64_t {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{")
         self.stmts(s.body, indent + 1, out, False)
         out.append(f"{pad}}}")
 
     def let(self, s: Let) -> str:
-        return f"const {self.ctype(s.value.dtype)} {c_name(s.name)} = {self.expr(s.value)};"
+        return f"const {self.ctype(s.value.dtype)} {self.names[s.name]} = {self.expr(s.value)};"
 
     def store(self, s: Store, target: str | None = None) -> str:
         """``buffer[index] = value``, into ``target`` (another lvalue) when given."""
@@ -235,13 +238,16 @@ class StatementEmitter:
 
     def reduce_start(self, s: Reduce) -> str:
         t = self.ctype(s.dtype)
-        return f"{t} {c_name(s.name)} = ({t}){self.expr(s.init)};"
+        return f"{t} {self.names[s.name]} = ({t}){self.expr(s.init)};"
 
     def fold(self, s: Reduce, value: str) -> str:
-        """The statement folding ``value`` (C) into the reduction's local."""
-        acc = c_name(s.name)
-        combine = get_op(s.combiner).c_expr.format(acc, f"({value})")
-        return f"{acc} = ({self.ctype(s.dtype)})({combine});"
+        """The statement folding ``value`` (C) into the reduction's local; a value the
+        combiner reads twice (maximum's NaN test) is computed once, into a local."""
+        acc, t = self.names[s.name], self.ctype(s.dtype)
+        template = get_op(s.combiner).c_expr
+        if template.count("{1}") == 1 or _C_IDENTIFIER.fullmatch(value):
+            return f"{acc} = ({t})({template.format(acc, f'({value})')});"
+        return f"{{ const {t} dpl_fold = ({value}); {acc} = ({t})({template.format(acc, 'dpl_fold')}); }}"
 
     def reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
         """The local, one serial loop per reduction axis, the body, the fold."""
@@ -250,7 +256,7 @@ class StatementEmitter:
         out.append(f"{pad}{self.reduce_start(s)}")
         depth = indent
         for k, a in enumerate(s.axes):
-            v = c_name(a.var.name)
+            v = self.names[a.var.name]
             self.before_axis(s, k, depth, out)
             out.append(f"{'  ' * depth}for (int64_t {v} = 0; {v} < {self.expr(a.extent)}; ++{v}) {{")
             depth += 1
@@ -259,12 +265,16 @@ class StatementEmitter:
         for _ in s.axes:
             depth -= 1
             out.append(f"{'  ' * depth}}}")
+        self.after_reduce(s, indent, out)
 
     # hooks around a reduction, for a target's additions (pragmas, kept rows)
     def before_reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
         pass
 
     def before_axis(self, s: Reduce, k: int, indent: int, out: list[str]) -> None:
+        pass
+
+    def after_reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
         pass
 
     def folded(self, s: Reduce, indent: int, out: list[str]) -> str:
@@ -282,9 +292,10 @@ class CpuEmitter(StatementEmitter):
         self.redirect: dict[int, str] = {}  # id(Store) -> the C lvalue it writes instead (a block buffer)
         self.kept: dict[int, str] = {}  # id(Reduce) -> the row buffer its folded values are kept in
         self.aliases: dict[str, str] = {}  # kernel IR variable -> the C it reads instead (a kept row)
+        self.nan_flags: dict[int, str] = {}  # id(Reduce) -> the NaN flag of a float max/min reduction
 
     def var(self, name: str) -> str:
-        return self.aliases.get(name) or c_name(name)
+        return self.aliases.get(name) or self.names[name]
 
     def stmts(self, stmts, indent: int, out: list[str], outer: bool = False) -> None:
         super().stmts(self.keep_rows(stmts), indent, out, outer)
@@ -294,7 +305,7 @@ class CpuEmitter(StatementEmitter):
 
     def loop(self, s: Loop, indent: int, out: list[str], outer: bool) -> None:
         pad = "  " * indent
-        v = c_name(s.var.name)
+        v = self.names[s.var.name]
         innermost = not any(isinstance(x, (Loop, Reduce)) for x in walk(s.body))
         if self.streamed(s):
             self.stream_loop(s, indent, out, outer)
@@ -316,18 +327,44 @@ class CpuEmitter(StatementEmitter):
             out.append(f"{pad}#pragma omp simd")
         super().loop(s, indent, out, outer)
 
+    def simd_reduction(self, s: Reduce) -> str | None:
+        """The OpenMP reduction operator of a reduction whose innermost loop is a SIMD
+        reduction: one whose body has no loops (reassociating the sum is the one freedom
+        taken; it stays within tolerance)."""
+        if any(isinstance(x, (Loop, Reduce)) for x in walk(s.body)):
+            return None
+        return _SIMD_REDUCTION.get(s.combiner)
+
     def before_reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
         keep = self.kept.get(id(s))
         if keep is not None:
             out.append(f"{'  ' * indent}{self.ctype(s.value.dtype)} {keep}[{self.expr(s.axes[0].extent)}];")
+        if s.combiner in _NAN_FOLD and dtypes.is_float(s.dtype):
+            flag = self.nan_flags[id(s)] = self.names.internal("nan")
+            out.append(f"{'  ' * indent}int {flag} = 0;")
 
     def before_axis(self, s: Reduce, k: int, indent: int, out: list[str]) -> None:
-        # the innermost reduction loop is a SIMD reduction when the body has no loops
-        # (reassociating the sum is the one freedom taken; it stays within tolerance)
-        simple = not any(isinstance(x, (Loop, Reduce)) for x in walk(s.body))
-        clause = _SIMD_REDUCTION.get(s.combiner)
-        if simple and clause and k == len(s.axes) - 1:
-            out.append(f"{'  ' * indent}#pragma omp simd reduction({clause}:{c_name(s.name)})")
+        clause = self.simd_reduction(s)
+        extent = s.axes[-1].extent
+        if s.combiner in _NAN_FOLD and isinstance(extent, Const) and int(extent.value) < SIMD_MIN_TRIPS:
+            return  # a pooling window's row: the vector loop with its NaN flag costs more than it gains
+        if clause and k == len(s.axes) - 1:
+            flag = self.nan_flags.get(id(s))
+            also = f" reduction(|:{flag})" if flag else ""
+            out.append(f"{'  ' * indent}#pragma omp simd reduction({clause}:{self.names[s.name]}){also}")
+
+    def fold(self, s: Reduce, value: str) -> str:
+        flag = self.nan_flags.get(id(s))
+        if flag is None:
+            return super().fold(s, value)
+        acc, t, cmp = self.names[s.name], self.ctype(s.dtype), _NAN_FOLD[s.combiner]
+        return (f"{{ const {t} dpl_fold = ({value}); {acc} = dpl_fold {cmp} {acc} ? dpl_fold : {acc}; "
+                f"{flag} |= dpl_fold != dpl_fold; }}")
+
+    def after_reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
+        flag = self.nan_flags.get(id(s))
+        if flag is not None:
+            out.append(f"{'  ' * indent}if ({flag}) {self.names[s.name]} = NAN;")
 
     def folded(self, s: Reduce, indent: int, out: list[str]) -> str:
         value = self.expr(s.value)
@@ -335,8 +372,8 @@ class CpuEmitter(StatementEmitter):
         if keep is None:
             return value
         # computed once, kept for the loop over the row that needs it again
-        out.append(f"{'  ' * indent}{keep}[{c_name(s.axes[0].var.name)}] = {value};")
-        return f"{keep}[{c_name(s.axes[0].var.name)}]"
+        out.append(f"{'  ' * indent}{keep}[{self.names[s.axes[0].var.name]}] = {value};")
+        return f"{keep}[{self.names[s.axes[0].var.name]}]"
 
     # -- kept rows ------------------------------------------------------------------------
 
@@ -356,19 +393,22 @@ class CpuEmitter(StatementEmitter):
                 continue
             if free_vars(value) & {x.name for x in red.body}:
                 continue  # reads the reduction's own locals: no longer the same value outside it
-            buf = f"dpl_row{len(self.kept)}"
+            buf = self.names.internal("row")
             for j in range(k + 1, len(stmts)):
                 loop = stmts[j]
                 if not (isinstance(loop, Loop) and loop.extent == axis.extent
                         and not any(isinstance(x, (Loop, Reduce)) for x in loop.body)):
                     continue
                 again = _rename(value, axis.var.name, loop.var)
-                alias = Var(f"{buf}[{loop.var.name}]", value.dtype)
+                alias_name = f"{buf}[{loop.var.name}]"
+                while alias_name in self.names.of:  # a kernel name, however unlikely, is never read as the alias
+                    alias_name += "'"
+                alias = Var(alias_name, value.dtype)
                 body = tuple(_replace_in(x, again, alias) for x in loop.body)
                 if body != loop.body:
                     stmts[j] = Loop(loop.var, loop.extent, body)
                     self.kept[id(red)] = buf
-                    self.aliases[alias.name] = f"{buf}[{c_name(loop.var.name)}]"
+                    self.aliases[alias.name] = f"{buf}[{self.names[loop.var.name]}]"
         return stmts
 
     # -- streaming stores ------------------------------------------------------------------
@@ -407,7 +447,7 @@ class CpuEmitter(StatementEmitter):
         run-time size test says the output is small)."""
         pad, inner = "  " * indent, "  " * (indent + 1)
         stores = self.streamed(loop)
-        v = c_name(loop.var.name)
+        v = self.names[loop.var.name]
         t = self.ctype(self.buffers[stores[0].buffer].dtype)
         lanes = "dpl_lanes"
         conditions = [c for c in (self.big_enough(self.buffers[st.buffer]) for st in stores[:1]) if c is not True]
@@ -459,12 +499,12 @@ class CpuEmitter(StatementEmitter):
         k = self.kernel
         lines = [f"void {symbol}(void **buffers, const int64_t *dims) {{"]
         for i, d in enumerate(k.dims):
-            lines.append(f"  const int64_t {c_name(d)} = dims[{i}];")
+            lines.append(f"  const int64_t {self.names[d]} = dims[{i}];")
         order = self.buffer_order()
         for i, (name, dtype) in enumerate(order):
             const = "const " if i < len(order) - len(k.outputs) else ""
             t = self.buffer_ctype(dtype)  # bfloat16 buffers hold the bits
-            lines.append(f"  {const}{t} *restrict {c_name(name)} = ({const}{t} *)buffers[{i}];")
+            lines.append(f"  {const}{t} *restrict {self.names.buffer(name)} = ({const}{t} *)buffers[{i}];")
         self.stmts(k.body, 1, lines, True)
         lines.append("}")
         return "\n".join(lines)

@@ -2,19 +2,18 @@
 cached on disk, loaded with ctypes. Codegen prefixes ``cpu`` and ``kernel``; ``cublas.*``
 composites run here too when no GPU is there.
 
-The disk cache is keyed by the SHA-256 of the source, the flags, the compiler's version and
-the host CPU's identity (``-march=native`` code must never run on another CPU). Entries are
-written atomically (a temporary file, then ``os.replace``) with a manifest holding the key; an
-entry whose manifest does not match, or that does not load, is rebuilt, never trusted. Two
-processes compiling the same kernel both succeed: each writes its own temporary file and the
-last rename wins with identical content.
+The disk cache (``dpl.runtime.disk_cache``: platformdirs' user cache directory, or
+``cache_dir``) is keyed by the SHA-256 of the source, the flags, the compiler's version and
+the host CPU's identity (``-march=native`` code must never run on another CPU). An entry is
+loaded only when its bytes hash to its manifest's SHA-256; anything else is rebuilt, never
+trusted. Two processes compiling the same kernel meet at a file lock: one compiles, the other
+loads its result.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import platform
 import shutil
@@ -28,8 +27,10 @@ import numpy as np
 
 from dpl.backends import blas, im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
-from dpl.backends.registry import Backend, Capabilities, CompileError
+from dpl.backends.registry import Backend, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
+from dpl.cache_dir import store_dir
+from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
 from dpl.runtime.threads import OPENMP
 
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
@@ -38,8 +39,8 @@ SYMBOL = "dpl_kernel"
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dpl" / "kernels"
+    """The kernels' folder in platformdirs' user cache directory (``~/.cache/dpl/kernels``)."""
+    return store_dir("kernels")
 
 
 @lru_cache(maxsize=None)
@@ -97,12 +98,21 @@ def vector_math(cc: str) -> bool:
 
 
 class KernelCache:
-    """Compiled kernels on disk, keyed by everything that decides the binary."""
+    """Compiled kernels on disk, keyed by everything that decides the binary (a
+    :class:`~dpl.runtime.disk_cache.LibraryCache` of ``directory``, verified before loading)."""
 
-    def __init__(self, directory: str | os.PathLike | None = None, cc: str = "cc"):
-        self.directory = Path(directory) if directory is not None else default_cache_dir()
+    def __init__(self, directory: str | os.PathLike | None = None, cc: str = "cc", max_bytes: int = DEFAULT_MAX_BYTES):
+        self.store = LibraryCache(directory if directory is not None else default_cache_dir(), max_bytes)
         self.cc = cc
-        self.compiles = 0  # how many times this cache ran the compiler (for tests and reports)
+
+    @property
+    def directory(self) -> Path:
+        return self.store.directory
+
+    @property
+    def compiles(self) -> int:
+        """How many times this cache ran the compiler (for tests and reports)."""
+        return self.store.builds
 
     def flags(self) -> list[str]:
         return [*BASE_FLAGS, *usable_flags(self.cc)]
@@ -112,43 +122,19 @@ class KernelCache:
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def load(self, source: str) -> ctypes.CDLL:
-        key = self.key(source)
-        lib_path = self.directory / f"{key}.so"
-        manifest = self.directory / f"{key}.json"
-        lib = self._trusted(lib_path, manifest, key)
-        if lib is not None:
-            return lib
-        self._build(source, key, lib_path, manifest)
-        lib = self._trusted(lib_path, manifest, key)
-        if lib is None:
-            raise CompileError(f"the compiled kernel {lib_path} does not load")
-        return lib
-
-    def _trusted(self, lib_path: Path, manifest: Path, key: str) -> ctypes.CDLL | None:
+        about = {"cc": compiler_version(self.cc), "cpu": cpu_identity()}
         try:
-            if json.loads(manifest.read_text())["key"] != key:
-                return None
-            lib = ctypes.CDLL(str(lib_path))
-            getattr(lib, SYMBOL)
-            return lib
-        except (OSError, ValueError, KeyError, AttributeError, TypeError):
-            return None  # missing, corrupt or foreign: rebuild
+            return self.store.load(self.key(source), lambda out: self._compile(source, out), SYMBOL, about)
+        except CacheError as err:
+            raise CompileError(err.message) from None
 
-    def _build(self, source: str, key: str, lib_path: Path, manifest: Path) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.compiles += 1
-        with tempfile.TemporaryDirectory(dir=self.directory) as tmp:
-            src = Path(tmp) / "kernel.c"
-            src.write_text(source)
-            out = Path(tmp) / "kernel.so"
-            libs = ["-lmvec", "-lm"] if "omp declare simd" in source else ["-lm"]
-            r = subprocess.run([self.cc, *self.flags(), str(src), "-o", str(out), *libs], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise CompileError(f"the C compiler failed on a generated kernel:\n{r.stderr.strip()[:2000]}")
-            os.replace(out, lib_path)
-            tmp_manifest = Path(tmp) / "manifest.json"
-            tmp_manifest.write_text(json.dumps({"key": key, "cc": compiler_version(self.cc), "cpu": cpu_identity()}))
-            os.replace(tmp_manifest, manifest)
+    def _compile(self, source: str, out: Path) -> None:
+        src = out.with_name("kernel.c")
+        src.write_text(source)
+        libs = ["-lmvec", "-lm"] if "omp declare simd" in source else ["-lm"]
+        r = subprocess.run([self.cc, *self.flags(), str(src), "-o", str(out), *libs], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CompileError(f"the C compiler failed on a generated kernel:\n{r.stderr.strip()[:2000]}")
 
 
 class CpuBackend(Backend):
@@ -159,13 +145,14 @@ class CpuBackend(Backend):
     prefixes = ("cpu", "kernel")
     capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"), composites=("cublas.*",),
                                 dtypes=("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"))
+    dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
-                 stream_bytes: int | None = STREAM_BYTES, products: str = "numpy"):
+                 stream_bytes: int | None = STREAM_BYTES, products: str = "numpy", cache_max_bytes: int = DEFAULT_MAX_BYTES):
         self.cc = cc or os.environ.get("CC") or "cc"
         self.products = blas.products(products)  # who computes matrix products: "numpy" or "torch"
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
-        self.cache = KernelCache(cache_dir, self.cc)
+        self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
 
     def available(self) -> tuple[bool, str]:
@@ -178,8 +165,7 @@ class CpuBackend(Backend):
         return True, "available"
 
     def compile(self, function, *, module=None, shapes=()):
-        if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
-            function = _wrapped_composite(function, module)
+        function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
         if any(_blas_product(b) for b in function.bindings):
             try:
                 return self._compile_segments(function)
@@ -278,13 +264,3 @@ def _c_runner(name, kernel, source, lib, entry, threads):
     run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
     run.with_threads = lambda n: run if n == threads else _c_runner(name, kernel, source, lib, entry, n)  # type: ignore[attr-defined]
     return run
-
-
-def _wrapped_composite(wrapper, module):
-    from dpl.ir.expr import Call, GlobalVar
-
-    body = wrapper.bindings
-    if (module is None or len(body) != 1 or not isinstance(body[0].value, Call) or not isinstance(body[0].value.op, GlobalVar)
-            or list(body[0].value.args) != list(wrapper.params) or wrapper.ret is not body[0].var):
-        raise CompileError(f"codegen function '{wrapper.name}' is not a plain call of one composite")
-    return module[body[0].value.op.name]

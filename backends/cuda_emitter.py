@@ -32,7 +32,7 @@ import math
 
 import attrs
 
-from dpl.backends.c_emitter import EmitError, StatementEmitter, c_name
+from dpl.backends.c_emitter import EmitError, StatementEmitter
 from dpl.kernel.ir import Bin, Const, Kernel, Let, Loop, Op, Reduce, Store, Var, free_vars
 from dpl.ops.registry import get_op
 
@@ -54,6 +54,7 @@ typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 #define INFINITY __int_as_float(0x7f800000)
+#define NAN __int_as_float(0x7fffffff)
 #define DPL_INLINE __device__ __forceinline__
 static DPL_INLINE float dpl_float_of_bits(uint32_t u) { return __uint_as_float(u); }
 static DPL_INLINE uint32_t dpl_bits_of_float(float f) { return __float_as_uint(f); }
@@ -144,7 +145,6 @@ class CudaEmitter(StatementEmitter):
         super().__init__(kernel)
         self.block_rows_from = block_rows_from
         self.nests: list[Nest] = []
-        self.parts = 0  # shared-memory arrays made so far (each block reduction has its own)
 
     def op(self, e: Op, args: list[str]) -> str | None:
         dtype = dict(e.attrs).get("dtype") if e.op == "astype" else None
@@ -160,8 +160,8 @@ class CudaEmitter(StatementEmitter):
         params = []
         for i, (name, dtype) in enumerate(order):
             const = "const " if i < len(order) - len(k.outputs) else ""
-            params.append(f"{const}{self.buffer_ctype(dtype)} *__restrict__ {c_name(name)}")
-        params += [f"const int64_t {c_name(d)}" for d in k.dims]
+            params.append(f"{const}{self.buffer_ctype(dtype)} *__restrict__ {self.names.buffer(name)}")
+        params += [f"const int64_t {self.names[d]}" for d in k.dims]
         lines = [f'extern "C" __global__ void __launch_bounds__(DPL_BLOCK) {symbol}({", ".join(params)}) {{']
         pending: list = []  # statements outside every loop, run like a block's row
         for s in k.body:
@@ -202,7 +202,7 @@ class CudaEmitter(StatementEmitter):
         total = " * ".join(self.expr(e) for e in extents)
         pad = "  "
         what = "block per row" if by_block else "thread per element"
-        out.append(f"{pad}/* one {what} of [{', '.join(c_name(lp.var.name) for lp in loops)}] */")
+        out.append(f"{pad}/* one {what} of [{', '.join(self.names[lp.var.name] for lp in loops)}] */")
         if by_block:
             out.append(f"{pad}for (int64_t dpl_i = blockIdx.x; dpl_i < {total}; dpl_i += gridDim.x) {{")
         else:
@@ -222,7 +222,7 @@ class CudaEmitter(StatementEmitter):
         pad = "  " * indent
         stride = ""
         for lp in reversed(loops):
-            v, extent = c_name(lp.var.name), self.expr(lp.extent)
+            v, extent = self.names[lp.var.name], self.expr(lp.extent)
             index = f"{flat} / ({stride})" if stride else flat
             first = lp is loops[0]
             out.append(f"{pad}const int64_t {v} = {index if first else f'({index}) % {extent}'};")
@@ -253,7 +253,7 @@ class CudaEmitter(StatementEmitter):
             elif isinstance(s, Reduce):
                 self.block_reduce(s, indent, out)
             elif isinstance(s, Loop):
-                v = c_name(s.var.name)
+                v = self.names[s.var.name]
                 out.append(f"{pad}for (int64_t {v} = threadIdx.x; {v} < {self.expr(s.extent)}; {v} += blockDim.x) {{")
                 self.stmts(s.body, indent + 1, out)
                 out.append(f"{pad}}}")
@@ -266,7 +266,7 @@ class CudaEmitter(StatementEmitter):
         """Each thread folds a strided part of the flattened axes; the block combines the parts
         in shared memory; every thread leaves with the whole value."""
         pad, inner = "  " * indent, "  " * (indent + 1)
-        acc, t = c_name(s.name), self.ctype(s.dtype)
+        acc, t = self.names[s.name], self.ctype(s.dtype)
         out.append(f"{pad}{self.reduce_start(s)}")
         total = " * ".join(self.expr(a.extent) for a in s.axes)
         out.append(f"{pad}for (int64_t dpl_r = threadIdx.x; dpl_r < {total}; dpl_r += blockDim.x) {{")
@@ -274,8 +274,7 @@ class CudaEmitter(StatementEmitter):
         self.stmts(s.body, indent + 1, out)
         out.append(f"{inner}{self.fold(s, self.expr(s.value))}")
         out.append(f"{pad}}}")
-        part = f"dpl_part{self.parts}"
-        self.parts += 1
+        part = self.names.internal("part")
         combine = get_op(s.combiner).c_expr.format
         out.append(f"{pad}{{")
         # whole warps: a shuffle tree in each warp, then every thread folds the warps' values

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -29,6 +28,8 @@ import numpy as np
 
 from dpl.backends.cuda_emitter import CUDA_PRELUDE, CudaSource, launch_arguments, launch_config
 from dpl.backends.registry import CompileError
+from dpl.cache_dir import store_dir
+from dpl.runtime.disk_cache import CacheError, LibraryCache
 
 HOST_PRELUDE = """\
 /* CUDA stand-ins for the host twin of dpl's CUDA kernels */
@@ -147,20 +148,22 @@ class HostTwin:
             raise CompileError(f"host twin: no C++ compiler ('{self.cxx}')")
         from dpl.backends.cpu_backend import compiler_version
 
-        key = hashlib.sha256("\0".join([text, self.cxx, compiler_version(self.cxx), *FLAGS]).encode()).hexdigest()[:24]
-        directory = Path(directory or tempfile.gettempdir()) / "dpl-cuda-twin"
-        directory.mkdir(parents=True, exist_ok=True)
-        lib_path = directory / f"{key}.so"
-        if not lib_path.exists():
-            with tempfile.TemporaryDirectory(dir=directory) as tmp:
-                src = Path(tmp) / "twin.cpp"
-                src.write_text(text)
-                out = Path(tmp) / "twin.so"
-                r = subprocess.run([self.cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
-                if r.returncode != 0:
-                    raise CompileError(f"host twin: the C++ compiler failed:\n{r.stderr.strip()[:4000]}")
-                os.replace(out, lib_path)
-        self.lib = ctypes.CDLL(str(lib_path))
+        key = hashlib.sha256("\0".join([text, self.cxx, compiler_version(self.cxx), *FLAGS]).encode()).hexdigest()
+
+        def compile_to(out: Path) -> None:
+            src = out.with_name("twin.cpp")
+            src.write_text(text)
+            r = subprocess.run([self.cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise CompileError(f"host twin: the C++ compiler failed:\n{r.stderr.strip()[:4000]}")
+
+        # the verified disk cache of dpl.runtime.disk_cache (a shared /tmp folder would let
+        # anyone plant a library here)
+        store = LibraryCache(directory if directory is not None else store_dir("cuda-twin"))
+        try:
+            self.lib = store.load(key, compile_to)
+        except CacheError as err:
+            raise CompileError(f"host twin: {err.message}") from None
 
     def launch(self, name: str, grid: int, args: Sequence) -> None:
         """Launch kernel ``name`` on ``grid`` blocks with CUDA-style arguments: arrays (their data

@@ -26,7 +26,7 @@ import importlib.util
 import numpy as np
 
 from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_arguments, launch_config
-from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes
+from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 
 SYMBOL = "dpl_kernel"
@@ -61,6 +61,7 @@ class CupyBackend(Backend):
     prefixes = ("cupy", "cublas", "kernel")
     capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"),
                                 composites=("cublas.*", "cupy.*", "kernel.*"), dtypes=DTYPES)
+    dispatch_by_prefix = False  # "cuda" runs it; "cpu" keeps cuBLAS composites on the CPU
 
     def __init__(self, cupy=None, block: int = BLOCK, block_rows_from: int = BLOCK_ROWS_FROM, options: tuple[str, ...] = ()):
         """``cupy``: the module to use (CuPy itself, imported when first needed, or a stand-in);
@@ -90,10 +91,7 @@ class CupyBackend(Backend):
     # -- compiling ------------------------------------------------------------------------------
 
     def compile(self, function, *, module=None, shapes=()):
-        if "Codegen" in function.attrs:  # a wrapper: compile the composite it calls
-            from dpl.backends.cpu_backend import _wrapped_composite
-
-            function = _wrapped_composite(function, module)
+        function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
         if any(is_product(b) for b in function.bindings) and not _has_bf16(function):
             try:
                 return self._boundary(self._compile_segments(function), function)

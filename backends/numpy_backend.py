@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpl.backends.registry import Backend, Capabilities, CompileError, flatten, leaf_types, unflatten
+from dpl.backends.registry import KINDS, Backend, Capabilities, CompileError, flatten, leaf_types, unflatten
 from dpl.interpret import run_function
 from dpl.ir.expr import GlobalVar
 from dpl.runtime.threads import BLAS
@@ -18,7 +18,8 @@ from dpl.runtime.threads import BLAS
 class NumpyBackend(Backend):
     name = "numpy"
     prefixes = ()
-    capabilities = Capabilities(composites=("*",))
+    capabilities = Capabilities(kinds=KINDS, composites=("*",))
+    dispatch_by_prefix = False
 
     def can_run(self, unit):
         if unit.kind == "codegen":  # the reference runs the wrapper and what it calls
@@ -61,6 +62,7 @@ class NumpyKernelBackend(Backend):
     name = "numpy-kernel"
     prefixes = ("kernel",)
     capabilities = Capabilities(kinds=("primitive", "composite"))
+    dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
 
     def compile(self, function, *, module=None, shapes=()):
         from dpl.kernel import LoweringError, evaluate, lower_function

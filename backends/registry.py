@@ -3,19 +3,28 @@
 A backend is data plus a small class: a name, the codegen prefixes it owns, a
 :class:`Capabilities` table and ``compile(function, ...)`` returning a kernel. A kernel uses
 destination passing: ``kernel(inputs, outputs)`` reads the flat list of input arrays and
-writes every output array in place; it never writes an input.
+writes every output array in place; it never writes an input. The whole contract a backend
+keeps is docs/writing-a-backend.md.
 
 Backends come from three places: the ones shipped here, ``register_codegen("prefix")`` in the
 running process, and installed plugins that declare an entry point in the group
 ``dpl.backends`` (the object named there is a Backend subclass, an instance, or a function
-returning one). A target is an ordered list of backends; each function runs on the first one
-that is available and capable, and every backend passed over is recorded with the reason.
+returning one). When two share a name, an in-process registration wins over an installed
+plugin, and a plugin over a shipped backend; every replacement is logged as a warning.
+
+A target is an ordered list of backends; each function runs on the first one that is
+available and capable, and every backend passed over is recorded with the reason. A function
+carrying a codegen prefix (a ``Codegen`` wrapper, a ``prefix.name`` composite) goes first to
+the registered backends that own the prefix, whatever the target, as TVM's RunCodegen
+dispatches by the ``Codegen`` attribute; the target is its fall-back. The shipped backends
+share their prefixes (``kernel``, ``cublas``) and leave that choice to the target.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import importlib.metadata
+import logging
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -24,6 +33,8 @@ import numpy as np
 from dpl.errors import DplError
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
 from dpl.ir.types import TensorType, TupleType, Type
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "dpl.backends"
 
@@ -42,9 +53,13 @@ class BackendError(DplError):
 
 @attrs.frozen
 class Capabilities:
-    """What a backend can run. ``None`` means "anything" for dtypes and ops."""
+    """What a backend can run. ``None`` means "anything" for dtypes and ops.
 
-    kinds: frozenset[str] = attrs.field(default=frozenset(KINDS), converter=frozenset)
+    The defaults claim only the backend's own codegen prefixes: composites and codegen
+    wrappers named ``prefix.*``. Single ops and fused groups are claimed by naming their kinds.
+    """
+
+    kinds: frozenset[str] = attrs.field(default=frozenset(("composite", "codegen")), converter=frozenset)
     composites: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # fnmatch globs over composite names
     dtypes: frozenset[str] | None = attrs.field(default=None, converter=lambda v: None if v is None else frozenset(v))
     ops: frozenset[str] | None = attrs.field(default=None, converter=lambda v: None if v is None else frozenset(v))
@@ -87,6 +102,9 @@ class Backend:
     name: str = "backend"
     prefixes: tuple[str, ...] = ()
     capabilities: Capabilities = Capabilities()
+    # functions carrying one of ``prefixes`` come here first under any target (False for the
+    # shipped backends, which share their prefixes and leave the choice to the target)
+    dispatch_by_prefix: bool = True
 
     def available(self) -> tuple[bool, str]:
         """Whether this backend can run on this machine, and why not."""
@@ -137,8 +155,12 @@ class UnavailableBackend(Backend):
 # the registry
 
 _BACKENDS: dict[str, Backend] = {}
+_ORIGINS: dict[str, str] = {}  # name -> "shipped", "in-process" or "plugin NAME (module:attr)"
 _PLUGIN_ERRORS: dict[str, str] = {}
 _plugins_loaded = False
+_builtin_loaded = False
+
+IN_PROCESS, SHIPPED = "in-process", "shipped"
 
 # named targets: the order in which backends are tried
 TARGETS: dict[str, tuple[str, ...]] = {
@@ -149,19 +171,31 @@ TARGETS: dict[str, tuple[str, ...]] = {
 }
 
 
-def register_backend(backend: Backend, *, replace: bool = True) -> Backend:
-    """Add ``backend`` under its name. A real backend replaces a placeholder of the same name."""
+def register_backend(backend: Backend, *, replace: bool = True, origin: str = IN_PROCESS) -> Backend:
+    """Add ``backend`` under its name; ``origin`` says where it came from (for the precedence
+    rules and the warning logged when it replaces another). A real backend replaces a
+    placeholder of the same name silently."""
     if not isinstance(backend, Backend):
         raise BackendError(f"{backend!r} is not a dpl Backend")
     old = _BACKENDS.get(backend.name)
-    if old is not None and not replace and not isinstance(old, UnavailableBackend):
-        raise BackendError(f"a backend named '{backend.name}' is already registered")
+    if old is not None and not isinstance(old, UnavailableBackend):
+        if not replace:
+            raise BackendError(f"a backend named '{backend.name}' is already registered")
+        if old is not backend:
+            log.warning("backend '%s' (%s) replaces the one registered before (%s)", backend.name, origin, _ORIGINS.get(backend.name, "?"))
     _BACKENDS[backend.name] = backend
+    _ORIGINS[backend.name] = origin
     return backend
 
 
 def unregister_backend(name: str) -> None:
     _BACKENDS.pop(name, None)
+    _ORIGINS.pop(name, None)
+
+
+def backend_origin(name: str) -> str | None:
+    """Where the backend registered as ``name`` came from: "shipped", "in-process" or the plugin."""
+    return _ORIGINS.get(name)
 
 
 def _as_backend(obj: Any, prefix: str | None = None) -> Backend:
@@ -195,7 +229,8 @@ def register_codegen(prefix: str, backend: Any = None):
     """Claim codegen ``prefix`` for a backend, in-process.
 
     Use as a decorator on a Backend subclass or a compile function, or call it with an
-    instance: ``register_codegen("mylib", MyBackend())``. Returns what it was given.
+    instance: ``register_codegen("mylib", MyBackend())``. Returns what it was given. An
+    installed plugin of the same name never replaces it (a warning says so).
     """
     if not isinstance(prefix, str) or not prefix or "." in prefix:
         raise BackendError(f"a codegen prefix is a name without dots, got {prefix!r}")
@@ -211,39 +246,51 @@ def load_plugins(*, reload: bool = False) -> dict[str, str]:
     """Register every backend installed under the entry-point group ``dpl.backends``.
 
     A plugin that fails to load never breaks dpl: it becomes an unavailable backend whose
-    reason is the error. Returns the errors by entry-point name.
+    reason is the error. A plugin whose backend has the name of an in-process registration is
+    not used (a warning says so). Returns the errors by entry-point name.
     """
     global _plugins_loaded
     if _plugins_loaded and not reload:
         return dict(_PLUGIN_ERRORS)
     _plugins_loaded = True
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        origin = f"plugin {ep.name} ({ep.value})"
         try:
             obj = ep.load()
             if callable(obj) and not isinstance(obj, type) and not isinstance(obj, Backend):
                 obj = obj()  # a factory
-            register_backend(_as_backend(obj))
+            backend = _as_backend(obj)
             _PLUGIN_ERRORS.pop(ep.name, None)
         except Exception as err:  # a broken plugin is reported, not fatal
             reason = f"plugin '{ep.name}' ({ep.value}) failed to load: {type(err).__name__}: {err}"
             _PLUGIN_ERRORS[ep.name] = reason
-            if ep.name not in _BACKENDS:
-                register_backend(UnavailableBackend(ep.name, (), reason))
+            log.warning("%s", reason)
+            if ep.name not in _BACKENDS:  # its entry point's name is most likely its prefix too:
+                # functions of that prefix then say why the plugin is missing
+                register_backend(UnavailableBackend(ep.name, (ep.name,), reason), origin=origin)
+            continue
+        if _ORIGINS.get(backend.name) == IN_PROCESS:
+            log.warning("installed %s is not used: backend '%s' is registered in-process, which takes precedence",
+                        origin, backend.name)
+            continue
+        if _ORIGINS.get(backend.name) == origin:  # the same entry point loaded again
+            unregister_backend(backend.name)
+        register_backend(backend, origin=origin)
     return dict(_PLUGIN_ERRORS)
 
 
 def _ensure_builtin() -> None:
-    if "numpy" in _BACKENDS:
+    global _builtin_loaded
+    if _builtin_loaded:
         return
+    _builtin_loaded = True
     from dpl.backends.cpu_backend import CpuBackend
     from dpl.backends.cupy_backend import CupyBackend
     from dpl.backends.numpy_backend import NumpyBackend, NumpyKernelBackend
 
-    register_backend(NumpyBackend())
-    register_backend(NumpyKernelBackend())
-    register_backend(CupyBackend())
-    if "cpu" not in _BACKENDS:
-        register_backend(CpuBackend())
+    for make in (NumpyBackend, NumpyKernelBackend, CupyBackend, CpuBackend):
+        if make.name not in _BACKENDS:  # one registered before (in-process) takes precedence
+            register_backend(make(), origin=SHIPPED)
 
 
 def get_backend(name: str) -> Backend:
@@ -261,8 +308,22 @@ def backends() -> dict[str, Backend]:
     return dict(_BACKENDS)
 
 
+def parse_target(text: str) -> tuple[str, ...]:
+    """The names of a target written as text: ``"cpu"``, ``"mylib,cpu"`` (for ``--target``).
+
+    Only the syntax is checked here; :func:`resolve_target` says whether the names exist.
+    """
+    if not isinstance(text, str):
+        raise BackendError(f"a target is written as text, got {type(text).__name__}")
+    names = tuple(part.strip() for part in text.split(","))
+    if not text.strip() or any(not n for n in names):
+        raise BackendError(f"target '{text}' has an empty name", hint="write backend or target names separated by commas, e.g. mylib,cpu")
+    return names
+
+
 def resolve_target(target: str | Backend | Iterable[str | Backend]) -> tuple[Backend, ...]:
-    """The ordered backends of a target: a named target, a backend name, or a list of either."""
+    """The ordered backends of a target: a named target, a backend name, comma-separated names
+    (``"mylib,cpu"``), or a list of any of these and Backends."""
     if isinstance(target, (str, Backend)):
         target = [target]
     if not isinstance(target, Iterable):
@@ -271,21 +332,30 @@ def resolve_target(target: str | Backend | Iterable[str | Backend]) -> tuple[Bac
     for item in target:
         if isinstance(item, Backend):
             out.append(item)
-        elif isinstance(item, str) and item in TARGETS:
-            out.extend(get_backend(n) for n in TARGETS[item])
-        elif isinstance(item, str):
+            continue
+        if not isinstance(item, str):
+            raise BackendError(f"a target is a name or a Backend, got {item!r}")
+        for name in parse_target(item):
+            if name in TARGETS:
+                out.extend(get_backend(n) for n in TARGETS[name])
+                continue
             try:
-                out.append(get_backend(item))
+                out.append(get_backend(name))
             except BackendError as err:
                 raise BackendError(err.message, hint=f"named targets: {', '.join(TARGETS)}") from None
-        else:
-            raise BackendError(f"a target is a name or a Backend, got {item!r}")
     if not out:
         raise BackendError("the target names no backend")
     unique: dict[str, Backend] = {}
     for b in out:
         unique.setdefault(b.name, b)
     return tuple(unique.values())
+
+
+def prefix_owners(prefix: str | None) -> tuple[Backend, ...]:
+    """The registered backends that take functions of codegen ``prefix`` under any target."""
+    if prefix is None:
+        return ()
+    return tuple(b for b in backends().values() if b.dispatch_by_prefix and prefix in b.prefixes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,11 +419,15 @@ def classify(fn: Function, module: Module | None) -> Unit:
 
 @attrs.frozen
 class Choice:
-    """The backend chosen for a unit, and every backend passed over before it, with reasons."""
+    """The backend chosen for a unit, and every backend passed over before it, with reasons.
+
+    ``by_prefix`` names the backends tried first because they own the unit's codegen prefix.
+    """
 
     unit: Unit
     backend: Backend | None
     passed_over: tuple[tuple[str, str], ...]  # (backend name, reason)
+    by_prefix: tuple[str, ...] = ()
 
     @property
     def by_fallback(self) -> bool:
@@ -362,16 +436,27 @@ class Choice:
     def explain(self) -> str:
         if self.backend is None:
             return "no backend of the target can run it: " + "; ".join(f"{n} {r}" for n, r in self.passed_over)
+        first = f"owns codegen prefix '{self.unit.prefix}'" if self.backend.name in self.by_prefix else "first choice"
         if not self.passed_over:
-            return f"{self.backend.name} (first choice)"
+            return f"{self.backend.name} ({first})"
         why = "; ".join(f"{n} {r}" for n, r in self.passed_over)
         return f"{self.backend.name} by fall-back ({why})"
 
 
+def candidates(unit: Unit, target: Sequence[Backend]) -> tuple[tuple[Backend, ...], tuple[str, ...]]:
+    """The backends to try for ``unit`` in order: the owners of its codegen prefix first (under
+    any target), then the target's. Also the names of the owners put first."""
+    owners = prefix_owners(unit.prefix)
+    names = tuple(b.name for b in owners)
+    return (*owners, *(b for b in target if b.name not in names)), names
+
+
 def choose(unit: Unit, target: Sequence[Backend], skip: Mapping[str, str] | None = None) -> Choice:
-    """The first backend of ``target`` that is available and capable for ``unit``."""
+    """The first backend that is available and capable for ``unit``: an owner of its codegen
+    prefix, else the first of ``target``."""
+    order, by_prefix = candidates(unit, target)
     passed: list[tuple[str, str]] = []
-    for backend in target:
+    for backend in order:
         if skip and backend.name in skip:
             passed.append((backend.name, skip[backend.name]))
             continue
@@ -383,12 +468,26 @@ def choose(unit: Unit, target: Sequence[Backend], skip: Mapping[str, str] | None
         if not ok:
             passed.append((backend.name, why))
             continue
-        return Choice(unit, backend, tuple(passed))
-    return Choice(unit, None, tuple(passed))
+        return Choice(unit, backend, tuple(passed), by_prefix)
+    return Choice(unit, None, tuple(passed), by_prefix)
 
 
 # ---------------------------------------------------------------------------------------------
-# helpers for kernels: flat lists of arrays <-> the nested values of a function's signature
+# helpers for kernels: the composite of a wrapper; flat lists of arrays <-> the nested values
+# of a function's signature
+
+
+def wrapped_composite(function: Function, module: Module | None) -> Function:
+    """The composite a ``Codegen`` wrapper calls (its whole body is one call of it with the
+    wrapper's parameters, as FuseOpsByPattern writes it); any other function is itself."""
+    if "Codegen" not in function.attrs:
+        return function
+    body = function.bindings
+    if (module is None or len(body) != 1 or not isinstance(body[0].value, Call) or not isinstance(body[0].value.op, GlobalVar)
+            or body[0].value.op.name not in module.functions
+            or list(body[0].value.args) != list(function.params) or function.ret is not body[0].var):
+        raise CompileError(f"codegen function '{function.name}' is not a plain call of one composite")
+    return module[body[0].value.op.name]
 
 
 def flatten(value: Any) -> list[np.ndarray]:

@@ -21,9 +21,10 @@ from dpl.pattern import (
 from dpl.lang import check_hook, load_patterns, parse_patterns
 from dpl.trace import Trace
 from dpl.apply import apply
-from dpl.transform import fuse_ops, fuse_ops_by_pattern
+from dpl.transform import fold_constants, fuse_ops, fuse_ops_by_pattern
 from dpl.backends.registry import register_codegen
 from dpl.runtime import FusionConfig, build
+from dpl.viz.draw import draw
 from dpl.frontend.onnx_import import from_onnx  # imports onnx only when a model is imported
 
 __version__ = "0.1.0"
@@ -49,9 +50,11 @@ __all__ = [
     # dpl.lang
     "check_hook", "load_patterns", "parse_patterns",
     # passes
-    "Trace", "apply", "fuse_ops", "fuse_ops_by_pattern",
+    "Trace", "apply", "fold_constants", "fuse_ops", "fuse_ops_by_pattern",
     # runtime
     "FusionConfig", "build", "register_codegen",
+    # pictures of what fusion did
+    "draw",
     # frontends (each loads its framework on first use)
     "from_onnx", "from_torch",
 ]

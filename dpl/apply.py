@@ -1,6 +1,8 @@
 """``dpl.apply``: the one call that runs the whole flow on a module.
 
     rewrites (.dpl ``rewrite`` rules, to a fixed point)
+      -> constant folding (bindings over bound weights computed once, as TVM's FoldConstant)
+      -> merged products (q/k/v, gate/up: one wider product over concatenated constant weights)
       -> FuseOpsByPattern (fusion patterns in priority order, Composite functions,
          optionally wrapped in Codegen functions)
       -> automatic fusion (FuseOps) of whatever no pattern claimed
@@ -43,13 +45,34 @@ def as_pattern_set(patterns: PatternsLike) -> PatternSet:
 
 def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, composites: bool = True,
           annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
-          fuse_reductions: bool = False, trace: Trace | None = None) -> Module:
+          fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, trace: Trace | None = None) -> Module:
     """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring)."""
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
+    if trace is not None:
+        trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:
-        mod = patterns.apply_rewrites(mod)
+        if trace is None:
+            mod = patterns.apply_rewrites(mod)
+        else:  # the same rules in the same order, each one's changes recorded
+            from dpl.trace import rewrite_events
+
+            for rule in patterns.rewrites:
+                new = rule.apply(mod)
+                if new is not mod:
+                    trace.rewrites.extend(rewrite_events(rule.name, rule.origin, mod, new))
+                mod = new
+    if fold:
+        from dpl.transform.fold_constants import fold_constants
+
+        mod = fold_constants(mod)
+    if merge_products:
+        from dpl.transform.merge_products import merge_products as merge
+
+        mod = merge(mod)
+    if trace is not None:
+        trace.rewritten = mod  # what the fusion passes start from
     if composites and patterns.patterns:
         from dpl.transform.fuse_by_pattern import fuse_ops_by_pattern
 
@@ -61,4 +84,6 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
         except ImportError:
             raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
         mod = fuse_ops(mod, fuse_reductions=fuse_reductions)
+    if trace is not None:
+        trace.result = mod
     return mod

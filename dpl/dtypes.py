@@ -66,3 +66,29 @@ def to_numpy(dtype: str) -> np.dtype:
 def from_numpy(dt: np.dtype) -> str:
     name = np.dtype(dt).name
     return canonical(name)
+
+
+# bytes per element, without importing ml_dtypes for bfloat16
+ITEMSIZE: dict[str, int] = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+                            "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def literal_range_error(value, dtype: str) -> str | None:
+    """Why a literal ``value`` is no value of ``dtype`` (out of its range), or None."""
+    import math
+
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if dtype in INT_DTYPES or dtype == "bool":
+        if isinstance(value, float) and not value.is_integer():
+            return f"{value} is not a value of dtype {short(dtype)}"
+        lo, hi = (0, 1) if dtype == "bool" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+        if not lo <= value <= hi:
+            return f"{value} is out of the range of {short(dtype)} ({lo} to {hi})"
+        return None
+    if dtype in FLOAT_DTYPES and math.isfinite(value):
+        limit = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38, "float16": 65504.0,
+                 "bfloat16": 3.3895313892515355e38}[dtype]
+        if abs(value) > limit * (1 + 2**-9):  # beyond what rounds to the largest finite value
+            return f"{value} is out of the range of {short(dtype)} (its largest value is {limit:g})"
+    return None

@@ -42,16 +42,33 @@ class DplError(Exception):
         return self
 
     def __str__(self) -> str:
+        from dpl.limits import excerpt  # the limits module builds on this one
+
         if self.span is None:
-            text = f"{self.kind}: {self.message}"
+            text = f"{self.kind}: {excerpt(self.message)}"
         else:
-            text = f"{self.span}: {self.kind}: {self.message}"
+            text = f"{self.span}: {self.kind}: {excerpt(self.message)}"
             if self.span.source_line is not None:
-                width = max(1, (self.span.end_col or self.span.col + 1) - self.span.col)
-                text += f"\n  {self.span.source_line}\n  {' ' * (self.span.col - 1)}{'^' * width}"
+                text += "\n" + _quote(self.span)
         if self.hint:
-            text += f"\n  hint: {self.hint}"
+            text += f"\n  hint: {excerpt(self.hint)}"
         return text
+
+
+def _quote(span: Span) -> str:
+    """The source line and a caret under the span; a long line is cut to a window around the
+    span (``MAX_EXCERPT`` characters), so that a 1 MB line is not printed whole."""
+    from dpl.limits import MAX_EXCERPT
+
+    line, start = span.source_line, span.col - 1
+    width = max(1, (span.end_col or span.col + 1) - span.col)
+    if len(line) > MAX_EXCERPT:
+        width = min(width, MAX_EXCERPT // 2)
+        lo = max(0, min(start - MAX_EXCERPT // 4, len(line) - MAX_EXCERPT))
+        hi = lo + MAX_EXCERPT
+        head, tail = ("... " if lo > 0 else ""), (" ..." if hi < len(line) else "")
+        line, start = head + line[lo:hi] + tail, start - lo + len(head)
+    return f"  {line}\n  {' ' * start}{'^' * width}"
 
 
 class UnknownOpError(DplError):

@@ -15,6 +15,7 @@ from dpl import dtypes
 from dpl.errors import DplError, InterpretError
 from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType, TupleType, Type
+from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.ops.registry import DIM_ATTR_KINDS, get_op
 
 
@@ -50,8 +51,8 @@ def _resolve_dims(value: Any, dims: dict[str, int]) -> Any:
 
 
 class _Frame:
-    def __init__(self, mod: Module | None, fn: Function, dims: dict[str, int]):
-        self.mod, self.fn, self.dims = mod, fn, dims
+    def __init__(self, mod: Module | None, fn: Function, dims: dict[str, int], depth: int = 0):
+        self.mod, self.fn, self.dims, self.depth = mod, fn, dims, depth
         self.env: dict[int, Any] = {}
 
     def eval(self, e: Expr) -> Any:
@@ -72,7 +73,9 @@ class _Frame:
         if isinstance(c.op, GlobalVar):
             if self.mod is None or c.op.name not in self.mod.functions:
                 raise DplError(f"call of unknown function '{c.op.name}'")
-            return run_function(self.mod, self.mod[c.op.name], args, outer_dims=self.dims)
+            if self.depth >= MAX_CALL_DEPTH:  # a module built in Python may call itself
+                raise LimitError(f"calls nest deeper than MAX_CALL_DEPTH = {MAX_CALL_DEPTH} levels at '{c.op.name}' (recursion?)")
+            return run_function(self.mod, self.mod[c.op.name], args, outer_dims=self.dims, _depth=self.depth + 1)
         op = get_op(c.op)
         attrs = {k: _resolve_dims(v, self.dims) if op.attrs[k].kind in DIM_ATTR_KINDS else v for k, v in c.attrs.items()}
         for k, v in attrs.items():
@@ -109,7 +112,8 @@ def _mentions_symbolic_dims(c: Call) -> bool:
     return any(isinstance(d, str) for t in leaves if isinstance(t, TensorType) for d in t.shape)
 
 
-def run_function(mod: Module | None, fn: Function, arrays: list[Any], outer_dims: dict[str, int] | None = None) -> Any:
+def run_function(mod: Module | None, fn: Function, arrays: list[Any], outer_dims: dict[str, int] | None = None,
+                 _depth: int = 0) -> Any:
     """Run ``fn``; its symbolic dims bind from its inputs, and a dim no input binds (the length
     of ``arange(end=seq)`` in a fused group) takes its value from ``outer_dims``: the caller's
     dims, or those a backend read off the destination buffers."""
@@ -117,7 +121,7 @@ def run_function(mod: Module | None, fn: Function, arrays: list[Any], outer_dims
         names = ", ".join(p.name for p in fn.params)
         raise InterpretError(f"function '{fn.name}' takes {len(fn.params)} inputs ({names}), got {len(arrays)}")
     dims: dict[str, int] = {}
-    frame = _Frame(mod, fn, dims)
+    frame = _Frame(mod, fn, dims, _depth)
     for p, a in zip(fn.params, arrays):
         a = _as_value(p.ty, a)
         _bind_type(p.ty, a, dims, f"parameter '{p.name}' of '{fn.name}'")
@@ -125,7 +129,10 @@ def run_function(mod: Module | None, fn: Function, arrays: list[Any], outer_dims
     for d, n in (outer_dims or {}).items():
         dims.setdefault(d, n)
     for b in fn.bindings:
-        frame.env[id(b.var)] = frame.eval(b.value)
+        try:
+            frame.env[id(b.var)] = frame.eval(b.value)
+        except MemoryError:  # a shape within the type limits may still exceed this machine
+            raise InterpretError(f"not enough memory to compute '{b.var.name}': {b.var.ty} in function '{fn.name}'") from None
     return frame.eval(fn.ret)
 
 

@@ -1,12 +1,64 @@
-"""Lark glue shared by the IR text parser and the ``.dpl`` parser: spans from parse-tree
-positions, and syntax errors that read like a compiler's."""
+"""Lark glue shared by the IR text parser and the ``.dpl`` parser: the parsers themselves (their
+tables cached on disk), spans from parse-tree positions, and syntax errors that read like a
+compiler's."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+import lark as _lark_package
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
+from dpl.cache_dir import FILE_MODE, private_dir, read_own_file, store_dir, write_private_file
 from dpl.errors import DplError, Span
+
+log = logging.getLogger(__name__)
+
+
+def open_grammar(name: str, **options) -> Lark:
+    """The LALR parser of the shipped grammar ``name`` (in ``dpl.grammar``), its tables cached in
+    the ``parsers`` store of the user cache (``dpl.cache_dir``) through Lark's ``cache=`` option:
+    building them is most of a first parse.
+
+    Lark's cache file is a pickle, so it is treated as the kernels are: its name holds a hash of
+    everything that decides it (grammar, options, Lark and Python versions); it is handed to
+    Lark only when its bytes match the SHA-256 recorded beside it; otherwise it is removed and
+    written again (0600) under a file lock, one process at a time."""
+    text = resources.files("dpl.grammar").joinpath(name).read_text(encoding="utf-8")
+    recipe = "\0".join([text, repr(sorted((k, repr(v)) for k, v in options.items() if k != "lexer_callbacks")),
+                        _lark_package.__version__, sys.version])
+    directory = private_dir(store_dir("parsers"), "parsers")
+    path = directory / f"{Path(name).stem}-{hashlib.sha256(recipe.encode()).hexdigest()[:32]}.lark"
+    manifest = path.with_suffix(".sha256")
+    if _verified(path, manifest):
+        return Lark.open_from_package("dpl.grammar", name, parser="lalr", cache=str(path), **options)
+    from filelock import FileLock  # only here: importing it costs more than loading the tables
+
+    try:
+        with FileLock(directory / "write.lock", mode=FILE_MODE):
+            if not _verified(path, manifest):  # another process may have written it meanwhile
+                manifest.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)  # never handed to Lark unverified
+            parser = Lark.open_from_package("dpl.grammar", name, parser="lalr", cache=str(path), **options)
+            os.chmod(path, FILE_MODE)  # Lark made it 0666 less the umask (inside a 0700 folder)
+            write_private_file(manifest, hashlib.sha256(read_own_file(path)).hexdigest().encode())
+            return parser
+    except OSError as err:  # a cache that cannot be written costs time, never the parse
+        log.info("dpl: parse tables of %s not cached: %s", name, err)
+        return Lark.open_from_package("dpl.grammar", name, parser="lalr", **options)
+
+
+def _verified(path: Path, manifest: Path) -> bool:
+    try:
+        return hashlib.sha256(read_own_file(path)).hexdigest().encode() == read_own_file(manifest, 128)
+    except OSError:
+        return False
 
 
 class DplSyntaxError(DplError):
@@ -97,3 +149,72 @@ def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " or " + items[-1]
 
 
+
+
+# ---- strings and limits shared by both text forms -------------------------------------------
+
+# the escapes a string literal may use, and what each stands for; the printers write these
+_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
+_ESCAPED = {v: "\\" + k for k, v in _ESCAPES.items()}
+
+
+def escape_string(value: str) -> str:
+    """``value`` as a quoted literal that :func:`unescape_string` reads back exactly: quotes,
+    backslashes and control characters escaped, everything else (UTF-8 text) kept as is."""
+    out = []
+    for ch in value:
+        if ch in _ESCAPED:
+            out.append(_ESCAPED[ch])
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or 0xD800 <= ord(ch) < 0xE000 or ch in "\u2028\u2029":
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def unescape_string(token: Token, src: "Source") -> str:
+    """The value of a string literal token (quotes included), its escapes read as written:
+    ``\\" \\\\ \\n \\t \\r \\uXXXX \\UXXXXXXXX``; anything else is a located error."""
+    text, out, i = str(token)[1:-1], [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        nxt = text[i + 1 : i + 2]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+            continue
+        width = {"u": 4, "U": 8}.get(nxt)
+        digits = text[i + 2 : i + 2 + width] if width else ""
+        if width and len(digits) == width and all(c in "0123456789abcdefABCDEF" for c in digits) and int(digits, 16) <= 0x10FFFF:
+            out.append(chr(int(digits, 16)))
+            i += 2 + width
+            continue
+        col = token.column + 1 + i
+        bad = text[i : i + 2 + (width or 0)]
+        raise DplSyntaxError(f"unknown escape '{bad}' in a string", src.span(token.line, col, token.line, col + len(bad)),
+                             hint='a string may use \\" \\\\ \\n \\t \\r \\uXXXX and \\UXXXXXXXX')
+    return "".join(out)
+
+
+def check_nesting(tree, src: "Source") -> None:
+    """A located error for a parse tree nested deeper than MAX_NESTING, before anything
+    recursive (transformers, type checks, printers) walks it."""
+    from dpl.limits import MAX_NESTING, LimitError, tree_too_deep
+
+    node = tree_too_deep(tree)
+    if node is not None:
+        at = src.of(node)  # the caret marks where the level past the limit starts
+        raise LimitError(f"this is nested more than MAX_NESTING = {MAX_NESTING} levels deep", src.span(at.line, at.col),
+                         hint="split the expression into named bindings")
+
+
+def int_token(token: Token, src: "Source", what: str = "integer literal") -> int:
+    """``int(token)``, or a located error for a literal longer than any dtype holds."""
+    from dpl.limits import check_int_digits
+
+    check_int_digits(str(token), src.of(token), what)
+    return int(str(token))

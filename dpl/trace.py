@@ -3,6 +3,8 @@ or ``fuse_ops_by_pattern`` and read ``trace.report()``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 
@@ -16,9 +18,60 @@ class TraceEvent:
     reason: str | None = None
 
 
+@attrs.frozen
+class RewriteEvent:
+    """One rewrite rule that changed a function, in the order the rules ran."""
+
+    rule: str
+    origin: str  # the rule's file:line:col
+    function: str
+    changed: tuple[str, ...]  # bindings whose value the rule replaced ("h = nn.rms_norm(...)")
+    removed: tuple[str, ...]  # bindings that went away with them
+    added: tuple[str, ...] = ()  # bindings the replacement introduced
+
+    def __str__(self) -> str:
+        parts = [f"rewrite {self.rule} ({self.origin}) in {self.function}: {', '.join(self.changed) or 'no binding kept its name'}"]
+        if self.removed:
+            parts.append(f"replacing {', '.join(self.removed)}")
+        if self.added:
+            parts.append(f"adding {', '.join(self.added)}")
+        return "; ".join(parts)
+
+
+def rewrite_events(rule: str, origin: str, before, after) -> list[RewriteEvent]:
+    """What rule ``rule`` changed from module ``before`` to module ``after``, per function."""
+    out = []
+    for name, fn in after.functions.items():
+        old = before.functions.get(name)
+        if old is None or old is fn:
+            continue
+        was = {b.var.name: b.value for b in old.bindings}
+        now = {b.var.name: b.value for b in fn.bindings}
+        changed = tuple(f"{k} = {_op(v)}" for k, v in now.items() if k in was and _op(was[k]) != _op(v))
+        removed = tuple(k for k in was if k not in now)
+        added = tuple(f"{k} = {_op(v)}" for k, v in now.items() if k not in was)
+        if changed or removed or added:
+            out.append(RewriteEvent(rule, origin, name, changed, removed, added))
+    return out
+
+
+def _op(value) -> str:
+    op = getattr(value, "op", None)
+    if op is None:
+        return type(value).__name__
+    return op if isinstance(op, str) else f"@{op.name}"
+
+
 @attrs.define
 class Trace:
     events: list[TraceEvent] = attrs.field(factory=list)
+    rewrites: list[RewriteEvent] = attrs.field(factory=list)  # the rewrites applied, in order
+    # set by dpl.apply: the module it was given, the module after the rewrites, the result and
+    # the PatternSet, so that coverage() and the pictures can say what happened to every op
+    source: Any = attrs.field(default=None, eq=False)
+    rewritten: Any = attrs.field(default=None, eq=False)
+    result: Any = attrs.field(default=None, eq=False)
+    patterns: Any = attrs.field(default=None, eq=False)
 
     def record(self, pattern: str, function: str, root: str, members: tuple[str, ...], accepted: bool, reason: str | None = None) -> None:
         self.events.append(TraceEvent(pattern, function, root, members, accepted, reason))
@@ -30,8 +83,9 @@ class Trace:
         return [e for e in self.events if not e.accepted and pattern in (None, e.pattern)]
 
     def report(self) -> str:
-        """Per pattern, in the order they ran: accepted matches, then rejected ones with why."""
-        lines = []
+        """The rewrites applied, in order; then per pattern, in the order they ran: accepted
+        matches, then rejected ones with why."""
+        lines = [str(r) for r in self.rewrites]
         for name in dict.fromkeys(e.pattern for e in self.events):
             acc, rej = self.accepted(name), self.rejected(name)
             lines.append(f"{name}: {len(acc)} accepted, {len(rej)} rejected")
@@ -40,3 +94,17 @@ class Trace:
             for e in rej:
                 lines.append(f"  - {e.function}: {', '.join(e.members)}: {e.reason}")
         return "\n".join(lines) if lines else "no pattern matched anything"
+
+    def coverage(self, target: Any = None, config: Any = None, dims: dict[str, int] | None = None):
+        """A :class:`dpl.viz.Coverage` of the module ``dpl.apply`` returned: per entry function
+        the ops in composites (by composite), in automatic groups and alone, each alone op with
+        its reason. With ``target`` (``"cpu"``), also what the runtime heuristics decide per
+        group on this machine (``config`` a FusionConfig, ``dims`` sizes of symbolic dims)."""
+        from dpl.errors import DplError
+        from dpl.viz.coverage import coverage
+        from dpl.viz.runtime import decide
+
+        if self.result is None:
+            raise DplError("this trace has no result: pass it to dpl.apply(..., trace=trace) first")
+        runtime = decide(self.result, target, config, dims) if target is not None else None
+        return coverage(self.result, self, self.patterns, runtime)

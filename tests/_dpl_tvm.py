@@ -7,6 +7,7 @@ A spec is a list of statements:
                                   (f32 constants) or ("tuple", [names])
     (name, "item", src, index)    a tuple item
     (name, "alias", src)          ``name = src``
+    (name, "tuple", [names])      ``name = (a, b, ...)``
 The last statement is returned.
 """
 
@@ -37,6 +38,8 @@ def build_dpl(spec):
             env[st[0]] = last = fb.item(env[st[2]], st[3], name=st[0])
         elif st[1] == "alias":
             env[st[0]] = last = fb.bind(env[st[2]], name=st[0])
+        elif st[1] == "tuple":
+            env[st[0]] = last = fb.bind(Tuple(tuple(env[a] for a in st[2])), name=st[0])
         else:
             name, op, args = st[0], st[1], st[2]
             attrs = st[3] if len(st) > 3 else {}
@@ -79,6 +82,8 @@ def build_tvm(spec):
                     value = rx.TupleGetItem(env[st[2]], st[3])
                 elif st[1] == "alias":
                     value = env[st[2]]
+                elif st[1] == "tuple":
+                    value = rx.Tuple([env[a] for a in st[2]])
                 else:
                     attrs = dict(st[3]) if len(st) > 3 else {}
                     value = op_fn(st[1])(*[arg(a) for a in st[2]], **attrs)

@@ -26,3 +26,11 @@ def package(name: str, module_level: bool = False):
         return importlib.import_module(name)
     except ImportError as err:
         missing(f"{name} is not installed ({err})", module_level)
+
+
+def program(name: str, install: str) -> str:
+    """The path of program ``name``; ``install`` says how to get it."""
+    path = shutil.which(name)
+    if path is None:
+        missing(f"no '{name}' on this machine ({install})")
+    return path

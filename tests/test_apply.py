@@ -73,7 +73,7 @@ def test_patterns_given_every_way(tmp_path):
         assert any(f.attrs.get("Composite") == "mine.silu_mul" for f in out.functions.values())
     with pytest.raises(DplError, match="patterns must be"):
         dpl.apply(mod, 3, fuse=False)
-    with pytest.raises(DplError, match="no shipped pattern library 'cublass'"):
+    with pytest.raises(DplError, match="no shipped or installed pattern library 'cublass'"):
         dpl.apply(mod, "cublass", fuse=False)
 
 

@@ -30,7 +30,11 @@ kernel fused_softmax [row] (x: f32[n, 8]) -> (y: f32[n, 8]):
 def test_scalar_expressions_as_c():
     x = Load("x", (Var("i"),), "float16")
     assert to_c(Op("astype", (x,), (("dtype", "float32"),), "float32")) == "((float)x[i])"
-    assert to_c(Op("clip", (Var("t", "float32"),), (("min", -1.0), ("max", 1.0)), "float32")) == "(t < -1.0 ? -1.0 : t > 1.0 ? 1.0 : t)"
+    # float attributes are C literals of the operand's precision; infinities and NaN are macros
+    assert to_c(Op("clip", (Var("t", "float32"),), (("min", -1.0), ("max", 1.0)), "float32")) == "(t < -1.0f ? -1.0f : t > 1.0f ? 1.0f : t)"
+    assert to_c(Op("clip", (Var("t", "float64"),), (("min", float("-inf")), ("max", 0.5)), "float64")) == "(t < -INFINITY ? -INFINITY : t > 0.5 ? 0.5 : t)"
+    assert to_c(Op("multiply", (Var("t", "float32"), Const(float("nan"), "float32")), (), "float32")) == "(t * NAN)"
+    assert to_c(Op("add", (Var("t", "float32"), Const(-0.0, "float32")), (), "float32")) == "(t + -0.0f)"
     assert to_c(Select(Bin("<", Var("i"), Const(3, "int64")), Const(float("-inf"), "float64"), Const(True, "bool"))) == "((i < 3) ? -INFINITY : 1)"
 
 

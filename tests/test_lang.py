@@ -224,7 +224,7 @@ def test_load_shipped_and_files(tmp_path):
     p.write_text("pattern mine.e { out = exp(x) }\n")
     rules = load_rules([str(p), "cublas"])
     assert rules[0].name == "mine.e" and rules[1].name.startswith("cublas.")
-    with pytest.raises(DplError, match="no shipped pattern library 'cublass'"):
+    with pytest.raises(DplError, match="no shipped or installed pattern library 'cublass'"):
         load_rules("cublass")
     with pytest.raises(DplError, match="does not exist"):
         load_rules(str(tmp_path / "missing.dpl"))

@@ -74,6 +74,8 @@ def test_wheel_ships_grammar_patterns_and_backends_inside_dpl(wheel):
         for f in files:
             assert f"dpl/{folder}/{f}" in names, f"dpl/{folder}/{f} missing from the wheel"
     assert "dpl/backends/__init__.py" in names
+    for data in ("decoder_block.ir", "decoder_block.ir.npz"):  # the model `dpl demo` runs
+        assert f"dpl/viz/data/{data}" in names, f"dpl/viz/data/{data} missing from the wheel"
     tops = {n.split("/")[0] for n in names} - {"dpl"}
     assert len(tops) == 1 and tops.pop().endswith(".dist-info"), f"top-level entries besides dpl/: {tops}"
     for stray in ("backends", "grammar", "patterns", "tests", "examples"):
@@ -143,6 +145,10 @@ def test_wheel_works_in_a_fresh_venv(wheel, tmp_path):
     (cwd / "smoke.py").write_text(SMOKE)
     proc = run([py, "smoke.py"], cwd=cwd, env=env)
     assert proc.stdout.strip().endswith("ok"), proc.stdout
+    # the README's first command: the demo runs from the installed package's own data
+    dpl_exe = env_dir / ("Scripts/dpl.exe" if os.name == "nt" else "bin/dpl")
+    proc = run([dpl_exe, "demo", "--budget", "0.05"], cwd=cwd, env=env)
+    assert "-> OK" in proc.stdout and (cwd / "demo.html").is_file(), proc.stdout
 
 
 def test_every_package_is_listed_in_pyproject():

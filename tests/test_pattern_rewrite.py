@@ -89,7 +89,9 @@ def test_non_convergence_names_the_pattern():
     fn, _ = build_dpl(DOUBLE)
     w, p = doubling()
     with pytest.raises(RewriteNotConverged) as err:
-        rewrite_call(p, lambda e, m: call("add", m[w], m[w]), fn, max_iterations=5)
+        # every round rebuilds the pattern one level deeper (an equal rebuild would be a fixed point)
+        grow = lambda e, m: call("add", call("multiply", m[w], const(1.0)), call("multiply", m[w], const(1.0)))  # noqa: E731
+        rewrite_call(p, grow, fn, max_iterations=5)
     assert "is_op('add')(w0, w0)" in str(err.value) and "test_pattern_rewrite.py" in str(err.value)
 
 
@@ -321,3 +323,11 @@ def test_bad_rewriter_results_are_clear_errors():
         rewrite_bindings(g, lambda m, b: [1], fn)
     with pytest.raises(RewriteError, match="not a binding"):
         rewrite_bindings(g, lambda m, b: {fn.params[0]: fn.params[0]}, fn)
+
+
+def test_an_equal_rebuild_is_a_fixed_point_and_leaves_the_function_alone():
+    """Relax stops when a round gives a structurally equal function (the input is returned,
+    not simplified)."""
+    fn, _ = build_dpl([("param", "x", (4,), "float32"), ("a", "exp", ["x"]), ("b", "alias", "a"), ("c", "add", ["b", "b"])])
+    w = wildcard()
+    assert rewrite_call(is_op("exp")(w), lambda e, m: call("exp", m[w]), fn) is fn

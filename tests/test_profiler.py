@@ -2,6 +2,7 @@
 
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,8 +53,26 @@ def test_the_cli_command(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["profile", "m.ir", "-o", str(out), "--dim", "n=128", "--repeat", "2"]) == 0
     text = capsys.readouterr()
-    assert "fused_silu_multiply" in text.out and "128x64 128x64" in text.out and f"wrote {out}" in text.out
-    assert "1/1" in text.err  # the progress bar
+    assert "fused_silu_multiply" in text.out and "128x64 128x64" in text.out and f"wrote {out}" in text.err
     assert json.loads(out.read_text())["groups"][0]["input_shapes"] == [[128, 64], [128, 64]]
     assert main(["profile", "m.ir", "--dim", "n"]) == 1
     assert "--dim takes NAME=SIZE, got 'n'" in capsys.readouterr().err
+    assert main(["profile", "m.ir", "--dim", "m=4"]) == 1
+    assert "has no dimension 'm' (its symbolic dimensions are n)" in capsys.readouterr().err
+
+
+def test_the_cli_fuses_an_unfused_module_first_and_writes_only_where_told(tmp_path, monkeypatch, capsys):
+    """An unfused module (the README's examples/llama_mlp.ir) is fused first, and its groups
+    profiled; without -o no file appears in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    example = str(Path(__file__).parent.parent / "examples" / "llama_mlp.ir")
+    assert main(["profile", example, "--dim", "n=4", "--repeat", "1", "--target", "numpy"]) == 0
+    text = capsys.readouterr()
+    assert "no fused groups: fusing it first" in text.err and "not saved" in text.err
+    assert "fused_matmul_nn_silu" in text.out and "4x256 256x688" in text.out
+    assert list(tmp_path.iterdir()) == []
+    assert main(["profile", example, "--dim", "n=4", "--repeat", "1", "--target", "numpy", "-p", "llm", "-o", "p.json", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["fused_first"] is True and report["output"] == "p.json"
+    assert report["groups"] and all(g["separate"] > 0 for g in report["groups"])
+    assert json.loads((tmp_path / "p.json").read_text())["groups"] == report["groups"]

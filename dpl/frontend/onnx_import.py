@@ -244,7 +244,7 @@ class _GraphImporter:
         order = {name: k for k, name in enumerate(self.weights)}
         params = [self.params[k] for k in sorted(self.params, key=order.__getitem__)]
         ret = outputs[0] if len(outputs) == 1 else Tuple(tuple(outputs))
-        from dpl.pattern.rewrite import remove_dead_bindings
+        from dpl.ir.simplify import remove_dead_bindings
 
         fn = remove_dead_bindings(Function(entry, inputs + params, self.fb.bindings, ret))
         return Module([fn])

@@ -15,6 +15,8 @@ a :class:`FrontendError` that says the model computes on shapes at run time.
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -27,9 +29,18 @@ from dpl.errors import DplError
 from dpl.frontend import FrontendError
 from dpl.ir.expr import Call, Constant, Expr, Tuple
 from dpl.ir.types import TensorType
+from dpl.limits import MAX_FOLD_ELEMENTS
 from dpl.ops.registry import get_op, make_call
 
+_log = logging.getLogger(__name__)
+
 _REQUIRED = object()
+
+
+def _f32_decimal(value: float) -> float:
+    """An ONNX float attribute (an f32) as the shortest decimal that reads back to the same f32:
+    ``epsilon=1e-6`` in the model is 1e-06 in the IR, not the f64 widening 9.999999974752427e-07."""
+    return float(str(np.float32(value)))
 
 # ONNX element types dpl can hold, and their dpl dtypes
 ONNX_DTYPES: dict[int, str] = {
@@ -193,6 +204,10 @@ class NodeContext:
                     return value.decode("utf-8", "replace")
                 if isinstance(value, onnx.TensorProto):
                     return tensor_to_array(value, f"{self.where}: attribute {name}")
+                if a.type == onnx.AttributeProto.FLOAT:
+                    return _f32_decimal(value)
+                if a.type == onnx.AttributeProto.FLOATS:
+                    return [_f32_decimal(v) for v in value]
                 if isinstance(value, list):
                     return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
                 return value
@@ -287,6 +302,10 @@ def fold(call: Call) -> Expr:
         return call
     ty = call.ty
     if not isinstance(ty, TensorType) or not ty.is_static:
+        return call
+    if math.prod(ty.shape) > MAX_FOLD_ELEMENTS:
+        # too large to compute at import time and keep in the module: the op runs at run time
+        _log.info("not folding %s of %s: more than MAX_FOLD_ELEMENTS = %d elements", call.op, ty, MAX_FOLD_ELEMENTS)
         return call
     arrays = [tuple(np.asarray(f.value) for f in a.fields) if isinstance(a, Tuple) else np.asarray(a.value) for a in call.args]
     try:

@@ -106,6 +106,9 @@ class Tuple:
 
     @property
     def ty(self) -> TupleType:
+        for f in self.fields:
+            if isinstance(f, GlobalVar):  # a function reference has no value type (Relax cannot normalize it either)
+                raise DplError(f"a tuple field is the function reference {f!r}, which is not a value")
         return TupleType(tuple(f.ty for f in self.fields))
 
 

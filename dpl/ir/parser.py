@@ -20,7 +20,8 @@ from dpl.errors import AttributeValueError, DplError, Span, UnknownAttributeErro
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.printer import DECORATORS, DEFAULT_LITERAL_DTYPE
 from dpl.ir.types import TensorType, TupleType, Type
-from dpl.syntax import DplSyntaxError, Source as _Source, syntax_error
+from dpl.limits import MAX_CALL_DEPTH, LimitError, check_int_digits
+from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, open_grammar, syntax_error, unescape_string
 from dpl.ops.registry import call_function, make_call
 
 
@@ -44,6 +45,10 @@ class CallError(DplError):
     """A call of a module function with the wrong arguments."""
 
 
+class RecursionNotSupportedError(DplError):
+    """A function that calls itself, directly or through others."""
+
+
 class IRErrors(DplError):
     """Several errors of one text, reported together."""
 
@@ -57,7 +62,7 @@ class IRErrors(DplError):
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return Lark.open_from_package("dpl.grammar", "ir.lark", parser="lalr", propagate_positions=True, maybe_placeholders=False)
+    return open_grammar("ir.lark", propagate_positions=True, maybe_placeholders=False)
 
 
 class _Poisoned(Exception):
@@ -68,14 +73,14 @@ _POISON = object()
 _DECORATOR_KEYS = {v: k for k, v in DECORATORS.items()}
 
 
-def _number(token) -> int | float:
+def _number(token, src: _Source) -> int | float:
     text = str(token)
     if text in ("inf", "-inf", "nan"):
         return float(text)
-    try:
+    if not any(c in text for c in ".eE"):
+        check_int_digits(text, src.of(token))
         return int(text)
-    except ValueError:
-        return float(text)
+    return float(text)
 
 
 class _Reader:
@@ -85,6 +90,8 @@ class _Reader:
         self.errors: list[DplError] = []
         self.consts: dict[str, Constant] = {}
         self.signatures: dict[str, tuple[list[Type], Type]] = {}
+        self.calls: dict[str, list[tuple[str, Token]]] = {}  # function -> (callee, where), for recursion
+        self.current: str | None = None
 
     # -- helpers -----------------------------------------------------------------------------
     def span(self, node) -> Span:
@@ -111,6 +118,7 @@ class _Reader:
                 continue
             self.signatures[str(name)] = (params, ret)
         functions = [fn for fn in (self.function(f) for f in funcs) if fn is not None]
+        self.check_calls()
         if self.errors:
             raise self.errors[0] if len(self.errors) == 1 else IRErrors(self.errors)
         return Module({fn.name: fn for fn in functions})
@@ -148,10 +156,26 @@ class _Reader:
                 return True
             if isinstance(n, Tree) and n.data == "false":
                 return False
-            return _number(n.children[0]) if isinstance(n, Tree) else _number(n)
+            return _number(n.children[0], self.src) if isinstance(n, Tree) else _number(n, self.src)
+
+        def flat(v):
+            if isinstance(v, list):
+                for x in v:
+                    yield from flat(x)
+            else:
+                yield v
 
         try:
-            return np.array(values(node), dtype=dtypes.to_numpy(ty.dtype))
+            nested = values(node)
+        except DplError as err:
+            self.errors.append(err)
+            return None
+        bad = next((why for why in map(lambda v: dtypes.literal_range_error(v, ty.dtype), flat(nested)) if why), None)
+        if bad is not None:
+            self.error(ConstantValueError, f"the value of constant '{name}': {bad}", name)
+            return None
+        try:
+            return np.array(nested, dtype=dtypes.to_numpy(ty.dtype))
         except (ValueError, TypeError):
             self.error(ConstantValueError, f"the value of constant '{name}' is not a regular {ty} array", name)
             return None
@@ -161,8 +185,11 @@ class _Reader:
         if node.data == "tuple_type":
             return TupleType(tuple(self.type(c) for c in node.children))
         dtype, *dims = node.children
-        shape = tuple(int(d.children[0]) if d.data == "dim_int" else str(d.children[0]) for d in dims)
-        return TensorType(shape, dtypes.canonical(str(dtype)))
+        shape = tuple(int_token(d.children[0], self.src, "dimension") if d.data == "dim_int" else str(d.children[0]) for d in dims)
+        try:
+            return TensorType(shape, dtypes.canonical(str(dtype)))
+        except DplError as err:
+            raise err.with_span(self.span(node)) from None
 
     def _decorators(self, f: Tree) -> list[Tree]:
         return [c for c in f.children if isinstance(c, Tree) and c.data == "decorator"]
@@ -178,6 +205,7 @@ class _Reader:
         decorators = self._decorators(f)
         rest = f.children[len(decorators):]
         name = str(rest[0])
+        self.current = name
         attrs = {}
         for d in decorators:
             key, value = self.decorator(d)
@@ -222,6 +250,40 @@ class _Reader:
             return None
         return Function(name, params, bindings, ret, attrs)
 
+    def check_calls(self) -> None:
+        """Functions may call functions defined anywhere in the module, but not themselves,
+        directly or through others (nothing could run them), and calls may nest at most
+        MAX_CALL_DEPTH deep. A depth-first walk with its own stack: the chain may be long."""
+        state: dict[str, str] = {}  # "open" while on the walk's stack, then "done"
+        depth: dict[str, int] = {}  # the longest chain of calls below a finished function
+        for root in list(self.calls):
+            if root in state:
+                continue
+            state[root], stack = "open", [(root, iter(self.calls.get(root, ())))]
+            while stack:
+                fn, pending = stack[-1]
+                step = next(pending, None)
+                if step is None:
+                    stack.pop()
+                    state[fn] = "done"
+                    depth[fn] = max((depth[c] + 1 for c, _ in self.calls.get(fn, ())), default=0)
+                    continue
+                callee, where = step
+                if state.get(callee) == "open":
+                    path = [f for f, _ in stack]
+                    cycle = " -> ".join(path[path.index(callee):] + [callee])
+                    self.error(RecursionNotSupportedError, f"function '{fn}' calls '{callee}' recursively ({cycle})", where,
+                               hint="dpl functions cannot be recursive")
+                    return
+                if callee not in state:
+                    state[callee] = "open"
+                    stack.append((callee, iter(self.calls.get(callee, ()))))
+        deep = next((f for f in depth if depth[f] > MAX_CALL_DEPTH), None)
+        if deep is not None:
+            callee, where = max(self.calls[deep], key=lambda c: depth[c[0]])
+            self.error(LimitError, f"calls of functions nest {depth[deep]} deep below '{deep}'; the limit is "
+                       f"MAX_CALL_DEPTH = {MAX_CALL_DEPTH}", where)
+
     def decorator(self, d: Tree):
         name, *args = d.children
         key = _DECORATOR_KEYS.get(str(name))
@@ -253,7 +315,11 @@ class _Reader:
             return Tuple(tuple(self.expr(c, scope) for c in node.children))
         if kind == "item":
             base = self.expr(node.children[0], scope)
-            index = int(node.children[1])
+            try:
+                index = int_token(node.children[1], self.src, "tuple index")
+            except DplError as err:
+                self.errors.append(err)
+                raise _Poisoned from None
             try:
                 return TupleGetItem(base, index)
             except DplError as err:
@@ -279,14 +345,19 @@ class _Reader:
 
     def scalar(self, node: Tree) -> Constant:
         if node.data == "scalar":
-            value = _number(node.children[0].children[0])
+            try:
+                value = _number(node.children[0].children[0], self.src)
+            except DplError as err:
+                self.errors.append(err)
+                raise _Poisoned from None
             rest = node.children[1:]
         else:
             value = node.data == "scalar_true"
             rest = node.children
         dtype = dtypes.canonical(str(rest[0])) if rest else DEFAULT_LITERAL_DTYPE[type(value)]
-        if isinstance(value, float) and dtype in dtypes.INT_DTYPES | {"bool"} and not value.is_integer():
-            self.error(ConstantValueError, f"{value} is not a value of dtype {dtypes.short(dtype)}", node)
+        why = dtypes.literal_range_error(value, dtype)
+        if why is not None:
+            self.error(ConstantValueError, why, node)
             raise _Poisoned
         with np.errstate(all="ignore"):
             return Constant(np.asarray(value, dtype=dtypes.to_numpy(dtype)))
@@ -312,6 +383,7 @@ class _Reader:
         if poisoned:
             raise _Poisoned
         if op in self.signatures:
+            self.calls.setdefault(self.current, []).append((op, op_node))
             return self.call_function(op, args, kwargs, op_node)
         try:
             return make_call(op, args, kwargs)
@@ -341,7 +413,7 @@ class _Reader:
     def attr_value(self, node) -> Any:
         kind = node.data
         if kind == "attr_number":
-            return _number(node.children[0].children[0])
+            return _number(node.children[0].children[0], self.src)
         if kind == "attr_true":
             return True
         if kind == "attr_false":
@@ -349,7 +421,7 @@ class _Reader:
         if kind == "attr_none":
             return None
         if kind == "attr_string":
-            return str(node.children[0])[1:-1].encode().decode("unicode_escape")
+            return unescape_string(node.children[0], self.src)
         if kind == "attr_list":
             return tuple(self.attr_value(c) for c in node.children)
         if kind == "attr_name":
@@ -365,4 +437,5 @@ def parse(text: str, filename: str = "<string>", constants: Mapping[str, np.ndar
         tree = _lark().parse(text)
     except UnexpectedInput as err:
         raise syntax_error(err, reader.src, _lark()) from None
+    check_nesting(tree, reader.src)
     return reader.module(tree)

@@ -23,6 +23,7 @@ import numpy as np
 from dpl import dtypes
 from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType, TupleType, Type
+from dpl.syntax import escape_string
 
 # a literal's dtype when no ':dtype' suffix is written
 DEFAULT_LITERAL_DTYPE = {bool: "bool", int: "int64", float: "float32"}
@@ -43,6 +44,8 @@ def format_scalar(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, np.integer)):
         return str(int(value))
+    if isinstance(value, np.floating) and value.dtype != np.float64:
+        return _shortest(value, value.dtype)  # an f32 / f16 attribute: its own shortest form
     value = float(value)
     if math.isnan(value):
         return "nan"
@@ -56,7 +59,7 @@ def format_attr_value(value: Any) -> str:
     if value is None:
         return "none"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return escape_string(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(format_attr_value(v) for v in value) + "]"
     return format_scalar(value)

@@ -4,10 +4,12 @@ to print inline, so modules with weights round-trip exactly."""
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 
 from dpl.errors import DplError
+from dpl.limits import MAX_SOURCE_BYTES, LimitError
 from dpl.ir.expr import Module
 from dpl.ir.parser import parse
 from dpl.ir.printer import INLINE_CONSTANT_LIMIT, collect_constants, constant_names, print_module
@@ -31,9 +33,16 @@ def save(mod: Module, path: str | os.PathLike) -> None:
 
 
 def read_text(path: str | os.PathLike) -> str:
+    """The text of a module file: a regular UTF-8 file of at most MAX_SOURCE_BYTES (a device
+    such as /dev/zero is refused before it is read)."""
     try:
+        if os.path.exists(path) and not os.path.isdir(path) and not stat.S_ISREG(os.stat(path).st_mode):
+            raise DplError(f"'{os.fspath(path)}' is not a regular file")
         with open(path, encoding="utf-8") as f:
-            return f.read()
+            text = f.read(MAX_SOURCE_BYTES + 1)
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
+            raise LimitError(f"'{os.fspath(path)}' has more than MAX_SOURCE_BYTES = {MAX_SOURCE_BYTES} bytes")
+        return text
     except FileNotFoundError:
         raise DplError(f"'{os.fspath(path)}' does not exist") from None
     except IsADirectoryError:

@@ -227,10 +227,14 @@ C_TYPES = {
 
 
 def _c_const(c: Const) -> str:
+    """A C literal of the constant's value. NaN and the infinities are the macros ``NAN`` and
+    ``INFINITY`` (of ``<math.h>``, and of the CUDA prelude), which have no literal of their own."""
     v = c.value
     if isinstance(v, bool) or c.dtype == "bool":
         return "1" if v else "0"
     if dtypes.is_float(c.dtype):
+        if math.isnan(v):
+            return "NAN"
         if math.isinf(v):
             return "INFINITY" if v > 0 else "-INFINITY"
         text = repr(float(v))
@@ -248,6 +252,14 @@ def _float_literals(template: str) -> str:
     in C a double literal promotes the whole expression to double, and a double ``tanh`` does
     not vectorise (nn.gelu_tanh at 128x3072: 6.3 ms in double, see bench/bench_models.py)."""
     return _DOUBLE_LITERAL.sub(r"\1f", template)
+
+
+def _c_attr(value, dtype: str):
+    """An attribute as its template needs it: a float as a C literal, in single precision
+    beside single-precision operands (as NumPy casts a Python float to the array's dtype)."""
+    if isinstance(value, float):
+        return _c_const(Const(value, dtype if dtype in SINGLE_PRECISION or dtype == "float64" else "float64"))
+    return value
 
 
 def to_c(e: Expr, load=None, var=None, op=None) -> str:
@@ -270,7 +282,7 @@ def to_c(e: Expr, load=None, var=None, op=None) -> str:
         template = get_op(e.op).c_expr
         if e.dtype in SINGLE_PRECISION:
             template = _float_literals(template)
-        named = {k: C_TYPES[v] if k == "dtype" else v for k, v in e.attrs}
+        named = {k: C_TYPES[v] if k == "dtype" else _c_attr(v, e.dtype) for k, v in e.attrs}
         return template.format(*args, **named)
     if isinstance(e, Bin):
         return f"({to_c(e.a, load, var, op)} {e.op} {to_c(e.b, load, var, op)})"

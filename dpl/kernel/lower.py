@@ -81,6 +81,26 @@ def flatten_tuples(fn: Function) -> Function:
     return Function(fn.name, tuple(params), bindings, ret, fn.attrs)
 
 
+def symbolic_dims(fn: Function) -> set[str]:
+    """Every symbolic dim of the types in ``fn`` (its parameters, bindings and results)."""
+    from dpl.ir.types import TupleType
+
+    found: set[str] = set()
+
+    def visit(ty):
+        if isinstance(ty, TupleType):
+            for t in ty.fields:
+                visit(t)
+        elif isinstance(ty, TensorType):
+            found.update(d for d in ty.shape if isinstance(d, str))
+
+    for v in (*fn.params, *(b.var for b in fn.bindings)):
+        visit(v.ty)
+    for r in fn.ret.fields if isinstance(fn.ret, Tuple) else (fn.ret,):
+        visit(r.ty)
+    return found
+
+
 def is_kernel_function(fn: Function) -> bool:
     """Functions dpl's own kernels compile: fused groups and ``kernel.*`` composites."""
     composite = fn.attrs.get("Composite")
@@ -220,7 +240,8 @@ class Lowerer:
         self.defs = {id(b.var): b for b in fn.bindings}
         self.uses = Counter(id(a) for b in fn.bindings for a in _operands(b.value))
         self.uses.update(id(a) for a in (fn.ret.fields if isinstance(fn.ret, Tuple) else (fn.ret,)))
-        self.taken: set[str] = {p.name for p in fn.params}
+        # loop variables, locals and buffers share one namespace with the symbolic dims
+        self.taken: set[str] = {p.name for p in fn.params} | symbolic_dims(fn)
         self.constants: dict[str, np.ndarray] = {}
         self.const_names: dict[int, str] = {}
         self.anchors: list[str] = []

@@ -11,93 +11,92 @@ compiled rules themselves (names, docs, ops, spans) for tools such as ``dpl chec
 
 from __future__ import annotations
 
+import logging
 import os
-from importlib import resources
 from typing import Iterable, Sequence
 
 from dpl.errors import DplError
 from dpl.lang.compiler import CompiledFile, DplErrors, LangError, Rule, compile_file, pattern_set
 from dpl.pattern.fusion import PatternSet
 from dpl.lang.hooks import check_hook
+from dpl.lang.libraries import library_names, shipped_libraries
 from dpl.lang.parser import DplSyntaxError, parse_file
+from dpl.lang.sources import PatternFileError, read, resolve_import
 
 
-class PatternFileError(DplError):
-    """A pattern file or library that cannot be found or read."""
+_log = logging.getLogger(__name__)
 
 
-def parse_rules(text: str, filename: str = "<string>") -> tuple[Rule, ...]:
-    """Compile ``.dpl`` text; every error of the text (and of what it imports) is reported together."""
-    return compile_file(parse_file(text, filename), _resolve).rules
+def parse_rules(text: str, filename: str = "<string>", search_path: Sequence[str] = ()) -> tuple[Rule, ...]:
+    """Compile ``.dpl`` text; every error of the text (and of what it imports) is reported together.
+    A quoted import resolves inside the file's directory tree, then inside ``search_path``'s
+    directories (see :mod:`dpl.lang.sources`)."""
+    return compile_file(parse_file(text, filename), _resolver(tuple(search_path))).rules
 
 
-def _resolve(decl, importer: str):
-    """(key, syntax tree) of an import: a quoted path relative to the importing file, or a
-    shipped library by name."""
-    if decl.is_path:
-        base = os.path.dirname(importer) if os.path.isfile(importer) else os.getcwd()
-        source = os.path.normpath(os.path.join(base, decl.target))
-    else:
-        source = decl.target
-    text, filename = _read(source)
-    return filename, parse_file(text, filename)
+def _resolver(search_path: tuple[str, ...]):
+    def resolve(decl, importer: str):
+        text, filename = resolve_import(decl, importer, search_path)
+        return filename, parse_file(text, filename)
+
+    return resolve
 
 
-def shipped_libraries() -> list[str]:
-    return sorted(p.name[:-4] for p in resources.files("dpl.patterns").iterdir() if p.name.endswith(".dpl"))
+def load_rules(sources: str | Sequence[str], search_path: Sequence[str] = ()) -> tuple[Rule, ...]:
+    """Rules of one or several files/libraries, in the order given (that order is priority).
+    A rule named like one of an earlier file is left out with a logged note: the earlier one
+    wins (:func:`shadowed_rules` lists such pairs, as ``dpl check`` reports them)."""
+    rules, shadowed = _load(sources, search_path)
+    for dropped, kept in shadowed:
+        _log.warning("%s: %s '%s' is shadowed by the earlier one at %s; the earlier one wins",
+                     dropped.span, dropped.kind, dropped.name, kept.span)
+    return rules
 
 
-def _read(source: str) -> tuple[str, str]:
-    """(text, filename) of a path or of a shipped library name such as ``"cublas"``."""
-    if source.endswith(".dpl") or os.sep in source or "/" in source:
-        try:
-            with open(source, encoding="utf-8") as f:
-                return f.read(), source
-        except FileNotFoundError:
-            raise PatternFileError(f"pattern file '{source}' does not exist") from None
-        except IsADirectoryError:
-            raise PatternFileError(f"'{source}' is a directory, not a pattern file") from None
-        except UnicodeDecodeError:
-            raise PatternFileError(f"'{source}' is not a UTF-8 text file") from None
-        except OSError as err:
-            raise PatternFileError(f"cannot read '{source}': {err.strerror}") from None
-    if not source.isidentifier():
-        raise PatternFileError(f"'{source}' is neither a .dpl file nor a shipped library name")
-    entry = resources.files("dpl.patterns").joinpath(f"{source}.dpl")
-    if not entry.is_file():
-        raise PatternFileError(f"no shipped pattern library '{source}'", hint=f"shipped libraries: {', '.join(shipped_libraries())}")
-    return entry.read_text(encoding="utf-8"), f"{source}.dpl"
+def shadowed_rules(sources: str | Sequence[str], search_path: Sequence[str] = ()) -> list[tuple[Rule, Rule]]:
+    """(left-out rule, the earlier rule of that name) for every name defined by two of the
+    files given."""
+    return _load(sources, search_path)[1]
 
 
-def load_rules(sources: str | Sequence[str]) -> tuple[Rule, ...]:
-    """Rules of one or several files/libraries, in the order given (that order is priority)."""
+def _load(sources, search_path: Sequence[str] = ()) -> tuple[tuple[Rule, ...], list[tuple[Rule, Rule]]]:
     if isinstance(sources, (str, os.PathLike)):
         sources = [os.fspath(sources)]
     rules: list[Rule] = []
+    shadowed: list[tuple[Rule, Rule]] = []
+    by_name: dict[str, Rule] = {}
     errors: list[DplError] = []
     for source in sources:
-        text, filename = _read(os.fspath(source))
+        text, filename = read(os.fspath(source))
         try:
-            rules.extend(parse_rules(text, filename))
+            compiled = parse_rules(text, filename, search_path)
         except DplErrors as err:
             errors.extend(err.errors)
+            continue
         except DplError as err:
             errors.append(err)
+            continue
+        for rule in compiled:  # one file never defines a name twice (the compiler refuses)
+            if rule.name in by_name:
+                shadowed.append((rule, by_name[rule.name]))
+                continue
+            by_name[rule.name] = rule
+            rules.append(rule)
     if errors:
         raise errors[0] if len(errors) == 1 else DplErrors(errors)
-    return tuple(rules)
+    return tuple(rules), shadowed
 
 
-def parse_patterns(text: str, filename: str = "<string>") -> PatternSet:
-    return pattern_set(parse_rules(text, filename))
+def parse_patterns(text: str, filename: str = "<string>", search_path: Sequence[str] = ()) -> PatternSet:
+    return pattern_set(parse_rules(text, filename, search_path))
 
 
-def load_patterns(sources: str | Sequence[str]) -> PatternSet:
-    return pattern_set(load_rules(sources))
+def load_patterns(sources: str | Sequence[str], search_path: Sequence[str] = ()) -> PatternSet:
+    return pattern_set(load_rules(sources, search_path))
 
 
 __all__ = [
     "PatternSet", "load_patterns", "parse_patterns",
     "CompiledFile", "DplErrors", "DplSyntaxError", "LangError", "PatternFileError", "Rule", "check_hook",
-    "load_rules", "parse_rules", "shipped_libraries",
+    "library_names", "load_rules", "parse_rules", "shadowed_rules", "shipped_libraries",
 ]

@@ -25,9 +25,9 @@ from dpl.errors import DplError, Span
 from dpl.ir.builder import const
 from dpl.ir.expr import Expr, Tuple, TupleGetItem, Var
 from dpl.lang import ast
-from dpl.lang.expand import MAX_VARIANTS, Scope, apply_equivs, check_def, check_equiv, count_variants, expand_macros
+from dpl.lang.expand import MAX_VARIANTS, VARIANTS_COUNTED, Scope, apply_equivs, check_def, check_equiv, count_variants, expand_macros
 from dpl.lang.hooks import lookup_hook
-from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, evaluate
+from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, compile_conjunct, conjuncts, evaluate
 from dpl.ops.registry import REQUIRED, get_op, make_call
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FusionPattern, PatternSet, RewriteRule
@@ -122,8 +122,10 @@ class Rule:
         for pred, span in self.predicates:
             ok, why = evaluate(pred, view)
             if not ok:
-                where = span.source_line.strip() if span.source_line else "where clause"
-                return False, f"{span}: '{where}' does not hold" + (f" ({why})" if why else "")
+                where = getattr(pred, "text", None) or (span.source_line.strip() if span.source_line else "where clause")
+                values = pred.values(view) if hasattr(pred, "values") else ""
+                return False, (f"{span}: '{where}' does not hold" + (f" ({why})" if why else "")
+                               + (f": {values}" if values else ""))
         for name, hook in self.hooks:
             answer = hook(view)
             if not answer:
@@ -143,12 +145,20 @@ class CompiledFile:
 
 
 def _users_from(ctx):
-    """users(expr) over a fusion CheckContext: the values of the bindings that use ``expr``."""
-    value_of = {id(var): value for value, var in ctx.value_to_bound_var.items()}
+    """users(expr) over a fusion CheckContext: the values of the bindings that use ``expr``
+    (a user whose binding the context has not reached yet is its variable)."""
+    bound = ctx.value_to_bound_var
+    value_of = getattr(bound, "value_of", None)
 
     def users(e: Expr) -> list:
-        var = e if isinstance(e, Var) else ctx.value_to_bound_var.get(e)
-        return [value_of.get(id(u), u) for u in ctx.var_usages.get(var, ())] if var is not None else []
+        nonlocal value_of
+        var = e if isinstance(e, Var) else bound.get(e)
+        if var is None:
+            return []
+        if value_of is None:  # a plain mapping: index it once, on first use
+            index = {id(v): value for value, v in bound.items()}
+            value_of = lambda u: index.get(id(u))  # noqa: E731
+        return [value_of(u) or u for u in ctx.var_usages.get(var, ())]
 
     return users
 
@@ -265,6 +275,20 @@ class _Unit:
         return rules
 
 
+_DYNAMIC = object()
+
+
+def _static_value(p) -> Any:
+    """The value of a replacement attribute written as a literal or a list of literals, else
+    _DYNAMIC (computed from the match when the rule fires)."""
+    if isinstance(p, ast.PLiteral):
+        return p.value
+    if isinstance(p, ast.PList):
+        items = [_static_value(i) for i in p.items]
+        return _DYNAMIC if any(i is _DYNAMIC for i in items) else tuple(items)
+    return _DYNAMIC
+
+
 def _merge(scope: Scope, other: Scope) -> None:
     for name, d in other.macros.items():
         scope.macros.setdefault(name, d)
@@ -285,10 +309,11 @@ class _DeclCompiler:
         for b in body.bindings:
             value = expand_macros(b.value, scope, errors)
             value, _ = apply_equivs(value, scope.equivs)
-            self.variants *= count_variants(value)
+            self.variants = min(self.variants * count_variants(value), VARIANTS_COUNTED)
             expanded.append(attrs.evolve(b, value=value))
         if self.variants > MAX_VARIANTS:
-            self.err(LangError, f"{decl.kind} '{decl.name}' expands into {self.variants} variants (the limit is {MAX_VARIANTS})", decl.span,
+            count = f"more than {VARIANTS_COUNTED - 1}" if self.variants >= VARIANTS_COUNTED else str(self.variants)
+            self.err(LangError, f"{decl.kind} '{decl.name}' expands into {count} variants (the limit is {MAX_VARIANTS})", decl.span,
                      hint="write the pattern more specifically, or split it")
         self.memo: dict[int, P.Pattern] = {}
         self.bindings: dict[str, ast.Binding] = {}
@@ -303,6 +328,7 @@ class _DeclCompiler:
         self.free: dict[str, Span] = {}  # names used but not bound: wildcards
         self.deps: dict[str, list[str]] = {name: [] for name in self.bindings}
         self.ops: list[str] = []
+        self.scanned: set[tuple[int, str]] = set()
         for b in self.bindings.values():
             self._scan(b.value, b.name)
         self.types: dict[str, list[ast.TypePat]] = {}
@@ -322,6 +348,11 @@ class _DeclCompiler:
 
     # -- names and ops --------------------------------------------------------------------
     def _scan(self, e: ast.PExpr, owner: str) -> None:
+        # equivalences and macros share nodes (a placeholder used twice): visit each once, so
+        # that a pattern of nested sites costs linear time, not exponential
+        if (id(e), owner) in self.scanned:
+            return
+        self.scanned.add((id(e), owner))
         if isinstance(e, ast.Ref):
             if e.name in self.bindings:
                 self.deps[owner].append(e.name)
@@ -479,7 +510,8 @@ class _DeclCompiler:
                      hint="a rewrite replaces one value: the binding no other binding consumes")
         known = set(self.bindings) | set(self.free)
         preds = PredicateCompiler(known, self.errors)
-        predicates = tuple((preds.compile(w), w.span) for w in d.body.wheres)
+        # each conjunct of a where clause checked (and reported) on its own
+        predicates = tuple((compile_conjunct(preds, c), c.span) for w in d.body.wheres for c in conjuncts(w))
         annotations = {}
         for key, ref, span in d.body.annotates:
             if ref not in known:
@@ -557,10 +589,17 @@ class _ReplCompiler:
         if len(args) < lo or (hi >= 0 and len(args) > hi):
             want = str(lo) if lo == hi else f"{lo} to {hi}"
             self.decl.err(ArityError, f"op '{r.op}' takes {want} argument{'s' if want != '1' else ''}, got {len(args)}", r.span)
-        for k, _, span in kwargs:
+        for (k, _, span), (_, written, _) in zip(kwargs, r.kwargs):
             if k not in op.attrs:
                 known = ", ".join(op.attrs) or "none"
                 self.decl.err(UnknownAttributeError, f"op '{r.op}' has no attribute '{k}' (its attributes: {known})", span)
+                continue
+            value = _static_value(written)
+            if value is not _DYNAMIC:  # a value written out is checked now, not at each rewrite
+                try:
+                    op.attrs[k].convert(r.op, k, value)
+                except DplError as err:
+                    self.decl.errors.append(err.with_span(span))
         missing = [k for k, spec in op.attrs.items() if spec.default is REQUIRED and k not in {k for k, _, _ in kwargs}]
         if missing:
             self.decl.err(LangError, f"op '{r.op}' needs attribute '{missing[0]}'", r.span)

@@ -17,9 +17,13 @@ import attrs
 
 from dpl.errors import DplError, Span
 from dpl.lang import ast
+from dpl.limits import MAX_MACRO_NODES, MAX_NESTING, MAX_VARIANTS, LimitError
 from dpl.ops.registry import lookup
 
-MAX_VARIANTS = 1024
+
+
+# counts of variants saturate here: nested equivalence sites square the count at every level
+VARIANTS_COUNTED = 10**6
 
 
 class MacroError(DplError):
@@ -115,7 +119,33 @@ def _calls(e: ast.PExpr):
         yield from _calls(child)
 
 
-def expand_macros(e: ast.PExpr, scope: Scope, errors: list[DplError], stack: tuple[str, ...] = ()) -> ast.PExpr:
+class _Budget:
+    """What one pattern's macro expansion may still build: MAX_MACRO_NODES nodes, nested at
+    most MAX_NESTING deep. Past either, one error and the rest expands to nothing."""
+
+    def __init__(self):
+        self.nodes, self.failed = MAX_MACRO_NODES, False
+
+    def spend(self, e: ast.PExpr, depth: int, errors: list[DplError]) -> bool:
+        if self.failed:
+            return False
+        self.nodes -= 1
+        if self.nodes < 0:
+            errors.append(LimitError(f"macros expand this pattern past MAX_MACRO_NODES = {MAX_MACRO_NODES} nodes", e.span,
+                                     hint="each use of a macro copies its body: a macro using another twice doubles it at every level"))
+        elif depth > MAX_NESTING:
+            errors.append(LimitError(f"macros expand this pattern more than MAX_NESTING = {MAX_NESTING} levels deep", e.span))
+        else:
+            return True
+        self.failed = True
+        return False
+
+
+def expand_macros(e: ast.PExpr, scope: Scope, errors: list[DplError], stack: tuple[str, ...] = (),
+                  depth: int = 0, budget: _Budget | None = None) -> ast.PExpr:
+    budget = budget or _Budget()
+    if not budget.spend(e, depth, errors):
+        return ast.Anything(e.span)
     if isinstance(e, ast.Call) and e.op in scope.macros:
         d = scope.macros[e.op]
         if e.op in stack:
@@ -128,13 +158,13 @@ def expand_macros(e: ast.PExpr, scope: Scope, errors: list[DplError], stack: tup
         if len(e.args) != len(d.params):
             errors.append(MacroError(f"macro '{e.op}' takes {len(d.params)} argument{'s' if len(d.params) != 1 else ''}, got {len(e.args)}", e.span))
             return ast.Anything(e.span)
-        args = [expand_macros(a, scope, errors, stack) for a in e.args]
+        args = [expand_macros(a, scope, errors, stack, depth + 1, budget) for a in e.args]
         body = _substitute(d.body, dict(zip(d.params, args)))
-        return expand_macros(body, scope, errors, (*stack, e.op))
+        return expand_macros(body, scope, errors, (*stack, e.op), depth, budget)
     children = _children(e)
     if not children:
         return e
-    return _rebuild(e, [expand_macros(c, scope, errors, stack) for c in children])
+    return _rebuild(e, [expand_macros(c, scope, errors, stack, depth + 1, budget) for c in children])
 
 
 def _substitute(e: ast.PExpr, values: dict) -> ast.PExpr:
@@ -222,12 +252,19 @@ def apply_equivs(e: ast.PExpr, equivs: list[ast.EquivDecl]) -> tuple[ast.PExpr, 
     return e, variants
 
 
-def count_variants(e: ast.PExpr) -> int:
+def count_variants(e: ast.PExpr, memo: dict | None = None) -> int:
     """How many plain patterns an expression stands for: alternatives add, operands multiply,
-    an optional op doubles."""
+    an optional op doubles. Shared nodes are counted once each (memo), so nested equivalence
+    sites cost linear time, not exponential."""
+    memo = {} if memo is None else memo
+    if id(e) in memo:
+        return memo[id(e)]
     if isinstance(e, ast.Alt):
-        return count_variants(e.left) + count_variants(e.right)
-    n = 2 if isinstance(e, ast.Call) and e.optional else 1
-    for child in _children(e):
-        n *= count_variants(child)
+        n = count_variants(e.left, memo) + count_variants(e.right, memo)
+    else:
+        n = 2 if isinstance(e, ast.Call) and e.optional else 1
+        for child in _children(e):
+            n *= count_variants(child, memo)
+    n = min(n, VARIANTS_COUNTED)  # past MAX_VARIANTS the exact count no longer matters
+    memo[id(e)] = n
     return n

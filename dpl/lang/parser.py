@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedInput, VisitError
 
 from dpl import dtypes
 from dpl.errors import DplError, Span
-from dpl.syntax import DplSyntaxError, Source as _Source, syntax_error
+from dpl.limits import MAX_ALTERNATIVES, LimitError, check_int_digits
+from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, open_grammar, syntax_error, unescape_string
 from dpl.lang import ast
 
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
     # read from the installed package (dpl.grammar), never a path relative to this file
-    return Lark.open_from_package(
-        "dpl.grammar", "dpl.lark", parser="lalr", propagate_positions=True, maybe_placeholders=False,
+    return open_grammar(
+        "dpl.lark", propagate_positions=True, maybe_placeholders=False,
         lexer_callbacks={"DOC": lambda token: _DOC_SINK[-1](token) if _DOC_SINK else token},
     )
 
@@ -35,14 +36,13 @@ def _unlit(v):
     return v
 
 
-def _number(token: str) -> int | float:
-    text = str(token)
+def _number(text: str, span: Span) -> int | float:
     if text in ("inf", "-inf", "nan"):
         return float(text)
-    try:
+    if not any(c in text for c in ".eE"):
+        check_int_digits(text, span)
         return int(text)
-    except ValueError:
-        return float(text)
+    return float(text)
 
 
 @v_args(meta=True)
@@ -126,7 +126,7 @@ class _ToAst(Transformer):
         return ("outputs", [(str(t), self.src.of(t)) for t in c])
 
     def priority_clause(self, meta, c):
-        return ("priority", int(c[0]))
+        return ("priority", int_token(c[0], self.src, "priority"))
 
     def where_op(self, meta, c):
         return "where"
@@ -164,7 +164,7 @@ class _ToAst(Transformer):
         return ast.Item(c[0], c[1], self.sp(meta))
 
     def index(self, meta, c):
-        return int(c[0]) if c else None
+        return int_token(c[0], self.src, "index") if c else None
 
     def call(self, meta, c):
         op, rest = c[0], c[1:]
@@ -205,7 +205,7 @@ class _ToAst(Transformer):
         return ast.TypePat(None, tuple(c), False, self.sp(meta))
 
     def dim_int(self, meta, c):
-        return int(c[0])
+        return int_token(c[0], self.src, "dimension")
 
     def dim_sym(self, meta, c):
         return str(c[0])
@@ -227,15 +227,19 @@ class _ToAst(Transformer):
         if isinstance(c[0], _Lit):  # true / false / none / a string
             return c[0]
         value = c[0]
-        if len(c) == 1:
-            return _Lit((value, None))
         try:
-            return _Lit((value, dtypes.canonical(str(c[1]))))
+            dtype = dtypes.canonical(str(c[1])) if len(c) > 1 else None
         except DplError as err:
             raise DplSyntaxError(err.message, self.src.of(c[1])) from None
+        # an integer without a dtype is an i64 wherever it becomes a constant
+        why = dtypes.literal_range_error(value, dtype or ("int64" if isinstance(value, int) else "float64"))
+        if why is not None:
+            raise LimitError(why, self.sp(meta))
+        return _Lit((value, dtype))
 
     def number(self, meta, c):
-        return _number(c[0]) if c else _number(self.src.lines[meta.line - 1][meta.column - 1 : meta.end_column - 1])
+        text = str(c[0]) if c else self.src.lines[meta.line - 1][meta.column - 1 : meta.end_column - 1]
+        return _number(text, self.sp(meta))
 
     def true(self, meta, c):
         return _Lit((True, None))
@@ -247,7 +251,7 @@ class _ToAst(Transformer):
         return _Lit((None, None))
 
     def string(self, meta, c):
-        return _Lit((str(c[0])[1:-1].encode().decode("unicode_escape"), None))
+        return _Lit((unescape_string(c[0], self.src), None))
 
     # predicates
     def p_or(self, meta, c):
@@ -275,7 +279,7 @@ class _ToAst(Transformer):
         return ast.PCall(str(c[0]), tuple(c[1:]), self.src.of(c[0]))
 
     def p_index(self, meta, c):
-        return ast.PIndex(c[0], int(c[1]), self.sp(meta))
+        return ast.PIndex(c[0], int_token(c[1], self.src, "index"), self.sp(meta))
 
     def p_name(self, meta, c):
         return ast.PName(str(c[0]), self.sp(meta))
@@ -307,7 +311,7 @@ class _ToAst(Transformer):
         return ast.RTuple(tuple(c), self.sp(meta))
 
     def r_item(self, meta, c):
-        return ast.RItem(c[0], int(c[1]), self.sp(meta))
+        return ast.RItem(c[0], int_token(c[1], self.src, "index"), self.sp(meta))
 
 
 def parse_file(text: str, filename: str = "<string>") -> ast.File:
@@ -326,12 +330,30 @@ def parse_file(text: str, filename: str = "<string>") -> ast.File:
         raise syntax_error(err, src, _lark()) from None
     finally:
         _DOC_SINK.pop()
+    _check_alternatives(tree, src)
+    check_nesting(tree, src)
     try:
         return _ToAst(src, docs).transform(tree)
     except VisitError as err:
         if isinstance(err.orig_exc, DplError):
             raise err.orig_exc from None
         raise
+
+
+def _check_alternatives(tree, src: _Source) -> None:
+    """MAX_ALTERNATIVES per `|` chain (a left-leaning run of `alt` nodes), counted without
+    recursion, before anything builds the chain."""
+    stack = [(tree, False)]
+    while stack:
+        node, in_chain = stack.pop()
+        if node.data == "alt" and not in_chain:
+            n, inner = 1, node
+            while isinstance(inner, Tree) and inner.data == "alt":
+                n, inner = n + 1, inner.children[0]
+            if n > MAX_ALTERNATIVES:
+                raise LimitError(f"{n} alternatives joined by '|'; the limit is MAX_ALTERNATIVES = {MAX_ALTERNATIVES}",
+                                 src.of(node), hint="name groups of alternatives with 'def' and join those")
+        stack.extend((c, node.data == "alt" and c is node.children[0]) for c in node.children if isinstance(c, Tree))
 
 
 # doc comments are ignored by the parser; the lexer hands them to the collector of the parse

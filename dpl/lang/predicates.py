@@ -17,6 +17,7 @@ from dpl.errors import DplError, Span
 from dpl.ir.expr import Call, Constant, Expr, Function, Var
 from dpl.ir.types import TensorType
 from dpl.lang import ast
+from dpl.limits import MAX_WHERE_LIST, LimitError
 
 
 class WhereError(DplError):
@@ -95,10 +96,30 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "==": lambda a, b: _norm(a) == _norm(b),
     "!=": lambda a, b: _norm(a) != _norm(b),
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod,
+    "+": lambda a, b: operator.add(*_sized(a, b, "+")), "-": operator.sub,
+    "*": lambda a, b: operator.mul(*_sized(a, b, "*")), "/": operator.truediv, "%": operator.mod,
     "in": lambda a, b: _norm(a) in [_norm(x) for x in b],
     "not in": lambda a, b: _norm(a) not in [_norm(x) for x in b],
 }
+
+
+def _result_size(a: Any, b: Any, op: str) -> int:
+    """Items of the list or string ``a op b`` would build (0 for numbers), before building it."""
+    seqs = (list, tuple, str)
+    if op == "*" and isinstance(a, int) and isinstance(b, seqs):
+        a, b = b, a
+    if op == "*" and isinstance(a, seqs) and isinstance(b, int) and not isinstance(b, bool):
+        return len(a) * max(b, 0)
+    if op == "+" and isinstance(a, seqs) and isinstance(b, seqs):
+        return len(a) + len(b)
+    return 0
+
+
+def _sized(a: Any, b: Any, op: str) -> tuple[Any, Any]:
+    n = _result_size(a, b, op)
+    if n > MAX_WHERE_LIST:
+        raise _Unknown(f"the list would have {n} items; the limit is MAX_WHERE_LIST = {MAX_WHERE_LIST}")
+    return a, b
 
 
 def _norm(v: Any) -> Any:
@@ -171,6 +192,11 @@ class PredicateCompiler:
         if p.op == "or":
             return lambda view: bool(left(view)) or bool(right(view))
         fn = _BINARY[p.op]
+        static = (_static(p.left), _static(p.right))
+        if None not in static and _result_size(*static, p.op) > MAX_WHERE_LIST:
+            self.errors.append(LimitError(f"this list would have {_result_size(*static, p.op)} items; the limit is "
+                                          f"MAX_WHERE_LIST = {MAX_WHERE_LIST}", p.span))
+            return lambda view: None
         return lambda view: fn(left(view), right(view))
 
     def _call(self, p: ast.PCall) -> Compiled:
@@ -186,6 +212,95 @@ class PredicateCompiler:
                 return self.error(f"argument of '{p.fn}' must be a pattern name", p.span)
             args.append(self.compile(arg, as_name=is_name))
         return lambda view: impl(view, *(a(view) for a in args))
+
+
+def _static(p: ast.Pred) -> Any:
+    """The value of a literal or a list of literals (what the compiler can size), else None."""
+    if isinstance(p, ast.PLiteral):
+        return p.value
+    if isinstance(p, ast.PList) and all(isinstance(i, ast.PLiteral) for i in p.items):
+        return [i.value for i in p.items]
+    return None
+
+
+def conjuncts(p: ast.Pred) -> list[ast.Pred]:
+    """The conjuncts of a where clause (``a and b and c`` -> a, b, c), each checked and
+    reported on its own."""
+    if isinstance(p, ast.PBinary) and p.op == "and":
+        return conjuncts(p.left) + conjuncts(p.right)
+    return [p]
+
+
+def show_pred(p: ast.Pred) -> str:
+    """A predicate as written (normalised spacing)."""
+    if isinstance(p, ast.PName):
+        return p.name
+    if isinstance(p, ast.PLiteral):
+        return {True: "true", False: "false"}.get(p.value, repr(p.value)) if isinstance(p.value, bool) else repr(p.value)
+    if isinstance(p, ast.PList):
+        return "[" + ", ".join(show_pred(i) for i in p.items) + "]"
+    if isinstance(p, ast.PCall):
+        return f"{p.fn}({', '.join(show_pred(a) for a in p.args)})"
+    if isinstance(p, ast.PIndex):
+        return f"{show_pred(p.base)}[{p.index}]"
+    if isinstance(p, ast.PNot):
+        return f"not {show_pred(p.operand)}"
+    if isinstance(p, ast.PBinary):
+        return f"{show_pred(p.left)} {p.op} {show_pred(p.right)}"
+    raise AssertionError(p)
+
+
+def _operands(p: ast.Pred) -> list[ast.Pred]:
+    """The parts of a conjunct whose values explain why it failed (literals say nothing)."""
+    if isinstance(p, ast.PNot):
+        return _operands(p.operand)
+    if isinstance(p, ast.PBinary):
+        if p.op in ("and", "or"):
+            return _operands(p.left) + _operands(p.right)
+        return [q for q in (p.left, p.right) if not isinstance(q, (ast.PLiteral, ast.PList))]
+    if isinstance(p, ast.PCall):
+        return [p] + [a for a in p.args if isinstance(a, ast.PName)]
+    return [p]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, Var):
+        return f"variable {value.name}: {value.ty}"
+    if isinstance(value, (Constant, Call)):
+        from dpl.pattern.match import show
+
+        return show(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(_norm(value))
+
+
+def compile_conjunct(compiler: "PredicateCompiler", p: ast.Pred) -> Compiled:
+    """``p`` compiled, carrying ``text`` (the conjunct as written) and ``values(view)`` (the
+    values of its parts on a match: ``rank(w) = 2``), for the report when it fails."""
+    whole = compiler.compile(p)
+    quiet = PredicateCompiler(compiler.names, [])  # the parts' errors are the whole's, reported once
+    parts = []
+    for q in _operands(p):
+        text = show_pred(q)
+        if all(text != t for t, _ in parts) and not (isinstance(q, ast.PName) and q.name not in compiler.names):
+            parts.append((text, quiet.compile(q)))
+
+    def values(view: MatchView) -> str:
+        out = []
+        for text, part in parts:
+            try:
+                out.append(f"{text} = {_fmt(part(view))}")
+            except Exception:  # a part that cannot be evaluated on this match
+                out.append(f"{text} = ?")
+        return ", ".join(out)
+
+    def check(view):
+        return whole(view)
+
+    check.text = show_pred(p)  # type: ignore[attr-defined]
+    check.values = values  # type: ignore[attr-defined]
+    return check
 
 
 def evaluate(pred: Compiled, view: MatchView) -> tuple[bool, str | None]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpl.errors import DplError
-from dpl.lang import load_rules
+from dpl.lang import _load
 
 
 def check_report(sources: Sequence[str]) -> str:
-    """One line per rule: kind, full name, root op, ops, codegen; and its doc's first line.
-    Raises the files' errors (all of them) when there are any."""
-    rules = load_rules(list(sources))
+    """One line per rule: kind, full name, root op, ops, codegen; and its doc's first line;
+    then a warning for each rule left out because an earlier file defines its name (both
+    places named). Raises the files' errors (all of them) when there are any."""
+    rules, shadowed = _load(list(sources))
     width = max((len(r.name) for r in rules), default=0)
     lines = []
     for r in rules:
@@ -20,14 +20,9 @@ def check_report(sources: Sequence[str]) -> str:
         if r.doc:
             line += f"  # {r.doc.splitlines()[0]}"
         lines.append(line.rstrip())
-    lines.append(f"{len(rules)} rule{'s' if len(rules) != 1 else ''} ok")
+    for dropped, kept in shadowed:
+        lines.append(f"{dropped.span}: warning: {dropped.kind} '{dropped.name}' is also defined at {kept.span}; "
+                     "the earlier one wins and this one is left out")
+    lines.append(f"{len(rules)} rule{'s' if len(rules) != 1 else ''} ok"
+                 + (f", {len(shadowed)} shadowed by an earlier file" if shadowed else ""))
     return "\n".join(lines)
-
-
-def cmd_check(args) -> int:
-    try:
-        print(check_report(args.files))
-    except DplError as err:
-        print(err)
-        return 1
-    return 0

@@ -84,8 +84,9 @@ _binary("subtract", np.subtract, "({0} - {1})", "a - b")
 _binary("multiply", np.multiply, "({0} * {1})", "a * b")
 _binary("divide", _divide, "({0} / {1})", "a / b")
 _binary("power", lambda a, b: np.power(np.asarray(a, np.float64), b), "pow({0}, {1})", "a ** b")
-_binary("maximum", np.maximum, "({0} > {1} ? {0} : {1})", "max(a, b)")
-_binary("minimum", np.minimum, "({0} < {1} ? {0} : {1})", "min(a, b)")
+# NumPy's maximum and minimum: a NaN operand gives NaN (``x != x`` is false for integers)
+_binary("maximum", np.maximum, "(({0} > {1} || {0} != {0}) ? {0} : {1})", "max(a, b)")
+_binary("minimum", np.minimum, "(({0} < {1} || {0} != {0}) ? {0} : {1})", "min(a, b)")
 
 _compare("equal", np.equal, "({0} == {1})")
 _compare("not_equal", np.not_equal, "({0} != {1})")
@@ -104,9 +105,11 @@ _unary("erf", _same_float(erf), "erf({0})", "the error function")
 _unary("sin", _same_float(np.sin), "sin({0})", "sine")
 _unary("cos", _same_float(np.cos), "cos({0})", "cosine")
 _unary("negative", np.negative, "(-{0})", "-x", infer=_infer_unary)
-_unary("abs", np.abs, "({0} < 0 ? -{0} : {0})", "|x|", infer=_infer_unary)
+# ``x + 0``: NumPy's |-0.0| is +0.0
+_unary("abs", np.abs, "({0} < 0 ? -{0} : {0} + 0)", "|x|", infer=_infer_unary)
 _unary("square", np.square, "({0} * {0})", "x * x", infer=_infer_unary)
-_unary("nn.relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), "({0} > 0 ? {0} : 0)", "max(x, 0)", infer=_infer_unary)
+# ``x <= 0`` is false for NaN, which passes through (NumPy's maximum); -0.0 gives +0.0
+_unary("nn.relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), "({0} <= 0 ? 0 : {0})", "max(x, 0)", infer=_infer_unary)
 _unary(
     "nn.gelu",
     _same_float(lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))),

@@ -99,6 +99,8 @@ def _infer_concat(info: CallInfo) -> TensorType:
     tup = info.arg_types[0]
     if not isinstance(tup, TupleType) or not tup.fields:
         raise info.error(f"operand {info.operand(0)} must be a non-empty tuple of tensors")
+    if not all(isinstance(t, TensorType) for t in tup.fields):
+        raise info.error(f"operand {info.operand(0)} must be a tuple of tensors")
     first = tup.fields[0]
     axis = normalize_axis(info, info.attrs["axis"], first.ndim)
     total_n, total_syms = 0, []
@@ -383,6 +385,9 @@ def _infer_arange(info: CallInfo) -> TensorType:
         raise info.error(f"start {start!r} and step {step!r} must be numbers; only the end may be a symbolic dimension")
     if step == 0:
         raise info.error("step must not be 0")
+    bad = next((f"{k} {v}" for k, v in (("start", start), ("end", end), ("step", step)) if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:
+        raise info.error(f"{bad} is not a finite number (the length of the range would be undefined)")
     if isinstance(end, str):
         if (start, step) != (0, 1):
             raise info.error(f"a range to the symbolic end '{end}' must start at 0 with step 1 (its length must be a "

@@ -77,12 +77,16 @@ def _infer_softmax(info: CallInfo) -> TensorType:
 
 
 def _softmax_ref(x, axis):
+    if x.size == 0:  # nothing to normalise (and NumPy's max of nothing fails)
+        return x.copy()
     z = _f64(x)
     e = np.exp(z - z.max(axis=axis, keepdims=True))
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
 
 
 def _log_softmax_ref(x, axis):
+    if x.size == 0:  # nothing to normalise (and NumPy's max of nothing fails)
+        return x.copy()
     z = _f64(x)
     z = z - z.max(axis=axis, keepdims=True)
     return (z - np.log(np.exp(z).sum(axis=axis, keepdims=True))).astype(x.dtype)

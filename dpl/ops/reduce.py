@@ -7,16 +7,23 @@ from __future__ import annotations
 import numpy as np
 
 from dpl import dtypes
+from dpl.errors import InterpretError
 from dpl.ir.types import TensorType
 from dpl.ops._shapes import normalize_axes
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
 
+# reductions without an identity: over a zero-length axis they have no value
+_NO_IDENTITY = ("max", "min")
 _REDUCE_ATTRS = {"axis": AttrSpec("axes", default=None), "keepdims": AttrSpec("bool", default=False)}
 
 
 def _infer_reduce(info: CallInfo) -> TensorType:
     x = info.tensor(0)
     axes = normalize_axes(info, info.attrs["axis"], x.ndim)
+    empty = next((i for i in axes if x.shape[i] == 0), None)
+    if info.op in _NO_IDENTITY and empty is not None:
+        raise info.error(f"'{info.op}' over axis {empty} of {info.operand(0)}, which has length 0, has no value "
+                         "(the maximum or minimum of nothing is undefined)")
     if info.attrs["keepdims"]:
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     else:
@@ -27,6 +34,10 @@ def _infer_reduce(info: CallInfo) -> TensorType:
 def _reduce_ref(fn, accumulate_in_float64=False):
     def ref(x, axis, keepdims):
         axes = None if axis is None else tuple(a % x.ndim for a in axis)
+        empty = next((a for a in (range(x.ndim) if axes is None else axes) if x.shape[a] == 0), None)
+        if fn in (np.max, np.min) and empty is not None:  # a symbolic dim that is 0 at run time
+            raise InterpretError(f"'{'max' if fn is np.max else 'min'}' over axis {empty}, which has length 0 here, has no value "
+                                 "(the maximum or minimum of nothing is undefined)")
         data = x.astype(np.float64) if accumulate_in_float64 and dtypes.is_float_numpy(x.dtype) else x
         return np.asarray(fn(data, axis=axes, keepdims=keepdims)).astype(x.dtype)
 

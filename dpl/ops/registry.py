@@ -56,6 +56,8 @@ class AttrSpec:
             return AttributeValueError(f"op '{op}': attribute '{key}' must be {expected}, got {value!r}")
 
         value = freeze_attr_value(value)
+        if _beyond_int64(value):
+            raise bad("within the 64-bit integer range")
         kind = self.kind
         if kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
@@ -105,6 +107,13 @@ class AttrSpec:
                 raise bad("a list of dimensions (integers or symbolic names)")
             return value
         raise AssertionError(f"unknown attribute kind {kind}")
+
+
+def _beyond_int64(value: Any) -> bool:
+    """An integer (or one in a list) that no dtype holds: the kernels index with int64."""
+    if isinstance(value, tuple):
+        return any(_beyond_int64(v) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63
 
 
 @attrs.frozen

@@ -26,12 +26,12 @@ from dpl.pattern.context import (
 from dpl.pattern.rewrite import (
     RewriteError, RewriteNotConverged, RewriteTypeError, remove_dead_bindings, rewrite_bindings, rewrite_call,
 )
-from dpl.pattern.fusion import CheckContext, FusionPattern, PatternSet, RewriteRule
+from dpl.pattern.fusion import FUNCTION_RETURN, CheckContext, FusionPattern, PatternSet, RewriteRule
 from dpl.pattern.explain import Explanation, explain
 
 __all__ = [
     "AndPattern", "AttrPattern", "COMMUTATIVE_OPS", "CallPattern", "CheckContext", "ConstantPattern", "DTypePattern",
-    "Edge", "Explanation", "ExprPattern", "FusionPattern", "GlobalVarPattern", "GraphPattern", "Match", "Matcher",
+    "Edge", "Explanation", "FUNCTION_RETURN", "ExprPattern", "FusionPattern", "GlobalVarPattern", "GraphPattern", "Match", "Matcher",
     "NoMatch", "NotPattern", "OpPattern", "OptionalPattern", "OrPattern", "Pattern", "PatternContext",
     "PatternError", "PatternIndex", "PatternSet", "RewriteError", "RewriteNotConverged", "RewriteRule",
     "RewriteTypeError", "ShapePattern", "TupleGetItemPattern", "TuplePattern", "UseDef", "VarPattern",

@@ -14,25 +14,72 @@ rewrite rules (applied before fusion, in order).
 
 from __future__ import annotations
 
+import collections.abc
+import logging
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
 import attrs
 
 from dpl.ir.expr import Expr, Function, Module, Var
+from dpl.ir.types import TupleType
 from dpl.pattern import nodes as n
 from dpl.pattern.match import Match, NoMatch
+
+_log = logging.getLogger(__name__)
+
+FUNCTION_RETURN = Var("<return>", TupleType(()))
+"""The user that :attr:`CheckContext.var_usages` lists for a variable the function returns.
+
+In TVM a returned value leaves its dataflow block through a non-dataflow variable, which
+``has_leaking_intermediate_variables`` counts as a leak; dpl has one kind of variable, so the
+return is counted as a user instead, and the same check (users outside ``matched_bindings``)
+rejects a returned intermediate. It is never a binding's variable."""
 
 
 def _mapping(value) -> Mapping[str, n.Pattern]:
     return MappingProxyType(dict(value or {}))
 
 
+class BoundSoFar(collections.abc.Mapping):
+    """value -> bound var over a function's bindings up to ``limit`` (TVM's partitioner hands a
+    check the map of the bindings it has visited so far): a view of one index built per
+    function, so making a check context costs nothing however long the function is."""
+
+    __slots__ = ("_by_value", "_by_var", "_limit")
+
+    def __init__(self, by_value: Mapping[Expr, tuple[int, Var]], by_var: Mapping[Var, tuple[int, Expr]], limit: int):
+        self._by_value, self._by_var, self._limit = by_value, by_var, limit
+
+    @classmethod
+    def index(cls, bindings) -> tuple[dict, dict]:
+        """The two indexes of ``bindings`` the views share."""
+        return ({b.value: (i, b.var) for i, b in enumerate(bindings)}, {b.var: (i, b.value) for i, b in enumerate(bindings)})
+
+    def __getitem__(self, value: Expr) -> Var:
+        i, var = self._by_value[value]
+        if i > self._limit:
+            raise KeyError(value)
+        return var
+
+    def __iter__(self):
+        return (value for value, (i, _) in self._by_value.items() if i <= self._limit)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def value_of(self, var: Var) -> Expr | None:
+        """The value ``var`` is bound to, if that binding is in view."""
+        hit = self._by_var.get(var)
+        return hit[1] if hit is not None and hit[0] <= self._limit else None
+
+
 @attrs.frozen
 class CheckContext:
     """What a check sees (TVM's ``PatternCheckContext``): the matched root value, the
     annotated expressions by name, the matched bindings {var: value}, the users of every
-    variable of the function, and value -> bound variable for the bindings seen so far."""
+    variable of the function (:data:`FUNCTION_RETURN` among them for a returned variable),
+    and value -> bound variable for the bindings seen so far."""
 
     matched_expr: Expr
     annotated_expr: Mapping[str, Expr]
@@ -146,8 +193,21 @@ class PatternSet:
         raise KeyError(name)
 
     def __add__(self, other: "PatternSet") -> "PatternSet":
-        """Both sets, ``self`` first (so its patterns take priority)."""
-        return PatternSet(self.patterns + other.patterns, self.rewrites + other.rewrites)
+        """Both sets, ``self`` first (so its patterns take priority). A rule of ``other`` named
+        like one of ``self`` is left out, with a logged note: the earlier one wins, as for
+        pattern files given in order (``dpl fuse -p mine.dpl -p cublas``)."""
+        earlier = {item.name: item for item in (*self.patterns, *self.rewrites)}
+
+        def kept(item) -> bool:
+            first = earlier.get(item.name)
+            if first is None:
+                return True
+            _log.warning("rule '%s' (%s) is shadowed by the earlier rule of that name (%s); the earlier one wins",
+                         item.name, item.origin, first.origin)
+            return False
+
+        return PatternSet(self.patterns + tuple(p for p in other.patterns if kept(p)),
+                          self.rewrites + tuple(r for r in other.rewrites if kept(r)))
 
     def apply_rewrites(self, target: Function | Module) -> Function | Module:
         for rule in self.rewrites:

@@ -34,6 +34,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
+from dpl.limits import MAX_ALTERNATIVES, LimitError
 from dpl.ir.expr import Expr, freeze_attr_value
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,7 +70,13 @@ class Pattern:
         return CallPattern(self, tuple(_as_pattern(a) for a in args), _attr_constraints(self, attr_constraints), varg_default_wildcard)
 
     def __or__(self, other: "Pattern") -> "OrPattern":
-        return OrPattern(self, _as_pattern(other))
+        other = _as_pattern(other)
+        n = _alternatives(self) + _alternatives(other)
+        if n > MAX_ALTERNATIVES:
+            raise LimitError(f"pattern built at {_origin()}: {n} alternatives joined by '|'; the limit is "
+                             f"MAX_ALTERNATIVES = {MAX_ALTERNATIVES}",
+                             hint="split them into several patterns")
+        return OrPattern(self, other)
 
     def __and__(self, other: "Pattern") -> "AndPattern":
         return AndPattern(self, _as_pattern(other))
@@ -395,6 +402,19 @@ def has_attr(attrs_: Mapping[str, Any], pattern: Pattern | None = None) -> AttrP
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+def _alternatives(p: Pattern) -> int:
+    """Leaves of the `|` tree at ``p`` (1 for any other pattern), counted without recursion
+    and only up to just past MAX_ALTERNATIVES."""
+    n, stack = 0, [p]
+    while stack and n <= MAX_ALTERNATIVES:
+        q = stack.pop()
+        if isinstance(q, OrPattern):
+            stack += [q.left, q.right]
+        else:
+            n += 1
+    return n + len(stack)
+
 
 def _as_pattern(value: Any) -> Pattern:
     if isinstance(value, Pattern):

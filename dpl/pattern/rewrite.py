@@ -5,7 +5,11 @@
 ``rewriter(value, match)``. Returning the original value (or ``None``) means "no match": if
 the pattern is a top-level ``|``, its next alternative is then tried, as in TVM. Rounds repeat
 until nothing changes (a fixed point), at most ``max_iterations`` times, else
-:class:`RewriteNotConverged` names the pattern. After each round, dead bindings are removed.
+:class:`RewriteNotConverged` names the pattern. After each round the function is simplified
+as Relax does (:func:`dpl.ir.simplify.simplify`: CanonicalizeBindings, so ``d[0]`` of
+``d = (a, b)`` is ``a`` and ``y = x`` disappears; EliminateCommonSubexpr; dead bindings
+removed), so the next round sees what the rewrite exposed; a round whose simplified result
+is the function it started from ends the loop.
 
 A replacement may be any expression built from the matched values. Sub-expressions that are
 values of existing bindings are replaced by those bindings' variables (so nothing is computed
@@ -21,6 +25,8 @@ from typing import Callable, Mapping
 
 from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, replace
+from dpl.ir.simplify import remove_dead_bindings, simplify  # noqa: F401 (remove_dead_bindings: re-exported)
+from dpl.ir.structural import structural_equal
 from dpl.pattern import nodes as n
 from dpl.pattern.context import GraphPattern, PatternContext, _as_graph, _leaf_vars, iter_graph_matches
 from dpl.pattern.match import Match, Matcher, PatternIndex
@@ -63,7 +69,10 @@ def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | No
     current = func
     for _ in range(max_iterations):
         new = _round(pattern, alternatives, index, rewriter, current)
-        if new is current:
+        if new is current or structural_equal(new, current, names=False):
+            return current  # an equal rebuild is a fixed point too (Relax compares structurally)
+        new = simplify(new)  # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused
+        if structural_equal(new, current, names=False):
             return current
         current = new
     raise RewriteNotConverged(
@@ -91,7 +100,7 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
             break
     if not replaced:
         return func
-    return remove_dead_bindings(_rebuild(func, replaced))
+    return _rebuild(func, replaced)
 
 
 def _check_replacement(var: Var, old: Expr, new, pattern) -> None:
@@ -123,7 +132,6 @@ class _Rebuild:
         self.taken = {p.name for p in func.params} | {b.var.name for b in func.bindings}
         self.bound_value = {id(b.value): b.var for b in func.bindings}
         self.bound_value.update({id(v): k for k, v in replaced.items()})
-        self.alias: dict[Var, Expr] = {}
         self.out: list[Binding] = []
         self.fresh: dict[int, Var] = {}
 
@@ -136,14 +144,12 @@ class _Rebuild:
         return name
 
     def normalize(self, e: Expr, owner: Var, top: bool) -> Expr:
-        if isinstance(e, Var):
-            return self.alias.get(e, e)
-        if isinstance(e, (Constant, GlobalVar)):
+        if isinstance(e, (Var, Constant, GlobalVar)):
             return e
         if not top:
             bound = self.bound_value.get(id(e)) or self.fresh.get(id(e))
             if bound is not None and bound is not owner:
-                return self.alias.get(bound, bound)
+                return bound
         if isinstance(e, Call):
             args = tuple(self.normalize(a, owner, False) for a in e.args)
             new = e if all(x is y for x, y in zip(args, e.args)) else replace(e, args=args)
@@ -164,37 +170,13 @@ class _Rebuild:
 
     def run(self, replaced: Mapping[Var, Expr]) -> Function:
         for b in self.func.bindings:
-            if b.var in replaced:
-                value = self.normalize(replaced[b.var], b.var, True)
-            else:
-                value = _substitute(b.value, self.alias)
-            if isinstance(value, Var) and b.var in replaced:
-                self.alias[b.var] = value  # ``lv = x``: later uses read x directly
-                continue
+            value = self.normalize(replaced[b.var], b.var, True) if b.var in replaced else b.value
             self.out.append(b if value is b.value else Binding(b.var, value))
-        ret = _substitute(self.func.ret, self.alias)
-        return Function(self.func.name, self.func.params, _topological(self.out), ret, self.func.attrs)
+        return Function(self.func.name, self.func.params, _topological(self.out), self.func.ret, self.func.attrs)
 
 
 def _rebuild(func: Function, replaced: Mapping[Var, Expr]) -> Function:
     return _Rebuild(func, replaced).run(replaced)
-
-
-def _substitute(e: Expr, alias: Mapping[Var, Expr]) -> Expr:
-    if not alias:
-        return e
-    if isinstance(e, Var):
-        return alias.get(e, e)
-    if isinstance(e, Call):
-        args = tuple(_substitute(a, alias) for a in e.args)
-        return e if all(x is y for x, y in zip(args, e.args)) else replace(e, args=args)
-    if isinstance(e, Tuple):
-        fields = tuple(_substitute(f, alias) for f in e.fields)
-        return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
-    if isinstance(e, TupleGetItem):
-        inner = _substitute(e.tuple_value, alias)
-        return e if inner is e.tuple_value else TupleGetItem(inner, e.index)
-    return e
 
 
 def _topological(bindings: list[Binding]) -> list[Binding]:
@@ -225,25 +207,6 @@ def _topological(bindings: list[Binding]) -> list[Binding]:
     return out
 
 
-def remove_dead_bindings(func: Function) -> Function:
-    """``func`` without the bindings nothing (transitively) returned uses."""
-    live: set = set()
-    roots: list[Var] = []
-    _leaf_vars(func.ret, roots)
-    live.update(roots)
-    keep: list[Binding] = []
-    for b in reversed(func.bindings):
-        if b.var not in live:
-            continue
-        keep.append(b)
-        deps: list[Var] = []
-        _leaf_vars(b.value, deps)
-        live.update(deps)
-    if len(keep) == len(func.bindings):
-        return func
-    return Function(func.name, func.params, tuple(reversed(keep)), func.ret, func.attrs)
-
-
 def rewrite_bindings(graph: GraphPattern | PatternContext, rewriter, func: Function | Module,
                      *, max_iterations: int | None = None) -> Function | Module:
     """Rewrite with a graph pattern: ``rewriter(matches: {pattern: Var}, bindings: {Var: Expr})``
@@ -259,7 +222,7 @@ def rewrite_bindings(graph: GraphPattern | PatternContext, rewriter, func: Funct
     for _ in range(bound):
         found = next(iter_graph_matches(g, current, exclude=done), None)
         if found is None:
-            return remove_dead_bindings(current) if current is not func else func
+            return simplify(current) if current is not func else func
         values = {b.var: b.value for b in current.bindings}
         out = rewriter(found, values)
         if out is None:

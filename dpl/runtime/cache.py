@@ -1,7 +1,8 @@
 """The kernel cache: compiled kernels by backend and exact key (structure + dtypes + shapes).
 
 In memory, and shared by every group of the same structure — 32 identical decoder layers
-compile once. The C backend adds a disk cache under the same keys.
+compile once. The C backend adds a disk cache (``dpl.runtime.disk_cache``) under keys of its
+own (the source, flags, compiler and CPU).
 """
 
 from __future__ import annotations

@@ -7,11 +7,17 @@ kernel cache, and keeps one memory-planned :class:`~dpl.runtime.plan.Plan` per s
 input shapes. A kernel that fails to compile falls back to the next backend of the target
 (composites, codegen functions, single ops) or to running its ops one by one (groups).
 
-An Executable reuses its plans' buffers from call to call: call it from one thread at a time.
+Threads: one Executable may be called from several threads at once. Planning (and the
+compiling it does) runs under a lock, once per input signature; running a plan needs no lock,
+as every call borrows its own arena of temporaries from the plan (:class:`~dpl.runtime.plan.Plan`)
+and the kernels keep their scratch buffers per thread (``backends/segments.py``,
+``backends/im2col.py``). Per-call state rather than one lock around the call: threads calling
+at once run at once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -19,7 +25,8 @@ import attrs
 import numpy as np
 
 from dpl import dtypes as dt
-from dpl.backends.registry import Backend, BackendError, Choice, Unit, choose, classify, function_dtypes, leaf_types, resolve_target
+from dpl.backends.registry import (Backend, BackendError, Choice, Unit, choose, classify, function_dtypes, get_backend, leaf_types,
+                                   resolve_target)
 from dpl.errors import DplError
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
 from dpl.ir.types import TupleType
@@ -49,6 +56,13 @@ class Fallback:
 
 
 class Executable(Compiler):
+    """A module built for a target: call it with NumPy arrays.
+
+    Safe to call from several threads at once, by per-call state: planning a new input
+    signature takes a lock (so each signature is planned and compiled once), and each call
+    runs its plan on an arena of temporaries it borrows for the call (see the module text).
+    """
+
     def __init__(self, module: Module, target: Any = "cpu", config: FusionConfig | None = None, *, entry: str = "main", cache: KernelCache | None = None):
         if not isinstance(module, Module):
             raise DplError(f"build takes a Module, got {type(module).__name__}")
@@ -63,6 +77,7 @@ class Executable(Compiler):
         self.choices: dict[str, Choice] = {}  # by module function name, or "op NAME dtypes"
         self._failed: dict[str, dict[str, str]] = {}  # choice key -> {backend: compile error}
         self._plans: dict[tuple, Plan] = {}
+        self._planning = threading.RLock()  # plans and the compile state they change, one thread at a time
         for name in _called_functions(module, self.entry):
             unit = classify(module[name], module)
             self._choose(name, unit)
@@ -123,9 +138,13 @@ class Executable(Compiler):
     def _plan_for(self, specs) -> Plan:
         signature = tuple((tuple(s), str(np.dtype(d))) for s, d in specs)
         plan = self._plans.get(signature)
-        if plan is None:
-            plan = Planner(self.module, self.entry, self).plan(specs)
-            self._plans[signature] = plan
+        if plan is not None:
+            return plan
+        with self._planning:
+            plan = self._plans.get(signature)  # another thread may have planned it meanwhile
+            if plan is None:
+                plan = Planner(self.module, self.entry, self).plan(specs)
+                self._plans[signature] = plan
         return plan
 
     def _flat_inputs(self, arrays) -> list[np.ndarray]:
@@ -198,6 +217,11 @@ class Executable(Compiler):
         for b in self.target:
             ok, why = b.available()
             lines.append(f"  {b.name:<8} {'available' if ok else 'unavailable: ' + why}")
+        in_target = {b.name for b in self.target}
+        owners = {n: c.unit.prefix for c in self.choices.values() for n in c.by_prefix if n not in in_target}
+        for name, prefix in owners.items():  # outside the target, tried first for their prefix
+            ok, why = get_backend(name).available()
+            lines.append(f"  {name:<8} {'available' if ok else 'unavailable: ' + why} (owns codegen prefix '{prefix}', outside the target)")
         lines.append("functions:")
         for key, choice in self.choices.items():
             unit = choice.unit
@@ -278,5 +302,7 @@ def _called_functions(module: Module, fn: Function) -> list[str]:
 
 def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = None, entry: str = "main", cache: KernelCache | None = None) -> Executable:
     """Build ``mod`` for ``target``: ``"cpu"``, ``"numpy"``, ``"cuda"``, a backend name, a
-    Backend, or a list of them tried in order."""
+    Backend, comma-separated names (``"mylib,cpu"``), or a list of them tried in order. A
+    function carrying a codegen prefix goes first to the backend registered for that prefix,
+    whatever the target."""
     return Executable(mod, target, config, entry=entry, cache=cache)

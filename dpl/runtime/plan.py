@@ -10,11 +10,16 @@ step that reads its value, and a new temporary takes the smallest free slot big 
 (else a new slot). Inputs are only read. Outputs never live in the arena: they are fresh arrays
 of each call (or the caller's ``out=``), so what a call returns never aliases a reused buffer.
 An output that is an input, a constant or an output already given is copied at the end.
+
+Calls from several threads at once are safe: each call borrows an arena of its own from the
+plan's pool (a lock guards only the borrowing), so one thread calling keeps reusing one warm
+arena, and N threads calling at once hold N arenas (kept for later calls).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Callable, Protocol, Sequence
 
 import attrs
@@ -25,6 +30,7 @@ from dpl.backends.registry import flatten, leaf_types
 from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TupleType
+from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.threads import one_pool_kernels
 
@@ -79,7 +85,8 @@ def single_op_function(call: Call) -> tuple[Function, list[Expr]]:
 
 
 class Plan:
-    """A plan for one input signature. Not thread-safe: its arena is reused by every call."""
+    """A plan for one input signature. Every call borrows an arena from the plan's pool and gives
+    it back after, so calls from several threads at once never share a temporary."""
 
     def __init__(self, signature, buffers: list[Buffer], steps: list[Step], inputs: list[int], result,
                  output_ids: list[int | None], out_specs: list, copies: list[tuple[int, int]], decisions,
@@ -126,21 +133,45 @@ class Plan:
         self.peak_bytes = sum(self.slot_sizes)
         self.unplanned_bytes = sum(buf.nbytes for buf in self.buffers if buf.kind == "temp")
         self.output_bytes = sum(self.buffers[b].nbytes for b in self._output_buffers())
-        self._arena = [np.empty(n, np.uint8) for n in self.slot_sizes]
-        self._views: list[Any] = [None] * len(self.buffers)
+        self._pool_lock = threading.Lock()
+        self._arenas: list[list[Any]] = [self._new_arena()]  # free arenas, as views by buffer number
+
+    def _new_arena(self) -> list[Any]:
+        """The buffers of one call: a view into a fresh arena for every temporary, each constant's
+        array, and None for inputs and outputs (the call's own arrays)."""
+        arena = [np.empty(n, np.uint8) for n in self.slot_sizes]
+        views: list[Any] = [None] * len(self.buffers)
         for b, buf in enumerate(self.buffers):
             if buf.kind == "const":
-                self._views[b] = buf.value
+                views[b] = buf.value
             elif b in self.slot_of:
-                raw = self._arena[self.slot_of[b]][: buf.nbytes]
-                self._views[b] = raw.view(dt.to_numpy(buf.dtype)).reshape(buf.shape)
+                raw = arena[self.slot_of[b]][: buf.nbytes]
+                views[b] = raw.view(dt.to_numpy(buf.dtype)).reshape(buf.shape)
+        return views
+
+    def _borrow(self) -> list[Any]:
+        with self._pool_lock:
+            if self._arenas:
+                return self._arenas.pop()
+        return self._new_arena()  # another thread holds every arena: this call gets its own
+
+    def _give_back(self, views: list[Any]) -> None:
+        with self._pool_lock:
+            self._arenas.append(views)
 
     def _output_buffers(self) -> list[int]:
         return [b for b, buf in enumerate(self.buffers) if buf.kind == "output"]
 
     # -- running --------------------------------------------------------------------------------
     def run(self, arrays: Sequence[np.ndarray], out: Sequence[np.ndarray] | None = None, timer=None) -> Any:
-        bufs = list(self._views)
+        views = self._borrow()
+        try:
+            return self._run(views, arrays, out, timer)
+        finally:
+            self._give_back(views)
+
+    def _run(self, views: list[Any], arrays, out, timer) -> Any:
+        bufs = list(views)
         for b, a in zip(self.input_ids, arrays):
             bufs[b] = a
         outs = list(out) if out is not None else [np.empty(s, d) for s, d in self.out_specs]
@@ -292,8 +323,8 @@ class Planner:
         return tree
 
     def _inline(self, callee: Function, args, dims):
-        if self._depth > 64:
-            raise DplError(f"calls nest deeper than 64 levels at '{callee.name}' (recursion?)")
+        if self._depth > MAX_CALL_DEPTH:
+            raise LimitError(f"calls nest deeper than MAX_CALL_DEPTH = {MAX_CALL_DEPTH} levels at '{callee.name}' (recursion?)")
         self._depth += 1
         try:
             env = {id(p): a for p, a in zip(callee.params, args)}

@@ -1,4 +1,5 @@
-"""``dpl profile``: measure every group of a module op by op and fused, on this machine.
+"""Measure every group of a module op by op and fused, on this machine (what ``dpl profile``
+runs; the command, which reads the model file, is :mod:`dpl.cli_profile`).
 
 For each Primitive group the entry calls (at the concrete shapes of the given or random
 inputs), each op is timed alone with the single-op kernel of the target's backend, then the
@@ -68,7 +69,7 @@ class _Progress:
 
 def profile_module(
     mod: Module,
-    path: str | os.PathLike,
+    path: str | os.PathLike | None,
     *,
     target: Any = "cpu",
     inputs: Sequence[np.ndarray] | None = None,
@@ -77,7 +78,8 @@ def profile_module(
     seed: int = 0,
     progress: TextIO | bool | None = True,
 ) -> ProfileData:
-    """Measure the Primitive groups of ``mod`` and write (merge into) the profile at ``path``.
+    """Measure the Primitive groups of ``mod`` and write (merge into) the profile at ``path``
+    (None: write nothing, just return the measurements).
 
     Inputs are ``inputs`` or random arrays, symbolic dims taking their size from ``dims``
     (default 1024 so groups are big enough to be worth measuring). ``progress`` draws a bar on
@@ -95,7 +97,7 @@ def profile_module(
             inputs.append(tuple(leaves) if isinstance(p.ty, TupleType) else leaves[0])
     plan = exe.plan(*inputs)
 
-    old = load_profile(path) if os.path.exists(path) else ProfileData()
+    old = load_profile(path) if path is not None and os.path.exists(path) else ProfileData()
     single, fused, separate = dict(old.single), dict(old.fused), dict(old.separate)
     groups = [g for g in old.groups]
     seen: set[str] = set()
@@ -131,7 +133,8 @@ def profile_module(
         groups = [g for g in groups if g.get("exact_key") != key] + [record]
         bar.step(fn.name)
     data = ProfileData(single, fused, separate, tuple(groups))
-    save_profile(data, path)
+    if path is not None:
+        save_profile(data, path)
     return data
 
 
@@ -178,42 +181,3 @@ def _time_fused(exe, backend, fn: Function, arrays, repeat: int) -> float | None
     dims = bind_dims([t for p in fn.params for t in leaf_types(p.ty)], [a.shape for a in arrays], [p.name for p in fn.params])
     outs = _empty_like_type(concrete(fn.ret.ty, dims, fn.name))
     return _median_ms(lambda: kernel(arrays, outs), repeat)
-
-
-# -- the `dpl profile` command ------------------------------------------------------------------
-
-
-def add_profile_command(subparsers) -> None:
-    """Add ``dpl profile MODULE`` to the command line (called by :mod:`dpl.cli`)."""
-    p = subparsers.add_parser("profile", help="time each fused group op by op and fused on this machine; write the profile file")
-    p.add_argument("module", help="a module file in the text form")
-    p.add_argument("-o", "--output", default="profile_result.json", help="the profile file to write or update")
-    p.add_argument("--target", default="cpu", help="numpy, cpu, cuda or a backend name (default cpu)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dim (default 1024)")
-    p.add_argument("--repeat", type=int, default=20, help="timed runs per kernel (the median is kept)")
-    p.set_defaults(func=run_profile_command)
-
-
-def run_profile_command(args) -> int:
-    from dpl.errors import DplError
-    from dpl.frontend import load_model as load
-
-    dims = {}
-    for item in args.dim:
-        name, _, size = item.partition("=")
-        if not name or not size.isdigit():
-            raise DplError(f"--dim takes NAME=SIZE, got '{item}'")
-        dims[name] = int(size)
-    data = profile_module(load(args.module), args.output, target=args.target, dims=dims, repeat=args.repeat)
-    print(format_profile(data))
-    print(f"wrote {args.output}")
-    return 0
-
-
-def format_profile(data: ProfileData) -> str:
-    lines = [f"{'group':<28} {'shapes':<24} {'ops':<28} {'separate ms':>12} {'fused ms':>10}"]
-    for g in data.groups:
-        shapes = " ".join("x".join(map(str, s)) for s in g["input_shapes"])
-        fused = "-" if g.get("fused") is None else f"{g['fused']:.4f}"
-        lines.append(f"{g['function'][:28]:<28} {shapes[:24]:<24} {g['compatible_key'][:28]:<28} {g['separate']:>12.4f} {fused:>10}")
-    return "\n".join(lines)

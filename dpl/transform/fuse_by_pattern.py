@@ -23,7 +23,7 @@ import attrs
 from dpl.errors import DplError
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Var
 from dpl.pattern import nodes as P
-from dpl.pattern.fusion import CheckContext, FusionPattern
+from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern
 from dpl.pattern.match import Matcher, PatternIndex
 from dpl.transform.outline import FunctionTable, Group, leaves, outline
 
@@ -33,7 +33,9 @@ class CodegenNameError(DplError):
 
 
 def var_usages(func: Function) -> dict[Var, tuple[Var, ...]]:
-    """{var: binding vars that use it}, params included; the return is not a use (as in TVM)."""
+    """{var: binding vars that use it}, params included, in program order; a variable the
+    function returns also lists :data:`FUNCTION_RETURN` (last), so that a leak check over the
+    users rejects a returned intermediate as TVM's does (there, through its non-dataflow var)."""
     users: dict[Var, list[Var]] = {p: [] for p in func.params}
     for b in func.bindings:
         users.setdefault(b.var, [])
@@ -42,6 +44,11 @@ def var_usages(func: Function) -> dict[Var, tuple[Var, ...]]:
                 lst = users.setdefault(v, [])
                 if b.var not in lst:
                     lst.append(b.var)
+    for v in leaves(func.ret):
+        if isinstance(v, Var):
+            lst = users.setdefault(v, [])
+            if FUNCTION_RETURN not in lst:
+                lst.append(FUNCTION_RETURN)
     return {k: tuple(v) for k, v in users.items()}
 
 
@@ -80,16 +87,15 @@ def matches(pattern: FusionPattern, func: Function, taken=None) -> Iterable[Cand
     index = PatternIndex([pattern.pattern])
     matcher = Matcher(func)
     usages = var_usages(func)
-    seen: dict = {}
+    by_value, by_var = BoundSoFar.index(func.bindings)
     for i, b in enumerate(func.bindings):
-        seen[b.value] = b.var
         if not isinstance(b.value, Call) or not index.candidates(b.value):
             continue
         m = matcher.match(pattern.pattern, b.value)
         if not m:
             continue
         members, matched = _members(m, position, func, {b.var: b.value})
-        ctx = CheckContext(b.value, pattern.annotated(m), matched, usages, dict(seen), m)
+        ctx = CheckContext(b.value, pattern.annotated(m), matched, usages, BoundSoFar(by_value, by_var, i), m)
         yield Candidate(i, frozenset(members | {i}), ctx, frozenset({i}))
 
 
@@ -105,6 +111,7 @@ def _multi_root_matches(pattern: FusionPattern, func: Function, taken) -> Iterab
     position = {id(b.value): i for i, b in enumerate(func.bindings)}
     matcher = Matcher(func)
     usages = var_usages(func)
+    by_value, by_var = BoundSoFar.index(func.bindings)
     options = []
     for r in roots:
         index = PatternIndex([r])
@@ -133,8 +140,7 @@ def _multi_root_matches(pattern: FusionPattern, func: Function, taken) -> Iterab
             if not m:
                 continue
             members, matched = _members(m, position, func, {func.bindings[i].var: func.bindings[i].value for i in combo})
-            seen = {b.value: b.var for b in func.bindings[: last + 1]}
-            ctx = CheckContext(joint, pattern.annotated(m), matched, usages, seen, m)
+            ctx = CheckContext(joint, pattern.annotated(m), matched, usages, BoundSoFar(by_value, by_var, last), m)
             yield Candidate(last, frozenset(members | set(combo)), ctx, frozenset(combo))
 
 

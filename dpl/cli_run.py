@@ -1,0 +1,155 @@
+"""``dpl run``: run a module on random inputs; with ``--target`` / ``-p`` the built module
+(``dpl.apply`` with the pattern libraries, then ``dpl.build``); ``--check`` compares it with the
+interpreter on the unfused module, ``--time`` gives the median of several runs."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from dpl.cli_common import entry_function, load_module, parse_dims, print_json, random_inputs, target_arg
+from dpl.errors import DplError
+
+log = logging.getLogger(__name__)
+
+# default tolerances of --check by the output's dtype: (rtol, atol); atol is in units of the
+# output's largest magnitude (at least 1), since a sum of many terms computed in another order
+# is off by about that much times the machine epsilon, even where the result is near zero
+TOLERANCE = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2), "float32": (1e-4, 1e-4), "float64": (1e-9, 1e-9)}
+
+
+def add_run_command(sub) -> None:
+    p = sub.add_parser("run", help="run a module file or model on random inputs; print output shapes, dtypes, checksums",
+                       description="Run a module on random inputs (the interpreter by default). With --target or -p, "
+                                   "the module is fused (dpl.apply with the -p libraries) and built for the target.")
+    p.add_argument("file", help="a module in the text form, an .onnx model, or - for stdin")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--entry", default="main", help="the function to run (default main)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dimension (default 8)")
+    p.add_argument("--target", metavar="T", help="build for T (numpy, cpu, cuda, a backend name, or several: mylib,cpu); "
+                                                "without it the interpreter runs the module")
+    p.add_argument("--patterns", "-p", action="append", default=[], metavar="P",
+                   help="fuse with this .dpl file or shipped library first; repeat it, earlier ones win")
+    p.add_argument("--check", action="store_true", help="compare the outputs with the interpreter's on the unfused module; "
+                                                       "exit 1 beyond the tolerance")
+    p.add_argument("--rtol", type=float, help="relative tolerance of --check (default by dtype: 1e-4 for f32, 1e-2 for f16)")
+    p.add_argument("--atol", type=float, help="absolute tolerance of --check, in units of the output's largest magnitude "
+                                                      "(default by dtype: 1e-4 for f32, 1e-2 for f16)")
+    p.add_argument("--time", action="store_true", help="time the run: the median of --repeat runs after a warm-up")
+    p.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs of --time (default 10)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (keys: file, entry, target, outputs, check, time)")
+    p.set_defaults(func=cmd_run)
+
+
+def _outputs(result) -> list[np.ndarray]:
+    if isinstance(result, tuple):
+        return [a for r in result for a in _outputs(r)]
+    return [np.asarray(result)]
+
+
+def _describe(outputs) -> list[dict]:
+    return [{"shape": list(r.shape), "dtype": str(r.dtype), "checksum": float(np.sum(r.astype(np.float64)))} for r in outputs]
+
+
+def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float | None, atol: float | None) -> dict:
+    """Max absolute and relative error of ``got`` against ``want``; ok when every element is
+    within ``atol * max(1, max|want|) + rtol * |want|`` (integers and booleans must be equal)."""
+    max_abs = max_rel = 0.0
+    ok = len(got) == len(want)
+    tolerances = []
+    for g, w in zip(got, want):
+        if g.shape != w.shape:
+            ok = False
+            continue
+        if w.dtype.kind not in "fc":
+            ok = ok and bool(np.array_equal(g, w))
+            continue
+        r, a = TOLERANCE.get(str(w.dtype), TOLERANCE["float32"])
+        r, a = (r if rtol is None else rtol), (a if atol is None else atol)
+        tolerances.append((r, a))
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))  # equal infinities and NaN for NaN agree
+        with np.errstate(invalid="ignore"):
+            diff = np.where(same, 0.0, np.abs(g64 - w64))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        if diff.size:
+            finite = np.where(np.isfinite(w64), np.abs(w64), 0.0)
+            scale = max(1.0, float(np.max(finite)))
+            max_abs = max(max_abs, float(np.max(diff)))
+            max_rel = max(max_rel, float(np.max(diff / np.maximum(finite, np.finfo(np.float64).tiny))))
+            ok = ok and bool(np.all(diff <= a * scale + r * finite))
+    rtol_used, atol_used = tolerances[0] if tolerances else (rtol or 0.0, atol or 0.0)
+    return {"ok": ok, "max_abs_error": max_abs, "max_rel_error": max_rel, "rtol": rtol_used, "atol": atol_used}
+
+
+def _median_ms(run, repeat: int) -> dict:
+    run()  # warm up: kernels compile, caches fill
+    samples = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "runs": len(samples)}
+
+
+def cmd_run(args) -> int:
+    from dpl.interpret import interpret
+
+    mod = load_module(args.file)
+    fn = entry_function(mod, args.entry, args.file)
+    if args.repeat < 1:
+        raise DplError(f"--repeat takes a positive count, got {args.repeat}")
+    inputs = random_inputs(fn, args.seed, parse_dims(args.dim, fn))
+    target = None if args.target is None else target_arg(args.target)
+    if target is None and not args.patterns:
+        run = lambda: interpret(mod, *inputs, entry=args.entry)  # noqa: E731
+        what = "interpreter"
+    else:
+        from dpl.apply import apply
+
+        fused = apply(mod, args.patterns)
+        if target is None:
+            run = lambda: interpret(fused, *inputs, entry=args.entry)  # noqa: E731
+            what = "interpreter (fused module)"
+        else:
+            from dpl.runtime import build
+
+            exe = build(fused, target, entry=args.entry)
+            run = lambda: exe(*inputs)  # noqa: E731
+            what = f"target {args.target}"
+            log.debug("%s", exe.summary())
+    outputs = _outputs(run())
+    report = {"file": args.file, "entry": args.entry, "target": args.target, "patterns": list(args.patterns),
+              "outputs": _describe(outputs), "check": None, "time": None}
+    if args.check:
+        report["check"] = compare(outputs, _outputs(interpret(mod, *inputs, entry=args.entry)), args.rtol, args.atol)
+    if args.time:
+        report["time"] = _median_ms(run, args.repeat)
+    if args.json:
+        print_json(report)
+    else:
+        print(_text(report, what))
+    if report["check"] is not None and not report["check"]["ok"]:
+        c = report["check"]
+        print(f"dpl: error: {what} differs from the interpreter beyond rtol={c['rtol']:g}, atol={c['atol']:g} "
+              f"(max abs error {c['max_abs_error']:.3g}, max rel error {c['max_rel_error']:.3g})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _text(report: dict, what: str) -> str:
+    lines = [f"output {i}: shape {tuple(o['shape'])} dtype {o['dtype']} checksum {o['checksum']:.6g}"
+             for i, o in enumerate(report["outputs"])]
+    if report["check"] is not None:
+        c = report["check"]
+        verdict = "ok" if c["ok"] else "MISMATCH"
+        lines.append(f"check: {what} vs the interpreter: max abs error {c['max_abs_error']:.3g}, "
+                     f"max rel error {c['max_rel_error']:.3g} (rtol {c['rtol']:g}, atol {c['atol']:g}): {verdict}")
+    if report["time"] is not None:
+        t = report["time"]
+        lines.append(f"time: {what}: median {t['median_ms']:.4g} ms, min {t['min_ms']:.4g} ms over {t['runs']} runs")
+    return "\n".join(lines)

@@ -1,0 +1,192 @@
+"""The clean-up Relax runs between rewrites: CanonicalizeBindings, EliminateCommonSubexpr and
+RemoveAllUnused, on dpl functions (one block of pure bindings; the returned variables play
+the part of Relax's non-dataflow outputs).
+
+``canonicalize_bindings`` folds what is known about a binding into its uses:
+* a trivial binding ``y = x`` is removed and ``y`` read as ``x`` (chains followed);
+* a tuple item of a tuple known at that point (``d = (a, b); e = d[0]``, through aliases) is
+  the field itself, so ``e`` becomes a trivial binding of ``a``;
+* a binding of a constant is inlined into its uses;
+* when the alias ``y = x`` is returned and ``x`` is an intermediate nobody returns, ``x``'s
+  binding is renamed ``y`` instead (Relax keeps the output variable's name).
+
+``eliminate_common_subexpr`` turns a binding whose value equals an earlier one's (same op,
+attributes, type and operands) into a trivial binding of the earlier variable.
+``remove_dead_bindings`` drops what the return does not (transitively) use. ``simplify``
+repeats the three until nothing changes, as Relax's ``rewrite_call`` does after every round.
+Each returns its input object when it changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
+from dpl.ir.traverse import vars_in
+
+
+def simplify(func: Function) -> Function:
+    """``func`` after canonicalize / CSE / dead-binding removal, repeated to a fixed point."""
+    current = func
+    while True:
+        new = remove_dead_bindings(eliminate_common_subexpr(canonicalize_bindings(current)))
+        if new is current:
+            return current
+        current = new
+
+
+# -- CanonicalizeBindings ----------------------------------------------------------------------
+
+
+def _returned(func: Function) -> set[Var]:
+    return set(vars_in(func.ret))
+
+
+def canonicalize_bindings(func: Function) -> Function:
+    """``func`` with trivial bindings, known tuple items and bound constants folded."""
+    known: dict[Var, Expr] = {}
+    trivial: dict[Var, Var] = {}
+    constant: dict[Var, Constant] = {}
+    for b in func.bindings:
+        value = _known_item(b.value, known)
+        if isinstance(value, Var):
+            trivial[b.var] = value
+        elif isinstance(value, Constant):
+            constant[b.var] = value
+        known[b.var] = value
+    if not trivial and not constant:
+        return func
+    returned = _returned(func)
+    is_binding = {b.var for b in func.bindings}
+    replace_usage: dict[Var, Expr] = dict(constant)
+    rename: dict[Var, Var] = {}
+    remove: set[Var] = set()
+    for var, target in trivial.items():
+        while target in trivial:
+            target = trivial[target]
+        target = rename.get(target, target)
+        remove.add(var)
+        if var in returned and target in is_binding and target not in returned and target not in rename:
+            rename[target] = var  # keep the returned name: ``x = f(..)`` becomes ``y = f(..)``
+            replace_usage[target] = var
+        else:
+            replace_usage[var] = target
+
+    def use(v: Var) -> Expr:
+        seen = 0
+        e: Expr = v
+        while isinstance(e, Var) and e in replace_usage and seen <= len(replace_usage):
+            e, seen = replace_usage[e], seen + 1
+        return e
+
+    out: list[Binding] = []
+    for b in func.bindings:
+        if b.var in remove:
+            continue
+        value = substitute(b.value, use)
+        var = rename.get(b.var, b.var)
+        out.append(b if value is b.value and var is b.var else Binding(var, value))
+    ret = substitute(func.ret, use)
+    return attrs.evolve(func, bindings=tuple(out), ret=ret)
+
+
+def _known_item(value: Expr, known: Mapping[Var, Expr]) -> Expr:
+    """A tuple item of a tuple known here is that field; anything else is itself."""
+    if not isinstance(value, TupleGetItem):
+        return value
+    tup = value.tuple_value
+    while isinstance(tup, Var) and tup in known:
+        tup = known[tup]
+    if isinstance(tup, Tuple):
+        return tup.fields[value.index]
+    return value
+
+
+def substitute(e: Expr, use) -> Expr:
+    """``e`` with every variable ``v`` read as ``use(v)`` (the same object when none changes)."""
+    if isinstance(e, Var):
+        return use(e)
+    if isinstance(e, Call):
+        args = tuple(substitute(a, use) for a in e.args)
+        return e if all(x is y for x, y in zip(args, e.args)) else attrs.evolve(e, args=args)
+    if isinstance(e, Tuple):
+        fields = tuple(substitute(f, use) for f in e.fields)
+        return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
+    if isinstance(e, TupleGetItem):
+        inner = substitute(e.tuple_value, use)
+        return e if inner is e.tuple_value else TupleGetItem(inner, e.index)
+    return e
+
+
+# -- EliminateCommonSubexpr --------------------------------------------------------------------
+
+
+def _attr_key(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return ("t",) + tuple(_attr_key(v) for v in value)
+    if isinstance(value, float) and np.isnan(value):
+        return ("nan",)
+    return (type(value).__name__, value)
+
+
+def value_key(e: Expr) -> Any:
+    """A hashable key: equal keys mean the same value (variables by identity)."""
+    if isinstance(e, Var):
+        return ("var", id(e))
+    if isinstance(e, GlobalVar):
+        return ("gv", e.name)
+    if isinstance(e, Constant):
+        return ("const", str(e.ty), e.value.tobytes())
+    if isinstance(e, Call):
+        op = e.op if isinstance(e.op, str) else ("gv", e.op.name)
+        attrs_key = tuple((k, _attr_key(v)) for k, v in sorted(e.attrs.items()))
+        return ("call", op, attrs_key, str(e.ty), tuple(value_key(a) for a in e.args))
+    if isinstance(e, Tuple):
+        return ("tuple", tuple(value_key(f) for f in e.fields))
+    if isinstance(e, TupleGetItem):
+        return ("item", value_key(e.tuple_value), e.index)
+    raise TypeError(f"not an expression: {type(e).__name__}")
+
+
+def eliminate_common_subexpr(func: Function) -> Function:
+    """``func`` with each repeated value bound once: a later ``y = v`` of an already bound
+    ``v`` becomes ``y = x`` (the earlier variable), and later uses read ``x``."""
+    first: dict[Any, Var] = {}
+    remap: dict[Var, Var] = {}
+    out: list[Binding] = []
+    changed = False
+    for b in func.bindings:
+        value = substitute(b.value, lambda v: remap.get(v, v))
+        key = value_key(value)
+        earlier = first.get(key)
+        if earlier is not None:
+            value = earlier
+            remap[b.var] = earlier
+        else:
+            first[key] = b.var
+        changed |= value is not b.value
+        out.append(b if value is b.value else Binding(b.var, value))
+    if not changed:
+        return func
+    ret = substitute(func.ret, lambda v: remap.get(v, v))
+    return attrs.evolve(func, bindings=tuple(out), ret=ret)
+
+
+# -- RemoveAllUnused ---------------------------------------------------------------------------
+
+
+def remove_dead_bindings(func: Function) -> Function:
+    """``func`` without the bindings nothing (transitively) returned uses."""
+    live: set = set(vars_in(func.ret))
+    keep: list[Binding] = []
+    for b in reversed(func.bindings):
+        if b.var not in live:
+            continue
+        keep.append(b)
+        live.update(vars_in(b.value))
+    if len(keep) == len(func.bindings):
+        return func
+    return attrs.evolve(func, bindings=tuple(reversed(keep)))

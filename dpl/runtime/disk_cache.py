@@ -1,0 +1,231 @@
+"""Compiled shared libraries on disk, by key, checked before they are loaded.
+
+A store is one private directory (``dpl.cache_dir``: refused, and replaced by a private
+temporary one, when others could write it) holding, per key, ``KEY.so`` and its manifest
+``KEY.json``: the key, the library's size and SHA-256, and what built it. :meth:`load` reads
+the library (a regular file of this user, never through a symlink), and only when its bytes
+hash to the manifest's does it ``dlopen`` it; a missing, truncated, swapped or planted library
+is never loaded (its constructors never run) and is built again. Files are written to a
+temporary name and renamed, mode 0600.
+
+Concurrent processes meet through ``filelock`` locks in ``locks/``: building a key holds its
+bucket's lock (one of 256, by the key's first two hex digits; lock files are never deleted, so
+two processes can never hold "the same" lock on two inodes), so a kernel is compiled once and
+the others load it. A build works in ``KEY.build-*`` beside the entries; one a SIGKILL left
+behind is swept when its bucket's lock is free (a ``tmp*`` folder of an older dpl, which took
+no locks, when it is an hour old). The manifest's modification time is the entry's
+last use: past ``max_bytes`` the least recently used entries are evicted (to 90% of it), by
+one process at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import attrs
+from filelock import FileLock, Timeout
+
+from dpl.cache_dir import FILE_MODE, make_private_dirs, private_dir, read_own_file, write_private_file
+from dpl.errors import DplError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+MANIFEST_LIMIT = 64 * 1024  # a manifest is a few hundred bytes; anything larger is not ours
+LOCKS = "locks"
+LEGACY_BUILD_AGE = 3600  # seconds: a tmp* folder of an older dpl this old is no live build
+
+
+class CacheError(DplError):
+    """A library that could not be built or loaded from its store."""
+
+
+@attrs.frozen
+class Entry:
+    key: str
+    bytes: int  # the library and its manifest
+    last_used: float  # the manifest's modification time
+
+
+@attrs.frozen
+class Info:
+    directory: Path
+    entries: int
+    bytes: int
+    max_bytes: int
+    builds_in_progress: int
+
+
+class LibraryCache:
+    """Shared libraries under keys in ``directory`` (created 0700 when missing)."""
+
+    def __init__(self, directory: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES):
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise DplError(f"max_bytes must be a non-negative integer, got {max_bytes!r}")
+        self.requested = Path(directory)
+        self.max_bytes = max_bytes
+        self.builds = 0  # how many times this store ran a build (for tests and reports)
+        self._directory: Path | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def directory(self) -> Path:
+        """Where entries live: the requested directory, or a private one when it was refused."""
+        with self._lock:
+            if self._directory is None:
+                self._directory = private_dir(self.requested, self.requested.name or "cache")
+                make_private_dirs(self._directory / LOCKS)
+                self._sweep(self._directory)
+            return self._directory
+
+    # -- loading --------------------------------------------------------------------------------
+    def load(self, key: str, build: Callable[[Path], None], symbol: str | None = None,
+             about: dict | None = None) -> ctypes.CDLL:
+        """The library under ``key``, built by ``build(path)`` (which writes a shared library at
+        ``path``) when no verified one is there. ``symbol``: a name the library must export."""
+        if not key or not all(c in "0123456789abcdef" for c in key):
+            raise CacheError(f"a cache key is lowercase hex, got {key!r}")
+        lib = self._verified(key, symbol)
+        if lib is not None:
+            return lib
+        try:
+            with self._bucket(key):
+                lib = self._verified(key, symbol)  # built by another process while this one waited
+                if lib is None:
+                    self._build(key, build, about or {})
+                    lib = self._verified(key, symbol)
+        except OSError as err:  # a full disk, a folder made read-only meanwhile, a directory under a key
+            raise CacheError(f"cannot write the cache entry {key[:16]} in {self._directory or self.requested}: {err}") from None
+        if lib is None:
+            raise CacheError(f"the library built for key {key[:16]} in {self.directory} does not load")
+        self.evict()
+        return lib
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        d = self.directory
+        return d / f"{key}.so", d / f"{key}.json"
+
+    def _verified(self, key: str, symbol: str | None) -> ctypes.CDLL | None:
+        lib_path, manifest = self._paths(key)
+        try:
+            meta = json.loads(read_own_file(manifest, MANIFEST_LIMIT))
+            data = read_own_file(lib_path, int(meta["size"]) + 1)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # missing, foreign or unreadable: (re)build
+        if meta.get("key") != key or len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+            log.info("dpl: cache entry %s does not match its manifest (truncated or replaced); rebuilding", lib_path)
+            return None
+        try:
+            lib = ctypes.CDLL(str(lib_path))
+            if symbol is not None:
+                getattr(lib, symbol)
+        except (OSError, AttributeError) as err:
+            log.info("dpl: cache entry %s does not load (%s); rebuilding", lib_path, err)
+            return None
+        try:
+            os.utime(manifest)  # its last use, for eviction
+        except OSError:
+            pass
+        return lib
+
+    def _build(self, key: str, build: Callable[[Path], None], about: dict) -> None:
+        lib_path, manifest = self._paths(key)
+        self.builds += 1
+        work = Path(tempfile.mkdtemp(prefix=f"{key}.build-", dir=self.directory))
+        try:
+            out = work / "lib.so"
+            build(out)
+            data = out.read_bytes()
+            os.chmod(out, FILE_MODE)  # the compiler made it 0777 less the umask
+            os.replace(out, lib_path)
+            meta = {"key": key, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), **about}
+            write_private_file(manifest, json.dumps(meta, sort_keys=True).encode())
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _bucket(self, key: str) -> FileLock:
+        return FileLock(self.directory / LOCKS / f"{key[:2]}.lock", mode=FILE_MODE)
+
+    # -- housekeeping ---------------------------------------------------------------------------
+    def entries(self) -> list[Entry]:
+        """The store's entries, least recently used first."""
+        out = []
+        for manifest in self.directory.glob("*.json"):
+            lib = manifest.with_suffix(".so")
+            try:
+                m, size = manifest.stat(), lib.stat().st_size
+            except OSError:
+                continue
+            out.append(Entry(manifest.stem, m.st_size + size, m.st_mtime))
+        return sorted(out, key=lambda e: e.last_used)
+
+    def info(self) -> Info:
+        entries = self.entries()
+        building = sum(1 for p in self.directory.glob("*.build-*") if p.is_dir())
+        return Info(self.directory, len(entries), sum(e.bytes for e in entries), self.max_bytes, building)
+
+    def evict(self) -> int:
+        """Remove least recently used entries while the store is over ``max_bytes`` (down to 90%
+        of it); returns how many. One process evicts at a time; a busy one is not waited for."""
+        entries = self.entries()
+        total = sum(e.bytes for e in entries)
+        if total <= self.max_bytes:
+            return 0
+        removed = 0
+        try:
+            with FileLock(self.directory / LOCKS / "evict.lock", mode=FILE_MODE, timeout=0):
+                for e in entries:
+                    if total <= self.max_bytes * 0.9:
+                        break
+                    self._remove(e.key)
+                    total -= e.bytes
+                    removed += 1
+        except Timeout:
+            return 0
+        log.info("dpl: evicted %d kernel(s) from %s (cap %d bytes)", removed, self.directory, self.max_bytes)
+        return removed
+
+    def clear(self) -> int:
+        """Remove every entry (and every build a dead process left); returns how many entries."""
+        entries = self.entries()
+        for e in entries:
+            self._remove(e.key)
+        for stray in self.directory.glob("*.so"):  # a library without its manifest
+            stray.unlink(missing_ok=True)
+        self._sweep(self.directory)
+        return len(entries)
+
+    def _remove(self, key: str) -> None:
+        lib_path, manifest = self._paths(key)
+        manifest.unlink(missing_ok=True)  # first: a reader meets a missing manifest, a plain miss
+        lib_path.unlink(missing_ok=True)
+
+    def _sweep(self, directory: Path) -> None:
+        """Remove the build folders of builds that are over (a process killed mid-build): their
+        bucket's lock is free."""
+        for work in directory.glob("*.build-*"):
+            key = work.name.split(".build-")[0]
+            if not work.is_dir() or not key:
+                continue
+            try:
+                with FileLock(directory / LOCKS / f"{key[:2]}.lock", mode=FILE_MODE, timeout=0):
+                    shutil.rmtree(work, ignore_errors=True)
+                    log.info("dpl: removed %s, left by a build that did not finish", work)
+            except Timeout:
+                continue  # a build of this bucket is running
+        for work in directory.glob("tmp*"):  # builds of dpl before these locks: no lock tells, age does
+            try:
+                if work.is_dir() and time.time() - work.stat().st_mtime > LEGACY_BUILD_AGE:
+                    shutil.rmtree(work, ignore_errors=True)
+            except OSError:
+                continue

@@ -1,0 +1,60 @@
+"""``dpl cache info|clear`` on the user cache (here a temporary one) and on a named folder."""
+
+import shutil
+import subprocess
+
+import pytest
+
+import needs
+
+import dpl.cli_cache
+from dpl.cli import main
+from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, LibraryCache
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    needs.c_compiler()
+    folder = tmp_path_factory.mktemp("lib")
+    (folder / "k.c").write_text("int dpl_kernel(void) { return 1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", str(folder / "k.c"), "-o", str(folder / "k.so")], check=True)
+    return folder / "k.so"
+
+
+def fill(directory, library, n):
+    store = LibraryCache(directory)
+    for i in range(n):
+        store.load(f"{i:02x}" + "f" * 62, lambda out: shutil.copy(library, out), "dpl_kernel")
+    return store
+
+
+def test_info_and_clear_on_a_named_folder(tmp_path, library, capsys):
+    store = fill(tmp_path / "k", library, 3)
+    size = store.info().bytes
+    assert main(["cache", "info", "--dir", str(tmp_path / "k")]) == 0
+    out = capsys.readouterr().out
+    assert f"location: {tmp_path / 'k'}" in out
+    assert f"kernels: {tmp_path / 'k'}: 3 entries, {size / 1024:.1f} KiB of a {DEFAULT_MAX_BYTES // 2**20}.0 MiB cap" in out
+    assert main(["cache", "clear", "--dir", str(tmp_path / "k")]) == 0
+    assert "removed 3 entries" in capsys.readouterr().out
+    assert LibraryCache(tmp_path / "k").info().entries == 0 and not list((tmp_path / "k").glob("*.so"))
+
+
+def test_the_user_cache_with_its_parse_tables(tmp_path, library, monkeypatch, capsys):
+    monkeypatch.setattr(dpl.cli_cache, "store_dir", lambda name: tmp_path / "dpl" / name)
+    monkeypatch.setattr(dpl.cli_cache, "user_cache_root", lambda: tmp_path / "dpl")
+    fill(tmp_path / "dpl" / "kernels", library, 2)
+    (tmp_path / "dpl" / "parsers").mkdir(mode=0o700)
+    (tmp_path / "dpl" / "parsers" / "ir-0.lark").write_bytes(b"x" * 10)
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert f"location: {tmp_path / 'dpl'}" in out and "kernels: " in out and ": 2 entries" in out
+    assert "cuda-twin: " in out and ": 0 entries" in out and "parsers: 1 parse tables, 10 bytes" in out
+    assert main(["cache", "clear"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels: removed 2 entries" in out and "parsers: removed 1 parse tables" in out
+    assert not (tmp_path / "dpl" / "parsers" / "ir-0.lark").exists()
+
+
+def test_an_action_is_required():
+    assert main(["cache"]) == 2  # a usage error
