@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from typing import Any, Mapping, Sequence
 
 from dpl.frontend import FrontendError
@@ -93,7 +94,9 @@ def load_exported(path, *, name: str = "main"):
         raise FrontendError(f"'{path}' is not a readable torch.export program: it is no zip archive",
                             hint="write it with torch.export.save(torch.export.export(model, args), path)")
     try:
-        program = torch.export.load(path)
+        with warnings.catch_warnings():  # torch's own deprecations inside its loader, not the user's
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            program = torch.export.load(path)
     except Exception as err:  # a zip that is no .pt2, a version mismatch: torch's message says which
         raise FrontendError(f"'{path}' is not a readable torch.export program: {_first_line(err)}",
                             hint="write it with torch.export.save(torch.export.export(model, args), path)") from None
@@ -168,7 +171,9 @@ def _functional(program, table):
         if str(op) in table:
             decompositions.pop(op)
     try:
-        return program.run_decompositions(decompositions)
+        with warnings.catch_warnings():  # torch's own deprecations (its TreeSpec copies), not the user's
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            return program.run_decompositions(decompositions)
     except Exception as err:
         raise FrontendError(f"torch could not decompose the exported program: {str(err).strip().splitlines()[0]}") from err
 
