@@ -6,8 +6,7 @@ attention_mask=...)`` or ``model(pixel_values)`` with ``use_cache`` at its defau
 torch at two lengths from the one dynamic import. The build's summary may show a fall-back only
 for ops that are opaque by nature (gathers, scans), each with its reason.
 
-ONNX: the same models exported with ``torch.onnx.export(..., dynamo=True)`` from the program the
-torch import exported. Where a row is padded (a left-padded attention_mask), the exporter's
+ONNX: the same models exported with ``torch.onnx.export(..., dynamo=True)``. Where a row is padded (a left-padded attention_mask), the exporter's
 attention gives the padded queries other values than torch's (its softmax over no key is not
 torch's safe softmax; onnx's reference evaluator agrees with dpl there), so the ONNX
 comparison covers the real tokens.
@@ -99,11 +98,12 @@ def test_torch_import_matches_torch(imported):
     check_module(arch, model, mod)
 
 
-def test_onnx_import_matches_torch(imported):
-    arch, attn, model, inputs, _mod = imported
-    if arch.name not in ONNX or attn != "sdpa":
-        pytest.skip("the torch import covers it")
+@pytest.mark.parametrize("name", ONNX)
+def test_onnx_import_matches_torch(name):
     needs.package("onnxscript")
+    arch = ARCHS[name]
+    model = arch.build("sdpa")
+    inputs = arch.inputs(LENGTHS[arch.vision][0], mask=arch.mask)
     handle = model.register_forward_hook(lambda _m, _a, out: tensor_outputs(torch, out))
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
