@@ -164,8 +164,13 @@ def from_exported_program(program, *, bind_params: bool = True, dim_names: Mappi
 
 
 def _functional(program, table):
-    """Functional ATen, with only the ops ``table`` does not translate decomposed."""
+    """Functional ATen, with only the ops ``table`` does not translate decomposed. A program
+    whose every op the table translates already (no in-place op, no higher-order op) is
+    returned as it is: torch's decomposition pass retraces the whole program, most of an
+    import's time (bench/bench_zoo_import.py)."""
     torch = import_torch()
+    if _translated_as_is(program, table):
+        return program
     decompositions = torch.export.default_decompositions()
     for op in list(decompositions.keys()):
         if str(op) in table:
@@ -176,6 +181,27 @@ def _functional(program, table):
             return program.run_decompositions(decompositions)
     except Exception as err:
         raise FrontendError(f"torch could not decompose the exported program: {str(err).strip().splitlines()[0]}") from err
+
+
+def _translated_as_is(program, table) -> bool:
+    import operator
+
+    from dpl.frontend.torch_graph import IGNORED_OPS
+
+    torch = import_torch()
+    for node in program.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function":
+            return False  # get_attr of a submodule: a higher-order op's body
+        if node.target is operator.getitem or str(node.target) in IGNORED_OPS:
+            continue
+        if isinstance(node.target, torch._ops.OpOverload) and str(node.target) in table:
+            continue
+        if isinstance(node.meta.get("val"), torch.SymInt) and "sym_size" in str(node.target):
+            continue
+        return False
+    return True
 
 
 # -- names of symbolic dimensions ---------------------------------------------------------------

@@ -112,12 +112,12 @@ def _pow(cx, self, exponent):
     return cx.call("power", cx.operand(self, dtype), cx.operand(exponent, dtype))
 
 
-@aten("maximum.default")
+@aten("maximum.default", "max.other")
 def _maximum(cx, self, other):
     return cx.call("maximum", cx.operand(self, cx.out_dtype), cx.operand(other, cx.out_dtype))
 
 
-@aten("minimum.default")
+@aten("minimum.default", "min.other")
 def _minimum(cx, self, other):
     return cx.call("minimum", cx.operand(self, cx.out_dtype), cx.operand(other, cx.out_dtype))
 
@@ -173,7 +173,7 @@ aten("logical_and.default")(_logical("minimum"))
 aten("logical_or.default")(_logical("maximum"))
 
 
-@aten("bitwise_and.Tensor", "bitwise_or.Tensor")
+@aten("bitwise_and.Tensor", "bitwise_or.Tensor", "__and__.Tensor", "__or__.Tensor")
 def _bitwise_bool(cx, self, other):
     if cx.out_dtype != "bool":
         raise FrontendError("bitwise operations on integers have no dpl op (only on bools)")
@@ -253,7 +253,9 @@ def _to(cx, self, *args, dtype=None, copy=False):
     return cx.cast(cx.tensor(self), cx.out_dtype)
 
 
-@aten("clone.default", "contiguous.default", "alias.default", "detach.default", "lift_fresh_copy.default")
+# detach_ changes no value (only autograd's view of its operand): the value itself
+@aten("clone.default", "contiguous.default", "alias.default", "detach.default", "lift_fresh_copy.default",
+      "detach_.default")
 def _identity(cx, self):
     return cx.tensor(self)
 
