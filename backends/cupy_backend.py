@@ -12,6 +12,17 @@ Arrays cross to the device at the kernel boundary the Executable calls: inputs b
 dtype for) crosses as its 16 bits; a bfloat16 product is not given to cuBLAS, its group runs
 as one kernel.
 
+An Executable whose first available backend is this one runs device-resident
+(``cuda_resident.py``): the whole plan on device arrays, captured as a CUDA graph per input
+shape (``cuda_graph.py``); the per-kernel boundary below is what ``profile`` and a group
+called on its own use.
+
+Kernels compile through ``cupy.RawModule``, which pins NVRTC to the current device's
+architecture (``-arch=sm_XY`` from its compute capability, capped at what NVRTC knows) and
+caches the binary on disk; the backend keeps each compiled module in memory too, keyed by
+(source, options, device), so a source met again (the same group at another shape, another
+Executable) is not handed to CuPy again.
+
 Without CuPy or without a device the backend is unavailable and says why; the "cuda" target
 then falls back along cupy -> cpu -> numpy, and ``exe.summary()`` shows it. No GPU is on this
 project's machines: the tests run this backend on a stand-in CuPy whose kernels are the host
@@ -22,10 +33,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import threading
 
 import numpy as np
 
 from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_arguments, launch_config
+from dpl.backends.cuda_resident import DeviceRunner, bits as _bits, bits_dtype as _bits_dtype
 from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 
@@ -70,6 +83,10 @@ class CupyBackend(Backend):
             raise CompileError(f"threads per block must be a power of two, got {block}")
         self._cupy = cupy
         self.block, self.block_rows_from, self.options = block, block_rows_from, tuple(options)
+        self.graphs = True  # device-resident runs capture CUDA graphs
+        self._modules: dict[tuple, object] = {}  # (source, options, device) -> compiled RawModule
+        self._modules_lock = threading.Lock()
+        self.compiles = 0  # RawModules built (a module from the cache is not one)
 
     def cupy(self):
         if self._cupy is None:
@@ -86,7 +103,11 @@ class CupyBackend(Backend):
             return False, f"no CUDA device ({type(err).__name__}: {err})"
         if count == 0:
             return False, "no CUDA device"
-        return True, f"{count} CUDA device(s)"
+        return True, f"{count} CUDA device(s){_arch_note(cp)}"
+
+    def resident(self) -> DeviceRunner:
+        """What runs an Executable's calls with every intermediate on the device."""
+        return DeviceRunner(self.cupy(), graphs=self.graphs)
 
     # -- compiling ------------------------------------------------------------------------------
 
@@ -111,10 +132,24 @@ class CupyBackend(Backend):
         options = (f"-DDPL_BLOCK={self.block}", *self.options)  # CuPy adds the architecture and -ftz=true
         cp = self.cupy()
         try:
-            compiled = cp.RawModule(code=source.code, options=options).get_function(SYMBOL)
+            compiled = self.module(source.code, options).get_function(SYMBOL)
         except Exception as err:  # NVRTC's log, through CuPy
             raise CompileError(f"'{function.name}': the CUDA kernel does not compile: {err}") from None
         return CudaKernel(source, compiled, cp, self.block)
+
+    def module(self, code: str, options: tuple[str, ...]):
+        """The RawModule of ``code``, built once per (source, options, device)."""
+        cp = self.cupy()
+        key = (code, options, _device_id(cp))
+        found = self._modules.get(key)
+        if found is None:
+            with self._modules_lock:
+                found = self._modules.get(key)
+                if found is None:
+                    found = cp.RawModule(code=code, options=options)
+                    self.compiles += 1
+                    self._modules[key] = found
+        return found
 
     def _compile_segments(self, function):
         """Each product through ``cupy.matmul`` (cuBLAS), each part between them one kernel."""
@@ -145,10 +180,13 @@ def _has_bf16(function) -> bool:
     return "bfloat16" in function_dtypes(function)
 
 
-def _bits_dtype(dtype):
-    """The dtype an array of ``dtype`` has on the device: bfloat16 travels as its 16 bits."""
-    return np.dtype(np.uint16) if np.dtype(dtype).name == "bfloat16" else np.dtype(dtype)
+def _device_id(cp) -> int:
+    return int(cp.cuda.runtime.getDevice())
 
 
-def _bits(a):
-    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+def _arch_note(cp) -> str:
+    """", sm_90" for the current device: the architecture CuPy's NVRTC compiles for."""
+    try:
+        return f", sm_{cp.cuda.Device().compute_capability}"
+    except Exception:  # noqa: BLE001 (a stand-in or a broken driver: no architecture to report)
+        return ""

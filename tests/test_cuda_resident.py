@@ -1,0 +1,183 @@
+"""Device-resident runs and CUDA graphs, on the stand-in CuPy (tests/fake_cupy.py).
+
+What is checked here is the host side of the design: which copies cross between host and
+device per call, which arrays come back, that a DLPack tensor goes in and out without a copy,
+and that the captured graph replays the very launches of one run. That the same holds on a
+GPU is what ``pytest -m gpu`` (tests/test_gpu.py) checks where there is one.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.backends.cuda_graph import GraphRunner
+from dpl.backends.cupy_backend import CupyBackend
+
+import fake_cupy
+from fake_cupy import DeviceArray, FakeCupy, Tensor
+from test_cpu_backend import ALWAYS, assert_close, random_args
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.fixture
+def fake(cxx):
+    return FakeCupy()
+
+
+def build(fake, example="llama_mlp", libraries=("rewrites", "llm", "cublas"), graphs=True, **kw):
+    backend = CupyBackend(cupy=fake, block=8)
+    backend.graphs = graphs
+    mod = dpl.load(EXAMPLES / f"{example}.ir")
+    return mod, dpl.build(dpl.apply(mod, list(libraries)), [backend, "numpy"], config=ALWAYS, **kw)
+
+
+def leaves(value):
+    return list(value) if isinstance(value, tuple) else [value]
+
+
+@pytest.mark.parametrize("example", ["llama_mlp", "attention", "residual_rmsnorm"])
+def test_numpy_in_numpy_out_crosses_once_at_each_edge(fake, example):
+    mod, exe = build(fake, example)
+    for seed in (0, 1, 2):  # step by step and captured, then replayed twice
+        args = random_args(mod["main"], seed)
+        before = (fake.to_device, fake.to_host)
+        got = exe(*args)
+        assert (fake.to_device - before[0], fake.to_host - before[1]) == (len(args), len(leaves(got)))
+        assert all(type(g) is np.ndarray for g in leaves(got))
+        assert_close(dpl.interpret(mod, *args), got)
+    assert "device-resident" in exe.summary() and "CUDA graph captured, replayed 2 time(s)" in exe.summary(), exe.summary()
+
+
+def test_cupy_arrays_in_cupy_arrays_out_without_a_copy(fake):
+    mod, exe = build(fake)
+    args = random_args(mod["main"], 3)
+    device = [fake.asarray(a) for a in args]
+    copies = (fake.to_device, fake.to_host)
+    for _ in range(3):
+        got = exe(*device)
+        assert isinstance(got, DeviceArray)
+        assert_close(dpl.interpret(mod, *args), np.asarray(got))
+    assert (fake.to_device, fake.to_host) == copies
+
+
+def test_dlpack_tensors_in_the_same_framework_out_without_a_copy(fake):
+    mod, exe = build(fake)
+    args = random_args(mod["main"], 4)
+    tensors = [Tensor(fake.asarray(a)) for a in args]
+    copies = (fake.to_device, fake.to_host)
+    for _ in range(2):
+        got = exe(*tensors)
+        assert isinstance(got, Tensor) and isinstance(got.array, DeviceArray)
+        assert_close(dpl.interpret(mod, *args), np.asarray(got.array))
+    assert (fake.to_device, fake.to_host) == copies
+    assert fake.from_dlpacks == 2 * len(args)
+    assert fake_cupy.from_dlpack(got.array).array is got.array  # the framework side takes it as is
+
+
+def test_the_graph_replays_the_launches_of_one_run(fake):
+    mod, exe = build(fake)
+    exe(*random_args(mod["main"], 0))  # step by step, then the capture
+    assert len(fake.graphs) == 1
+    graph = fake.graphs[0]
+    launches = len(fake.launches)
+    assert graph.calls and launches > 0
+    for seed in (5, 6, 7):  # new inputs through the graph's fixed input buffers
+        args = random_args(mod["main"], seed)
+        assert_close(dpl.interpret(mod, *args), exe(*args))
+    assert graph.launches == 3
+    assert len(fake.launches) == launches  # nothing launched outside the graph
+    assert len(fake.graphs) == 1  # one capture per shape
+
+
+def test_a_new_shape_gets_its_own_graph(fake):
+    mod = dpl.parse("""
+func main(x: f32[n, 64], w: f32[64]) -> f32[n, 64] {
+  y = nn.rms_norm(x, w, axes=[1], epsilon=1e-5)
+  return y
+}""")
+    backend = CupyBackend(cupy=fake, block=8)
+    exe = dpl.build(dpl.apply(mod, ["rewrites", "llm"]), [backend, "numpy"], config=ALWAYS)
+    rng = np.random.default_rng(0)
+    for n in (3, 5, 3, 5):
+        args = [rng.standard_normal((n, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)]
+        assert_close(dpl.interpret(mod, *args), exe(*args))
+    assert len(fake.graphs) == 2 and [g.launches for g in fake.graphs] == [1, 1]
+
+
+def test_steps_on_the_host_run_between_device_steps_and_no_graph_is_captured(cxx):
+    fake = FakeCupy(fail_compile=True)  # every kernel falls back to NumPy
+    mod, exe = build(fake, "residual_rmsnorm", ("rewrites", "llm"))
+    for seed in (0, 1):
+        args = random_args(mod["main"], seed)
+        assert_close(dpl.interpret(mod, *args), exe(*args))
+    assert not fake.graphs
+    assert "step by step: steps on the host: " in exe.summary(), exe.summary()
+
+
+def test_a_capture_that_fails_runs_step_by_step_and_says_why(fake):
+    mod, exe = build(fake)
+    plan = exe.plan(*random_args(mod["main"], 0))
+    device_plan = exe._device_runner().device_plan(plan)
+    calls = []
+
+    def allocating(inputs, outs):  # as a kernel allocating inside the capture would
+        calls.append(1)
+        fake.empty((4,), np.float32)
+
+    real = device_plan.run_steps
+    device_plan.run_steps = lambda i, o: real(i, o) if len(calls) == 0 and not calls.append(0) else allocating(i, o)
+    exe(*random_args(mod["main"], 0))
+    assert device_plan.graph.graph is None and fake.capturing is None
+    assert "a step cannot be captured (RuntimeError: an allocation while the stream is capturing" in exe.summary()
+    device_plan.run_steps = real
+    args = random_args(mod["main"], 1)
+    assert_close(dpl.interpret(mod, *args), exe(*args))  # step by step from then on
+
+
+def test_graphs_off_and_the_note_before_the_first_call(fake):
+    mod, exe = build(fake, graphs=False)
+    assert exe._device_runner().note(exe.plan(*random_args(mod["main"], 0))) == "device-resident: not run yet"
+    for seed in (0, 1):
+        args = random_args(mod["main"], seed)
+        assert_close(dpl.interpret(mod, *args), exe(*args))
+    assert not fake.graphs and "step by step: CUDA graphs are off" in exe.summary()
+    runner = GraphRunner(fake, None, "a reason")
+    assert runner.note == "step by step: a reason"
+
+
+def test_bad_inputs_are_errors_not_tracebacks(fake):
+    mod, exe = build(fake)
+    args = random_args(mod["main"], 0)
+    with pytest.raises(dpl.DplError, match=f"takes {len(args)} inputs"):
+        exe(*args[:-1])
+    with pytest.raises(dpl.DplError, match="NumPy arrays, CuPy arrays or DLPack tensors, got str"):
+        exe("x", *args[1:])
+    with pytest.raises(dpl.DplError, match="dtype"):
+        exe(args[0].astype(np.float64), *args[1:])
+
+
+def test_out_runs_on_the_host_boundary_path(fake):
+    mod, exe = build(fake)
+    args = random_args(mod["main"], 0)
+    want = dpl.interpret(mod, *args)
+    out = np.empty_like(want)
+    assert exe(*args, out=out) is out
+    assert_close(want, out)
+
+
+def test_a_source_compiles_once_per_options_and_device(fake):
+    backend = CupyBackend(cupy=fake, block=8)
+    mod = dpl.load(EXAMPLES / "residual_rmsnorm.ir")
+    lowered = dpl.apply(mod, ["rewrites", "llm"])
+    dpl.build(lowered, [backend, "numpy"], config=ALWAYS)(*random_args(mod["main"], 0))
+    compiles = backend.compiles
+    assert compiles > 0
+    dpl.build(lowered, [backend, "numpy"], config=ALWAYS, cache=dpl.runtime.KernelCache())(*random_args(mod["main"], 0))
+    assert backend.compiles == compiles  # the same sources, options and device: the modules kept
+    other = CupyBackend(cupy=fake, block=16)
+    dpl.build(lowered, [other, "numpy"], config=ALWAYS, cache=dpl.runtime.KernelCache())(*random_args(mod["main"], 0))
+    assert other.compiles == compiles  # another backend: its own modules
+
