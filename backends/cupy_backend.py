@@ -37,12 +37,14 @@ import threading
 
 import numpy as np
 
+from dpl.backends import cublaslt
 from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_arguments, launch_config
 from dpl.backends.cuda_resident import DeviceRunner, bits as _bits, bits_dtype as _bits_dtype
 from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 
 SYMBOL = "dpl_kernel"
+LT_COMPOSITES = ("cublas.matmul_bias_act", "cublas.matmul_bias")
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
@@ -76,9 +78,12 @@ class CupyBackend(Backend):
                                 composites=("cublas.*", "cupy.*", "kernel.*"), dtypes=DTYPES)
     dispatch_by_prefix = False  # "cuda" runs it; "cpu" keeps cuBLAS composites on the CPU
 
-    def __init__(self, cupy=None, block: int = BLOCK, block_rows_from: int = BLOCK_ROWS_FROM, options: tuple[str, ...] = ()):
+    def __init__(self, cupy=None, block: int = BLOCK, block_rows_from: int = BLOCK_ROWS_FROM, options: tuple[str, ...] = (),
+                 cublaslt=None):
         """``cupy``: the module to use (CuPy itself, imported when first needed, or a stand-in);
-        ``block``: threads per block (a power of two); ``options``: more NVRTC options."""
+        ``block``: threads per block (a power of two); ``options``: more NVRTC options;
+        ``cublaslt``: the cuBLASLt library (None: libcublasLt, loaded when first needed;
+        False: products and epilogue kernels only)."""
         if block < 1 or block & (block - 1):
             raise CompileError(f"threads per block must be a power of two, got {block}")
         self._cupy = cupy
@@ -87,6 +92,9 @@ class CupyBackend(Backend):
         self._modules: dict[tuple, object] = {}  # (source, options, device) -> compiled RawModule
         self._modules_lock = threading.Lock()
         self.compiles = 0  # RawModules built (a module from the cache is not one)
+        self._cublaslt_library = cublaslt
+        self._lt: cublaslt.Lt | str | None = None  # the handle, or why there is none
+        self._notes: dict[str, str] = {}  # function -> how its cuBLAS composite runs
 
     def cupy(self):
         if self._cupy is None:
@@ -111,14 +119,27 @@ class CupyBackend(Backend):
 
     # -- compiling ------------------------------------------------------------------------------
 
+    def notes(self) -> list[str]:
+        """How each cuBLAS epilogue composite compiled runs (for ``exe.summary()``)."""
+        return list(self._notes.values())
+
     def compile(self, function, *, module=None, shapes=()):
         function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
+        if function.attrs.get("Composite") in LT_COMPOSITES:
+            run = self._cublaslt(function)
+            if run is not None:
+                return self._boundary(run, function)
+        return self._boundary(self._device_run(function), function)
+
+    def _device_run(self, function):
+        """``run(inputs, outputs)`` on device arrays: products by cuBLAS between kernels, or
+        one kernel."""
         if any(is_product(b) for b in function.bindings) and not _has_bf16(function):
             try:
-                return self._boundary(self._compile_segments(function), function)
+                return self._compile_segments(function)
             except NotSegmentable:
                 pass  # an operand or result the segments cannot hold: the kernel IR's own loops
-        return self._boundary(self.kernel(function), function)
+        return self.kernel(function)
 
     def kernel(self, function) -> CudaKernel:
         """The CUDA kernel of a group (its kernel IR's loops), compiled by ``cupy.RawModule``."""
@@ -150,6 +171,46 @@ class CupyBackend(Backend):
                     self.compiles += 1
                     self._modules[key] = found
         return found
+
+    # -- cuBLASLt ---------------------------------------------------------------------------------
+
+    def lt(self) -> cublaslt.Lt | str:
+        """The cuBLASLt handle, or why there is none."""
+        if self._lt is None:
+            if self._cublaslt_library is False:
+                self._lt = "cuBLASLt is off"
+            else:
+                try:
+                    self._lt = cublaslt.Lt(self._cublaslt_library or cublaslt.load_library(), self.cupy())
+                except cublaslt.CublasLtError as err:
+                    self._lt = err.message
+        return self._lt
+
+    def _cublaslt(self, function):
+        """A ``matmul_bias(_act)`` composite as one cuBLASLt GEMM with its epilogue, or None
+        (and the reason noted) for the product and a generated epilogue kernel."""
+        what = f"{function.attrs['Composite']} '{function.name}'"
+        plan = cublaslt.plan_of(function)
+        lt = self.lt() if not isinstance(plan, str) else None
+        why = plan if isinstance(plan, str) else lt if isinstance(lt, str) else None
+        if why is not None:
+            self._notes[function.name] = f"{what}: generated CUDA and cupy.matmul, not cuBLASLt ({why})"
+            return None
+        self._notes[function.name] = f"{what}: one cuBLASLt GEMM with its epilogue ({plan.describe()})"
+        fallback = []
+
+        def run(inputs, outputs):
+            if fallback:
+                return fallback[0](inputs, outputs)
+            try:
+                lt.matmul(plan, inputs[plan.x], inputs[plan.w], inputs[plan.b], outputs[0])
+            except cublaslt.CublasLtError as err:  # a shape or type this cuBLASLt does not take
+                self._notes[function.name] = f"{what}: generated CUDA and cupy.matmul, not cuBLASLt ({err.message})"
+                fallback.append(self._device_run(function))
+                fallback[0](inputs, outputs)
+
+        run.__qualname__ = f"cublaslt:{function.name}"
+        return run
 
     def _compile_segments(self, function):
         """Each product through ``cupy.matmul`` (cuBLAS), each part between them one kernel."""

@@ -28,6 +28,11 @@ CUPY_ADDS = ("-ftz=true", "--device-as-default-execution-space")
 class DeviceArray(np.ndarray):
     """An array "on the device"."""
 
+    @property
+    def data(self):
+        """As CuPy's: ``.data.ptr`` is the address (here in host memory)."""
+        return SimpleNamespace(ptr=self.ctypes.data)
+
 
 class Tensor:
     """A DLPack producer on the device (what a torch CUDA tensor is to the runner)."""
@@ -103,7 +108,8 @@ class FakeCupy:
         self.ndarray = DeviceArray
         self.cuda = SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: devices, getDevice=lambda: 0),
                                     Device=lambda: SimpleNamespace(compute_capability="90"),
-                                    Stream=lambda non_blocking=False: Stream(self, non_blocking))
+                                    Stream=lambda non_blocking=False: Stream(self, non_blocking),
+                                    get_current_stream=lambda: SimpleNamespace(ptr=0))
 
     def _not_capturing(self, what):
         if self.capturing is not None:
