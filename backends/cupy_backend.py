@@ -18,7 +18,8 @@ shape (``cuda_graph.py``); the per-kernel boundary below is what ``profile`` and
 called on its own use.
 
 Kernels compile through ``cupy.RawModule``, which pins NVRTC to the current device's
-architecture (``-arch=sm_XY`` from its compute capability, capped at what NVRTC knows) and
+architecture (it adds ``-arch=sm_XY`` from the device's compute capability, capped at what its
+NVRTC knows: ``cupy.cuda.compiler._get_arch``; an ``-arch`` of ours would be a second one) and
 caches the binary on disk; the backend keeps each compiled module in memory too, keyed by
 (source, options, device), so a source met again (the same group at another shape, another
 Executable) is not handed to CuPy again.
@@ -161,7 +162,7 @@ class CupyBackend(Backend):
     def module(self, code: str, options: tuple[str, ...]):
         """The RawModule of ``code``, built once per (source, options, device)."""
         cp = self.cupy()
-        key = (code, options, _device_id(cp))
+        key = (code, options, _device_id(cp), _arch_note(cp))  # the device, and the architecture CuPy compiles for
         found = self._modules.get(key)
         if found is None:
             with self._modules_lock:

@@ -95,9 +95,10 @@ def _on_device(a, what):
 
 
 class FakeCupy:
-    def __init__(self, devices: int = 1, nvrtc=None, fail_compile: bool = False):
+    def __init__(self, devices: int = 1, nvrtc=None, fail_compile: bool = False, compute_capability: str = "90"):
         self.nvrtc = nvrtc  # the dpl.backends.nvrtc module, to compile every source; None: skip
         self.fail_compile = fail_compile
+        self.arch = f"compute_{compute_capability}"  # CuPy compiles for the device's own architecture
         self.sources: list[str] = []
         self.launches: list[tuple] = []  # (kernel name, grid, block, argument kinds)
         self.matmuls = 0
@@ -107,7 +108,7 @@ class FakeCupy:
         self.graphs: list[Graph] = []
         self.ndarray = DeviceArray
         self.cuda = SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: devices, getDevice=lambda: 0),
-                                    Device=lambda: SimpleNamespace(compute_capability="90"),
+                                    Device=lambda: SimpleNamespace(compute_capability=compute_capability),
                                     Stream=lambda non_blocking=False: Stream(self, non_blocking),
                                     get_current_stream=lambda: SimpleNamespace(ptr=0))
 
@@ -178,7 +179,7 @@ class FakeCupy:
             raise RuntimeError("NVRTC_ERROR_COMPILATION (a stand-in failure)")
         block = next(int(o.split("=", 1)[1]) for o in options if o.startswith("-DDPL_BLOCK="))
         if self.nvrtc is not None:  # with the options CuPy's RawModule adds to the caller's
-            self.nvrtc.compile_ptx(code, options=(*options, *CUPY_ADDS))
+            self.nvrtc.compile_ptx(code, arch=self.arch, options=(*options, *CUPY_ADDS))
         self.sources.append(code)
         return _Module(self, code, block)
 

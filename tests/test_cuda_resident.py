@@ -181,3 +181,26 @@ def test_a_source_compiles_once_per_options_and_device(fake):
     dpl.build(lowered, [other, "numpy"], config=ALWAYS, cache=dpl.runtime.KernelCache())(*random_args(mod["main"], 0))
     assert other.compiles == compiles  # another backend: its own modules
 
+
+
+def test_a_device_of_another_architecture_compiles_again(fake):
+    from types import SimpleNamespace
+
+    backend = CupyBackend(cupy=fake, block=8)
+    backend.module("extern \"C\" __global__ void k() {}", ("-DDPL_BLOCK=8",))
+    backend.module("extern \"C\" __global__ void k() {}", ("-DDPL_BLOCK=8",))
+    assert backend.compiles == 1
+    fake.cuda.Device = lambda: SimpleNamespace(compute_capability="80")
+    backend.module("extern \"C\" __global__ void k() {}", ("-DDPL_BLOCK=8",))
+    assert backend.compiles == 2
+
+
+@pytest.mark.parametrize("capability", ["80", "90"])
+def test_kernels_compile_for_the_architecture_of_the_device(nvrtc, cxx, capability):
+    """The stand-in compiles every source with NVRTC for its device's architecture, as CuPy does."""
+    fake = FakeCupy(nvrtc=nvrtc, compute_capability=capability)
+    mod, exe = build(fake, "llama_mlp")
+    args = random_args(mod["main"], 0)
+    assert_close(dpl.interpret(mod, *args), exe(*args))
+    assert fake.sources and fake.arch == f"compute_{capability}"
+    assert exe.target[0].available() == (True, f"1 CUDA device(s), sm_{capability}")
