@@ -204,3 +204,13 @@ def test_kernels_compile_for_the_architecture_of_the_device(nvrtc, cxx, capabili
     assert_close(dpl.interpret(mod, *args), exe(*args))
     assert fake.sources and fake.arch == f"compute_{capability}"
     assert exe.target[0].available() == (True, f"1 CUDA device(s), sm_{capability}")
+
+
+def test_the_cuda_benchmark_says_there_is_no_device():
+    import subprocess
+    import sys
+
+    if CupyBackend().available()[0]:
+        pytest.skip("this machine has a CUDA device (the GPU suite runs the benchmark's code)")
+    done = subprocess.run([sys.executable, str(EXAMPLES.parent / "bench" / "bench_cuda.py")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "bench_cuda: no CUDA device" in done.stderr, done.stderr
