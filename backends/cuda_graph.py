@@ -49,6 +49,8 @@ class GraphRunner:
             return outs
         if self.stream is None:
             self.stream = cp.cuda.Stream(non_blocking=True)
+        # the inputs were written on the caller's stream (a copy in, torch's stream): wait for it
+        self.stream.wait_event(cp.cuda.get_current_stream().record())
         with self.stream:
             if self.graph is None:
                 outs = self._plan.new_outputs()

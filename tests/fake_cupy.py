@@ -77,6 +77,9 @@ class Stream:
     def synchronize(self):
         self.synchronized += 1
 
+    def wait_event(self, event):
+        assert event == "event", "waits on an event the current stream recorded"
+
     def begin_capture(self, mode=None):
         assert self.fake.capturing is None, "a capture is under way already"
         self.fake.capturing = []
@@ -110,7 +113,7 @@ class FakeCupy:
         self.cuda = SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: devices, getDevice=lambda: 0),
                                     Device=lambda: SimpleNamespace(compute_capability=compute_capability),
                                     Stream=lambda non_blocking=False: Stream(self, non_blocking),
-                                    get_current_stream=lambda: SimpleNamespace(ptr=0))
+                                    get_current_stream=lambda: SimpleNamespace(ptr=0, record=lambda: "event"))
 
     def _not_capturing(self, what):
         if self.capturing is not None:
