@@ -32,6 +32,7 @@ import numpy as np
 from dpl import dtypes as dt
 from dpl.backends.cuda_graph import GraphRunner
 from dpl.errors import DplError
+from dpl.ir.types import TupleType
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class DeviceRunner:
             names = ", ".join(p.name for p in params)
             raise DeviceRunError(f"'{exe.entry.name}' takes {len(params)} inputs ({names}), got {len(arrays)}")
         flat, kinds, frameworks = [], [], []
-        leaves = [leaf for a in arrays for leaf in _flatten(a)]
+        leaves = [leaf for p, a in zip(params, arrays) for leaf in (_flatten(a) if isinstance(p.ty, TupleType) else [a])]
         for want, leaf in zip(_leaf_dtypes(exe.entry), leaves):
             kind, device = self._to_device(leaf)
             kinds.append(kind)
@@ -177,7 +178,7 @@ class DeviceRunner:
         cp = self._cp
         if isinstance(a, cp.ndarray):
             return CUPY, a if a.flags.c_contiguous else cp.ascontiguousarray(a)
-        if isinstance(a, (np.ndarray, np.generic, int, float, bool)):
+        if isinstance(a, (np.ndarray, np.generic, int, float, bool, list)):
             return HOST, cp.asarray(bits(np.require(np.asarray(a), requirements="C")))
         if hasattr(a, "__dlpack__"):
             if hasattr(a, "__dlpack_device__") and a.__dlpack_device__()[0] == KDL_CPU:

@@ -214,3 +214,25 @@ def test_the_cuda_benchmark_says_there_is_no_device():
         pytest.skip("this machine has a CUDA device (the GPU suite runs the benchmark's code)")
     done = subprocess.run([sys.executable, str(EXAMPLES.parent / "bench" / "bench_cuda.py")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "bench_cuda: no CUDA device" in done.stderr, done.stderr
+
+
+def test_bfloat16_and_tuple_inputs_cross_as_bits(fake):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    mod = dpl.parse("""
+func main(p: (bf16[4, 64], bf16[64]), s: f32[]) -> (bf16[4, 64], f32[]) {
+  y = multiply(add(p[0], p[1]), 2.0:bf16)
+  t = multiply(s, 3.0)
+  return (y, t)
+}""")
+    exe = dpl.build(dpl.apply(mod, []), [CupyBackend(cupy=fake, block=8), "numpy"], config=ALWAYS)
+    rng = np.random.default_rng(0)
+    x, b = rng.standard_normal((4, 64)).astype(ml_dtypes.bfloat16), rng.standard_normal(64).astype(ml_dtypes.bfloat16)
+    for _ in range(2):
+        y, t = exe((x, b), np.float32(1.5))
+        assert y.dtype == ml_dtypes.bfloat16 and type(y) is np.ndarray
+        want = dpl.interpret(mod, (x, b), np.float32(1.5))
+        np.testing.assert_array_equal(y.view(np.uint16), want[0].view(np.uint16))
+        assert float(t) == 4.5
+    y_bits, _ = exe((fake.asarray(x.view(np.uint16)), fake.asarray(b.view(np.uint16))), fake.asarray(np.float32(1.5)))
+    assert y_bits.dtype == np.uint16  # CuPy has no bfloat16: the bits
+    np.testing.assert_array_equal(np.asarray(y_bits), want[0].view(np.uint16))

@@ -168,7 +168,7 @@ def test_cublas_epilogues_on_the_gpu(cp, backend, t, name):
     want = dpl.interpret(mod, *args)
     tol = {"f32": 1e-3, "f16": 2e-2, "bf16": 6e-2}[t]
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol)
-    assert "cuBLASLt" in exe.summary(), exe.summary()
+    assert "one cuBLASLt GEMM with its epilogue" in exe.summary(), exe.summary()
 
 
 def _renamed(fn):
