@@ -11,14 +11,33 @@ to device, or the one host-to-device copy of a NumPy input) and its results out 
 latter. The first call runs step by step (it compiles, and allocates the scratch buffers the
 kernels keep), then captures; the graph replays from the second call on. A plan with steps
 on the host, or whose capture fails (an allocation or a copy from the host inside a kernel),
-runs step by step; ``note`` says which and why.
+runs step by step; ``note`` says which and why. Allocations are refused during the capture
+(a thread-local allocator that raises), so the graph never holds memory it does not own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 log = logging.getLogger(__name__)
+
+
+class AllocationInCapture(RuntimeError):
+    """Memory asked for while a plan is captured: the graph would keep its address after the
+    memory pool has handed the block to someone else."""
+
+
+def _refuse(size: int):
+    raise AllocationInCapture(f"an allocation of {size} bytes inside the captured plan")
+
+
+def _no_allocations(cp):
+    """CuPy's thread-local allocator refusing every request, for the capture: an allocation
+    from the memory pool's cached blocks would not fail by itself, but the graph would write
+    into a block that later belongs to another array."""
+    using = getattr(cp.cuda, "using_allocator", None)
+    return using(_refuse) if using is not None else contextlib.nullcontext()
 
 
 class GraphRunner:
@@ -77,7 +96,8 @@ class GraphRunner:
             self.why_not = f"stream capture is not available ({type(err).__name__}: {err})"
             return
         try:
-            self._plan.run_steps(static_in, static_out)
+            with _no_allocations(cp):
+                self._plan.run_steps(static_in, static_out)
         except Exception as err:  # noqa: BLE001 (a step that cannot be captured)
             try:
                 self.stream.end_capture()

@@ -14,6 +14,7 @@ it checks the launch (block size equal to the ``-DDPL_BLOCK`` option, device arr
 C-contiguous, int64 scalars) and runs the twin on those arrays. Every call is recorded.
 """
 
+import contextlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -113,7 +114,17 @@ class FakeCupy:
         self.cuda = SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: devices, getDevice=lambda: 0),
                                     Device=lambda: SimpleNamespace(compute_capability=compute_capability),
                                     Stream=lambda non_blocking=False: Stream(self, non_blocking),
-                                    get_current_stream=lambda: SimpleNamespace(ptr=0, record=lambda: "event"))
+                                    get_current_stream=lambda: SimpleNamespace(ptr=0, record=lambda: "event"),
+                                    using_allocator=self._using_allocator)
+        self.allocator = None  # what cupy.cuda.using_allocator set, for this "thread"
+
+    @contextlib.contextmanager
+    def _using_allocator(self, allocator):
+        saved, self.allocator = self.allocator, allocator
+        try:
+            yield
+        finally:
+            self.allocator = saved
 
     def _not_capturing(self, what):
         if self.capturing is not None:
@@ -147,6 +158,8 @@ class FakeCupy:
 
     def empty(self, shape, dtype):
         """Filled with all-ones bytes (NaN, -1, True), so an element a kernel forgets shows."""
+        if self.allocator is not None:
+            self.allocator(int(np.prod(shape)) * np.dtype(dtype).itemsize)
         self._not_capturing("an allocation")
         a = np.empty(shape, dtype)
         a.reshape(-1).view(np.uint8)[...] = 0xFF
