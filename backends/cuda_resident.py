@@ -139,11 +139,15 @@ class DeviceRunner:
         host = f"; {len(found.host_steps)} step(s) on the host" if found.host_steps else ""
         return f"device-resident, arena {sum(found.plan.slot_sizes)} bytes on the device{host}; {found.graph_note}"
 
-    def run(self, exe, arrays):
+    def run(self, exe, arrays, out=None):
+        """The results of one call: of the kind of the first input, or written into ``out``
+        (NumPy or CuPy arrays)."""
         cp = self._cp
         flat, kinds, frameworks = self._inputs(exe, arrays)
         plan = exe.plan_for([(shape, dtype) for _, shape, dtype in flat])
         outs = self.device_plan(plan).run([a for a, _, _ in flat])
+        if out is not None:
+            return self._fill(plan, outs, out)
         kind = kinds[0] if kinds else HOST
         if kind == HOST:
             results = [cp.asnumpy(o).view(dtype) for o, (_, dtype) in zip(outs, plan.out_specs)]
@@ -154,6 +158,22 @@ class DeviceRunner:
         return _nest(plan.result, results)
 
     # -- the edges ------------------------------------------------------------------------------
+    def _fill(self, plan, outs, out):
+        cp = self._cp
+        targets = _flatten(out)
+        if len(targets) != len(outs):
+            raise DeviceRunError(f"out= needs {len(outs)} arrays, got {len(targets)}")
+        for i, (o, d, (shape, dtype)) in enumerate(zip(targets, outs, plan.out_specs)):
+            device = isinstance(o, cp.ndarray)
+            if not (device or isinstance(o, np.ndarray)) or tuple(o.shape) != tuple(shape) or o.dtype not in (dtype, bits_dtype(dtype)):
+                got = f"{o.dtype}{list(o.shape)}" if hasattr(o, "shape") else type(o).__name__
+                raise DeviceRunError(f"out[{i}] must be a {np.dtype(dtype)} NumPy or CuPy array of shape {tuple(shape)}, got {got}")
+            if device:
+                cp.copyto(o, d)
+            else:
+                np.copyto(o, cp.asnumpy(d).view(o.dtype))
+        return out
+
     def _inputs(self, exe, arrays):
         """(device array, shape, dtype) per tensor leaf; the kind of each argument; the
         frameworks of the DLPack arguments."""

@@ -185,6 +185,8 @@ class CupyBackend(Backend):
                     self._lt = cublaslt.Lt(self._cublaslt_library or cublaslt.load_library(), self.cupy())
                 except cublaslt.CublasLtError as err:
                     self._lt = err.message
+                except (AttributeError, OSError) as err:  # a library without cuBLASLt's functions
+                    self._lt = f"libcublasLt is unusable ({type(err).__name__}: {err})"
         return self._lt
 
     def _cublaslt(self, function):

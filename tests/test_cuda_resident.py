@@ -160,13 +160,22 @@ def test_bad_inputs_are_errors_not_tracebacks(fake):
         exe(args[0].astype(np.float64), *args[1:])
 
 
-def test_out_runs_on_the_host_boundary_path(fake):
+def test_out_takes_numpy_and_cupy_arrays(fake):
     mod, exe = build(fake)
     args = random_args(mod["main"], 0)
     want = dpl.interpret(mod, *args)
     out = np.empty_like(want)
+    before = fake.to_host
     assert exe(*args, out=out) is out
     assert_close(want, out)
+    assert fake.to_host == before + 1
+    device_out = fake.empty(want.shape, want.dtype)
+    assert exe(*[fake.asarray(a) for a in args], out=device_out) is device_out
+    assert_close(want, np.asarray(device_out))
+    with pytest.raises(dpl.DplError, match=r"out\[0\] must be a float32 NumPy or CuPy array of shape"):
+        exe(*args, out=np.empty((1, 2), np.float32))
+    with pytest.raises(dpl.DplError, match="out= needs 1 arrays, got 2"):
+        exe(*args, out=(out, out))
 
 
 def test_a_source_compiles_once_per_options_and_device(fake):

@@ -177,9 +177,9 @@ class Executable(Compiler):
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *arrays, out=None) -> Any:
         """Run the entry function; returns fresh arrays, or fills and returns ``out``."""
-        resident = self._device_runner() if out is None else None
+        resident = self._device_runner()
         if resident is not None:  # the whole plan on the device (backends/cuda_resident.py)
-            return resident.run(self, arrays)
+            return resident.run(self, arrays, out)
         flat = self._flat_inputs(arrays)
         plan = self._plan_for([(a.shape, a.dtype) for a in flat])
         outs = None if out is None else self._check_out(plan, out, flat)
