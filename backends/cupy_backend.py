@@ -43,6 +43,7 @@ from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_
 from dpl.backends.cuda_resident import DeviceRunner, bits as _bits, bits_dtype as _bits_dtype
 from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
+from dpl.transform.normalize import normalize_function
 
 SYMBOL = "dpl_kernel"
 LT_COMPOSITES = ("cublas.matmul_bias_act", "cublas.matmul_bias")
@@ -134,7 +135,9 @@ class CupyBackend(Backend):
 
     def _device_run(self, function):
         """``run(inputs, outputs)`` on device arrays: products by cuBLAS between kernels, or
-        one kernel."""
+        one kernel. A product nested in a binding (``nn.relu(add(matmul(x, w), b))``, as a
+        composite holds it) gets a binding of its own first, so it too goes to cuBLAS."""
+        function = normalize_function(function)
         if any(is_product(b) for b in function.bindings) and not _has_bf16(function):
             try:
                 return self._compile_segments(function)
@@ -197,7 +200,7 @@ class CupyBackend(Backend):
         lt = self.lt() if not isinstance(plan, str) else None
         why = plan if isinstance(plan, str) else lt if isinstance(lt, str) else None
         if why is not None:
-            self._notes[function.name] = f"{what}: generated CUDA and cupy.matmul, not cuBLASLt ({why})"
+            self._notes[function.name] = f"{what}: cupy.matmul and a generated epilogue kernel, not cuBLASLt ({why})"
             return None
         self._notes[function.name] = f"{what}: one cuBLASLt GEMM with its epilogue ({plan.describe()})"
         fallback = []
@@ -208,7 +211,7 @@ class CupyBackend(Backend):
             try:
                 lt.matmul(plan, inputs[plan.x], inputs[plan.w], inputs[plan.b], outputs[0])
             except cublaslt.CublasLtError as err:  # a shape or type this cuBLASLt does not take
-                self._notes[function.name] = f"{what}: generated CUDA and cupy.matmul, not cuBLASLt ({err.message})"
+                self._notes[function.name] = f"{what}: cupy.matmul and a generated epilogue kernel, not cuBLASLt ({err.message})"
                 fallback.append(self._device_run(function))
                 fallback[0](inputs, outputs)
 

@@ -86,7 +86,7 @@ def test_the_row_major_product_as_cublaslt_column_major_layouts(fake):
 def test_erf_gelu_has_no_epilogue_and_runs_as_product_and_kernel(fake):
     exe, _ = run(fake, "f32", "gelu", FakeCublasLt(fake))
     assert "not cuBLASLt (cuBLASLt's GELU epilogue is the tanh approximation" in exe.summary()
-    assert fake.launches  # (a composite's nested product is no segment of its own: one kernel)
+    assert fake.matmuls == 2 and len(fake.launches) == 2  # the product by cuBLAS, the epilogue one kernel: run once, captured once
 
 
 def test_without_the_library_the_fall_back_is_recorded(fake, monkeypatch):
@@ -95,8 +95,8 @@ def test_without_the_library_the_fall_back_is_recorded(fake, monkeypatch):
 
     monkeypatch.setattr(cublaslt, "load_library", missing)
     exe, _ = run(fake, "f32", "relu", None)
-    assert "not cuBLASLt (libcublasLt is not installed)" in exe.summary(), exe.summary()
-    assert fake.launches
+    assert "cupy.matmul and a generated epilogue kernel, not cuBLASLt (libcublasLt is not installed)" in exe.summary(), exe.summary()
+    assert fake.matmuls == 2
     exe, _ = run(FakeCupy(), "f32", "relu", False)
     assert "not cuBLASLt (cuBLASLt is off)" in exe.summary()
 
@@ -106,7 +106,7 @@ def test_a_gemm_cublaslt_refuses_falls_back_at_its_first_call(fake):
     exe, _ = run(fake, "f32", "relu", lib)
     assert "not cuBLASLt (cublasLtMatmul failed with cuBLAS status 15)" in exe.summary()
     assert len([c for c in lib.calls if c[0] == "matmul"]) == 1  # not asked again
-    assert fake.launches
+    assert fake.matmuls == 2 and fake.launches
 
 
 def test_composites_the_binding_cannot_take_say_why():
