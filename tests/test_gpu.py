@@ -62,10 +62,9 @@ def _run_group(backend, fn, seed):
 
 
 def test_every_f32_corpus_kernel_on_the_gpu_equals_the_interpreter(backend):
+    """The corpus and the corner cases, to the host twin's tolerances (tests/test_cuda_kernels.py)."""
     groups = cuda_corpus.automatic_groups() + cuda_corpus.corner_cases()
     for i, (label, fn) in enumerate(groups):
-        if label.startswith("case.") and "bfloat16" in str(fn):
-            continue  # the 16-bit test below
         wants, outs = _run_group(backend, fn, i)
         for w, o in zip(wants, outs):
             scale = float(np.abs(w.astype(np.float64)).max()) if w.size else 1.0
