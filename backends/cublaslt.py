@@ -114,11 +114,14 @@ def _wheel_libraries() -> list[str]:
     return found
 
 
-def load_library():
-    """libcublasLt, from an NVIDIA wheel or the loader's path; a CublasLtError saying where it
-    was looked for."""
+def load_library(cuda_major: int | None = None):
+    """libcublasLt, from an NVIDIA wheel or the loader's path, the one of CUDA ``cuda_major``
+    (CuPy's runtime) first; a CublasLtError saying where it was looked for."""
     tried = []
-    for candidate in [*_wheel_libraries(), "libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12"]:
+    candidates = [*_wheel_libraries(), "libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12"]
+    if cuda_major is not None:
+        candidates.sort(key=lambda c: not c.endswith(f".so.{cuda_major}"))  # stable: the matching ones first
+    for candidate in candidates:
         try:
             return ctypes.CDLL(candidate)
         except OSError as err:

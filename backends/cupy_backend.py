@@ -185,7 +185,8 @@ class CupyBackend(Backend):
                 self._lt = "cuBLASLt is off"
             else:
                 try:
-                    self._lt = cublaslt.Lt(self._cublaslt_library or cublaslt.load_library(), self.cupy())
+                    lib = self._cublaslt_library or cublaslt.load_library(_cuda_major(self.cupy()))
+                    self._lt = cublaslt.Lt(lib, self.cupy())
                 except cublaslt.CublasLtError as err:
                     self._lt = err.message
                 except (AttributeError, OSError) as err:  # a library without cuBLASLt's functions
@@ -245,6 +246,14 @@ class CupyBackend(Backend):
 
 def _has_bf16(function) -> bool:
     return "bfloat16" in function_dtypes(function)
+
+
+def _cuda_major(cp) -> int | None:
+    """The CUDA major version of CuPy's runtime (13 for 13.0), or None."""
+    try:
+        return int(cp.cuda.runtime.runtimeGetVersion()) // 1000
+    except Exception:  # noqa: BLE001 (a stand-in without it)
+        return None
 
 
 def _device_id(cp) -> int:

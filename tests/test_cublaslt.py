@@ -90,7 +90,7 @@ def test_erf_gelu_has_no_epilogue_and_runs_as_product_and_kernel(fake):
 
 
 def test_without_the_library_the_fall_back_is_recorded(fake, monkeypatch):
-    def missing():
+    def missing(cuda_major=None):
         raise cublaslt.CublasLtError("libcublasLt is not installed")
 
     monkeypatch.setattr(cublaslt, "load_library", missing)
@@ -131,3 +131,17 @@ func swapped(x: f32[4, 8], w: f32[8, 3], b: f32[3]) -> f32[4, 3] {
     assert cublaslt.plan_of(mod["silu"]) == "cuBLASLt has no SiLU epilogue"
     assert "f32, f16 or bf16" in cublaslt.plan_of(mod["wide"])
     assert cublaslt.plan_of(mod["swapped"]) == cublaslt.LtPlan(0, 1, 2, None, "float32")
+
+
+def test_the_library_of_cupys_cuda_comes_first(monkeypatch):
+    tried = []
+
+    def cdll(name):
+        tried.append(name)
+        raise OSError("not here")
+
+    monkeypatch.setattr(cublaslt.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(cublaslt, "_wheel_libraries", lambda: ["/w/libcublasLt.so.12", "/w/libcublasLt.so.13"])
+    with pytest.raises(cublaslt.CublasLtError, match="libcublasLt is not installed"):
+        cublaslt.load_library(13)
+    assert tried[:2] == ["/w/libcublasLt.so.13", "libcublasLt.so.13"] and len(tried) == 5
