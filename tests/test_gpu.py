@@ -2,8 +2,8 @@
 
 Every test here needs a device (``needs.gpu``): where there is none (this project's machines,
 CI) each one reports skipped with the reason, never passed. On a device: every kernel of the
-CUDA corpus, every example (automatic fusion and the shipped patterns), the model zoo of
-``bench/bench_models.py``, the cuBLAS and cuBLASLt paths, the CUDA graph path and DLPack in and
+CUDA corpus, every example (automatic fusion and the shipped patterns), the models of
+``bench/bench_models.py`` and the Hugging Face zoo of ``tests/zoo.py``, the cuBLAS and cuBLASLt paths, the CUDA graph path and DLPack in and
 out, all to the CPU tests' tolerances.
 """
 
@@ -197,3 +197,28 @@ def test_the_model_zoo_on_the_gpu_equals_torch(cp, backend, key):
     exe = dpl.build(dpl.apply(mod, ["rewrites", "llm", "cublas"]), on_cuda(backend))
     got = exe(*[a.numpy() for a in args])
     np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "phi3", "gpt2", "opt", "bert", "t5", "vit", "resnet"])
+def test_the_hugging_face_zoo_on_the_gpu_equals_torch(cp, backend, name):
+    """tests/zoo.py's models as tests/test_zoo.py imports them, on the device, to its tolerances."""
+    import warnings
+
+    needs.package("transformers")
+    needs.package("torch")
+    from zoo import ARCHS, torch_outputs
+
+    arch = ARCHS[name]
+    model = arch.build("sdpa")
+    inputs = arch.inputs(8 if not arch.vision else 2, mask=arch.mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = dpl.from_torch(model, (), inputs, dynamic_shapes=arch.dynamic_shapes(inputs))
+    exe = dpl.build(dpl.apply(mod, ["rewrites", "llm"]), on_cuda(backend))
+    for seed in (10, 11):
+        inputs = arch.inputs(8 if not arch.vision else 2, seed=seed, mask=arch.mask)
+        want = torch_outputs(model, inputs)
+        got = exe(*[v.numpy() for v in inputs.values()])
+        got = list(got) if isinstance(got, (tuple, list)) else [got]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5, err_msg=f"{name} on the GPU")
