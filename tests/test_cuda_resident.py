@@ -246,3 +246,15 @@ func main(p: (bf16[4, 64], bf16[64]), s: f32[]) -> (bf16[4, 64], f32[]) {
     y_bits, _ = exe((fake.asarray(x.view(np.uint16)), fake.asarray(b.view(np.uint16))), fake.asarray(np.float32(1.5)))
     assert y_bits.dtype == np.uint16  # CuPy has no bfloat16: the bits
     np.testing.assert_array_equal(np.asarray(y_bits), want[0].view(np.uint16))
+
+
+def test_threads_calling_at_once_get_their_own_results(fake):
+    from concurrent.futures import ThreadPoolExecutor
+
+    mod, exe = build(fake)
+    cases = [random_args(mod["main"], seed) for seed in range(8)]
+    wants = [dpl.interpret(mod, *args) for args in cases]
+    with ThreadPoolExecutor(4) as pool:
+        gots = list(pool.map(lambda args: exe(*args), cases))
+    for got, want in zip(gots, wants):
+        assert_close(want, got)
