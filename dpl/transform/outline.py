@@ -25,6 +25,7 @@ from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.traverse import leaves
 from dpl.ops.registry import call_function
+from dpl.transform.uses import FunctionUses, read_leaves
 
 
 class CycleError(DplError):
@@ -129,29 +130,38 @@ def _ret_vars(func: Function) -> list[Var]:
 
 
 def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, lift_constants: bool,
-            lift_scalars: bool = True) -> Function:
-    """``func`` with every group replaced by a call of a new (or shared) function in ``table``."""
+            lift_scalars: bool = True, uses: FunctionUses | None = None) -> Function:
+    """``func`` with every group replaced by a call of a new (or shared) function in ``table``.
+    ``uses`` is ``func``'s use index when the caller has one (it is made here otherwise): the
+    work beyond one pass over the bindings is proportional to the groups and their users."""
     if not groups:
         return func
+    if uses is None or uses.func is not func:
+        uses = FunctionUses(func)
     bindings = func.bindings
+    users = uses.users
     groups = [_without_outer_items(bindings, g) for g in groups]
     owner: dict[int, int] = {}  # binding index -> group number
     for g, group in enumerate(groups):
         for i in group.members:
             owner[i] = g
-    index_of_var = {id(b.var): i for i, b in enumerate(bindings)}
-    returned = {id(v) for v in _ret_vars(func)}
+    returned = uses.returned
 
-    # outputs of each group: returned values first (binding order), then external uses
-    outputs: list[list[Var]] = [[bindings[i].var for i in sorted(g.members) if id(bindings[i].var) in returned] for g in groups]
-    for i, b in enumerate(bindings):
-        for leaf in leaves(b.value):
-            j = index_of_var.get(id(leaf))
-            if j is None or j not in owner or owner.get(i) == owner[j]:
-                continue
-            outs = outputs[owner[j]]
-            if leaf not in outs:
-                outs.append(leaf)
+    # outputs of each group: returned values first (binding order), then external uses in
+    # order of first use there (by using binding, then by operand)
+    outputs: list[list[Var]] = []
+    outside: list[list[int]] = []  # per group: the bindings outside it that read it, in order
+    for g, group in enumerate(groups):
+        members = sorted(group.members)
+        outs = [bindings[i].var for i in members if id(bindings[i].var) in returned]
+        readers = sorted({u for i in members for u in users[i] if owner.get(u) != g})
+        for u in readers:
+            for leaf in read_leaves(bindings[u].value):
+                j = uses.index_of.get(id(leaf))
+                if j is not None and owner.get(j) == g and leaf not in outs:
+                    outs.append(leaf)
+        outputs.append(outs)
+        outside.append(readers)
 
     calls: dict[int, list[Binding]] = {}  # group -> the caller's new bindings
     taken = {p.name for p in func.params} | {b.var.name for b in bindings}
@@ -162,7 +172,26 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
             continue
         calls[g] = _make_call([bindings[i] for i in members], outputs[g], group.attrs, table, lift_constants and lift_scalars, lift_constants, taken)
 
-    # emit: units are groups and single bindings; topological, else in original order
+    # emit: units are groups and single bindings; topological, else in original order. Each
+    # group sits at its last binding; when every reader of a group comes after that, the
+    # original order is already topological and is kept as it is.
+    last = [max(group.members) for group in groups]
+    if all((last[owner[u]] if u in owner else u) > last[g] for g, readers in enumerate(outside) for u in readers):
+        out: list[Binding] = []
+        for i, b in enumerate(bindings):
+            g = owner.get(i)
+            if g is None:
+                out.append(b)
+            elif last[g] == i:
+                out.extend(calls[g])
+        return attrs.evolve(func, bindings=tuple(out))
+    return attrs.evolve(func, bindings=tuple(_reordered(func, uses, owner, calls)))
+
+
+def _reordered(func: Function, uses: FunctionUses, owner: dict[int, int], calls: dict[int, list[Binding]]) -> list[Binding]:
+    """The caller's bindings, groups as units, in an order topological over the units that
+    otherwise follows the original one (a unit's place is its last binding)."""
+    bindings = func.bindings
     unit_of = lambda i: ("g", owner[i]) if i in owner else ("b", i)  # noqa: E731
     position: dict[tuple, int] = {}
     for i in range(len(bindings)):
@@ -170,13 +199,12 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
         position[u] = max(position.get(u, -1), i)
     deps: dict[tuple, set] = {u: set() for u in position}
     users: dict[tuple, set] = {u: set() for u in position}
-    for i, b in enumerate(bindings):
-        u = unit_of(i)
-        for leaf in leaves(b.value):
-            j = index_of_var.get(id(leaf))
-            if j is not None and unit_of(j) != u:
-                deps[u].add(unit_of(j))
-                users[unit_of(j)].add(u)
+    for j, readers in enumerate(uses.users):
+        for i in readers:
+            u, d = unit_of(i), unit_of(j)
+            if d != u:
+                deps[u].add(d)
+                users[d].add(u)
     missing = {u: len(d) for u, d in deps.items()}
     ready = [(position[u], u) for u, n in missing.items() if n == 0]
     heapq.heapify(ready)
@@ -193,7 +221,7 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
     if done != len(position):
         stuck = sorted({bindings[i].var.name for i, g in owner.items() if missing[("g", g)]})
         raise CycleError(f"fusing the groups of '{func.name}' would create a cyclic dependency (involving {', '.join(stuck)})")
-    return attrs.evolve(func, bindings=tuple(out))
+    return out
 
 
 def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
