@@ -133,22 +133,44 @@ def _attr_key(value: Any) -> Any:
 
 
 def value_key(e: Expr) -> Any:
-    """A hashable key: equal keys mean the same value (variables by identity)."""
-    if isinstance(e, Var):
-        return ("var", id(e))
-    if isinstance(e, GlobalVar):
+    """A hashable key: equal keys mean the same value (variables by identity: a variable is
+    its own key; types compare structurally)."""
+    t = type(e)
+    if t is Var:
+        return e
+    if t is Call:
+        op = e.op if type(e.op) is str else ("gv", e.op.name)
+        attrs_key = tuple([(k, _attr_key(v)) for k, v in sorted(e.attrs.items())]) if e.attrs else ()
+        return ("call", op, attrs_key, e.ty, tuple([a if type(a) is Var else value_key(a) for a in e.args]))
+    if t is Constant:
+        return ("const", e.ty, e.value.tobytes())
+    if t is GlobalVar:
         return ("gv", e.name)
-    if isinstance(e, Constant):
-        return ("const", str(e.ty), e.value.tobytes())
-    if isinstance(e, Call):
-        op = e.op if isinstance(e.op, str) else ("gv", e.op.name)
-        attrs_key = tuple((k, _attr_key(v)) for k, v in sorted(e.attrs.items()))
-        return ("call", op, attrs_key, str(e.ty), tuple(value_key(a) for a in e.args))
-    if isinstance(e, Tuple):
+    if t is Tuple:
         return ("tuple", tuple(value_key(f) for f in e.fields))
-    if isinstance(e, TupleGetItem):
+    if t is TupleGetItem:
         return ("item", value_key(e.tuple_value), e.index)
     raise TypeError(f"not an expression: {type(e).__name__}")
+
+
+def _renamed(e: Expr, remap: Mapping[Var, Var]) -> Expr:
+    """``e`` with each variable of ``remap`` read as its image (the same object when none is);
+    the common case, a call of variables and constants, without a closure per operand."""
+    if type(e) is not Call:
+        return substitute(e, lambda v: remap.get(v, v))
+    args = e.args
+    new = None
+    for k, a in enumerate(args):
+        t = type(a)
+        if t is Var:
+            image = remap.get(a)
+            if image is not None:
+                if new is None:
+                    new = list(args)
+                new[k] = image
+        elif t is not Constant:
+            return substitute(e, lambda v: remap.get(v, v))
+    return e if new is None else attrs.evolve(e, args=tuple(new))
 
 
 def eliminate_common_subexpr(func: Function) -> Function:
@@ -159,7 +181,7 @@ def eliminate_common_subexpr(func: Function) -> Function:
     out: list[Binding] = []
     changed = False
     for b in func.bindings:
-        value = substitute(b.value, lambda v: remap.get(v, v))
+        value = _renamed(b.value, remap) if remap else b.value
         key = value_key(value)
         earlier = first.get(key)
         if earlier is not None:
@@ -167,8 +189,11 @@ def eliminate_common_subexpr(func: Function) -> Function:
             remap[b.var] = earlier
         else:
             first[key] = b.var
-        changed |= value is not b.value
-        out.append(b if value is b.value else Binding(b.var, value))
+        if value is not b.value:
+            changed = True
+            out.append(Binding(b.var, value))
+        else:
+            out.append(b)
     if not changed:
         return func
     ret = substitute(func.ret, lambda v: remap.get(v, v))
@@ -186,7 +211,16 @@ def remove_dead_bindings(func: Function) -> Function:
         if b.var not in live:
             continue
         keep.append(b)
-        live.update(vars_in(b.value))
+        value = b.value
+        if type(value) is Call:
+            for a in value.args:
+                t = type(a)
+                if t is Var:
+                    live.add(a)
+                elif t is not Constant:
+                    live.update(vars_in(a))
+        else:
+            live.update(vars_in(value))
     if len(keep) == len(func.bindings):
         return func
     return attrs.evolve(func, bindings=tuple(reversed(keep)))

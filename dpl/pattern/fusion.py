@@ -235,6 +235,9 @@ class PatternSet:
                           self.rewrites + tuple(r for r in other.rewrites if kept(r)))
 
     def apply_rewrites(self, target: Function | Module) -> Function | Module:
-        for rule in self.rewrites:
-            target = rule.apply(target)
+        from dpl.ir.collector import paused_collector
+
+        with paused_collector():  # once around all the rules (see dpl.ir.collector)
+            for rule in self.rewrites:
+                target = rule.apply(target)
         return target

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from dpl.errors import DplError
+from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.simplify import remove_dead_bindings, simplify  # noqa: F401 (remove_dead_bindings: re-exported)
 from dpl.ir.structural import structural_equal
@@ -64,6 +65,11 @@ def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | No
     if isinstance(func, Module):
         return _per_function(func, lambda f: rewrite_call(pattern, rewriter, f, max_iterations=max_iterations))
     _check_function(func, "rewrite_call")
+    with paused_collector():  # see dpl.ir.collector: the collector would make the pass superlinear
+        return _rewrite_call(pattern, rewriter, func, max_iterations)
+
+
+def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int) -> Function:
     alternatives = _alternatives(pattern)
     index = PatternIndex(alternatives)
     current = func
@@ -83,8 +89,13 @@ def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | No
 def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
     matcher = Matcher(func)
     replaced: dict[Var, Expr] = {}
+    by_op = None if index.anywhere else index.by_op  # then only calls of the indexed ops can match
     for b in func.bindings:
-        if isinstance(b.value, Var):
+        value = b.value
+        if by_op is not None:
+            if type(value) is not Call or type(value.op) is not str or value.op not in by_op:
+                continue
+        elif isinstance(value, Var):
             continue  # an alias: its value is matched (and rewritten) at its own binding
         for alt in index.candidates(b.value):
             m = matcher.match(alt, b.value)
@@ -183,6 +194,8 @@ def _topological(bindings: list[Binding]) -> list[Binding]:
     """Bindings ordered so every variable is defined before use, keeping the given order
     wherever it already is (a graph rewrite may have a value use a later binding)."""
     by_var = {b.var: b for b in bindings}
+    if _in_order(bindings, by_var):
+        return bindings
     done: set = set()
     active: set = set()
     out: list[Binding] = []
@@ -205,6 +218,26 @@ def _topological(bindings: list[Binding]) -> list[Binding]:
     for b in bindings:
         emit(b)
     return out
+
+
+def _in_order(bindings: list[Binding], by_var) -> bool:
+    """Every variable a binding reads is defined by an earlier binding (or is not a binding's)."""
+    defined: set = set()
+    for b in bindings:
+        value = b.value
+        reads = value.args if type(value) is Call else (value,)
+        for a in reads:
+            t = type(a)
+            if t is Var:
+                if a in by_var and a not in defined:
+                    return False
+            elif t is not Constant:
+                deps: list[Var] = []
+                _leaf_vars(a, deps)
+                if any(d in by_var and d not in defined for d in deps):
+                    return False
+        defined.add(b.var)
+    return True
 
 
 def rewrite_bindings(graph: GraphPattern | PatternContext, rewriter, func: Function | Module,

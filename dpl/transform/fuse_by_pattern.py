@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 import attrs
 
 from dpl.errors import DplError
+from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Var
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern  # noqa: F401 (FUNCTION_RETURN: documented here)
@@ -291,6 +292,14 @@ def fuse_ops_by_pattern(mod: Module, patterns: Sequence[FusionPattern], bind_con
                 raise CodegenNameError(f"pattern '{p.name}' has no codegen prefix (a name such as 'cublas.{p.name}')",
                                        hint="annotate_codegen takes the backend from the part of the name before the first '.'")
     names = _entry_functions(mod, entry_functions)
+    with paused_collector():  # see dpl.ir.collector: the collector would make the pass superlinear
+        mod = _fuse(mod, patterns, names, bind_constants, allow_leaks, trace)
+        if annotate_codegen:
+            mod = annotate_codegen_functions(mod, names)
+    return mod
+
+
+def _fuse(mod: Module, patterns: Sequence[FusionPattern], names: list[str], bind_constants: bool, allow_leaks: bool, trace) -> Module:
     views: dict[str, FunctionView] = {}  # per entry function, until a pattern changes it
     for pattern in patterns:
         table = FunctionTable(mod)
@@ -308,8 +317,6 @@ def fuse_ops_by_pattern(mod: Module, patterns: Sequence[FusionPattern], bind_con
                 changed = True
         if changed:
             mod = table.module()
-    if annotate_codegen:
-        mod = annotate_codegen_functions(mod, names)
     return mod
 
 
