@@ -108,15 +108,19 @@ class FunctionTable:
     def __init__(self, mod: Module):
         self.functions: dict[str, Function] = dict(mod.functions)
         self._by_key: dict[tuple, str] = {}
+        self._next: dict[str, int] = {}  # base name -> the first number that may be free
 
     def add(self, fn: Function) -> str:
         key = function_key(fn)
         if key in self._by_key:
             return self._by_key[key]
-        name, i = fn.name, 0
-        while name in self.functions:
-            i += 1
+        name, i = fn.name, self._next.get(fn.name, 0)  # the numbers below are taken already
+        if i or name in self.functions:
+            i = max(i, 1)
+            while f"{fn.name}{i}" in self.functions:
+                i += 1
             name = f"{fn.name}{i}"
+        self._next[fn.name] = i + 1
         self.functions[name] = attrs.evolve(fn, name=name)
         self._by_key[key] = name
         return name
@@ -164,7 +168,7 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
         outside.append(readers)
 
     calls: dict[int, list[Binding]] = {}  # group -> the caller's new bindings
-    taken = {p.name for p in func.params} | {b.var.name for b in bindings}
+    taken = _Names({p.name for p in func.params} | {b.var.name for b in bindings})
     for g, group in enumerate(groups):
         members = sorted(group.members)
         if not outputs[g]:
@@ -224,6 +228,24 @@ def _reordered(func: Function, uses: FunctionUses, owner: dict[int, int], calls:
     return out
 
 
+class _Names:
+    """Names taken in a function; ``fresh(base)`` gives the first free ``base<k>`` (k = 0, 1,
+    ...) and takes it, without rescanning the numbers it has already given out."""
+
+    def __init__(self, taken: set[str]):
+        self.taken = taken
+        self.next: dict[str, int] = {}
+
+    def fresh(self, base: str) -> str:
+        k = self.next.get(base, 0)
+        while f"{base}{k}" in self.taken:
+            k += 1
+        self.next[base] = k + 1
+        name = f"{base}{k}"
+        self.taken.add(name)
+        return name
+
+
 def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
     """TVM splits a tuple parameter that the group only reads items of into one parameter per
     item, and the items are taken in the caller: a tuple item of a value from outside the group
@@ -236,7 +258,7 @@ def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
 
 
 def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: FunctionTable, lift_scalars: bool,
-               lift_constants: bool, taken: set[str]) -> list[Binding]:
+               lift_constants: bool, taken: "_Names") -> list[Binding]:
     defined = {id(b.var) for b in members}
     params: list[Var] = []
     args: list[Expr] = []
@@ -267,11 +289,7 @@ def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: F
     call = call_function(gv, args, ret.ty)
     if len(outputs) == 1:
         return [Binding(outputs[0], call)]
-    k = 0
-    while f"lv{k}" in taken:
-        k += 1
-    taken.add(f"lv{k}")
-    tup = Var(f"lv{k}", call.ty)
+    tup = Var(taken.fresh("lv"), call.ty)
     order = {id(b.var): i for i, b in enumerate(members)}
     items = [Binding(tup, call)]
     for v in sorted(outputs, key=lambda v: order[id(v)]):
