@@ -32,9 +32,13 @@ def simplify(func: Function) -> Function:
     """``func`` after canonicalize / CSE / dead-binding removal, repeated to a fixed point."""
     current = func
     while True:
-        new = remove_dead_bindings(eliminate_common_subexpr(canonicalize_bindings(current)))
-        if new is current:
-            return current
+        kept = eliminate_common_subexpr(canonicalize_bindings(current))
+        new = remove_dead_bindings(kept)
+        if kept is current:
+            # canonicalize and CSE found nothing: removing bindings gives them nothing to find
+            # (no trivial binding, constant or repeated value appears), and a second removal
+            # removes nothing, so ``new`` is the fixed point
+            return new
         current = new
 
 

@@ -140,11 +140,17 @@ class _Rebuild:
 
     def __init__(self, func: Function, replaced: Mapping[Var, Expr]):
         self.func = func
-        self.taken = {p.name for p in func.params} | {b.var.name for b in func.bindings}
+        self._taken: set[str] | None = None  # every name of the function, made when first needed
         self.bound_value = {id(b.value): b.var for b in func.bindings}
         self.bound_value.update({id(v): k for k, v in replaced.items()})
         self.out: list[Binding] = []
         self.fresh: dict[int, Var] = {}
+
+    @property
+    def taken(self) -> set[str]:
+        if self._taken is None:
+            self._taken = {p.name for p in self.func.params} | {b.var.name for b in self.func.bindings}
+        return self._taken
 
     def fresh_name(self, base: str) -> str:
         i = 0

@@ -82,7 +82,7 @@ def function_key(fn: Function) -> tuple:
         if isinstance(e, Var):
             return ("v", slot[id(e)])
         if isinstance(e, Constant):
-            return ("c", str(e.ty), e.value.tobytes())
+            return ("c", e.ty, e.value.tobytes())
         if isinstance(e, Tuple):
             return ("t", tuple(ref(f) for f in e.fields))
         if isinstance(e, TupleGetItem):
@@ -90,7 +90,7 @@ def function_key(fn: Function) -> tuple:
         if isinstance(e, GlobalVar):
             return ("g", e.name)
         op = e.op if isinstance(e.op, str) else ("@", e.op.name)
-        return ("call", op, str(e.ty), tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(ref(a) for a in e.args))
+        return ("call", op, e.ty, tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(ref(a) for a in e.args))
 
     for i, p in enumerate(fn.params):
         slot[id(p)] = i
@@ -98,7 +98,7 @@ def function_key(fn: Function) -> tuple:
     for b in fn.bindings:
         body.append(ref(b.value))
         slot[id(b.var)] = len(slot)
-    return (tuple((k, _value_key(v)) for k, v in fn.attrs.items()), tuple(str(p.ty) for p in fn.params), tuple(body), ref(fn.ret))
+    return (tuple((k, _value_key(v)) for k, v in fn.attrs.items()), tuple(p.ty for p in fn.params), tuple(body), ref(fn.ret))
 
 
 class FunctionTable:
