@@ -28,11 +28,12 @@ from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tupl
 from dpl.ir.traverse import vars_in
 
 
-def simplify(func: Function) -> Function:
-    """``func`` after canonicalize / CSE / dead-binding removal, repeated to a fixed point."""
+def simplify(func: Function, keys: dict | None = None) -> Function:
+    """``func`` after canonicalize / CSE / dead-binding removal, repeated to a fixed point.
+    ``keys`` (see :func:`eliminate_common_subexpr`) may be shared between calls."""
     current = func
     while True:
-        kept = eliminate_common_subexpr(canonicalize_bindings(current))
+        kept = eliminate_common_subexpr(canonicalize_bindings(current), keys)
         new = remove_dead_bindings(kept)
         if kept is current:
             # canonicalize and CSE found nothing: removing bindings gives them nothing to find
@@ -177,16 +178,27 @@ def _renamed(e: Expr, remap: Mapping[Var, Var]) -> Expr:
     return e if new is None else attrs.evolve(e, args=tuple(new))
 
 
-def eliminate_common_subexpr(func: Function) -> Function:
+def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Function:
     """``func`` with each repeated value bound once: a later ``y = v`` of an already bound
-    ``v`` becomes ``y = x`` (the earlier variable), and later uses read ``x``."""
+    ``v`` becomes ``y = x`` (the earlier variable), and later uses read ``x``.
+
+    ``keys`` caches :func:`value_key` by value object (``{id(value): (value, key)}``, the value
+    kept alive so its id stays its own): a caller simplifying one version of a function after
+    another passes the same dict, and the values the versions share are keyed once."""
     first: dict[Any, Var] = {}
     remap: dict[Var, Var] = {}
     out: list[Binding] = []
     changed = False
+    if keys is None:
+        keys = {}
     for b in func.bindings:
         value = _renamed(b.value, remap) if remap else b.value
-        key = value_key(value)
+        hit = keys.get(id(value))
+        if hit is not None and hit[0] is value:
+            key = hit[1]
+        else:
+            key = value_key(value)
+            keys[id(value)] = (value, key)
         earlier = first.get(key)
         if earlier is not None:
             value = earlier

@@ -178,10 +178,10 @@ class RewriteRule:
     rewriter: Callable[[Expr, Match], Expr | None]
     origin: str = attrs.field(factory=n._origin, kw_only=True)
 
-    def apply(self, target: Function | Module) -> Function | Module:
+    def apply(self, target: Function | Module, *, cse_keys: dict | None = None) -> Function | Module:
         from dpl.pattern.rewrite import rewrite_call
 
-        return rewrite_call(self.pattern, self.rewriter, target)
+        return rewrite_call(self.pattern, self.rewriter, target, cse_keys=cse_keys)
 
 
 @attrs.frozen(eq=False)
@@ -237,7 +237,8 @@ class PatternSet:
     def apply_rewrites(self, target: Function | Module) -> Function | Module:
         from dpl.ir.collector import paused_collector
 
+        keys: dict = {}  # the rules simplify versions of the same functions: CSE keys are shared
         with paused_collector():  # once around all the rules (see dpl.ir.collector)
             for rule in self.rewrites:
-                target = rule.apply(target)
+                target = rule.apply(target, cse_keys=keys)
         return target

@@ -58,18 +58,20 @@ def _alternatives(p: n.Pattern) -> list[n.Pattern]:
 
 
 def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | None], func: Function | Module,
-                 *, max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Function | Module:
-    """Rewrite every binding whose value ``pattern`` matches, to a fixed point."""
+                 *, max_iterations: int = DEFAULT_MAX_ITERATIONS, cse_keys: dict | None = None) -> Function | Module:
+    """Rewrite every binding whose value ``pattern`` matches, to a fixed point. ``cse_keys``
+    is a cache for the simplification between rounds that calls on the same module may share
+    (see :func:`dpl.ir.simplify.eliminate_common_subexpr`); it changes no result."""
     if not isinstance(pattern, n.Pattern):
         raise n.PatternError(f"rewrite_call: expected a pattern, got {type(pattern).__name__}")
     if isinstance(func, Module):
-        return _per_function(func, lambda f: rewrite_call(pattern, rewriter, f, max_iterations=max_iterations))
+        return _per_function(func, lambda f: rewrite_call(pattern, rewriter, f, max_iterations=max_iterations, cse_keys=cse_keys))
     _check_function(func, "rewrite_call")
     with paused_collector():  # see dpl.ir.collector: the collector would make the pass superlinear
-        return _rewrite_call(pattern, rewriter, func, max_iterations)
+        return _rewrite_call(pattern, rewriter, func, max_iterations, {} if cse_keys is None else cse_keys)
 
 
-def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int) -> Function:
+def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: dict) -> Function:
     alternatives = _alternatives(pattern)
     index = PatternIndex(alternatives)
     current = func
@@ -77,7 +79,7 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int) -> Fun
         new = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
             return current  # an equal rebuild is a fixed point too (Relax compares structurally)
-        new = simplify(new)  # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused
+        new = simplify(new, keys)  # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused
         if structural_equal(new, current, names=False):
             return current
         current = new
@@ -186,10 +188,31 @@ class _Rebuild:
         return var
 
     def run(self, replaced: Mapping[Var, Expr]) -> Function:
+        new: list[int] = []  # positions in ``out`` of the replaced and the fresh bindings
         for b in self.func.bindings:
-            value = self.normalize(replaced[b.var], b.var, True) if b.var in replaced else b.value
+            if b.var not in replaced:
+                self.out.append(b)
+                continue
+            start = len(self.out)
+            value = self.normalize(replaced[b.var], b.var, True)
             self.out.append(b if value is b.value else Binding(b.var, value))
-        return Function(self.func.name, self.func.params, _topological(self.out), self.func.ret, self.func.attrs)
+            new.extend(range(start, len(self.out)))
+        out = self.out if _new_in_order(self.out, new) else _topological(self.out)
+        return Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
+
+
+def _new_in_order(bindings: list[Binding], new: list[int]) -> bool:
+    """Every binding at a position of ``new`` reads only variables defined before it (the
+    others kept their order and their values, so they still do)."""
+    if not new:
+        return True
+    position = {b.var: i for i, b in enumerate(bindings)}
+    for i in new:
+        deps: list[Var] = []
+        _leaf_vars(bindings[i].value, deps)
+        if any(position.get(d, -1) >= i for d in deps):
+            return False
+    return True
 
 
 def _rebuild(func: Function, replaced: Mapping[Var, Expr]) -> Function:
