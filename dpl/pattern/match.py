@@ -551,6 +551,10 @@ def _same_constant(value: np.ndarray, wanted: np.ndarray) -> bool:
     value never matches an integer constant."""
     if value.shape != wanted.shape:
         return False
+    if value.ndim == 0 and value.dtype.kind == "f" and wanted.dtype.kind in "fiub":  # the common case, without array_equal
+        with np.errstate(all="ignore"):
+            v, w = value[()], wanted.astype(value.dtype)[()]
+        return bool(v == w) or bool(v != v and w != w)
     if value.dtype.kind in "iub" and wanted.dtype.kind == "f" and not np.all(wanted == np.round(wanted)):
         return False
     with np.errstate(all="ignore"):
