@@ -26,6 +26,7 @@ import numpy as np
 
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
 from dpl.ir.traverse import vars_in
+from dpl.ir.types import TensorType
 
 
 def simplify(func: Function, keys: dict | None = None) -> Function:
@@ -146,7 +147,9 @@ def value_key(e: Expr) -> Any:
     if t is Call:
         op = e.op if type(e.op) is str else ("gv", e.op.name)
         attrs_key = tuple([(k, _attr_key(v)) for k, v in sorted(e.attrs.items())]) if e.attrs else ()
-        return ("call", op, attrs_key, e.ty, tuple([a if type(a) is Var else value_key(a) for a in e.args]))
+        ty = e.ty
+        ty_key = (ty.shape, ty.dtype) if type(ty) is TensorType else ty  # a plain tuple hashes fast
+        return ("call", op, attrs_key, ty_key, tuple([a if type(a) is Var else value_key(a) for a in e.args]))
     if t is Constant:
         return ("const", e.ty, e.value.tobytes())
     if t is GlobalVar:

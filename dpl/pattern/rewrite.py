@@ -143,10 +143,18 @@ class _Rebuild:
     def __init__(self, func: Function, replaced: Mapping[Var, Expr]):
         self.func = func
         self._taken: set[str] | None = None  # every name of the function, made when first needed
-        self.bound_value = {id(b.value): b.var for b in func.bindings}
-        self.bound_value.update({id(v): k for k, v in replaced.items()})
+        self.replaced = replaced
+        self._bound_value: dict[int, Var] | None = None  # made when a replacement nests an expression
         self.out: list[Binding] = []
         self.fresh: dict[int, Var] = {}
+
+    @property
+    def bound_value(self) -> dict[int, Var]:
+        """id(value) -> the variable bound to it (replacements included)."""
+        if self._bound_value is None:
+            self._bound_value = {id(b.value): b.var for b in self.func.bindings}
+            self._bound_value.update({id(v): k for k, v in self.replaced.items()})
+        return self._bound_value
 
     @property
     def taken(self) -> set[str]:
