@@ -74,8 +74,11 @@ def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | No
 def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: dict) -> Function:
     alternatives = _alternatives(pattern)
     index = PatternIndex(alternatives)
+    required = n.required_ops(pattern)
     current = func
     for _ in range(max_iterations):
+        if required and not required <= _ops_in(current):
+            return current  # an op every match calls is called nowhere: no binding can match
         new = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
             return current  # an equal rebuild is a fixed point too (Relax compares structurally)
@@ -86,6 +89,33 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     raise RewriteNotConverged(
         f"rewrite_call did not converge after {max_iterations} rounds with pattern {_where(pattern)}",
         hint="the rewriter probably builds an expression its own pattern matches again")
+
+
+def _ops_in(func: Function) -> set[str]:
+    """The op names ``func`` calls, in binding values and calls nested in them."""
+    ops: set[str] = set()
+    nested: list = []
+    for b in func.bindings:
+        value = b.value
+        if type(value) is Call:
+            if type(value.op) is str:
+                ops.add(value.op)
+            for a in value.args:
+                if type(a) is not Var and type(a) is not Constant:
+                    nested.append(a)
+        elif type(value) is not Var and type(value) is not Constant:
+            nested.append(value)
+    while nested:
+        e = nested.pop()
+        if isinstance(e, Call):
+            if isinstance(e.op, str):
+                ops.add(e.op)
+            nested.extend(e.args)
+        elif isinstance(e, Tuple):
+            nested.extend(e.fields)
+        elif isinstance(e, TupleGetItem):
+            nested.append(e.tuple_value)
+    return ops
 
 
 def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
