@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 
 from dpl.errors import DplError
-from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
+from dpl.ir.expr import _frozen_mapping, Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.traverse import leaves
 from dpl.ops.registry import call_function
 from dpl.transform.uses import FunctionUses, read_leaves
@@ -76,12 +76,20 @@ def _value_key(v: Any) -> Any:
 def function_key(fn: Function) -> tuple:
     """A hashable key equal for exactly the functions that are structurally equal up to the
     names of their variables: shared fused functions are found by a dict lookup."""
-    slot: dict[int, int] = {}
+    slot = {id(p): i for i, p in enumerate(fn.params)}
+    return _structure_key(fn.attrs, [p.ty for p in fn.params], slot, [(b.var, b.value) for b in fn.bindings], fn.ret)
+
+
+def _structure_key(fn_attrs, param_types, slot: dict[int, int], body, ret) -> tuple:
+    """:func:`function_key` of a function given in parts: ``slot`` numbers what the
+    parameters stand for (by id), ``body`` is its (variable, value) pairs, in order."""
 
     def ref(e: Expr):
         if isinstance(e, Var):
             return ("v", slot[id(e)])
         if isinstance(e, Constant):
+            if id(e) in slot:  # a constant the function takes as a parameter
+                return ("v", slot[id(e)])
             return ("c", e.ty, e.value.tobytes())
         if isinstance(e, Tuple):
             return ("t", tuple(ref(f) for f in e.fields))
@@ -92,13 +100,11 @@ def function_key(fn: Function) -> tuple:
         op = e.op if isinstance(e.op, str) else ("@", e.op.name)
         return ("call", op, e.ty, tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(ref(a) for a in e.args))
 
-    for i, p in enumerate(fn.params):
-        slot[id(p)] = i
-    body = []
-    for b in fn.bindings:
-        body.append(ref(b.value))
-        slot[id(b.var)] = len(slot)
-    return (tuple((k, _value_key(v)) for k, v in fn.attrs.items()), tuple(p.ty for p in fn.params), tuple(body), ref(fn.ret))
+    out = []
+    for var, value in body:
+        out.append(ref(value))
+        slot[id(var)] = len(slot)
+    return (tuple((k, _value_key(v)) for k, v in fn_attrs.items()), tuple(param_types), tuple(out), ref(ret))
 
 
 class FunctionTable:
@@ -110,8 +116,11 @@ class FunctionTable:
         self._by_key: dict[tuple, str] = {}
         self._next: dict[str, int] = {}  # base name -> the first number that may be free
 
-    def add(self, fn: Function) -> str:
-        key = function_key(fn)
+    def add(self, fn: Function, key: tuple | None = None) -> str:
+        """The name of ``fn`` in the table (an equal function's, or a new one); ``key`` is its
+        :func:`function_key` when the caller has it."""
+        if key is None:
+            key = function_key(fn)
         if key in self._by_key:
             return self._by_key[key]
         name, i = fn.name, self._next.get(fn.name, 0)  # the numbers below are taken already
@@ -124,6 +133,10 @@ class FunctionTable:
         self.functions[name] = attrs.evolve(fn, name=name)
         self._by_key[key] = name
         return name
+
+    def name_of(self, key: tuple) -> str | None:
+        """The name of the function of key ``key`` already in the table, if any."""
+        return self._by_key.get(key)
 
     def module(self) -> Module:
         return Module(self.functions)
@@ -168,7 +181,7 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
         outside.append(readers)
 
     calls: dict[int, list[Binding]] = {}  # group -> the caller's new bindings
-    taken = _Names({p.name for p in func.params} | {b.var.name for b in bindings})
+    taken = _Names(func)
     for g, group in enumerate(groups):
         members = sorted(group.members)
         if not outputs[g]:
@@ -179,7 +192,7 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
     # emit: units are groups and single bindings; topological, else in original order. Each
     # group sits at its last binding; when every reader of a group comes after that, the
     # original order is already topological and is kept as it is.
-    last = [max(group.members) for group in groups]
+    last = [max(group.members, default=-1) for group in groups]
     if all((last[owner[u]] if u in owner else u) > last[g] for g, readers in enumerate(outside) for u in readers):
         out: list[Binding] = []
         for i, b in enumerate(bindings):
@@ -232,11 +245,14 @@ class _Names:
     """Names taken in a function; ``fresh(base)`` gives the first free ``base<k>`` (k = 0, 1,
     ...) and takes it, without rescanning the numbers it has already given out."""
 
-    def __init__(self, taken: set[str]):
-        self.taken = taken
+    def __init__(self, func: Function):
+        self.func = func
+        self.taken: set[str] | None = None  # the function's names, collected on first use
         self.next: dict[str, int] = {}
 
     def fresh(self, base: str) -> str:
+        if self.taken is None:
+            self.taken = {p.name for p in self.func.params} | {b.var.name for b in self.func.bindings}
         k = self.next.get(base, 0)
         while f"{base}{k}" in self.taken:
             k += 1
@@ -276,17 +292,22 @@ def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: F
             renamed[id(leaf)] = p
             params.append(p)
             args.append(leaf)
-    inner: list[Binding] = []
-    for b in members:
-        var = Var(b.var.name, b.var.ty)
-        inner.append(Binding(var, substitute(b.value, renamed)))
-        renamed[id(b.var)] = var
-    ret = renamed[id(outputs[0])] if len(outputs) == 1 else Tuple(tuple(renamed[id(v)] for v in outputs))
-    fn_attrs = {"Primitive": True, **group_attrs}
-    name = "fused_" + "_".join(op_names(members))
-    fn = Function(name, params, inner, ret, fn_attrs)
-    gv = GlobalVar(table.add(fn))
-    call = call_function(gv, args, ret.ty)
+    fn_attrs = _frozen_mapping({"Primitive": True, **group_attrs})
+    # the key of the function this group becomes, read off the group itself: a group equal to
+    # one outlined before (most of them, in a model of repeated layers) builds nothing
+    slot = {id(a): i for i, a in enumerate(args)}
+    ret_parts = outputs[0] if len(outputs) == 1 else Tuple(tuple(outputs))
+    key = _structure_key(fn_attrs, [p.ty for p in params], slot, [(b.var, b.value) for b in members], ret_parts)
+    name = table.name_of(key)
+    if name is None:
+        inner: list[Binding] = []
+        for b in members:
+            var = Var(b.var.name, b.var.ty)
+            inner.append(Binding(var, substitute(b.value, renamed)))
+            renamed[id(b.var)] = var
+        ret = renamed[id(outputs[0])] if len(outputs) == 1 else Tuple(tuple(renamed[id(v)] for v in outputs))
+        name = table.add(Function("fused_" + "_".join(op_names(members)), params, inner, ret, fn_attrs), key)
+    call = call_function(GlobalVar(name), args, ret_parts.ty)
     if len(outputs) == 1:
         return [Binding(outputs[0], call)]
     tup = Var(taken.fresh("lv"), call.ty)
