@@ -51,6 +51,22 @@ class Match(Mapping):
     def __len__(self):
         return len(self._map)
 
+    # the dict's own (read-only) views and lookups: Mapping's generic ones call back per item
+    def __contains__(self, p) -> bool:
+        return p in self._map
+
+    def get(self, p, default=None):
+        return self._map.get(p, default)
+
+    def items(self):
+        return self._map.items()
+
+    def keys(self):
+        return self._map.keys()
+
+    def values(self):
+        return self._map.values()
+
     def __bool__(self):
         return True
 
