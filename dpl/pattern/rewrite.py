@@ -60,8 +60,9 @@ def _alternatives(p: n.Pattern) -> list[n.Pattern]:
 def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | None], func: Function | Module,
                  *, max_iterations: int = DEFAULT_MAX_ITERATIONS, cse_keys: dict | None = None) -> Function | Module:
     """Rewrite every binding whose value ``pattern`` matches, to a fixed point. ``cse_keys``
-    is a cache for the simplification between rounds that calls on the same module may share
-    (see :func:`dpl.ir.simplify.eliminate_common_subexpr`); it changes no result."""
+    is a cache that calls on versions of the same module may share (CSE keys for the
+    simplification between rounds, see :func:`dpl.ir.simplify.eliminate_common_subexpr`, and
+    the ops each function calls); it changes no result."""
     if not isinstance(pattern, n.Pattern):
         raise n.PatternError(f"rewrite_call: expected a pattern, got {type(pattern).__name__}")
     if isinstance(func, Module):
@@ -77,7 +78,7 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     required = n.required_ops(pattern)
     current = func
     for _ in range(max_iterations):
-        if required and not required <= _ops_in(current):
+        if required and not required <= _ops_of(current, keys):
             return current  # an op every match calls is called nowhere: no binding can match
         new = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
@@ -89,6 +90,16 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     raise RewriteNotConverged(
         f"rewrite_call did not converge after {max_iterations} rounds with pattern {_where(pattern)}",
         hint="the rewriter probably builds an expression its own pattern matches again")
+
+
+def _ops_of(func: Function, cache: dict) -> set[str]:
+    """:func:`_ops_in`, remembered in ``cache`` (shared by the rules of one pass) per function."""
+    hit = cache.get(("ops", id(func)))
+    if hit is not None and hit[0] is func:
+        return hit[1]
+    ops = _ops_in(func)
+    cache[("ops", id(func))] = (func, ops)
+    return ops
 
 
 def _ops_in(func: Function) -> set[str]:

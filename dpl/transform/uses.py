@@ -34,33 +34,41 @@ def read_leaves(value) -> Sequence:
 class FunctionUses:
     """The use index of one function (see the module docstring). Read-only once built."""
 
-    __slots__ = ("func", "index_of", "position", "users", "other_users", "returned", "by_op", "calls", "_usages")
+    __slots__ = ("func", "index_of", "_position", "users", "other_users", "returned", "by_op", "calls", "_usages")
 
     def __init__(self, func: Function):
         self.func = func
         bindings = func.bindings
         index_of = {id(b.var): i for i, b in enumerate(bindings)}
-        position: dict[int, int] = {}
         users: list[list[int]] = [[] for _ in bindings]
         # variables that are not bindings' (parameters, and free ones): id -> (var, users)
         other: dict[int, tuple[Var, list[int]]] = {id(p): (p, []) for p in func.params}
         by_op: dict[str, list[int]] = {}
         calls: list[int] = []
+        get = index_of.get
         for i, b in enumerate(bindings):
             value = b.value
-            position[id(value)] = i
             if type(value) is Call:
                 calls.append(i)
-                if type(value.op) is str:
-                    bucket = by_op.get(value.op)
+                op = value.op
+                if type(op) is str:
+                    bucket = by_op.get(op)
                     if bucket is None:
-                        by_op[value.op] = [i]
+                        by_op[op] = [i]
                     else:
                         bucket.append(i)
-            for leaf in read_leaves(value):
+                read = value.args
+                for a in read:
+                    t = type(a)
+                    if t is not Var and t is not Constant:
+                        read = read_leaves(value)
+                        break
+            else:
+                read = read_leaves(value)
+            for leaf in read:
                 if type(leaf) is not Var:
                     continue
-                j = index_of.get(id(leaf))
+                j = get(id(leaf))
                 if j is not None:
                     lst = users[j]
                 else:
@@ -71,13 +79,20 @@ class FunctionUses:
                 if not lst or lst[-1] != i:
                     lst.append(i)
         self.index_of = index_of  # id(binding var) -> binding index
-        self.position = position  # id(binding value) -> binding index
+        self._position: dict[int, int] | None = None
         self.users = users  # binding index -> indices of the bindings that read its variable
         self.other_users = other  # id(param or free var) -> (var, user indices)
         self.returned = {id(v) for v in leaves(func.ret) if isinstance(v, Var)}
         self.by_op = by_op  # op name -> indices of the bindings that call it
         self.calls = calls  # indices of the bindings whose value is a call
         self._usages: VarUsages | None = None
+
+    @property
+    def position(self) -> dict[int, int]:
+        """id(binding value) -> binding index."""
+        if self._position is None:
+            self._position = {id(b.value): i for i, b in enumerate(self.func.bindings)}
+        return self._position
 
     def with_ops(self, ops: frozenset[str] | None) -> list[int]:
         """Indices (in order) of the call bindings whose op is one of ``ops``; every call
