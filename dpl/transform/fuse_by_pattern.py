@@ -327,7 +327,7 @@ def annotate_codegen_functions(mod: Module, callers: Sequence[str]) -> Module:
     from dpl.ops.registry import call_function
 
     functions = dict(mod.functions)
-    wrappers: dict[str, str] = {}
+    wrappers: dict[str, GlobalVar] = {}  # composite function -> its wrapper (one GlobalVar for every call)
     for name, fn in mod.functions.items():
         if "Composite" in fn.attrs and "Primitive" in fn.attrs:
             functions[name] = attrs.evolve(fn, attrs={k: v for k, v in fn.attrs.items() if k != "Primitive"})
@@ -349,8 +349,8 @@ def annotate_codegen_functions(mod: Module, callers: Sequence[str]) -> Module:
                     out = Var("output", comp.ret_type)
                     body = [Binding(out, call_function(GlobalVar(v.op.name), params, comp.ret_type))]
                     functions[wname] = Function(wname, params, body, out, {"Codegen": prefix, "global_symbol": wname})
-                    wrappers[v.op.name] = wname
-                new_bindings.append(Binding(b.var, attrs.evolve(v, op=GlobalVar(wrappers[v.op.name]))))
+                    wrappers[v.op.name] = GlobalVar(wname)
+                new_bindings.append(Binding(b.var, Call(wrappers[v.op.name], v.args, v.attrs, v.ty)))
                 changed = True
             else:
                 new_bindings.append(b)
