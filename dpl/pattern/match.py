@@ -281,6 +281,13 @@ class Matcher:
             if prev is e or (isinstance(e, str) and prev == e):
                 return True
             return self.fail(p, raw, "consistency", _why_repeated, self, prev, e)
+        if type(p) is n.CallPattern and type(p.op) is n.OpPattern:
+            # the commonest failure, a call of another op (or no call), as _call reports it,
+            # without the cache's bookkeeping
+            if type(e) is not Call:
+                return self.fail(p, raw, "kind", _why_kind, "a call", e)
+            if e.op != p.op.name:
+                return self.fail(p, raw, "op", _why_op, p.op.name, e.op)
         cacheable = type(p) in _CACHED_KINDS and id(p) not in self.dependent
         if cacheable:
             hit = self._cache.get((p, id(e)))
