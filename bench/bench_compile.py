@@ -1,24 +1,35 @@
 """The compile pipeline against the number of bindings: ``dpl.apply`` on a decomposed decoder.
 
-    python bench/bench_compile.py                 # 1k, 10k, 50k bindings
-    python bench/bench_compile.py --sizes 1000 10000 --no-tvm --no-fx
+    python bench/bench_compile.py                 # 1k, 10k, 50k bindings; TVM and torch.fx beside
+    python bench/bench_compile.py --sizes 1000 10000 --no-tvm --no-fx --repeat 5
 
 The graph is what an importer gives for a stack of Llama-style layers written out by hand:
 RMSNorm as cast/square/mean/rsqrt/scale, SiLU as ``x * sigmoid(x)``, softmax as
 max/exp/sum/divide, the attention products and the gated MLP. dpl runs
-``apply(mod, ["rewrites", "llm", "cublas"])`` (rewrites, folding, FuseOpsByPattern, FuseOps);
-TVM 0.27 runs FuseOpsByPattern with the same fusion patterns written in its DPL, then
-FuseOps, on the same graph after the rewrites (dpl's rewritten module, converted). torch.fx
-runs ``replace_pattern`` with the RMSNorm and SiLU rewrites on the same decoder as FX nodes.
-Each figure is the best of a few runs in this process; the table gives microseconds per
-binding and the ratios.
+``apply(mod, ["rewrites", "llm", "cublas"])`` (rewrites, folding, merged products,
+FuseOpsByPattern, FuseOps). TVM 0.27 runs FuseOpsByPattern with the same fusion patterns
+written in its DPL (the same rank/dtype checks, the same leak rule), then FuseOps, on the same
+graph after the rewrites (dpl's rewritten module, converted binding for binding; LegalizeOps
+and AnnotateTIROpPattern, which its FuseOps needs, run outside the clock). torch.fx runs
+``replace_pattern`` with the RMSNorm and SiLU rewrites on the same decoder as FX nodes, beside
+dpl's ``rewrite_call`` with the shipped ``rms_norm`` and ``silu`` rules.
+
+Sizes and tools are interleaved within each repeat; the table gives medians of process time
+(CPU seconds of this process: the machine may be shared) and of wall time, in microseconds per
+binding of the decomposed decoder, with the ratios (other tool / dpl) and the growth exponent
+``log(t[50k] / t[10k]) / log(5)`` of dpl's apply.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
+import operator
+import statistics
+import sys
 import time
+from pathlib import Path
 
 from dpl.ir import FunctionBuilder, Module
 
@@ -56,33 +67,289 @@ def decoder(n_bindings: int, hidden: int = 64, seq: int = 16) -> Module:
     return Module([fb.ret(h)])
 
 
-def time_best(fn, repeat: int) -> float:
-    best = math.inf
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+def clocked(fn) -> tuple[float, float]:
+    """(process seconds, wall seconds) of one call."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def time_dpl(mod: Module, repeat: int) -> float:
+# -- dpl --------------------------------------------------------------------------------------
+
+
+def dpl_patterns():
+    from dpl.apply import as_pattern_set
+
+    return as_pattern_set(["rewrites", "llm", "cublas"])
+
+
+def dpl_apply(mod: Module, patterns):
     import dpl
 
-    patterns = dpl.apply.__globals__["as_pattern_set"](["rewrites", "llm", "cublas"])  # loaded once, outside the clock
-    return time_best(lambda: dpl.apply(mod, patterns), repeat)
+    return lambda: dpl.apply(mod, patterns)
+
+
+def dpl_fusion_input(mod: Module, patterns) -> Module:
+    """What dpl's fusion passes start from (rewritten, folded, products merged)."""
+    from dpl.transform.fold_constants import fold_constants
+    from dpl.transform.merge_products import merge_products
+
+    return merge_products(fold_constants(patterns.apply_rewrites(mod)))
+
+
+def dpl_fusion(rewritten: Module, patterns):
+    from dpl.transform.fuse_by_pattern import fuse_ops_by_pattern
+    from dpl.transform.fuse_ops import fuse_ops
+
+    return lambda: fuse_ops(fuse_ops_by_pattern(rewritten, patterns.patterns, annotate_codegen=True))
+
+
+def dpl_two_rewrites(mod: Module, patterns):
+    from dpl.pattern.fusion import PatternSet
+
+    two = PatternSet((), (patterns["rms_norm"], patterns["silu"]))
+    return lambda: two.apply_rewrites(mod)
+
+
+# -- TVM 0.27: the same fusion patterns in relax.dpl ---------------------------------------------
+
+
+def tvm_patterns():
+    """dpl's llm + cublas fusion patterns, in priority order, as TVM FusionPatterns."""
+    from tvm.relax.backend.utils import has_leaking_intermediate_variables
+    from tvm.relax.dpl import is_op, wildcard
+    from tvm.relax.transform import FusionPattern
+
+    def rank(e):
+        return e.ty.ndim  # TVM 0.27: an expression's struct info is ``ty``
+
+    def dtype(e):
+        return str(e.ty.dtype)
+
+    def no_leak(ctx):
+        return not has_leaking_intermediate_variables(ctx)
+
+    def products(ctx, lhs_rank, rhs_rank, bias=False):
+        a = ctx.annotated_expr
+        return (lhs_rank(rank(a["lhs"])) and rhs_rank(rank(a["rhs"])) and dtype(a["lhs"]) in ("float16", "bfloat16", "float32")
+                and (not bias or rank(a["bias"]) == 1) and no_leak(ctx))
+
+    pats = []
+    gate, up = wildcard(), wildcard()
+    pats.append(FusionPattern("kernel.swiglu", is_op("relax.multiply")(is_op("relax.nn.silu")(gate), up), {}, no_leak))
+    a, b, w = wildcard(), wildcard(), wildcard()
+    # dpl declares the sum an output; TVM turns the swallowed intermediate into an extra output
+    pats.append(FusionPattern("kernel.add_rms_norm", is_op("relax.nn.rms_norm")(is_op("relax.add")(a, b), w), {}, None))
+    x = wildcard()
+    pats.append(FusionPattern("kernel.gelu", is_op("relax.nn.gelu")(x) | is_op("relax.nn.gelu_tanh")(x), {}, no_leak))
+    q, k, scale, mask, v = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
+    s = is_op("relax.matmul")(q, k)
+    z = is_op("relax.multiply")(s, scale) | is_op("relax.divide")(s, scale)
+    m = is_op("relax.add")(z, mask) | z
+    att = is_op("relax.matmul")(is_op("relax.nn.softmax")(m), v)
+    pats.append(FusionPattern("kernel.attention", att, {"q": q}, lambda ctx: rank(ctx.annotated_expr["q"]) >= 2 and no_leak(ctx)))
+
+    def mm():
+        x, w = wildcard(), wildcard()
+        return x, w, is_op("relax.matmul")(x, w)
+
+    x, w, p = mm()
+    bias = wildcard()
+    y = is_op("relax.add")(p, bias)
+    act = is_op("relax.nn.relu")(y) | is_op("relax.nn.gelu")(y) | is_op("relax.nn.gelu_tanh")(y) | is_op("relax.nn.silu")(y)
+    two = lambda r: r == 2  # noqa: E731
+    pats.append(FusionPattern("cublas.matmul_bias_act", act, {"lhs": x, "rhs": w, "bias": bias},
+                              lambda ctx: products(ctx, lambda r: True, two, bias=True)))
+    x, w, p = mm()
+    bias = wildcard()
+    pats.append(FusionPattern("cublas.matmul_bias", is_op("relax.add")(p, bias), {"lhs": x, "rhs": w, "bias": bias},
+                              lambda ctx: products(ctx, lambda r: True, two, bias=True)))
+    x, w, p = mm()
+    pats.append(FusionPattern("cublas.batch_matmul", p, {"lhs": x, "rhs": w}, lambda ctx: products(ctx, lambda r: r >= 3, lambda r: r >= 3)))
+    x, w, p = mm()
+    pats.append(FusionPattern("cublas.matmul", p, {"lhs": x, "rhs": w}, lambda ctx: products(ctx, lambda r: r >= 2, two)))
+    return pats
+
+
+def tvm_fusion(rewritten: Module, patterns):
+    """(timed FuseOpsByPattern, untimed LegalizeOps + AnnotateTIROpPattern, timed FuseOps)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import tvm
+    from tvm import relax
+    from tvm_oracle import to_relax
+
+    mod = to_relax(rewritten["main"])
+    state = {}
+
+    def by_pattern():
+        state["fbp"] = relax.transform.FuseOpsByPattern(patterns, bind_constants=True, annotate_codegen=True)(mod)
+
+    def prepare():
+        state["legal"] = relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(state["fbp"]))
+
+    def fuse():
+        with tvm.transform.PassContext(opt_level=3):
+            state["fused"] = relax.transform.FuseOps()(state["legal"])
+
+    return by_pattern, prepare, fuse
+
+
+# -- torch.fx: replace_pattern with the two rewrites ------------------------------------------
+
+
+def fx_decoder(n_nodes: int, hidden: int = 64, seq: int = 16):
+    """The decomposed decoder as an FX graph (its ops in the form the rewrite patterns trace to)."""
+    import torch
+    import torch.fx as fx
+
+    g = fx.Graph()
+    h = g.placeholder("x")
+    wq, wk, wv, wo, wg, wu, wd, g1, g2, bo = (g.placeholder(n) for n in ("wq", "wk", "wv", "wo", "wg", "wu", "wd", "g1", "g2", "bo"))
+
+    def f(fn, *args, **kw):
+        return g.call_function(fn, args, kw)
+
+    def meth(name, *args, **kw):
+        return g.call_method(name, args, kw)
+
+    def rms(h, w):
+        h32 = meth("to", h, torch.float32)
+        var = meth("mean", meth("pow", h32, 2), -1, keepdim=True)
+        n = f(operator.mul, h32, f(torch.rsqrt, f(operator.add, var, 1e-6)))
+        return f(operator.mul, w, meth("to", n, torch.float32))
+
+    def softmax(s):
+        e = f(torch.exp, f(operator.sub, s, meth("amax", s, -1, keepdim=True)))
+        return f(operator.truediv, e, meth("sum", e, -1, keepdim=True))
+
+    while len(g.nodes) < n_nodes:
+        n = rms(h, g1)
+        q, k, v = f(torch.matmul, n, wq), f(torch.matmul, n, wk), f(torch.matmul, n, wv)
+        s = f(operator.mul, f(torch.matmul, q, meth("t", k)), 0.125)
+        a = f(torch.matmul, softmax(s), v)
+        h = f(operator.add, h, f(operator.add, f(torch.matmul, a, wo), bo))
+        n = rms(h, g2)
+        gate = f(torch.matmul, n, wg)
+        act = f(operator.mul, gate, f(torch.sigmoid, gate))
+        h = f(operator.add, h, f(torch.matmul, f(operator.mul, act, f(torch.matmul, n, wu)), wd))
+    g.output(h)
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def fx_rewrites():
+    import torch
+
+    def rms_pattern(h, w):
+        h32 = h.to(torch.float32)
+        var = h32.pow(2).mean(-1, keepdim=True)
+        return w * (h32 * torch.rsqrt(var + 1e-6)).to(torch.float32)
+
+    def rms_replacement(h, w):
+        return torch.rms_norm(h, [64], w, 1e-6)
+
+    def silu_pattern(x):
+        return x * torch.sigmoid(x)
+
+    def silu_replacement(x):
+        return torch.nn.functional.silu(x)
+
+    return [(rms_pattern, rms_replacement), (silu_pattern, silu_replacement)]
+
+
+def fx_replace(gm, rules) -> int:
+    from torch.fx import subgraph_rewriter
+
+    return sum(len(subgraph_rewriter.replace_pattern(gm, p, r)) for p, r in rules)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def median(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 50000])
+    parser.add_argument("--fx-sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tvm-repeat", type=int, default=1, help="TVM runs per size (slow at 50k)")
+    parser.add_argument("--no-tvm", action="store_true")
+    parser.add_argument("--no-fx", action="store_true")
     args = parser.parse_args(argv)
-    print(f"{'bindings':>9} {'dpl apply':>11} {'us/binding':>11}")
+
+    patterns = dpl_patterns()  # loaded once, outside the clock
+    mods = {size: decoder(size) for size in args.sizes}
+    n = {size: len(mod["main"].bindings) for size, mod in mods.items()}
+    times: dict[tuple, list] = {}
+
+    def record(key, sample):
+        times.setdefault(key, []).append(sample)
+
+    tvm = None
+    if not args.no_tvm:
+        tvm_pats = tvm_patterns()
+        tvm = {size: tvm_fusion(dpl_fusion_input(mods[size], patterns), tvm_pats) for size in args.sizes}
+    rewritten = {size: dpl_fusion_input(mods[size], patterns) for size in args.sizes}
+    for rep in range(args.repeat):
+        for size in args.sizes:
+            record(("apply", size), clocked(dpl_apply(mods[size], patterns)))
+            record(("fusion", size), clocked(dpl_fusion(rewritten[size], patterns)))
+            if tvm is not None and rep < args.tvm_repeat:
+                by_pattern, prepare, fuse = tvm[size]
+                a = clocked(by_pattern)
+                prepare()
+                b = clocked(fuse)
+                record(("tvm", size), (a[0] + b[0], a[1] + b[1]))
+                record(("tvm_fbp", size), a)
+
+    def us(key, size, nodes):
+        cpu, wall = median(times[(key, size)])
+        return cpu / nodes * 1e6, wall / nodes * 1e6
+
+    print("dpl.apply(mod, ['rewrites', 'llm', 'cublas']) on a decomposed decoder; us per binding, medians "
+          f"of {args.repeat} (TVM: {args.tvm_repeat}); cpu = process time, wall = elapsed")
+    head = f"{'bindings':>9} {'apply cpu':>10} {'wall':>7} {'dpl fusion':>11}"
+    if tvm is not None:
+        head += f" {'TVM FBP+FuseOps':>16} {'wall':>7} {'(FBP)':>7} {'TVM/apply':>10} {'TVM/dpl fusion':>15}"
+    print(head)
     for size in args.sizes:
-        mod = decoder(size)
-        n = len(mod["main"].bindings)
-        t = time_dpl(mod, args.repeat if n <= 10000 else 1)
-        print(f"{n:>9} {t * 1e3:>9.1f}ms {t / n * 1e6:>11.1f}")
+        a_cpu, a_wall = us("apply", size, n[size])
+        f_cpu, _ = us("fusion", size, n[size])
+        line = f"{n[size]:>9} {a_cpu:>10.1f} {a_wall:>7.1f} {f_cpu:>11.1f}"
+        if tvm is not None:
+            t_cpu, t_wall = us("tvm", size, n[size])
+            fbp_cpu, _ = us("tvm_fbp", size, n[size])
+            line += f" {t_cpu:>16.1f} {t_wall:>7.1f} {fbp_cpu:>7.1f} {t_cpu / a_cpu:>9.2f}x {t_cpu / f_cpu:>14.2f}x"
+        print(line)
+    big = [s for s in args.sizes if s >= 10000]
+    if len(big) >= 2:
+        lo, hi = big[0], big[-1]
+        t_lo, t_hi = median(times[("apply", lo)])[0], median(times[("apply", hi)])[0]
+        print(f"growth exponent of apply, {n[lo]} -> {n[hi]} bindings: "
+              f"{math.log(t_hi / t_lo) / math.log(n[hi] / n[lo]):.2f} (1.00 is linear)")
+
+    if args.no_fx:
+        return
+    rules = fx_rewrites()
+    fx_times: dict[tuple, list] = {}
+    fx_graphs = {size: fx_decoder(size) for size in args.fx_sizes}
+    dpl_mods = {size: decoder(size) for size in args.fx_sizes}
+    for _ in range(args.repeat):
+        for size in args.fx_sizes:
+            gm = copy.deepcopy(fx_graphs[size])
+            replaced = []
+            fx_times.setdefault(("fx", size), []).append(clocked(lambda: replaced.append(fx_replace(gm, rules))))
+            fx_times.setdefault(("dpl", size), []).append(clocked(dpl_two_rewrites(dpl_mods[size], patterns)))
+    print()
+    print("two rewrites (RMSNorm, SiLU): torch.fx replace_pattern vs dpl rewrite_call; us per node, medians")
+    print(f"{'nodes':>9} {'dpl cpu':>8} {'wall':>7} {'fx cpu':>8} {'wall':>7} {'fx/dpl':>7}")
+    for size in args.fx_sizes:
+        nodes = len(fx_graphs[size].graph.nodes)
+        d_cpu, d_wall = (t / len(dpl_mods[size]["main"].bindings) * 1e6 for t in median(fx_times[("dpl", size)]))
+        x_cpu, x_wall = (t / nodes * 1e6 for t in median(fx_times[("fx", size)]))
+        print(f"{nodes:>9} {d_cpu:>8.1f} {d_wall:>7.1f} {x_cpu:>8.1f} {x_wall:>7.1f} {x_cpu / d_cpu:>6.1f}x")
 
 
 if __name__ == "__main__":

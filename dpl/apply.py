@@ -50,6 +50,15 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
+    from dpl.ir.collector import paused_collector
+
+    with paused_collector():  # once around every pass, not only within each (see dpl.ir.collector)
+        return _apply(mod, patterns, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks,
+                      fuse_reductions, fold, merge_products, trace)
+
+
+def _apply(mod, patterns, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks, fuse_reductions,
+           fold, merge_products, trace) -> Module:
     if trace is not None:
         trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:

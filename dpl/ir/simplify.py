@@ -26,15 +26,21 @@ import numpy as np
 
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
 from dpl.ir.traverse import vars_in
+from dpl.ir.types import TensorType
 
 
-def simplify(func: Function) -> Function:
-    """``func`` after canonicalize / CSE / dead-binding removal, repeated to a fixed point."""
+def simplify(func: Function, keys: dict | None = None) -> Function:
+    """``func`` after canonicalize / CSE / dead-binding removal, repeated to a fixed point.
+    ``keys`` (see :func:`eliminate_common_subexpr`) may be shared between calls."""
     current = func
     while True:
-        new = remove_dead_bindings(eliminate_common_subexpr(canonicalize_bindings(current)))
-        if new is current:
-            return current
+        kept = eliminate_common_subexpr(canonicalize_bindings(current), keys)
+        new = remove_dead_bindings(kept)
+        if kept is current:
+            # canonicalize and CSE found nothing: removing bindings gives them nothing to find
+            # (no trivial binding, constant or repeated value appears), and a second removal
+            # removes nothing, so ``new`` is the fixed point
+            return new
         current = new
 
 
@@ -133,42 +139,80 @@ def _attr_key(value: Any) -> Any:
 
 
 def value_key(e: Expr) -> Any:
-    """A hashable key: equal keys mean the same value (variables by identity)."""
-    if isinstance(e, Var):
-        return ("var", id(e))
-    if isinstance(e, GlobalVar):
+    """A hashable key: equal keys mean the same value (variables by identity: a variable is
+    its own key; types compare structurally)."""
+    t = type(e)
+    if t is Var:
+        return e
+    if t is Call:
+        op = e.op if type(e.op) is str else ("gv", e.op.name)
+        attrs_key = tuple([(k, _attr_key(v)) for k, v in sorted(e.attrs.items())]) if e.attrs else ()
+        ty = e.ty
+        ty_key = (ty.shape, ty.dtype) if type(ty) is TensorType else ty  # a plain tuple hashes fast
+        return ("call", op, attrs_key, ty_key, tuple([a if type(a) is Var else value_key(a) for a in e.args]))
+    if t is Constant:
+        return ("const", e.ty, e.value.tobytes())
+    if t is GlobalVar:
         return ("gv", e.name)
-    if isinstance(e, Constant):
-        return ("const", str(e.ty), e.value.tobytes())
-    if isinstance(e, Call):
-        op = e.op if isinstance(e.op, str) else ("gv", e.op.name)
-        attrs_key = tuple((k, _attr_key(v)) for k, v in sorted(e.attrs.items()))
-        return ("call", op, attrs_key, str(e.ty), tuple(value_key(a) for a in e.args))
-    if isinstance(e, Tuple):
+    if t is Tuple:
         return ("tuple", tuple(value_key(f) for f in e.fields))
-    if isinstance(e, TupleGetItem):
+    if t is TupleGetItem:
         return ("item", value_key(e.tuple_value), e.index)
     raise TypeError(f"not an expression: {type(e).__name__}")
 
 
-def eliminate_common_subexpr(func: Function) -> Function:
+def _renamed(e: Expr, remap: Mapping[Var, Var]) -> Expr:
+    """``e`` with each variable of ``remap`` read as its image (the same object when none is);
+    the common case, a call of variables and constants, without a closure per operand."""
+    if type(e) is not Call:
+        return substitute(e, lambda v: remap.get(v, v))
+    args = e.args
+    new = None
+    for k, a in enumerate(args):
+        t = type(a)
+        if t is Var:
+            image = remap.get(a)
+            if image is not None:
+                if new is None:
+                    new = list(args)
+                new[k] = image
+        elif t is not Constant:
+            return substitute(e, lambda v: remap.get(v, v))
+    return e if new is None else attrs.evolve(e, args=tuple(new))
+
+
+def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Function:
     """``func`` with each repeated value bound once: a later ``y = v`` of an already bound
-    ``v`` becomes ``y = x`` (the earlier variable), and later uses read ``x``."""
+    ``v`` becomes ``y = x`` (the earlier variable), and later uses read ``x``.
+
+    ``keys`` caches :func:`value_key` by value object (``{id(value): (value, key)}``, the value
+    kept alive so its id stays its own): a caller simplifying one version of a function after
+    another passes the same dict, and the values the versions share are keyed once."""
     first: dict[Any, Var] = {}
     remap: dict[Var, Var] = {}
     out: list[Binding] = []
     changed = False
+    if keys is None:
+        keys = {}
     for b in func.bindings:
-        value = substitute(b.value, lambda v: remap.get(v, v))
-        key = value_key(value)
+        value = _renamed(b.value, remap) if remap else b.value
+        hit = keys.get(id(value))
+        if hit is not None and hit[0] is value:
+            key = hit[1]
+        else:
+            key = value_key(value)
+            keys[id(value)] = (value, key)
         earlier = first.get(key)
         if earlier is not None:
             value = earlier
             remap[b.var] = earlier
         else:
             first[key] = b.var
-        changed |= value is not b.value
-        out.append(b if value is b.value else Binding(b.var, value))
+        if value is not b.value:
+            changed = True
+            out.append(Binding(b.var, value))
+        else:
+            out.append(b)
     if not changed:
         return func
     ret = substitute(func.ret, lambda v: remap.get(v, v))
@@ -186,7 +230,16 @@ def remove_dead_bindings(func: Function) -> Function:
         if b.var not in live:
             continue
         keep.append(b)
-        live.update(vars_in(b.value))
+        value = b.value
+        if type(value) is Call:
+            for a in value.args:
+                t = type(a)
+                if t is Var:
+                    live.add(a)
+                elif t is not Constant:
+                    live.update(vars_in(a))
+        else:
+            live.update(vars_in(value))
     if len(keep) == len(func.bindings):
         return func
     return attrs.evolve(func, bindings=tuple(reversed(keep)))

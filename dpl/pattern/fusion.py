@@ -41,36 +41,61 @@ def _mapping(value) -> Mapping[str, n.Pattern]:
     return MappingProxyType(dict(value or {}))
 
 
+class BindingIndex:
+    """value -> (index, var) and var -> (index, value) over a function's bindings, built on
+    first use and shared by every :class:`BoundSoFar` view of that function."""
+
+    __slots__ = ("_bindings", "_by_value", "_by_var")
+
+    def __init__(self, bindings):
+        self._bindings = bindings
+        self._by_value: dict | None = None
+        self._by_var: dict | None = None
+
+    @property
+    def by_value(self) -> dict:
+        if self._by_value is None:
+            self._by_value = {b.value: (i, b.var) for i, b in enumerate(self._bindings)}
+        return self._by_value
+
+    @property
+    def by_var(self) -> dict:
+        if self._by_var is None:
+            self._by_var = {b.var: (i, b.value) for i, b in enumerate(self._bindings)}
+        return self._by_var
+
+
 class BoundSoFar(collections.abc.Mapping):
     """value -> bound var over a function's bindings up to ``limit`` (TVM's partitioner hands a
     check the map of the bindings it has visited so far): a view of one index built per
-    function, so making a check context costs nothing however long the function is."""
+    function (on first use), so making a check context costs nothing however long the
+    function is."""
 
-    __slots__ = ("_by_value", "_by_var", "_limit")
+    __slots__ = ("_index", "_limit")
 
-    def __init__(self, by_value: Mapping[Expr, tuple[int, Var]], by_var: Mapping[Var, tuple[int, Expr]], limit: int):
-        self._by_value, self._by_var, self._limit = by_value, by_var, limit
+    def __init__(self, index: BindingIndex, limit: int):
+        self._index, self._limit = index, limit
 
     @classmethod
-    def index(cls, bindings) -> tuple[dict, dict]:
-        """The two indexes of ``bindings`` the views share."""
-        return ({b.value: (i, b.var) for i, b in enumerate(bindings)}, {b.var: (i, b.value) for i, b in enumerate(bindings)})
+    def index(cls, bindings) -> BindingIndex:
+        """The index of ``bindings`` the views share."""
+        return BindingIndex(bindings)
 
     def __getitem__(self, value: Expr) -> Var:
-        i, var = self._by_value[value]
+        i, var = self._index.by_value[value]
         if i > self._limit:
             raise KeyError(value)
         return var
 
     def __iter__(self):
-        return (value for value, (i, _) in self._by_value.items() if i <= self._limit)
+        return (value for value, (i, _) in self._index.by_value.items() if i <= self._limit)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
     def value_of(self, var: Var) -> Expr | None:
         """The value ``var`` is bound to, if that binding is in view."""
-        hit = self._by_var.get(var)
+        hit = self._index.by_var.get(var)
         return hit[1] if hit is not None and hit[0] <= self._limit else None
 
 
@@ -153,10 +178,10 @@ class RewriteRule:
     rewriter: Callable[[Expr, Match], Expr | None]
     origin: str = attrs.field(factory=n._origin, kw_only=True)
 
-    def apply(self, target: Function | Module) -> Function | Module:
+    def apply(self, target: Function | Module, *, cse_keys: dict | None = None) -> Function | Module:
         from dpl.pattern.rewrite import rewrite_call
 
-        return rewrite_call(self.pattern, self.rewriter, target)
+        return rewrite_call(self.pattern, self.rewriter, target, cse_keys=cse_keys)
 
 
 @attrs.frozen(eq=False)
@@ -210,6 +235,10 @@ class PatternSet:
                           self.rewrites + tuple(r for r in other.rewrites if kept(r)))
 
     def apply_rewrites(self, target: Function | Module) -> Function | Module:
-        for rule in self.rewrites:
-            target = rule.apply(target)
+        from dpl.ir.collector import paused_collector
+
+        keys: dict = {}  # the rules simplify versions of the same functions: CSE keys are shared
+        with paused_collector():  # once around all the rules (see dpl.ir.collector)
+            for rule in self.rewrites:
+                target = rule.apply(target, cse_keys=keys)
         return target

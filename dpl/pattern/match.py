@@ -51,6 +51,22 @@ class Match(Mapping):
     def __len__(self):
         return len(self._map)
 
+    # the dict's own (read-only) views and lookups: Mapping's generic ones call back per item
+    def __contains__(self, p) -> bool:
+        return p in self._map
+
+    def get(self, p, default=None):
+        return self._map.get(p, default)
+
+    def items(self):
+        return self._map.items()
+
+    def keys(self):
+        return self._map.keys()
+
+    def values(self):
+        return self._map.values()
+
     def __bool__(self):
         return True
 
@@ -265,6 +281,13 @@ class Matcher:
             if prev is e or (isinstance(e, str) and prev == e):
                 return True
             return self.fail(p, raw, "consistency", _why_repeated, self, prev, e)
+        if type(p) is n.CallPattern and type(p.op) is n.OpPattern:
+            # the commonest failure, a call of another op (or no call), as _call reports it,
+            # without the cache's bookkeeping
+            if type(e) is not Call:
+                return self.fail(p, raw, "kind", _why_kind, "a call", e)
+            if e.op != p.op.name:
+                return self.fail(p, raw, "op", _why_op, p.op.name, e.op)
         cacheable = type(p) in _CACHED_KINDS and id(p) not in self.dependent
         if cacheable:
             hit = self._cache.get((p, id(e)))
@@ -551,6 +574,10 @@ def _same_constant(value: np.ndarray, wanted: np.ndarray) -> bool:
     value never matches an integer constant."""
     if value.shape != wanted.shape:
         return False
+    if value.ndim == 0 and value.dtype.kind == "f" and wanted.dtype.kind in "fiub":  # the common case, without array_equal
+        with np.errstate(all="ignore"):
+            v, w = value[()], wanted.astype(value.dtype)[()]
+        return bool(v == w) or bool(v != v and w != w)
     if value.dtype.kind in "iub" and wanted.dtype.kind == "f" and not np.all(wanted == np.round(wanted)):
         return False
     with np.errstate(all="ignore"):

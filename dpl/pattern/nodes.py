@@ -473,6 +473,28 @@ def root_ops(p: Pattern) -> frozenset[str] | None:
     return None
 
 
+def required_ops(p: Pattern) -> frozenset[str]:
+    """Op names every expression ``p`` matches calls somewhere (itself or among what it reads
+    through arguments and bindings): a function calling none of one of them cannot match, so
+    a rewrite skips it without trying a binding. Conservative (empty where unsure)."""
+    if isinstance(p, CallPattern):
+        own = frozenset([p.op.name]) if isinstance(p.op, OpPattern) else frozenset()
+        return own.union(*(required_ops(a) for a in p.args))
+    if isinstance(p, (DTypePattern, ShapePattern, AttrPattern)):
+        return required_ops(p.inner)
+    if isinstance(p, OrPattern):
+        return required_ops(p.left) & required_ops(p.right)
+    if isinstance(p, OptionalPattern):
+        return required_ops(p.outer) & required_ops(p.inner)
+    if isinstance(p, AndPattern):
+        return required_ops(p.left) | required_ops(p.right)
+    if isinstance(p, TuplePattern):
+        return frozenset().union(*(required_ops(f) for f in p.fields))
+    if isinstance(p, TupleGetItemPattern):
+        return required_ops(p.tuple)
+    return frozenset()
+
+
 def _callee_ops(op: Pattern) -> frozenset[str] | None:
     if isinstance(op, OpPattern):
         return frozenset([op.name])

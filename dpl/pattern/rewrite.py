@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from dpl.errors import DplError
+from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.simplify import remove_dead_bindings, simplify  # noqa: F401 (remove_dead_bindings: re-exported)
 from dpl.ir.structural import structural_equal
@@ -57,21 +58,32 @@ def _alternatives(p: n.Pattern) -> list[n.Pattern]:
 
 
 def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | None], func: Function | Module,
-                 *, max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Function | Module:
-    """Rewrite every binding whose value ``pattern`` matches, to a fixed point."""
+                 *, max_iterations: int = DEFAULT_MAX_ITERATIONS, cse_keys: dict | None = None) -> Function | Module:
+    """Rewrite every binding whose value ``pattern`` matches, to a fixed point. ``cse_keys``
+    is a cache that calls on versions of the same module may share (CSE keys for the
+    simplification between rounds, see :func:`dpl.ir.simplify.eliminate_common_subexpr`, and
+    the ops each function calls); it changes no result."""
     if not isinstance(pattern, n.Pattern):
         raise n.PatternError(f"rewrite_call: expected a pattern, got {type(pattern).__name__}")
     if isinstance(func, Module):
-        return _per_function(func, lambda f: rewrite_call(pattern, rewriter, f, max_iterations=max_iterations))
+        return _per_function(func, lambda f: rewrite_call(pattern, rewriter, f, max_iterations=max_iterations, cse_keys=cse_keys))
     _check_function(func, "rewrite_call")
+    with paused_collector():  # see dpl.ir.collector: the collector would make the pass superlinear
+        return _rewrite_call(pattern, rewriter, func, max_iterations, {} if cse_keys is None else cse_keys)
+
+
+def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: dict) -> Function:
     alternatives = _alternatives(pattern)
     index = PatternIndex(alternatives)
+    required = n.required_ops(pattern)
     current = func
     for _ in range(max_iterations):
+        if required and not required <= _ops_of(current, keys):
+            return current  # an op every match calls is called nowhere: no binding can match
         new = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
             return current  # an equal rebuild is a fixed point too (Relax compares structurally)
-        new = simplify(new)  # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused
+        new = simplify(new, keys)  # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused
         if structural_equal(new, current, names=False):
             return current
         current = new
@@ -80,11 +92,53 @@ def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | No
         hint="the rewriter probably builds an expression its own pattern matches again")
 
 
+def _ops_of(func: Function, cache: dict) -> set[str]:
+    """:func:`_ops_in`, remembered in ``cache`` (shared by the rules of one pass) per function."""
+    hit = cache.get(("ops", id(func)))
+    if hit is not None and hit[0] is func:
+        return hit[1]
+    ops = _ops_in(func)
+    cache[("ops", id(func))] = (func, ops)
+    return ops
+
+
+def _ops_in(func: Function) -> set[str]:
+    """The op names ``func`` calls, in binding values and calls nested in them."""
+    ops: set[str] = set()
+    nested: list = []
+    for b in func.bindings:
+        value = b.value
+        if type(value) is Call:
+            if type(value.op) is str:
+                ops.add(value.op)
+            for a in value.args:
+                if type(a) is not Var and type(a) is not Constant:
+                    nested.append(a)
+        elif type(value) is not Var and type(value) is not Constant:
+            nested.append(value)
+    while nested:
+        e = nested.pop()
+        if isinstance(e, Call):
+            if isinstance(e.op, str):
+                ops.add(e.op)
+            nested.extend(e.args)
+        elif isinstance(e, Tuple):
+            nested.extend(e.fields)
+        elif isinstance(e, TupleGetItem):
+            nested.append(e.tuple_value)
+    return ops
+
+
 def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
     matcher = Matcher(func)
     replaced: dict[Var, Expr] = {}
+    by_op = None if index.anywhere else index.by_op  # then only calls of the indexed ops can match
     for b in func.bindings:
-        if isinstance(b.value, Var):
+        value = b.value
+        if by_op is not None:
+            if type(value) is not Call or type(value.op) is not str or value.op not in by_op:
+                continue
+        elif isinstance(value, Var):
             continue  # an alias: its value is matched (and rewritten) at its own binding
         for alt in index.candidates(b.value):
             m = matcher.match(alt, b.value)
@@ -129,11 +183,25 @@ class _Rebuild:
 
     def __init__(self, func: Function, replaced: Mapping[Var, Expr]):
         self.func = func
-        self.taken = {p.name for p in func.params} | {b.var.name for b in func.bindings}
-        self.bound_value = {id(b.value): b.var for b in func.bindings}
-        self.bound_value.update({id(v): k for k, v in replaced.items()})
+        self._taken: set[str] | None = None  # every name of the function, made when first needed
+        self.replaced = replaced
+        self._bound_value: dict[int, Var] | None = None  # made when a replacement nests an expression
         self.out: list[Binding] = []
         self.fresh: dict[int, Var] = {}
+
+    @property
+    def bound_value(self) -> dict[int, Var]:
+        """id(value) -> the variable bound to it (replacements included)."""
+        if self._bound_value is None:
+            self._bound_value = {id(b.value): b.var for b in self.func.bindings}
+            self._bound_value.update({id(v): k for k, v in self.replaced.items()})
+        return self._bound_value
+
+    @property
+    def taken(self) -> set[str]:
+        if self._taken is None:
+            self._taken = {p.name for p in self.func.params} | {b.var.name for b in self.func.bindings}
+        return self._taken
 
     def fresh_name(self, base: str) -> str:
         i = 0
@@ -169,10 +237,31 @@ class _Rebuild:
         return var
 
     def run(self, replaced: Mapping[Var, Expr]) -> Function:
+        new: list[int] = []  # positions in ``out`` of the replaced and the fresh bindings
         for b in self.func.bindings:
-            value = self.normalize(replaced[b.var], b.var, True) if b.var in replaced else b.value
+            if b.var not in replaced:
+                self.out.append(b)
+                continue
+            start = len(self.out)
+            value = self.normalize(replaced[b.var], b.var, True)
             self.out.append(b if value is b.value else Binding(b.var, value))
-        return Function(self.func.name, self.func.params, _topological(self.out), self.func.ret, self.func.attrs)
+            new.extend(range(start, len(self.out)))
+        out = self.out if _new_in_order(self.out, new) else _topological(self.out)
+        return Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
+
+
+def _new_in_order(bindings: list[Binding], new: list[int]) -> bool:
+    """Every binding at a position of ``new`` reads only variables defined before it (the
+    others kept their order and their values, so they still do)."""
+    if not new:
+        return True
+    position = {b.var: i for i, b in enumerate(bindings)}
+    for i in new:
+        deps: list[Var] = []
+        _leaf_vars(bindings[i].value, deps)
+        if any(position.get(d, -1) >= i for d in deps):
+            return False
+    return True
 
 
 def _rebuild(func: Function, replaced: Mapping[Var, Expr]) -> Function:
@@ -183,6 +272,8 @@ def _topological(bindings: list[Binding]) -> list[Binding]:
     """Bindings ordered so every variable is defined before use, keeping the given order
     wherever it already is (a graph rewrite may have a value use a later binding)."""
     by_var = {b.var: b for b in bindings}
+    if _in_order(bindings, by_var):
+        return bindings
     done: set = set()
     active: set = set()
     out: list[Binding] = []
@@ -205,6 +296,26 @@ def _topological(bindings: list[Binding]) -> list[Binding]:
     for b in bindings:
         emit(b)
     return out
+
+
+def _in_order(bindings: list[Binding], by_var) -> bool:
+    """Every variable a binding reads is defined by an earlier binding (or is not a binding's)."""
+    defined: set = set()
+    for b in bindings:
+        value = b.value
+        reads = value.args if type(value) is Call else (value,)
+        for a in reads:
+            t = type(a)
+            if t is Var:
+                if a in by_var and a not in defined:
+                    return False
+            elif t is not Constant:
+                deps: list[Var] = []
+                _leaf_vars(a, deps)
+                if any(d in by_var and d not in defined for d in deps):
+                    return False
+        defined.add(b.var)
+    return True
 
 
 def rewrite_bindings(graph: GraphPattern | PatternContext, rewriter, func: Function | Module,

@@ -29,6 +29,7 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
+from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Binding, Call, Constant, Function, Module, Tuple, TupleGetItem
 from dpl.ir.types import TensorType, TupleType
 from dpl.ops.registry import DIM_ATTR_KINDS, get_op
@@ -46,7 +47,8 @@ _FUNCTION_ATTRS = ("Composite", "Codegen", "Primitive")
 
 def fold_constants(mod: Module, *, grow_bytes: int = GROW_BYTES, max_bytes: int = MAX_BYTES) -> Module:
     """``mod`` with every foldable all-constant binding computed (the input is not changed)."""
-    functions = {name: fold_function(fn, grow_bytes=grow_bytes, max_bytes=max_bytes) for name, fn in mod.functions.items()}
+    with paused_collector():  # see dpl.ir.collector
+        functions = {name: fold_function(fn, grow_bytes=grow_bytes, max_bytes=max_bytes) for name, fn in mod.functions.items()}
     if all(functions[name] is fn for name, fn in mod.functions.items()):
         return mod
     return Module(functions)

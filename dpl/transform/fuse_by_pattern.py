@@ -21,11 +21,13 @@ from typing import Iterable, Sequence
 import attrs
 
 from dpl.errors import DplError
+from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Var
 from dpl.pattern import nodes as P
-from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern
-from dpl.pattern.match import Matcher, PatternIndex
-from dpl.transform.outline import FunctionTable, Group, leaves, outline
+from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern  # noqa: F401 (FUNCTION_RETURN: documented here)
+from dpl.pattern.match import Matcher
+from dpl.transform.outline import FunctionTable, Group, outline
+from dpl.transform.uses import FunctionUses
 
 
 class CodegenNameError(DplError):
@@ -35,21 +37,31 @@ class CodegenNameError(DplError):
 def var_usages(func: Function) -> dict[Var, tuple[Var, ...]]:
     """{var: binding vars that use it}, params included, in program order; a variable the
     function returns also lists :data:`FUNCTION_RETURN` (last), so that a leak check over the
-    users rejects a returned intermediate as TVM's does (there, through its non-dataflow var)."""
-    users: dict[Var, list[Var]] = {p: [] for p in func.params}
-    for b in func.bindings:
-        users.setdefault(b.var, [])
-        for v in leaves(b.value):
-            if isinstance(v, Var):
-                lst = users.setdefault(v, [])
-                if b.var not in lst:
-                    lst.append(b.var)
-    for v in leaves(func.ret):
-        if isinstance(v, Var):
-            lst = users.setdefault(v, [])
-            if FUNCTION_RETURN not in lst:
-                lst.append(FUNCTION_RETURN)
-    return {k: tuple(v) for k, v in users.items()}
+    users rejects a returned intermediate as TVM's does (there, through its non-dataflow var).
+    (Check contexts read the same mapping lazily, from one index per function.)"""
+    return dict(FunctionUses(func).var_usages.items())
+
+
+class FunctionView:
+    """What every pattern run over one version of a function shares: its use index, one
+    matcher (whose cache serves every pattern) and the index behind the check contexts'
+    bindings-seen-so-far views. Built once per version, never per pattern or per match."""
+
+    def __init__(self, func: Function):
+        self.func = func
+        self.uses = FunctionUses(func)
+        self.bound = BoundSoFar.index(func.bindings)
+        self._matcher: Matcher | None = None
+
+    @property
+    def matcher(self) -> Matcher:
+        if self._matcher is None:
+            self._matcher = Matcher(self.func)
+        return self._matcher
+
+    def candidates(self, root: P.Pattern) -> list[int]:
+        """Indices of the call bindings ``root`` may match (by its root ops), in order."""
+        return self.uses.with_ops(P.root_ops(root))
 
 
 @attrs.frozen
@@ -76,30 +88,30 @@ def _members(m, position, func, first: dict) -> tuple[set[int], dict]:
     return members, matched
 
 
-def matches(pattern: FusionPattern, func: Function, taken=None) -> Iterable[Candidate]:
+def matches(pattern: FusionPattern, func: Function, taken=None, view: FunctionView | None = None) -> Iterable[Candidate]:
     """Every match of ``pattern`` rooted at a call binding of ``func``, in binding order.
     ``taken(i)`` says binding ``i`` already belongs to a group: a multi-root combination with a
-    taken root is not tried at all (it could only be rejected, once per ordering of its roots)."""
+    taken root is not tried at all (it could only be rejected, once per ordering of its roots).
+    ``view`` is ``func``'s shared :class:`FunctionView` (made here when not given)."""
+    view = view if view is not None and view.func is func else FunctionView(func)
     if pattern.multi_root:
-        yield from _multi_root_matches(pattern, func, taken or (lambda i: False))
+        yield from _multi_root_matches(pattern, view, taken or (lambda i: False))
         return
-    position = {id(b.value): i for i, b in enumerate(func.bindings)}
-    index = PatternIndex([pattern.pattern])
-    matcher = Matcher(func)
-    usages = var_usages(func)
-    by_value, by_var = BoundSoFar.index(func.bindings)
-    for i, b in enumerate(func.bindings):
-        if not isinstance(b.value, Call) or not index.candidates(b.value):
-            continue
+    bindings = func.bindings
+    position = view.uses.position
+    matcher = view.matcher
+    usages = view.uses.var_usages
+    for i in view.candidates(pattern.pattern):
+        b = bindings[i]
         m = matcher.match(pattern.pattern, b.value)
         if not m:
             continue
         members, matched = _members(m, position, func, {b.var: b.value})
-        ctx = CheckContext(b.value, pattern.annotated(m), matched, usages, BoundSoFar(by_value, by_var, i), m)
+        ctx = CheckContext(b.value, pattern.annotated(m), matched, usages, BoundSoFar(view.bound, i), m)
         yield Candidate(i, frozenset(members | {i}), ctx, frozenset({i}))
 
 
-def _multi_root_matches(pattern: FusionPattern, func: Function, taken) -> Iterable[Candidate]:
+def _multi_root_matches(pattern: FusionPattern, view: FunctionView, taken) -> Iterable[Candidate]:
     """Beyond TVM: each root of a tuple pattern matched to its own binding, jointly (shared
     sub-patterns bind one value), combinations tried in binding order of their last root (then
     in order of the whole tuple), made lazily so that roots taken meanwhile are skipped."""
@@ -107,16 +119,14 @@ def _multi_root_matches(pattern: FusionPattern, func: Function, taken) -> Iterab
 
     from dpl.ir.expr import Tuple
 
+    func = view.func
     roots = pattern.pattern.fields
-    position = {id(b.value): i for i, b in enumerate(func.bindings)}
-    matcher = Matcher(func)
-    usages = var_usages(func)
-    by_value, by_var = BoundSoFar.index(func.bindings)
+    position = view.uses.position
+    matcher = view.matcher
+    usages = view.uses.var_usages
     options = []
     for r in roots:
-        index = PatternIndex([r])
-        options.append([i for i, b in enumerate(func.bindings)
-                        if isinstance(b.value, Call) and index.candidates(b.value) and matcher.match(r, b.value)])
+        options.append([i for i in view.candidates(r) if matcher.match(r, func.bindings[i].value)])
     budget = MAX_ROOT_COMBINATIONS
     for last in sorted(set().union(*options)):
         if taken(last):
@@ -140,26 +150,20 @@ def _multi_root_matches(pattern: FusionPattern, func: Function, taken) -> Iterab
             if not m:
                 continue
             members, matched = _members(m, position, func, {func.bindings[i].var: func.bindings[i].value for i in combo})
-            ctx = CheckContext(joint, pattern.annotated(m), matched, usages, BoundSoFar(by_value, by_var, last), m)
+            ctx = CheckContext(joint, pattern.annotated(m), matched, usages, BoundSoFar(view.bound, last), m)
             yield Candidate(last, frozenset(members | set(combo)), ctx, frozenset(combo))
 
 
 class _Partition:
     """Groups of one pattern over one function, with TVM's overlap rule and dpl's safety rules."""
 
-    def __init__(self, func: Function, pattern: FusionPattern, allow_leaks: bool, trace):
-        self.func, self.pattern, self.allow_leaks, self.trace = func, pattern, allow_leaks, trace
+    def __init__(self, view: FunctionView, pattern: FusionPattern, allow_leaks: bool, trace):
+        self.view, self.func, self.pattern, self.allow_leaks, self.trace = view, view.func, pattern, allow_leaks, trace
         self.group_of: dict[int, int] = {}  # binding index -> group id (its root's index)
         self.groups: dict[int, set[int]] = {}
         self.group_attrs: dict[int, dict] = {}
-        self.index_of = {id(b.var): i for i, b in enumerate(func.bindings)}
-        self.returned = {id(v) for v in leaves(func.ret) if isinstance(v, Var)}
-        self.users: dict[int, list[int]] = {i: [] for i in range(len(func.bindings))}
-        for i, b in enumerate(func.bindings):
-            for leaf in leaves(b.value):
-                j = self.index_of.get(id(leaf))
-                if j is not None and i not in self.users[j]:
-                    self.users[j].append(i)
+        self.returned = view.uses.returned
+        self.users = view.uses.users  # binding index -> the bindings that read it
 
     def name(self, i: int) -> str:
         return self.func.bindings[i].var.name
@@ -170,7 +174,7 @@ class _Partition:
             self.trace.record(self.pattern.name, self.func.name, self.name(cand.root), members, accepted, reason)
 
     def run(self) -> list[Group]:
-        for cand in matches(self.pattern, self.func, taken=lambda i: i in self.group_of):
+        for cand in matches(self.pattern, self.func, taken=lambda i: i in self.group_of, view=self.view):
             self.consider(cand)
         groups = []
         for gid, members in sorted(self.groups.items(), key=lambda kv: max(kv[1])):
@@ -264,6 +268,10 @@ class _Partition:
         return None
 
 
+def _roots(pattern: FusionPattern) -> tuple[P.Pattern, ...]:
+    return pattern.pattern.fields if pattern.multi_root else (pattern.pattern,)
+
+
 def _entry_functions(mod: Module, entry_functions: Sequence[str] | None) -> list[str]:
     if entry_functions is not None:
         for name in entry_functions:
@@ -284,16 +292,31 @@ def fuse_ops_by_pattern(mod: Module, patterns: Sequence[FusionPattern], bind_con
                 raise CodegenNameError(f"pattern '{p.name}' has no codegen prefix (a name such as 'cublas.{p.name}')",
                                        hint="annotate_codegen takes the backend from the part of the name before the first '.'")
     names = _entry_functions(mod, entry_functions)
+    with paused_collector():  # see dpl.ir.collector: the collector would make the pass superlinear
+        mod = _fuse(mod, patterns, names, bind_constants, allow_leaks, trace)
+        if annotate_codegen:
+            mod = annotate_codegen_functions(mod, names)
+    return mod
+
+
+def _fuse(mod: Module, patterns: Sequence[FusionPattern], names: list[str], bind_constants: bool, allow_leaks: bool, trace) -> Module:
+    views: dict[str, FunctionView] = {}  # per entry function, until a pattern changes it
     for pattern in patterns:
         table = FunctionTable(mod)
+        changed = False
         for name in names:
             func = table.functions[name]
-            groups = _Partition(func, pattern, allow_leaks, trace).run()
+            view = views.get(name)
+            if view is None or view.func is not func:
+                view = views[name] = FunctionView(func)
+            if not any(view.candidates(root) for root in _roots(pattern)):
+                continue  # no binding calls an op the pattern's root could match
+            groups = _Partition(view, pattern, allow_leaks, trace).run()
             if groups:
-                table.functions[name] = outline(func, groups, table, lift_constants=not bind_constants)
-        mod = table.module()
-    if annotate_codegen:
-        mod = annotate_codegen_functions(mod, names)
+                table.functions[name] = outline(func, groups, table, lift_constants=not bind_constants, uses=view.uses)
+                changed = True
+        if changed:
+            mod = table.module()
     return mod
 
 
@@ -304,7 +327,7 @@ def annotate_codegen_functions(mod: Module, callers: Sequence[str]) -> Module:
     from dpl.ops.registry import call_function
 
     functions = dict(mod.functions)
-    wrappers: dict[str, str] = {}
+    wrappers: dict[str, GlobalVar] = {}  # composite function -> its wrapper (one GlobalVar for every call)
     for name, fn in mod.functions.items():
         if "Composite" in fn.attrs and "Primitive" in fn.attrs:
             functions[name] = attrs.evolve(fn, attrs={k: v for k, v in fn.attrs.items() if k != "Primitive"})
@@ -326,8 +349,8 @@ def annotate_codegen_functions(mod: Module, callers: Sequence[str]) -> Module:
                     out = Var("output", comp.ret_type)
                     body = [Binding(out, call_function(GlobalVar(v.op.name), params, comp.ret_type))]
                     functions[wname] = Function(wname, params, body, out, {"Codegen": prefix, "global_symbol": wname})
-                    wrappers[v.op.name] = wname
-                new_bindings.append(Binding(b.var, attrs.evolve(v, op=GlobalVar(wrappers[v.op.name]))))
+                    wrappers[v.op.name] = GlobalVar(wname)
+                new_bindings.append(Binding(b.var, Call(wrappers[v.op.name], v.args, v.attrs, v.ty)))
                 changed = True
             else:
                 new_bindings.append(b)

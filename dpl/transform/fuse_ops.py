@@ -8,11 +8,10 @@ already ``Primitive``, ``Composite`` or ``Codegen`` are left alone, and the inpu
 
 from __future__ import annotations
 
-import gc
-
 import attrs
 
 from dpl.errors import DplError
+from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Module
 from dpl.transform.graph import build_graph
 from dpl.transform.normalize import normalize_function
@@ -49,15 +48,8 @@ def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256, *, fuse_redu
     them, as in a decomposed softmax, RMSNorm or LayerNorm — into one row kernel each."""
     if max_depth < 1:
         raise DplError(f"max_depth must be at least 1, got {max_depth}")
-    # the pass makes many small objects that reference counting frees; the cyclic collector's
-    # full passes over a large module's IR would only make it superlinear
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_collector():  # see dpl.ir.collector: the collector would make the pass superlinear
         return _fuse_ops(mod, opt_level, max_depth, fuse_reductions)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _fuse_ops(mod: Module, opt_level: int, max_depth: int, fuse_reductions: bool) -> Module:

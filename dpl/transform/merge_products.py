@@ -22,6 +22,7 @@ import logging
 import attrs
 import numpy as np
 
+from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Binding, Call, Constant, Function, Module, TupleGetItem, Var
 from dpl.ir.traverse import leaves
 from dpl.ops.registry import make_call
@@ -45,7 +46,8 @@ class _Branch:
 
 def merge_products(mod: Module) -> Module:
     """``mod`` with each group of parallel products merged (the input is not changed)."""
-    functions = {name: merge_function(fn) for name, fn in mod.functions.items()}
+    with paused_collector():  # see dpl.ir.collector
+        functions = {name: merge_function(fn) for name, fn in mod.functions.items()}
     if all(functions[name] is fn for name, fn in mod.functions.items()):
         return mod
     return Module(functions)

@@ -22,9 +22,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 
 from dpl.errors import DplError
-from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
+from dpl.ir.expr import _frozen_mapping, Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.traverse import leaves
 from dpl.ops.registry import call_function
+from dpl.transform.uses import FunctionUses, read_leaves
 
 
 class CycleError(DplError):
@@ -75,13 +76,21 @@ def _value_key(v: Any) -> Any:
 def function_key(fn: Function) -> tuple:
     """A hashable key equal for exactly the functions that are structurally equal up to the
     names of their variables: shared fused functions are found by a dict lookup."""
-    slot: dict[int, int] = {}
+    slot = {id(p): i for i, p in enumerate(fn.params)}
+    return _structure_key(fn.attrs, [p.ty for p in fn.params], slot, [(b.var, b.value) for b in fn.bindings], fn.ret)
+
+
+def _structure_key(fn_attrs, param_types, slot: dict[int, int], body, ret) -> tuple:
+    """:func:`function_key` of a function given in parts: ``slot`` numbers what the
+    parameters stand for (by id), ``body`` is its (variable, value) pairs, in order."""
 
     def ref(e: Expr):
         if isinstance(e, Var):
             return ("v", slot[id(e)])
         if isinstance(e, Constant):
-            return ("c", str(e.ty), e.value.tobytes())
+            if id(e) in slot:  # a constant the function takes as a parameter
+                return ("v", slot[id(e)])
+            return ("c", e.ty, e.value.tobytes())
         if isinstance(e, Tuple):
             return ("t", tuple(ref(f) for f in e.fields))
         if isinstance(e, TupleGetItem):
@@ -89,15 +98,13 @@ def function_key(fn: Function) -> tuple:
         if isinstance(e, GlobalVar):
             return ("g", e.name)
         op = e.op if isinstance(e.op, str) else ("@", e.op.name)
-        return ("call", op, str(e.ty), tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(ref(a) for a in e.args))
+        return ("call", op, e.ty, tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(ref(a) for a in e.args))
 
-    for i, p in enumerate(fn.params):
-        slot[id(p)] = i
-    body = []
-    for b in fn.bindings:
-        body.append(ref(b.value))
-        slot[id(b.var)] = len(slot)
-    return (tuple((k, _value_key(v)) for k, v in fn.attrs.items()), tuple(str(p.ty) for p in fn.params), tuple(body), ref(fn.ret))
+    out = []
+    for var, value in body:
+        out.append(ref(value))
+        slot[id(var)] = len(slot)
+    return (tuple((k, _value_key(v)) for k, v in fn_attrs.items()), tuple(param_types), tuple(out), ref(ret))
 
 
 class FunctionTable:
@@ -107,18 +114,29 @@ class FunctionTable:
     def __init__(self, mod: Module):
         self.functions: dict[str, Function] = dict(mod.functions)
         self._by_key: dict[tuple, str] = {}
+        self._next: dict[str, int] = {}  # base name -> the first number that may be free
 
-    def add(self, fn: Function) -> str:
-        key = function_key(fn)
+    def add(self, fn: Function, key: tuple | None = None) -> str:
+        """The name of ``fn`` in the table (an equal function's, or a new one); ``key`` is its
+        :func:`function_key` when the caller has it."""
+        if key is None:
+            key = function_key(fn)
         if key in self._by_key:
             return self._by_key[key]
-        name, i = fn.name, 0
-        while name in self.functions:
-            i += 1
+        name, i = fn.name, self._next.get(fn.name, 0)  # the numbers below are taken already
+        if i or name in self.functions:
+            i = max(i, 1)
+            while f"{fn.name}{i}" in self.functions:
+                i += 1
             name = f"{fn.name}{i}"
+        self._next[fn.name] = i + 1
         self.functions[name] = attrs.evolve(fn, name=name)
         self._by_key[key] = name
         return name
+
+    def name_of(self, key: tuple) -> str | None:
+        """The name of the function of key ``key`` already in the table, if any."""
+        return self._by_key.get(key)
 
     def module(self) -> Module:
         return Module(self.functions)
@@ -129,32 +147,41 @@ def _ret_vars(func: Function) -> list[Var]:
 
 
 def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, lift_constants: bool,
-            lift_scalars: bool = True) -> Function:
-    """``func`` with every group replaced by a call of a new (or shared) function in ``table``."""
+            lift_scalars: bool = True, uses: FunctionUses | None = None) -> Function:
+    """``func`` with every group replaced by a call of a new (or shared) function in ``table``.
+    ``uses`` is ``func``'s use index when the caller has one (it is made here otherwise): the
+    work beyond one pass over the bindings is proportional to the groups and their users."""
     if not groups:
         return func
+    if uses is None or uses.func is not func:
+        uses = FunctionUses(func)
     bindings = func.bindings
+    users = uses.users
     groups = [_without_outer_items(bindings, g) for g in groups]
     owner: dict[int, int] = {}  # binding index -> group number
     for g, group in enumerate(groups):
         for i in group.members:
             owner[i] = g
-    index_of_var = {id(b.var): i for i, b in enumerate(bindings)}
-    returned = {id(v) for v in _ret_vars(func)}
+    returned = uses.returned
 
-    # outputs of each group: returned values first (binding order), then external uses
-    outputs: list[list[Var]] = [[bindings[i].var for i in sorted(g.members) if id(bindings[i].var) in returned] for g in groups]
-    for i, b in enumerate(bindings):
-        for leaf in leaves(b.value):
-            j = index_of_var.get(id(leaf))
-            if j is None or j not in owner or owner.get(i) == owner[j]:
-                continue
-            outs = outputs[owner[j]]
-            if leaf not in outs:
-                outs.append(leaf)
+    # outputs of each group: returned values first (binding order), then external uses in
+    # order of first use there (by using binding, then by operand)
+    outputs: list[list[Var]] = []
+    outside: list[list[int]] = []  # per group: the bindings outside it that read it, in order
+    for g, group in enumerate(groups):
+        members = sorted(group.members)
+        outs = [bindings[i].var for i in members if id(bindings[i].var) in returned]
+        readers = sorted({u for i in members for u in users[i] if owner.get(u) != g})
+        for u in readers:
+            for leaf in read_leaves(bindings[u].value):
+                j = uses.index_of.get(id(leaf))
+                if j is not None and owner.get(j) == g and leaf not in outs:
+                    outs.append(leaf)
+        outputs.append(outs)
+        outside.append(readers)
 
     calls: dict[int, list[Binding]] = {}  # group -> the caller's new bindings
-    taken = {p.name for p in func.params} | {b.var.name for b in bindings}
+    taken = _Names(func)
     for g, group in enumerate(groups):
         members = sorted(group.members)
         if not outputs[g]:
@@ -162,7 +189,26 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
             continue
         calls[g] = _make_call([bindings[i] for i in members], outputs[g], group.attrs, table, lift_constants and lift_scalars, lift_constants, taken)
 
-    # emit: units are groups and single bindings; topological, else in original order
+    # emit: units are groups and single bindings; topological, else in original order. Each
+    # group sits at its last binding; when every reader of a group comes after that, the
+    # original order is already topological and is kept as it is.
+    last = [max(group.members, default=-1) for group in groups]
+    if all((last[owner[u]] if u in owner else u) > last[g] for g, readers in enumerate(outside) for u in readers):
+        out: list[Binding] = []
+        for i, b in enumerate(bindings):
+            g = owner.get(i)
+            if g is None:
+                out.append(b)
+            elif last[g] == i:
+                out.extend(calls[g])
+        return attrs.evolve(func, bindings=tuple(out))
+    return attrs.evolve(func, bindings=tuple(_reordered(func, uses, owner, calls)))
+
+
+def _reordered(func: Function, uses: FunctionUses, owner: dict[int, int], calls: dict[int, list[Binding]]) -> list[Binding]:
+    """The caller's bindings, groups as units, in an order topological over the units that
+    otherwise follows the original one (a unit's place is its last binding)."""
+    bindings = func.bindings
     unit_of = lambda i: ("g", owner[i]) if i in owner else ("b", i)  # noqa: E731
     position: dict[tuple, int] = {}
     for i in range(len(bindings)):
@@ -170,13 +216,12 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
         position[u] = max(position.get(u, -1), i)
     deps: dict[tuple, set] = {u: set() for u in position}
     users: dict[tuple, set] = {u: set() for u in position}
-    for i, b in enumerate(bindings):
-        u = unit_of(i)
-        for leaf in leaves(b.value):
-            j = index_of_var.get(id(leaf))
-            if j is not None and unit_of(j) != u:
-                deps[u].add(unit_of(j))
-                users[unit_of(j)].add(u)
+    for j, readers in enumerate(uses.users):
+        for i in readers:
+            u, d = unit_of(i), unit_of(j)
+            if d != u:
+                deps[u].add(d)
+                users[d].add(u)
     missing = {u: len(d) for u, d in deps.items()}
     ready = [(position[u], u) for u, n in missing.items() if n == 0]
     heapq.heapify(ready)
@@ -193,7 +238,28 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
     if done != len(position):
         stuck = sorted({bindings[i].var.name for i, g in owner.items() if missing[("g", g)]})
         raise CycleError(f"fusing the groups of '{func.name}' would create a cyclic dependency (involving {', '.join(stuck)})")
-    return attrs.evolve(func, bindings=tuple(out))
+    return out
+
+
+class _Names:
+    """Names taken in a function; ``fresh(base)`` gives the first free ``base<k>`` (k = 0, 1,
+    ...) and takes it, without rescanning the numbers it has already given out."""
+
+    def __init__(self, func: Function):
+        self.func = func
+        self.taken: set[str] | None = None  # the function's names, collected on first use
+        self.next: dict[str, int] = {}
+
+    def fresh(self, base: str) -> str:
+        if self.taken is None:
+            self.taken = {p.name for p in self.func.params} | {b.var.name for b in self.func.bindings}
+        k = self.next.get(base, 0)
+        while f"{base}{k}" in self.taken:
+            k += 1
+        self.next[base] = k + 1
+        name = f"{base}{k}"
+        self.taken.add(name)
+        return name
 
 
 def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
@@ -208,7 +274,7 @@ def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
 
 
 def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: FunctionTable, lift_scalars: bool,
-               lift_constants: bool, taken: set[str]) -> list[Binding]:
+               lift_constants: bool, taken: "_Names") -> list[Binding]:
     defined = {id(b.var) for b in members}
     params: list[Var] = []
     args: list[Expr] = []
@@ -226,24 +292,25 @@ def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: F
             renamed[id(leaf)] = p
             params.append(p)
             args.append(leaf)
-    inner: list[Binding] = []
-    for b in members:
-        var = Var(b.var.name, b.var.ty)
-        inner.append(Binding(var, substitute(b.value, renamed)))
-        renamed[id(b.var)] = var
-    ret = renamed[id(outputs[0])] if len(outputs) == 1 else Tuple(tuple(renamed[id(v)] for v in outputs))
-    fn_attrs = {"Primitive": True, **group_attrs}
-    name = "fused_" + "_".join(op_names(members))
-    fn = Function(name, params, inner, ret, fn_attrs)
-    gv = GlobalVar(table.add(fn))
-    call = call_function(gv, args, ret.ty)
+    fn_attrs = _frozen_mapping({"Primitive": True, **group_attrs})
+    # the key of the function this group becomes, read off the group itself: a group equal to
+    # one outlined before (most of them, in a model of repeated layers) builds nothing
+    slot = {id(a): i for i, a in enumerate(args)}
+    ret_parts = outputs[0] if len(outputs) == 1 else Tuple(tuple(outputs))
+    key = _structure_key(fn_attrs, [p.ty for p in params], slot, [(b.var, b.value) for b in members], ret_parts)
+    name = table.name_of(key)
+    if name is None:
+        inner: list[Binding] = []
+        for b in members:
+            var = Var(b.var.name, b.var.ty)
+            inner.append(Binding(var, substitute(b.value, renamed)))
+            renamed[id(b.var)] = var
+        ret = renamed[id(outputs[0])] if len(outputs) == 1 else Tuple(tuple(renamed[id(v)] for v in outputs))
+        name = table.add(Function("fused_" + "_".join(op_names(members)), params, inner, ret, fn_attrs), key)
+    call = call_function(GlobalVar(name), args, ret_parts.ty)
     if len(outputs) == 1:
         return [Binding(outputs[0], call)]
-    k = 0
-    while f"lv{k}" in taken:
-        k += 1
-    taken.add(f"lv{k}")
-    tup = Var(f"lv{k}", call.ty)
+    tup = Var(taken.fresh("lv"), call.ty)
     order = {id(b.var): i for i, b in enumerate(members)}
     items = [Binding(tup, call)]
     for v in sorted(outputs, key=lambda v: order[id(v)]):

@@ -1,0 +1,180 @@
+"""The linear compile pipeline's pieces: the use index behind FuseOpsByPattern (TVM's var_usages,
+read lazily), outlining without a reorder when the order already holds, the ops a rewrite
+needs before it tries a binding, CSE keys shared across rules, the scalar-constant fast path
+of the matcher, and the collector paused only for the duration of a pass."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import dpl
+from dpl.ir.expr import Constant
+from dpl.ir.simplify import eliminate_common_subexpr, simplify
+from dpl.pattern import FUNCTION_RETURN, is_const, is_op, rewrite_call, wildcard
+from dpl.pattern.match import _same_constant
+from dpl.pattern.nodes import required_ops
+from dpl.transform.outline import CycleError, FunctionTable, Group, outline
+from dpl.transform.uses import FunctionUses
+
+TEXT = """
+func main(x: f32[4, 4], w: f32[4, 4]) -> (f32[4, 4], f32[4, 4]) {
+  a = matmul(x, w)
+  b = add(a, x)
+  c = exp(b)
+  d = multiply(c, a)
+  e = add(d, d)
+  return (e, c)
+}
+"""
+
+
+def parse(text=TEXT):
+    return dpl.parse(text)["main"]
+
+
+def brute_force_usages(func):
+    """TVM's var_usages, written out: {var: users in program order}, the return last."""
+    users = {p: [] for p in func.params}
+    for b in func.bindings:
+        users.setdefault(b.var, [])
+        for leaf in dpl.ir.traverse.leaves(b.value):
+            if isinstance(leaf, dpl.ir.Var) and b.var not in users.setdefault(leaf, []):
+                users[leaf].append(b.var)
+    for leaf in dpl.ir.traverse.leaves(func.ret):
+        if isinstance(leaf, dpl.ir.Var):
+            users[leaf].append(FUNCTION_RETURN)
+    return {k: tuple(v) for k, v in users.items()}
+
+
+def test_var_usages_read_from_the_index_are_tvms():
+    func = parse()
+    usages = FunctionUses(func).var_usages
+    want = brute_force_usages(func)
+    assert dict(usages.items()) == want
+    assert list(usages) == list(want) and len(usages) == len(want)
+    c = func.bindings[2].var
+    assert usages[c][-1] is FUNCTION_RETURN and [v.name for v in usages[c][:-1]] == ["d"]
+    assert [v.name for v in usages[func.bindings[3].var]] == ["e"]  # d read twice by e: listed once
+    with pytest.raises(KeyError):
+        usages[dpl.ir.Var("stranger", func.params[0].ty)]
+
+
+def test_the_index_lists_bindings_by_op():
+    uses = FunctionUses(parse())
+    assert uses.with_ops(frozenset({"add"})) == [1, 4]
+    assert uses.with_ops(frozenset({"add", "exp"})) == [1, 2, 4]
+    assert uses.with_ops(frozenset({"tanh"})) == [] and uses.with_ops(None) == [0, 1, 2, 3, 4]
+
+
+def test_outline_keeps_the_order_or_reorders_as_before():
+    func = dpl.parse("""
+func main(x: f32[4], y: f32[4]) -> f32[4] {
+  a = exp(x)
+  b = add(a, y)
+  c = tanh(x)
+  d = multiply(b, c)
+  e = add(d, y)
+  return e
+}""")["main"]
+    rng = np.random.default_rng(1)
+    args = [rng.uniform(0.5, 1.5, 4).astype("float32") for _ in range(2)]
+    want = dpl.interpret(dpl.Module([func]), *args)
+    # {a, c}: b reads a before c, the group's last binding, is reached: b moves after the call
+    table = FunctionTable(dpl.Module([func]))
+    moved = outline(func, [Group((0, 2), {})], table, lift_constants=True)
+    assert [b.var.name for b in moved.bindings] == ["lv0", "a", "c", "b", "d", "e"]
+    np.testing.assert_allclose(dpl.interpret(table.module().with_function(moved), *args), want, rtol=1e-6)
+    # {b, d}: every reader comes after d: the original order, the call where d was
+    table = FunctionTable(dpl.Module([func]))
+    kept = outline(func, [Group((1, 3), {})], table, lift_constants=True)
+    assert [b.var.name for b in kept.bindings] == ["a", "c", "d", "e"]
+    np.testing.assert_allclose(dpl.interpret(table.module().with_function(kept), *args), want, rtol=1e-6)
+    with pytest.raises(CycleError):  # a is read by b, which d reads: {a, d} cannot be one call
+        outline(func, [Group((0, 3), {})], FunctionTable(dpl.Module([func])), lift_constants=True)
+
+
+def test_equal_groups_share_one_function_named_by_a_counter():
+    func = dpl.parse("""
+func main(x: f32[4]) -> f32[4] {
+  a = exp(x)
+  b = add(a, x)
+  c = exp(b)
+  d = add(c, b)
+  e = exp(d)
+  f = multiply(e, d)
+  return f
+}""")["main"]
+    table = FunctionTable(dpl.Module([func]))
+    out = outline(func, [Group((0, 1), {}), Group((2, 3), {}), Group((4, 5), {})], table, lift_constants=True)
+    callees = [b.value.op.name for b in out.bindings]
+    assert callees[0] == callees[1] != callees[2]
+    assert sorted(n for n in table.functions if n != "main") == ["fused_exp_add", "fused_exp_multiply"]
+
+
+def test_required_ops_of_alternatives_and_optionals():
+    x = wildcard()
+    p = is_op("multiply")(x, is_op("sigmoid")(x))
+    assert required_ops(p) == {"multiply", "sigmoid"}
+    either = is_op("exp")(x) | is_op("tanh")(is_op("exp")(x))
+    assert required_ops(either) == {"exp"}
+    assert required_ops(wildcard()) == frozenset()
+
+
+def test_a_rewrite_whose_ops_are_absent_tries_no_binding(monkeypatch):
+    import dpl.pattern.rewrite as rewrite
+
+    func = parse()
+    rounds, calls = [], []
+    real_round = rewrite._round
+    monkeypatch.setattr(rewrite, "_round", lambda *a: rounds.append(1) or real_round(*a))
+
+    def rewriter(value, match):
+        calls.append(value)
+        return None
+
+    x = wildcard()
+    assert rewrite_call(is_op("multiply")(x, is_op("sigmoid")(x)), rewriter, func) is func
+    assert rounds == [] and calls == []  # no sigmoid anywhere: not one binding tried
+    # present: every multiply is offered to the rewriter
+    assert rewrite_call(is_op("multiply")(x, wildcard()), rewriter, func) is func
+    assert rounds == [1] and len(calls) == 1
+
+
+def test_cse_keys_shared_between_calls_change_nothing():
+    func = dpl.parse("func main(x: f32[4]) -> f32[4] { a = exp(x) b = exp(x) c = add(a, b) d = add(b, a) e = multiply(c, d) return e }")["main"]
+    keys: dict = {}
+    first = simplify(func, keys)
+    assert len(keys) > 0 and [b.var.name for b in first.bindings] == ["a", "c", "e"]
+    again = eliminate_common_subexpr(func, keys)
+    assert [b.var.name for b in simplify(again, keys).bindings] == [b.var.name for b in first.bindings]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_scalar_constants_compare_as_before(dtype):
+    rng = np.random.default_rng(3)
+    values = [0.5, 1e-6, 2.0, np.nan, np.inf, -0.0, 0.1, 0.7071067811865476]
+    values += list(rng.standard_normal(20))
+    for v in values:
+        const = np.asarray(v).astype(dtype)
+        for wanted in (np.asarray(v), np.asarray(float(np.float32(v))), np.asarray(v + 1e-3), np.asarray(2)):
+            with np.errstate(all="ignore"):
+                slow = bool(np.array_equal(const, wanted.astype(const.dtype), equal_nan=True))
+            assert _same_constant(const, wanted) is slow, (dtype, v, wanted)
+    assert _same_constant(np.asarray(0.5, "float32"), np.asarray(0.5))
+    assert dpl.pattern.match(is_const(0.125), Constant(np.asarray(0.125, "float32")))
+
+
+def test_passes_restore_the_collector():
+    from dpl.apply import as_pattern_set
+
+    mod = dpl.parse(TEXT)
+    assert gc.isenabled()
+    dpl.apply(mod, as_pattern_set(["rewrites", "cublas"]))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        dpl.apply(mod, as_pattern_set(["rewrites", "cublas"]))
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
