@@ -7,8 +7,9 @@ tuple items are bookkeeping over buffers and cost nothing. Every kernel call bec
 
 Memory planning gives each temporary a slot of an arena: a slot is free again after the last
 step that reads its value, and a new temporary takes the smallest free slot big enough for it
-(else a new slot). Inputs are only read. Outputs never live in the arena: they are fresh arrays
-of each call (or the caller's ``out=``), so what a call returns never aliases a reused buffer.
+(else a new slot). Inputs are only read. Outputs never live in the arena: they come from the
+plan's :class:`~dpl.runtime.output_pool.OutputPool` (memory already mapped, which no caller
+still holds) or are the caller's ``out=``, so what a call returns never aliases a buffer in use.
 An output that is an input, a constant or an output already given is copied at the end.
 
 Calls from several threads at once are safe: each call borrows an arena of its own from the
@@ -31,6 +32,7 @@ from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
+from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.threads import one_pool_kernels
 
@@ -101,6 +103,7 @@ class Plan:
         self.copies = copies  # (output position, buffer read)
         self.decisions = decisions  # (function name, ScheduledGroup)
         self.threads_note = threads_note  # why the plan caps its kernels' threads (dpl.runtime.threads)
+        self.output_pool = OutputPool(out_specs)
         self._plan_memory()
 
     # -- memory ---------------------------------------------------------------------------------
@@ -174,7 +177,7 @@ class Plan:
         bufs = list(views)
         for b, a in zip(self.input_ids, arrays):
             bufs[b] = a
-        outs = list(out) if out is not None else [np.empty(s, d) for s, d in self.out_specs]
+        outs = list(out) if out is not None else self.output_pool.take()
         for pos, b in enumerate(self.output_ids):
             if b is not None:
                 bufs[b] = outs[pos]
