@@ -252,3 +252,16 @@ def test_seed_is_the_old_default():
     seed = FusionConfig.seed()
     assert (seed.max_graph_size, seed.min_tensor_elements, seed.profile_fallback, seed.min_nodes_for_fusion) == (10, 1024, "fuse", 2)
     assert FusionConfig.seed(margin=0.5).margin == 0.5 and FusionConfig.seed(margin=0.5).max_graph_size == 10
+
+
+def test_constant_digests_are_remembered_per_array_and_follow_the_bytes():
+    from dpl.runtime.keys import _DIGESTS, constant_digest
+
+    a = np.arange(1000, dtype=np.float32)
+    b = a.copy()
+    b[999] = -1
+    assert constant_digest(a) == constant_digest(a.copy()) != constant_digest(b)
+    assert id(a) in _DIGESTS
+    key = id(b)
+    del b
+    assert key not in _DIGESTS or _DIGESTS[key][0]() is not None  # gone with its array
