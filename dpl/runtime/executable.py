@@ -75,7 +75,7 @@ class Executable(Compiler):
     """
 
     def __init__(self, module: Module, target: Any = "cpu", config: FusionConfig | None = None, *, entry: str = "main",
-                 cache: KernelCache | None = None, progress: TextIO | bool | None = True):
+                 cache: KernelCache | None = None, progress: TextIO | bool | None = True, threads: int | None = None):
         if not isinstance(module, Module):
             raise DplError(f"build takes a Module, got {type(module).__name__}")
         if entry not in module.functions:
@@ -84,6 +84,9 @@ class Executable(Compiler):
         self.target: tuple[Backend, ...] = resolve_target(target)
         self.target_name = target if isinstance(target, str) else "[" + ", ".join(t if isinstance(t, str) else t.name for t in target) + "]"
         self.config = config or FusionConfig()
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise DplError(f"threads must be a positive integer or None, got {threads!r}")
+        self.threads = threads  # the thread budget of every call (dpl.runtime.threads)
         self.progress = terminal_stderr() if progress is True else (progress or None)  # where build progress is drawn
         self.scheduler = FusionScheduler(self.config, cache=cache)
         self.fallbacks: list[Fallback] = []
@@ -165,7 +168,7 @@ class Executable(Compiler):
         builds in turn (each failure then falls back where it arises)."""
         kept, fallbacks = self.scheduler.cache.keys(), len(self.fallbacks)
         with parallel_builds(progress=self.progress) as pool:
-            plan = Planner(self.module, self.entry, self).plan(specs)
+            plan = Planner(self.module, self.entry, self, self.threads).plan(specs)
             failed = pool.wait()
         if not failed:
             return plan
@@ -173,7 +176,7 @@ class Executable(Compiler):
         self.scheduler.cache.keep_only(kept)
         del self.fallbacks[fallbacks:]
         with serial_builds():
-            return Planner(self.module, self.entry, self).plan(specs)
+            return Planner(self.module, self.entry, self, self.threads).plan(specs)
 
     def _flat_inputs(self, arrays) -> list[np.ndarray]:
         params = self.entry.params
@@ -329,10 +332,12 @@ def _called_functions(module: Module, fn: Function) -> list[str]:
 
 
 def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = None, entry: str = "main", cache: KernelCache | None = None,
-          progress: TextIO | bool | None = True) -> Executable:
+          progress: TextIO | bool | None = True, threads: int | None = None) -> Executable:
     """Build ``mod`` for ``target``: ``"cpu"``, ``"numpy"``, ``"cuda"``, a backend name, a
     Backend, comma-separated names (``"mylib,cpu"``), or a list of them tried in order. A
     function carrying a codegen prefix goes first to the backend registered for that prefix,
     whatever the target. ``progress``: where the C compiles draw their progress line (True: on
-    stderr when it is a terminal; None or False: nowhere)."""
-    return Executable(mod, target, config, entry=entry, cache=cache, progress=progress)
+    stderr when it is a terminal; None or False: nowhere). ``threads``: the thread budget of
+    every call, for the BLAS and the OpenMP kernels alike (None: each pool's own default;
+    :mod:`dpl.runtime.threads`)."""
+    return Executable(mod, target, config, entry=entry, cache=cache, progress=progress, threads=threads)
