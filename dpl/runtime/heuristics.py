@@ -31,6 +31,7 @@ from dpl.runtime.config import FusionConfig
 from dpl.runtime.cost import group_cost
 from dpl.runtime.keys import compatible_key, exact_key, group_ops
 from dpl.runtime.profile_data import ProfileData, load_profile
+from dpl.runtime.shapes import ShapeError
 
 # the seed's V1 list of fusable ops, in dpl's names (for backends that want the seed's set)
 SEED_FUSION_OPS = frozenset({
@@ -125,6 +126,9 @@ class FusionHeuristics:
         return FusionDecision(fuse, branch, f"separate {separate:.4g} ms {cmp} fused {fused:.4g} ms x (1 + {cfg.margin:g})")
 
     def _model_decision(self, graph, shapes, what: str) -> FusionDecision:
-        cost = group_cost(graph, shapes)
+        try:
+            cost = group_cost(graph, shapes)
+        except ShapeError:  # a size the caller binds (arange(end=seq) in a group): no price, fuse as the seed did
+            return FusionDecision(True, "model", f"{what}; sizes not all known from the group's inputs, fused as by default")
         fuse = cost.seconds(True) < cost.seconds(False)
         return FusionDecision(fuse, "model", f"{what}; {cost}")
