@@ -72,7 +72,7 @@ def test_progress_is_drawn_where_asked_and_only_for_compiles(single_ops, tmp_pat
     stream = io.StringIO()
     dpl.build(mod, [CpuBackend(cache_dir=tmp_path), "numpy"], config=ALWAYS, progress=stream)
     text = stream.getvalue()
-    assert "dpl: compiling kernels" in text and "5/5" in text and text.endswith("\n")
+    assert "dpl: compiling kernels" in text and "5/5" in text and text.endswith("\n") and text.count("\n") == 1
     warm = io.StringIO()
     dpl.build(mod, [CpuBackend(cache_dir=tmp_path), "numpy"], config=ALWAYS, progress=warm)
     assert warm.getvalue() == ""

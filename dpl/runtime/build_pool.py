@@ -32,7 +32,7 @@ class BuildPool:
         self.workers = workers or os.cpu_count() or 1
         self._executor: ThreadPoolExecutor | None = None
         self.futures: list[Future] = []
-        self._progress = Progress(0, progress, title="dpl: compiling kernels ")
+        self._progress = Progress(0, progress, title="dpl: compiling kernels ", end_when_done=False)
 
     def submit(self, work: Callable[[], object], label: str = "") -> Future:
         if self._executor is None:
@@ -51,6 +51,7 @@ class BuildPool:
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        self._progress.finish()
 
 
 @contextlib.contextmanager

@@ -17,8 +17,11 @@ def terminal_stderr() -> TextIO | None:
 
 
 class Progress:
-    def __init__(self, total: int, stream: TextIO | None, width: int = 30, title: str = ""):
+    def __init__(self, total: int, stream: TextIO | None, width: int = 30, title: str = "", end_when_done: bool = True):
+        """``end_when_done``: end the line when ``done`` reaches ``total`` (else at :meth:`finish`,
+        for work whose total grows while it runs)."""
         self.total, self.stream, self.width, self.done, self.title = total, stream, width, 0, title
+        self.end_when_done, self._drawn = end_when_done, False
         self._lock = threading.Lock()
 
     def grow(self, n: int = 1) -> None:
@@ -38,6 +41,16 @@ class Progress:
         filled = self.width * self.done // max(1, self.total)
         bar = "#" * filled + "." * (self.width - filled)
         self.stream.write(f"\r{self.title}[{bar}] {self.done}/{self.total} {label[:40]:<40}")
-        if self.done == self.total:
+        self._drawn = True
+        if self.end_when_done and self.done == self.total:
             self.stream.write("\n")
+            self._drawn = False
         self.stream.flush()
+
+    def finish(self) -> None:
+        """End the line, if one is drawn."""
+        with self._lock:
+            if self.stream is not None and self._drawn:
+                self.stream.write("\n")
+                self.stream.flush()
+                self._drawn = False
