@@ -30,6 +30,7 @@ from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 from dpl.cache_dir import store_dir
+from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
 from dpl.runtime.threads import OPENMP
 
@@ -121,6 +122,10 @@ class KernelCache:
         parts = [source, " ".join(self.flags()), compiler_version(self.cc), cpu_identity()]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
+    def cached(self, source: str) -> ctypes.CDLL | None:
+        """The verified library of ``source`` when the store has it (no compiling, no lock)."""
+        return self.store._verified(self.key(source), SYMBOL)
+
     def load(self, source: str) -> ctypes.CDLL:
         about = {"cc": compiler_version(self.cc), "cpu": cpu_identity()}
         try:
@@ -209,11 +214,12 @@ class CpuBackend(Backend):
                                  stream_bytes=self.stream_bytes if stream_bytes == "default" else stream_bytes)
         except (LoweringError, EmitError) as err:
             raise CompileError(f"'{function.name}' has no C kernel: {err.message}") from None
-        lib = self.cache.load(source)
-        entry = getattr(lib, SYMBOL)
-        entry.restype = None
-        entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
-        return _c_runner(function.name, kernel, source, lib, entry, threads)
+        lib = self.cache.cached(source)
+        if lib is None:  # the compiler runs: on the build pool while a plan is made (dpl.runtime.build_pool)
+            lib = build_pool.submit(lambda: self.cache.load(source), function.name)
+            if lib.done():  # no pool: compiled now, and a compile error is raised here
+                lib = lib.result()
+        return _c_runner(function.name, kernel, source, _Library(lib), threads)
 
 
 def _blas_product(b) -> bool:
@@ -221,14 +227,31 @@ def _blas_product(b) -> bool:
     return is_product(b) or im2col.takes(b.value)
 
 
-def _c_runner(name, kernel, source, lib, entry, threads):
+class _Library:
+    """A kernel's loaded library, or the future of one still compiling: resolved at the first
+    call (the Executable waits for every build before it hands out a plan)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self._resolved = None
+
+    def resolve(self):
+        """(entry, omp_set_num_threads or None, omp_get_max_threads or None)."""
+        if self._resolved is None:
+            lib = self._lib.result() if hasattr(self._lib, "result") else self._lib
+            entry = getattr(lib, SYMBOL)
+            entry.restype = None
+            entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
+            # the OpenMP runtime the kernel links (found through its handle), to cap its team
+            get_threads = getattr(lib, "omp_get_max_threads", None)
+            set_threads = getattr(lib, "omp_set_num_threads", None) if get_threads is not None else None
+            self._resolved = (entry, set_threads, get_threads)
+        return self._resolved
+
+
+def _c_runner(name, kernel, source, library: _Library, threads):
     """``run(inputs, outputs)`` calling a compiled kernel's entry; ``threads`` caps its OpenMP
     team for the call (the calling thread's setting is restored after)."""
-    # the OpenMP runtime the kernel links (found through its handle), when a cap is asked for
-    set_threads = getattr(lib, "omp_set_num_threads", None) if threads else None
-    get_threads = getattr(lib, "omp_get_max_threads", None)
-    if get_threads is None:
-        set_threads = None
     constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
     dim_names = kernel.dims
     n_params = len(kernel.params)
@@ -245,7 +268,8 @@ def _c_runner(name, kernel, source, lib, entry, threads):
         arrays = [*inputs[:n_params], *constants, *targets]
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
-        if set_threads is None:
+        entry, set_threads, get_threads = library.resolve()
+        if not threads or set_threads is None:
             entry(ptrs, dims)
         else:  # the calling thread's OpenMP setting, restored after
             before = get_threads()
@@ -262,5 +286,5 @@ def _c_runner(name, kernel, source, lib, entry, threads):
     run.source = source  # type: ignore[attr-defined]
     run.threads = threads  # type: ignore[attr-defined]
     run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
-    run.with_threads = lambda n: run if n == threads else _c_runner(name, kernel, source, lib, entry, n)  # type: ignore[attr-defined]
+    run.with_threads = lambda n: run if n == threads else _c_runner(name, kernel, source, library, n)  # type: ignore[attr-defined]
     return run

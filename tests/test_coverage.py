@@ -149,21 +149,24 @@ def test_report_agrees_on_torch_nn_models(which):
 
 def test_runtime_decisions_agree_with_what_a_build_did():
     """decide() asks the heuristics without compiling; from_executable() reads the plans of a
-    real build: on conv_block (rule 3 sends both groups op by op) and llama_mlp they agree."""
+    real build: on conv_block (the seed's rule 3 sends both groups op by op) and llama_mlp they agree."""
     needs.c_compiler()
     from dpl.cli import random_inputs
     from dpl.viz.runtime import decide, from_executable
 
     for name, patterns in (("conv_block.ir", ["llm"]), ("llama_mlp.ir", ["llm"])):
         fused = dpl.apply(dpl.load(EXAMPLES / name), patterns)
-        exe = dpl.build(fused, "cpu")
+        exe = dpl.build(fused, "cpu", config=dpl.FusionConfig.seed())
         exe(*random_inputs(fused["main"], 0))
-        built, asked = from_executable(exe), decide(fused, "cpu")
+        built, asked = from_executable(exe), decide(fused, "cpu", dpl.FusionConfig.seed())
         assert built.keys() == asked.keys()
         for fn in built:
             assert built[fn].fused == asked[fn].fused and built[fn].backend == asked[fn].backend, fn
     fused = dpl.apply(dpl.load(EXAMPLES / "conv_block.ir"), ["llm"])
-    exe = dpl.build(fused, "cpu")
+    exe = dpl.build(fused, "cpu", config=dpl.FusionConfig.seed())
     exe(*random_inputs(fused["main"], 0))
     decision = from_executable(exe)["fused_nn_conv2d_add_nn_relu"]
     assert not decision.fused and "rule 3" in decision.why
+    exe = dpl.build(fused, "cpu")  # the default: its small bias no longer sends the group op by op
+    exe(*random_inputs(fused["main"], 0))
+    assert from_executable(exe)["fused_nn_conv2d_add_nn_relu"].fused

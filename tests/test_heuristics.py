@@ -29,7 +29,7 @@ def chain(n_ops, op="nn.relu"):
 
 
 def decide(graph=SWIGLU, shapes=BIG, dtypes=F32, supported=None, profile=None, **cfg):
-    h = FusionHeuristics(FusionConfig(**cfg), profile=profile)
+    h = FusionHeuristics(FusionConfig.seed(**cfg), profile=profile)
     return h.should_fuse(graph, shapes, dtypes, supported)
 
 
@@ -164,7 +164,7 @@ def test_bad_profiles_and_configs_are_named(tmp_path):
         decide(profile_path=str(bad))
     with pytest.raises(ProfileError, match="cannot read profile"):
         decide(profile_path=str(tmp_path / "missing.json"))
-    with pytest.raises(DplError, match="profile_fallback must be 'fuse' or 'no_fuse'"):
+    with pytest.raises(DplError, match="profile_fallback must be .model., .fuse. or .no_fuse."):
         FusionConfig(profile_fallback="maybe")
 
 
@@ -172,7 +172,7 @@ def test_bad_profiles_and_configs_are_named(tmp_path):
 
 def test_dispatch_runs_fused_or_op_by_op_and_caches_kernels():
     numpy = get_backend("numpy")
-    sched = FusionScheduler(FusionConfig())
+    sched = FusionScheduler(FusionConfig.seed())
     g, u = inputs_for(symbolic(), {"n": 64})
     want = dpl.interpret(SWIGLU, g, u)
     np.testing.assert_array_equal(sched.dispatch(SWIGLU, [g, u], numpy), want)
@@ -188,7 +188,7 @@ def test_the_executable_decides_per_group_and_per_shape(tmp_path, no_c_compiler)
     key64 = exact_key(mod["fused_silu_multiply"], [(64, 64), (64, 64)], F32)
     path = write_profile(tmp_path, single={"nn.silu": 1.0, "multiply": 1.0},
                          fused={key64: 5.0, "nn.silu+multiply": 1.0})
-    exe = dpl.build(mod, "cpu", config=FusionConfig(profile_path=path))
+    exe = dpl.build(mod, "cpu", config=FusionConfig.seed(profile_path=path))
     for n in (64, 128):
         args = inputs_for(mod, {"n": n})
         np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
@@ -198,3 +198,70 @@ def test_the_executable_decides_per_group_and_per_shape(tmp_path, no_c_compiler)
     text = exe.summary()
     assert "at [64, 64] [64, 64]: do not fuse (profile: exact key: separate 2 ms <= fused 5 ms x (1 + 0.1)); runs op by op" in text
     assert "at [128, 64] [128, 64]: fuse (profile: compatible key: separate 2 ms > fused 1 ms x (1 + 0.1)); fused kernel compiled by numpy" in text
+
+
+# -- the default: the traffic model (dpl.runtime.cost) ------------------------------------------------
+
+def conv_bias_relu():
+    def body(fb, x, w, b):
+        y = fb.emit("nn.conv2d", x, w, padding=[1, 1, 1, 1])
+        return fb.emit("nn.relu", fb.emit("add", y, b))
+
+    return group("conv_bias_relu", [("x", "f32", (1, 64, 56, 56)), ("w", "f32", (64, 64, 3, 3)), ("b", "f32", (1, 64, 1, 1))], body)
+
+
+def matmul_bias():
+    return group("matmul_bias", [("x", "f32", (128, 256)), ("w", "f32", (256, 256)), ("b", "f32", (256,))],
+                 lambda fb, x, w, b: fb.emit("add", fb.emit("matmul", x, w), b))
+
+
+@pytest.mark.parametrize("make", [conv_bias_relu, matmul_bias])
+def test_a_small_bias_keeps_a_group_fused_by_default(make):
+    g = make()
+    shapes = [p.ty.shape for p in g.params]
+    d = FusionHeuristics(FusionConfig()).should_fuse(g, shapes, ["float32"] * len(shapes))
+    assert d and d.rule == "model" and "no profile file" in d.reason
+    seed = FusionHeuristics(FusionConfig.seed()).should_fuse(g, shapes, ["float32"] * len(shapes))
+    assert not seed and seed.rule == "rule 3"  # the seed sent it op by op for the bias
+
+
+def test_the_model_prices_bytes_calls_and_arithmetic():
+    from dpl.runtime.cost import group_cost
+
+    cost = group_cost(matmul_bias(), [(128, 256), (256, 256), (256,)])
+    product, bias, x, w = 128 * 256 * 4, 256 * 4, 128 * 256 * 4, 256 * 256 * 4
+    assert cost.calls_apart == 2 and cost.bytes_fused == x + w + bias + product
+    assert cost.bytes_apart == (x + w + product) + (product + bias + product)
+    assert cost.product_ops == 2 * 128 * 256 * 256 and cost.ops == 128 * 256
+    assert cost.seconds(True) < cost.seconds(False)
+    small = group_cost(SWIGLU, [(4, 64), (4, 64)])  # symbolic dims bound from the shapes
+    assert small.bytes_fused == 3 * 4 * 64 * 4 and small.bytes_apart == 5 * 4 * 64 * 4
+
+
+def test_profile_data_overrides_the_model_per_shape(tmp_path):
+    key = exact_key(SWIGLU, BIG, F32)
+    path = write_profile(tmp_path, fused={key: 3.0}, separate={key: 1.0})
+    h = FusionHeuristics(FusionConfig(profile_path=path))
+    d = h.should_fuse(SWIGLU, BIG, F32)
+    assert not d and d.rule == "profile: exact key"
+    other = h.should_fuse(SWIGLU, [(32, 64), (32, 64)], F32)  # not in the profile: the model
+    assert other and other.rule == "model" and "no fused time" in other.reason
+
+
+def test_seed_is_the_old_default():
+    seed = FusionConfig.seed()
+    assert (seed.max_graph_size, seed.min_tensor_elements, seed.profile_fallback, seed.min_nodes_for_fusion) == (10, 1024, "fuse", 2)
+    assert FusionConfig.seed(margin=0.5).margin == 0.5 and FusionConfig.seed(margin=0.5).max_graph_size == 10
+
+
+def test_constant_digests_are_remembered_per_array_and_follow_the_bytes():
+    from dpl.runtime.keys import _DIGESTS, constant_digest
+
+    a = np.arange(1000, dtype=np.float32)
+    b = a.copy()
+    b[999] = -1
+    assert constant_digest(a) == constant_digest(a.copy()) != constant_digest(b)
+    assert id(a) in _DIGESTS
+    key = id(b)
+    del b
+    assert key not in _DIGESTS or _DIGESTS[key][0]() is not None  # gone with its array

@@ -102,3 +102,45 @@ def test_one_pool_kernels_caps_only_openmp_kernels_of_mixed_sets():
     assert set(capped) == {id(c)} and capped[id(c)].threads == 1
     both = fake({OPENMP, BLAS})  # a kernel that uses both pools on its own counts as mixed
     assert set(one_pool_kernels([both, c])) == {id(both), id(c)}
+
+
+def test_a_thread_budget_caps_openmp_kernels_and_blas(cpu, monkeypatch):
+    from dpl.runtime import threads as th
+
+    exe = dpl.build(dpl.apply(C_ONLY), [cpu, "numpy"], config=FUSE_ALL, threads=2)
+    assert all(k.threads == 2 for k in c_kernels(exe.plan(*args_for(C_ONLY))))
+    assert "thread budget 2" in exe.summary()
+    seen = []
+
+    class Lib:  # a BLAS on 4 threads, as threadpoolctl hands it over
+        n = 4
+
+        def get_num_threads(self):
+            return self.n
+
+        def set_num_threads(self, n):
+            self.n = n
+
+    lib = Lib()
+    monkeypatch.setattr(th, "_blas_controllers", lambda: [lib])
+    mixed = dpl.build(dpl.apply(MIXED), [cpu, "numpy"], config=FUSE_ALL, threads=1)
+    step = mixed.plan(*args_for(MIXED)).steps[0]
+    real = step.kernel
+    object.__setattr__(step, "kernel", lambda ins, outs: (seen.append(lib.n), real(ins, outs)))
+    args = args_for(MIXED)
+    for got, want in zip(mixed(*args), dpl.interpret(MIXED, *args)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert seen == [1] and lib.n == 4  # capped during the call, restored after
+    with pytest.raises(dpl.DplError, match="threads must be a positive integer"):
+        dpl.build(C_ONLY, "numpy", threads=0)
+
+
+def test_blas_threads_through_threadpoolctl():
+    from threadpoolctl import threadpool_info
+
+    from dpl.runtime.threads import blas_threads
+
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    with blas_threads(1):
+        assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas")
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before

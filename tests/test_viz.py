@@ -88,8 +88,8 @@ def test_viz_refuses_an_unknown_file_type(tmp_path, capsys):
 
 
 def test_groups_that_fall_back_at_run_time_are_drawn_as_such():
-    """conv_block's groups read a 576-element weight: rule 3 runs them op by op."""
-    drawing = dpl.draw(dpl.load(EXAMPLES / "conv_block.ir"), ["llm"])
+    """conv_block's groups read a 576-element weight: the seed's rule 3 runs them op by op."""
+    drawing = dpl.draw(dpl.load(EXAMPLES / "conv_block.ir"), ["llm"], config=dpl.FusionConfig.seed())
     _, after = drawing.views[0]
     claims = {n.name: n.claim for n in after.nodes}
     assert claims["fused_nn_conv2d_add_nn_relu"] == "fallback"

@@ -27,6 +27,14 @@ class KernelCache:
     def put(self, backend: str, key: str, kernel: Callable) -> None:
         self._kernels[(backend, key)] = kernel
 
+    def keys(self) -> set[tuple[str, str]]:
+        return set(self._kernels)
+
+    def keep_only(self, keys: set[tuple[str, str]]) -> None:
+        """Forget every kernel not under ``keys`` (a plan whose builds failed is made again)."""
+        for k in set(self._kernels) - keys:
+            del self._kernels[k]
+
     def __len__(self) -> int:
         return len(self._kernels)
 

@@ -7,6 +7,11 @@ kernel cache, and keeps one memory-planned :class:`~dpl.runtime.plan.Plan` per s
 input shapes. A kernel that fails to compile falls back to the next backend of the target
 (composites, codegen functions, single ops) or to running its ops one by one (groups).
 
+Builds: while a plan is made, the C compiler runs for several kernels at once
+(:mod:`dpl.runtime.build_pool`), with a progress line on a terminal; the plan is handed out
+once every build is done. A build that fails there makes the plan again with builds in turn,
+so the failure meets the fall-back path above.
+
 Threads: one Executable may be called from several threads at once. Planning (and the
 compiling it does) runs under a lock, once per input signature; running a plan needs no lock,
 as every call borrows its own arena of temporaries from the plan (:class:`~dpl.runtime.plan.Plan`)
@@ -17,9 +22,10 @@ at once run at once.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import attrs
 import numpy as np
@@ -30,12 +36,17 @@ from dpl.backends.registry import (Backend, BackendError, Choice, Unit, choose, 
 from dpl.errors import DplError
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
 from dpl.ir.types import TupleType
+from dpl.runtime.build_pool import parallel_builds, serial_builds
 from dpl.runtime.cache import KernelCache
 from dpl.runtime.config import FusionConfig
 from dpl.runtime.heuristics import FusionDecision
 from dpl.runtime.keys import exact_key
 from dpl.runtime.plan import Compiler, Plan, Planner
+from dpl.runtime.progress import terminal_stderr
 from dpl.runtime.scheduler import FusionScheduler, ScheduledGroup
+
+
+log = logging.getLogger(__name__)
 
 
 class RunError(DplError):
@@ -63,7 +74,8 @@ class Executable(Compiler):
     runs its plan on an arena of temporaries it borrows for the call (see the module text).
     """
 
-    def __init__(self, module: Module, target: Any = "cpu", config: FusionConfig | None = None, *, entry: str = "main", cache: KernelCache | None = None):
+    def __init__(self, module: Module, target: Any = "cpu", config: FusionConfig | None = None, *, entry: str = "main",
+                 cache: KernelCache | None = None, progress: TextIO | bool | None = True, threads: int | None = None):
         if not isinstance(module, Module):
             raise DplError(f"build takes a Module, got {type(module).__name__}")
         if entry not in module.functions:
@@ -72,6 +84,10 @@ class Executable(Compiler):
         self.target: tuple[Backend, ...] = resolve_target(target)
         self.target_name = target if isinstance(target, str) else "[" + ", ".join(t if isinstance(t, str) else t.name for t in target) + "]"
         self.config = config or FusionConfig()
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise DplError(f"threads must be a positive integer or None, got {threads!r}")
+        self.threads = threads  # the thread budget of every call (dpl.runtime.threads)
+        self.progress = terminal_stderr() if progress is True else (progress or None)  # where build progress is drawn
         self.scheduler = FusionScheduler(self.config, cache=cache)
         self.fallbacks: list[Fallback] = []
         self.choices: dict[str, Choice] = {}  # by module function name, or "op NAME dtypes"
@@ -144,9 +160,24 @@ class Executable(Compiler):
         with self._planning:
             plan = self._plans.get(signature)  # another thread may have planned it meanwhile
             if plan is None:
-                plan = Planner(self.module, self.entry, self).plan(specs)
+                plan = self._make_plan(specs)
                 self._plans[signature] = plan
         return plan
+
+    def _make_plan(self, specs) -> Plan:
+        """Plan with the kernels' builds in parallel; when one of them failed, plan again with
+        builds in turn (each failure then falls back where it arises)."""
+        kept, fallbacks = self.scheduler.cache.keys(), len(self.fallbacks)
+        with parallel_builds(progress=self.progress) as pool:
+            plan = Planner(self.module, self.entry, self, self.threads).plan(specs)
+            failed = pool.wait()
+        if not failed:
+            return plan
+        log.info("dpl: %d kernel build(s) failed; planning again with builds in turn", len(failed))
+        self.scheduler.cache.keep_only(kept)
+        del self.fallbacks[fallbacks:]
+        with serial_builds():
+            return Planner(self.module, self.entry, self, self.threads).plan(specs)
 
     def _flat_inputs(self, arrays) -> list[np.ndarray]:
         params = self.entry.params
@@ -319,9 +350,13 @@ def _called_functions(module: Module, fn: Function) -> list[str]:
     return out
 
 
-def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = None, entry: str = "main", cache: KernelCache | None = None) -> Executable:
+def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = None, entry: str = "main", cache: KernelCache | None = None,
+          progress: TextIO | bool | None = True, threads: int | None = None) -> Executable:
     """Build ``mod`` for ``target``: ``"cpu"``, ``"numpy"``, ``"cuda"``, a backend name, a
     Backend, comma-separated names (``"mylib,cpu"``), or a list of them tried in order. A
     function carrying a codegen prefix goes first to the backend registered for that prefix,
-    whatever the target."""
-    return Executable(mod, target, config, entry=entry, cache=cache)
+    whatever the target. ``progress``: where the C compiles draw their progress line (True: on
+    stderr when it is a terminal; None or False: nowhere). ``threads``: the thread budget of
+    every call, for the BLAS and the OpenMP kernels alike (None: each pool's own default;
+    :mod:`dpl.runtime.threads`)."""
+    return Executable(mod, target, config, entry=entry, cache=cache, progress=progress, threads=threads)

@@ -5,14 +5,18 @@ Stage one, static rules, in order; the first that fails says no:
 0. fusion is enabled;
 1. the group has at least ``min_nodes_for_fusion`` ops;
 2. and at most ``max_graph_size``;
-3. every input has at least ``min_tensor_elements`` elements;
+3. every input has at least ``min_tensor_elements`` elements (off by default, 1024 in
+   :meth:`FusionConfig.seed`);
 4. every op of the group is one the chosen backend can fuse.
 
 Stage two, the profile: ``separate_time > fused_time * (1 + margin)``. The fused time is
 looked up by the exact key (structure + dtypes + shapes), then by the compatible key (op names
 joined with ``+``); the separate time is the per-shape measurement under the exact key when the
 profile has one, else the sum of the ops' single times. Missing data is decided by
-``profile_fallback``.
+``profile_fallback``: by default ``"model"``, the traffic model of :mod:`dpl.runtime.cost`
+(fuse when one kernel's calls, bytes and arithmetic are estimated cheaper than the ops'
+apart); the seed's ``"fuse"`` / ``"no_fuse"`` decide flatly. So measurements override the
+model per shape (the exact key) or per op sequence (the compatible key).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import attrs
 
 from dpl.ir.expr import Function
 from dpl.runtime.config import FusionConfig
+from dpl.runtime.cost import group_cost
 from dpl.runtime.keys import compatible_key, exact_key, group_ops
 from dpl.runtime.profile_data import ProfileData, load_profile
+from dpl.runtime.shapes import ShapeError
 
 # the seed's V1 list of fusable ops, in dpl's names (for backends that want the seed's set)
 SEED_FUSION_OPS = frozenset({
@@ -38,7 +44,7 @@ class FusionDecision:
     """Fuse or not, which rule or profile branch decided, and why. Truthy when fusing."""
 
     fuse: bool
-    rule: str  # "rule 0".."rule 4", "profile: exact key", "profile: compatible key", "profile: missing data"
+    rule: str  # "rule 0".."rule 4", "profile: exact key", "profile: compatible key", "profile: missing data", "model"
     reason: str
 
     def __bool__(self) -> bool:
@@ -95,6 +101,8 @@ class FusionHeuristics:
         compatible = compatible_key(graph)
 
         def missing(what: str) -> FusionDecision:
+            if cfg.profile_fallback == "model":
+                return self._model_decision(graph, shapes, what)
             fuse = cfg.profile_fallback == "fuse"
             return FusionDecision(fuse, "profile: missing data", f"{what}; profile_fallback is '{cfg.profile_fallback}'")
 
@@ -116,3 +124,11 @@ class FusionHeuristics:
         fuse = separate > fused * (1.0 + cfg.margin)
         cmp = ">" if fuse else "<="
         return FusionDecision(fuse, branch, f"separate {separate:.4g} ms {cmp} fused {fused:.4g} ms x (1 + {cfg.margin:g})")
+
+    def _model_decision(self, graph, shapes, what: str) -> FusionDecision:
+        try:
+            cost = group_cost(graph, shapes)
+        except ShapeError:  # a size the caller binds (arange(end=seq) in a group): no price, fuse as the seed did
+            return FusionDecision(True, "model", f"{what}; sizes not all known from the group's inputs, fused as by default")
+        fuse = cost.seconds(True) < cost.seconds(False)
+        return FusionDecision(fuse, "model", f"{what}; {cost}")

@@ -7,8 +7,9 @@ tuple items are bookkeeping over buffers and cost nothing. Every kernel call bec
 
 Memory planning gives each temporary a slot of an arena: a slot is free again after the last
 step that reads its value, and a new temporary takes the smallest free slot big enough for it
-(else a new slot). Inputs are only read. Outputs never live in the arena: they are fresh arrays
-of each call (or the caller's ``out=``), so what a call returns never aliases a reused buffer.
+(else a new slot). Inputs are only read. Outputs never live in the arena: they come from the
+plan's :class:`~dpl.runtime.output_pool.OutputPool` (memory already mapped, which no caller
+still holds) or are the caller's ``out=``, so what a call returns never aliases a buffer in use.
 An output that is an input, a constant or an output already given is copied at the end.
 
 Calls from several threads at once are safe: each call borrows an arena of its own from the
@@ -31,8 +32,9 @@ from dpl.errors import DplError
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
+from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
-from dpl.runtime.threads import one_pool_kernels
+from dpl.runtime.threads import blas_threads, one_pool_kernels
 
 
 @attrs.frozen
@@ -90,7 +92,7 @@ class Plan:
 
     def __init__(self, signature, buffers: list[Buffer], steps: list[Step], inputs: list[int], result,
                  output_ids: list[int | None], out_specs: list, copies: list[tuple[int, int]], decisions,
-                 threads_note: str | None = None):
+                 threads_note: str | None = None, threads: int | None = None):
         self.signature = signature
         self.buffers = buffers
         self.steps = steps
@@ -101,6 +103,8 @@ class Plan:
         self.copies = copies  # (output position, buffer read)
         self.decisions = decisions  # (function name, ScheduledGroup)
         self.threads_note = threads_note  # why the plan caps its kernels' threads (dpl.runtime.threads)
+        self.threads = threads  # the thread budget of its BLAS calls (None: the BLAS's own setting)
+        self.output_pool = OutputPool(out_specs)
         self._plan_memory()
 
     # -- memory ---------------------------------------------------------------------------------
@@ -166,7 +170,10 @@ class Plan:
     def run(self, arrays: Sequence[np.ndarray], out: Sequence[np.ndarray] | None = None, timer=None) -> Any:
         views = self._borrow()
         try:
-            return self._run(views, arrays, out, timer)
+            if self.threads is None:  # no budget: not even the context manager's microsecond
+                return self._run(views, arrays, out, timer)
+            with blas_threads(self.threads):
+                return self._run(views, arrays, out, timer)
         finally:
             self._give_back(views)
 
@@ -174,7 +181,7 @@ class Plan:
         bufs = list(views)
         for b, a in zip(self.input_ids, arrays):
             bufs[b] = a
-        outs = list(out) if out is not None else [np.empty(s, d) for s, d in self.out_specs]
+        outs = list(out) if out is not None else self.output_pool.take()
         for pos, b in enumerate(self.output_ids):
             if b is not None:
                 bufs[b] = outs[pos]
@@ -199,8 +206,9 @@ def _nest(shape, outs):
 class Planner:
     """Walks the entry function at concrete input shapes and produces a :class:`Plan`."""
 
-    def __init__(self, module: Module, entry: Function, compiler: Compiler):
+    def __init__(self, module: Module, entry: Function, compiler: Compiler, threads: int | None = None):
         self.module, self.entry, self.compiler = module, entry, compiler
+        self.threads = threads  # the thread budget of the plan's kernels (None: each pool's own)
         self.buffers: list[Buffer] = []
         self.steps: list[Step] = []
         self.decisions: list = []
@@ -238,10 +246,14 @@ class Planner:
                 output_ids.append(None)
         signature = tuple((tuple(shape), str(np.dtype(dtype))) for shape, dtype in specs)
         positions = _positions(result, iter(range(len(flat))))
-        capped = one_pool_kernels(s.kernel for s in self.steps)
+        capped = one_pool_kernels((s.kernel for s in self.steps), self.threads)
         steps = [attrs.evolve(s, kernel=capped.get(id(s.kernel), s.kernel)) for s in self.steps]
-        note = "OpenMP kernels on one thread: the plan also calls BLAS" if capped else None
-        return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note)
+        mixed = any(getattr(k, "threads", None) == 1 for k in capped.values()) and self.threads != 1
+        note = "OpenMP kernels on one thread: the plan also calls BLAS" if mixed else None
+        if self.threads is not None:
+            note = f"{note}; " if note else ""
+            note += f"thread budget {self.threads}: BLAS and OpenMP kernels on at most {self.threads} thread(s)"
+        return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note, self.threads)
 
     # -- the walk -------------------------------------------------------------------------------
     def _new(self, shape, dtype, kind, value=None) -> int:

@@ -25,6 +25,7 @@ from dpl.runtime.executable import build
 from dpl.runtime.keys import compatible_key, exact_key, group_ops
 from dpl.runtime.plan import single_op_function
 from dpl.runtime.profile_data import ProfileData, load_profile, save_profile
+from dpl.runtime.progress import Progress
 from dpl.runtime.shapes import bind_dims, concrete
 
 
@@ -49,22 +50,6 @@ def _random(shape, dtype: str, rng) -> np.ndarray:
 
 def _empty_like_type(ty) -> list[np.ndarray]:
     return [np.empty(t.shape, dt.to_numpy(t.dtype)) for t in leaf_types(ty)]
-
-
-class _Progress:
-    def __init__(self, total: int, stream: TextIO | None, width: int = 30):
-        self.total, self.stream, self.width, self.done = total, stream, width, 0
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        if self.stream is None:
-            return
-        filled = self.width * self.done // max(1, self.total)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label[:40]:<40}")
-        if self.done == self.total:
-            self.stream.write("\n")
-        self.stream.flush()
 
 
 def profile_module(
@@ -109,7 +94,7 @@ def profile_module(
         if key not in seen:
             seen.add(key)
             todo.append((fn, shapes, dtypes, key))
-    bar = _Progress(len(todo), progress or None)
+    bar = Progress(len(todo), progress or None)
     for fn, shapes, dtypes, key in todo:
         arrays = [_random(s, d, rng) for s, d in zip(shapes, dtypes)]
         op_ms = _time_ops(exe, fn, arrays, repeat)

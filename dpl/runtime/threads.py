@@ -14,6 +14,12 @@ the calling thread alone (a team of one starts no workers, so nothing spins agai
 BLAS keeps every core, as the products are where such a plan spends its time. A plan that uses
 one pool keeps it whole.
 
+A thread budget (``dpl.build(..., threads=N)``) caps both: every OpenMP kernel at ``N`` threads
+(one when the plan mixes pools, as above) and the BLAS at ``N`` for the duration of each call,
+through threadpoolctl's handle on the loaded BLAS library (:func:`blas_threads`, a couple of
+microseconds per call; never environment variables, which a BLAS reads once at load). At
+``N = 1`` nothing spins against anything.
+
 The protocol, for kernels that take part (others are left alone): ``kernel.thread_pools``, a
 frozenset of pool names (:data:`OPENMP`, :data:`BLAS`), and for kernels that can run on fewer
 threads ``kernel.with_threads(n)``, the same kernel capped at ``n`` threads.
@@ -21,7 +27,9 @@ threads ``kernel.with_threads(n)``, the same kernel capped at ``n`` threads.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import contextlib
+import threading
+from typing import Callable, Iterable, Iterator
 
 OPENMP = "openmp"
 BLAS = "blas"
@@ -31,12 +39,50 @@ def pools_of(kernel: Callable) -> frozenset[str]:
     return frozenset(getattr(kernel, "thread_pools", ()))
 
 
-def one_pool_kernels(kernels: Iterable[Callable]) -> dict[int, Callable]:
+def one_pool_kernels(kernels: Iterable[Callable], budget: int | None = None) -> dict[int, Callable]:
     """Replacements (by ``id`` of the kernel) that keep a plan calling these kernels from mixing
     spinning pools: each OpenMP kernel capped at one thread when the kernels use several pools
-    between them (a kernel that uses several pools itself counts); empty when they do not."""
+    between them (a kernel that uses several pools itself counts), else at ``budget`` threads
+    (None: no cap); empty when nothing changes."""
     kernels = list(kernels)
     used = frozenset().union(*(pools_of(k) for k in kernels))
-    if len(used) < 2:
+    cap = 1 if len(used) >= 2 else budget
+    if cap is None:
         return {}
-    return {id(k): k.with_threads(1) for k in kernels if OPENMP in pools_of(k) and hasattr(k, "with_threads")}
+    return {id(k): k.with_threads(cap) for k in kernels if OPENMP in pools_of(k) and hasattr(k, "with_threads")}
+
+
+_CONTROLLERS: list | None = None
+_CONTROLLERS_LOCK = threading.Lock()
+
+
+def _blas_controllers() -> list:
+    """threadpoolctl's controllers of the BLAS libraries loaded in this process (found once)."""
+    global _CONTROLLERS
+    with _CONTROLLERS_LOCK:
+        if _CONTROLLERS is None:
+            from threadpoolctl import ThreadpoolController
+
+            _CONTROLLERS = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+        return _CONTROLLERS
+
+
+@contextlib.contextmanager
+def blas_threads(n: int | None) -> Iterator[None]:
+    """The loaded BLAS libraries on at most ``n`` threads inside the block (None: unchanged);
+    their settings are restored after. The setting is the process's: calls from several
+    threads at once with different budgets see each other's caps."""
+    if n is None:
+        yield
+        return
+    saved = []
+    for lib in _blas_controllers():
+        before = lib.get_num_threads()
+        if before is not None and before > n:
+            lib.set_num_threads(n)
+            saved.append((lib, before))
+    try:
+        yield
+    finally:
+        for lib, before in saved:
+            lib.set_num_threads(before)
