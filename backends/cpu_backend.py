@@ -148,12 +148,16 @@ class CpuBackend(Backend):
     dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
-                 stream_bytes: int | None = STREAM_BYTES, products: str = "numpy", cache_max_bytes: int = DEFAULT_MAX_BYTES):
+                 stream_bytes: int | None = STREAM_BYTES, products: str = "numpy", cache_max_bytes: int = DEFAULT_MAX_BYTES,
+                 attention: str = "auto"):
         self.cc = cc or os.environ.get("CC") or "cc"
         self.products = blas.products(products)  # who computes matrix products: "numpy" or "torch"
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
+        # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"
+        self.attention = attention
+        self.attention_notes: dict[str, str] = {}  # composite name -> the path it took and why
 
     def available(self) -> tuple[bool, str]:
         if shutil.which(self.cc) is None:
@@ -166,6 +170,10 @@ class CpuBackend(Backend):
 
     def compile(self, function, *, module=None, shapes=()):
         function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
+        if function.attrs.get("Composite") == "kernel.attention":
+            flash = self._compile_flash(function, shapes)
+            if flash is not None:
+                return flash
         if any(_blas_product(b) for b in function.bindings):
             try:
                 return self._compile_segments(function)
@@ -190,6 +198,27 @@ class CpuBackend(Backend):
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
         pool = self.products.thread_pool
         run.thread_pools = frozenset({pool, OPENMP} if kernels else {pool})  # type: ignore[attr-defined]
+        return run
+
+    def _compile_flash(self, function, shapes):
+        """A kernel.attention composite as one flash-style kernel (backends/flash_attention.py),
+        or None (with ``self.attention_notes`` saying why) for the segments path."""
+        from dpl.backends import flash_attention as fa
+        from dpl.kernel.attention import NotAttention, read_attention
+
+        try:
+            spec = read_attention(function)
+        except NotAttention as err:
+            self.attention_notes[function.name] = f"segments (no flash kernel: {err})"
+            return None
+        use, why = fa.choose(spec, shapes, self.attention)
+        if not use:
+            self.attention_notes[function.name] = f"segments ({why})"
+            return None
+        source = fa.emit_flash(spec, vector_math=vector_math(self.cc))
+        run = fa.flash_runner(function.name, spec, source, self.cache.load(source))
+        run.note = f"flash attention ({why})"  # type: ignore[attr-defined]
+        self.attention_notes[function.name] = run.note
         return run
 
     def _product(self, call):

@@ -1,0 +1,296 @@
+"""Flash-style attention on the CPU: softmax(q @ k * scale [+ mask]) @ v in one generated C
+kernel, tiled over keys with an online softmax, so the scores never leave the cache.
+
+Each OpenMP task takes ``ROWS`` query rows of one batch entry and walks the keys in tiles of
+``KEYS``: the tile's scores (a register-blocked product over the head dimension), scale and
+mask, the tile's maximum, the running output rescaled by ``exp(old max - new max)``, then
+``exp(score - max)`` times the tile's values added in. The row is divided by its running sum
+at the end. Values are accumulated in float (double for float64); 16-bit inputs are widened
+as they are read, as the shared C prelude does.
+
+What the interpreter's softmax does, this does too: a row whose scores are all -inf (a fully
+masked row) is NaN, as exp(-inf - -inf) is; a NaN score makes its row NaN; +inf makes its row
+NaN (inf - inf). A tile whose scores are all -inf adds nothing (its exponentials would be
+exp(-inf - -inf) while the running maximum is still -inf).
+
+Batch dimensions broadcast as NumPy's matmul does (GQA's k/v heads of size 1 over q's
+heads, a mask of shape [Sq, Sk] over every head): the runner gives the kernel, per flattened
+batch index, the element offset of each operand's matrix, and the mask's row and column
+strides (0 where it broadcasts).
+
+The kernel IR cannot express this kernel (see ``dpl/kernel/attention.py``); the template
+below is the whole of it, written once with the prelude's widening loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from dpl import dtypes
+from dpl.backends.c_emitter import PRELUDE, VECTOR_MATH
+from dpl.kernel.attention import Attention, Const, Param
+from dpl.kernel.ir import Const as KConst
+from dpl.kernel.ir import _c_const
+from dpl.runtime.threads import OPENMP
+
+ROWS = 8  # query rows per task: the key tile is read once for all of them
+KEYS = 64  # keys per tile: the tile's scores (ROWS x KEYS) stay in L1
+VEC = 32  # keys of one register block of the score product
+
+_STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
+            "float64": ("double", "double", "(x)", "(double)(x)"),
+            "float16": ("half", "float", "((float)(x))", "((half)(x))"),
+            "bfloat16": ("uint16_t", "float", "dpl_bf16_load(x)", "dpl_bf16_store(x)")}
+
+TEMPLATE = """
+#include <string.h>
+#define D {head}
+#define DV {value}
+#define ROWS {rows}
+#define KEYS {keys}
+#define VEC {vec}
+typedef {elem} elem_t;
+typedef {acc} acc_t;
+#define LD(x) {load}
+#define ST(x) {store}
+#define MIN_(a, b) ((a) < (b) ? (a) : (b))
+
+void dpl_kernel(void **buffers, const int64_t *dims) {{
+  const elem_t *restrict q = (const elem_t *)buffers[0];
+  const elem_t *restrict k = (const elem_t *)buffers[1];
+  const elem_t *restrict v = (const elem_t *)buffers[2];
+  const elem_t *restrict mask = (const elem_t *)buffers[3];
+  const elem_t *restrict scale_buf = (const elem_t *)buffers[4];
+  elem_t *restrict out = (elem_t *)buffers[5];
+  const int64_t *restrict qoff = (const int64_t *)buffers[6];
+  const int64_t *restrict koff = (const int64_t *)buffers[7];
+  const int64_t *restrict voff = (const int64_t *)buffers[8];
+  const int64_t *restrict moff = (const int64_t *)buffers[9];
+  const int64_t nbatch = dims[0], sq = dims[1], sk = dims[2], mrow = dims[3], mcol = dims[4];
+  const acc_t scale = {scale};
+  (void)mask; (void)scale_buf; (void)moff; (void)mrow; (void)mcol;
+  const int64_t blocks = (sq + ROWS - 1) / ROWS;
+  #pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < nbatch * blocks; ++task) {{
+    const int64_t b = task / blocks, i0 = (task % blocks) * ROWS, rows = MIN_(ROWS, sq - i0);
+    const elem_t *restrict qb = q + qoff[b] + i0 * D;
+    const elem_t *restrict kb = k + koff[b];
+    const elem_t *restrict vb = v + voff[b];
+    acc_t qf[ROWS][D], o[ROWS][DV], s[ROWS][KEYS], m[ROWS], l[ROWS];
+    int nan[ROWS];
+    for (int r = 0; r < ROWS; ++r) {{
+      for (int d = 0; d < D; ++d) qf[r][d] = r < rows ? LD(qb[r * D + d]) : (acc_t)0;
+      for (int c = 0; c < DV; ++c) o[r][c] = 0;
+      m[r] = -INFINITY; l[r] = 0; nan[r] = 0;
+    }}
+    for (int64_t j0 = 0; j0 < sk; j0 += KEYS) {{
+      const int64_t jn = MIN_(KEYS, sk - j0);
+      /* the tile's scores: q rows x keys, a register block of ROWS x VEC at a time */
+      int64_t jc = 0;
+      for (; jc + VEC <= jn; jc += VEC) {{
+        acc_t a[ROWS][VEC];
+        for (int r = 0; r < ROWS; ++r)
+          for (int j = 0; j < VEC; ++j) a[r][j] = 0;
+        for (int d = 0; d < D; ++d) {{
+          const elem_t *restrict kr = kb + (int64_t)d * sk + j0 + jc;
+          acc_t kv[VEC];
+          #pragma omp simd
+          for (int j = 0; j < VEC; ++j) kv[j] = LD(kr[j]);
+          for (int r = 0; r < ROWS; ++r) {{
+            const acc_t qd = qf[r][d];
+            #pragma omp simd
+            for (int j = 0; j < VEC; ++j) a[r][j] += qd * kv[j];
+          }}
+        }}
+        for (int r = 0; r < ROWS; ++r)
+          for (int j = 0; j < VEC; ++j) s[r][jc + j] = a[r][j];
+      }}
+      for (; jc < jn; ++jc) {{
+        for (int r = 0; r < ROWS; ++r) {{
+          acc_t acc = 0;
+          for (int d = 0; d < D; ++d) acc += qf[r][d] * LD(kb[(int64_t)d * sk + j0 + jc]);
+          s[r][jc] = acc;
+        }}
+      }}
+      /* scale, mask, the online softmax */
+      for (int64_t r = 0; r < rows; ++r) {{
+        acc_t *restrict sr = s[r];
+        acc_t mx = -INFINITY;
+        int bad = 0;
+{mask_row}
+        #pragma omp simd reduction(max:mx) reduction(|:bad)
+        for (int64_t j = 0; j < jn; ++j) {{
+          acc_t x = (acc_t)(sr[j] {scale_op} scale);
+{mask_add}
+          sr[j] = x;
+          bad |= x != x;
+          mx = x > mx ? x : mx;
+        }}
+        nan[r] |= bad;
+        const acc_t mnew = mx > m[r] ? mx : m[r];
+        if (mnew == -INFINITY) {{  /* nothing seen yet but -inf: this tile adds nothing */
+          for (int64_t j = 0; j < jn; ++j) sr[j] = 0;
+          continue;
+        }}
+        const acc_t corr = exp(m[r] - mnew);
+        acc_t sum = 0;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < jn; ++j) {{
+          const acc_t e = exp(sr[j] - mnew);
+          sr[j] = e;
+          sum += e;
+        }}
+        l[r] = l[r] * corr + sum;
+        m[r] = mnew;
+        if (corr != (acc_t)1) {{
+          #pragma omp simd
+          for (int c = 0; c < DV; ++c) o[r][c] *= corr;
+        }}
+      }}
+      /* the tile's values, weighted */
+      for (int64_t j = 0; j < jn; ++j) {{
+        const elem_t *restrict vr = vb + (j0 + j) * DV;
+        acc_t vv[DV];
+        #pragma omp simd
+        for (int c = 0; c < DV; ++c) vv[c] = LD(vr[c]);
+        for (int64_t r = 0; r < rows; ++r) {{
+          const acc_t p = s[r][j];
+          #pragma omp simd
+          for (int c = 0; c < DV; ++c) o[r][c] += p * vv[c];
+        }}
+      }}
+    }}
+    elem_t *restrict ob = out + (b * sq + i0) * DV;
+    for (int64_t r = 0; r < rows; ++r) {{
+      const acc_t inv = (nan[r] || m[r] == -INFINITY) ? (acc_t)NAN : (acc_t)1 / l[r];
+      for (int c = 0; c < DV; ++c) {{
+        const acc_t y = (nan[r] || m[r] == -INFINITY) ? (acc_t)NAN : o[r][c] * inv;
+        ob[r * DV + c] = ST(y);
+      }}
+    }}
+  }}
+}}
+"""
+
+MASK_ROW = "        const elem_t *restrict mr = mask + moff[b] + (i0 + r) * mrow + j0 * mcol;"
+MASK_ADD = "          x = (acc_t)(x + LD(mr[j * mcol]));"
+
+
+def emit_flash(spec: Attention, vector_math: bool = False) -> str:
+    """The C source of the flash kernel for ``spec`` (``dpl_kernel(buffers, dims)``)."""
+    elem, acc, load, store = _STORAGE[spec.dtype]
+    if isinstance(spec.scale, float):
+        scale = _c_const(KConst(spec.scale, "float64" if acc == "double" else "float32"))
+    else:
+        scale = "LD(scale_buf[0])"
+    body = TEMPLATE.format(head=spec.head_dim, value=spec.value_dim, rows=ROWS, keys=KEYS, vec=VEC, elem=elem, acc=acc,
+                           load=load, store=store, scale=scale, scale_op="*" if spec.scale_op == "multiply" else "/",
+                           mask_row=MASK_ROW if spec.mask is not None else "",
+                           mask_add=MASK_ADD if spec.mask is not None else "")
+    return PRELUDE + (VECTOR_MATH if vector_math else "") + body
+
+
+def _batch_offsets(shape, batch, stride) -> np.ndarray:
+    """Per flattened index of ``batch``, the element offset of the matrix of a C-contiguous
+    operand of ``shape`` (its batch dims broadcast to ``batch``), ``stride`` elements each."""
+    own = tuple(shape[:-2])
+    index = np.arange(int(np.prod(own, dtype=np.int64)), dtype=np.int64).reshape(own)
+    full = np.broadcast_to(index.reshape((1,) * (len(batch) - len(own)) + own), batch)
+    return np.ascontiguousarray(full.reshape(-1) * stride)
+
+
+def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | None = None):
+    """``run(inputs, outputs)`` calling the compiled flash kernel on the composite's inputs."""
+    entry = lib.dpl_kernel
+    entry.restype = None
+    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
+    set_threads = getattr(lib, "omp_set_num_threads", None) if threads else None
+    get_threads = getattr(lib, "omp_get_max_threads", None)
+    np_dtype = dtypes.to_numpy(spec.dtype)
+    layouts: dict = {}
+    lock = threading.Lock()
+    dummy = np.zeros(1, np_dtype)
+
+    def operand(src, inputs):
+        if isinstance(src, Param):
+            return np.ascontiguousarray(inputs[src.index])
+        return np.ascontiguousarray(src.value.astype(np_dtype, copy=False))
+
+    def layout(q, k, v, mask, out_shape):
+        key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, out_shape)
+        got = layouts.get(key)
+        if got is not None:
+            return got
+        sq, sk = q.shape[-2], k.shape[-1]
+        batch = tuple(out_shape[:-2])
+        offs = [_batch_offsets(q.shape, batch, sq * spec.head_dim), _batch_offsets(k.shape, batch, spec.head_dim * sk),
+                _batch_offsets(v.shape, batch, sk * spec.value_dim)]
+        if mask is None:
+            offs.append(np.zeros(max(1, int(np.prod(batch, dtype=np.int64))), np.int64))
+            mrow = mcol = 0
+        else:
+            m = mask.reshape((1,) * (2 - min(2, mask.ndim)) + mask.shape)
+            index = np.arange(m.size, dtype=np.int64).reshape(m.shape)
+            full = np.broadcast_to(index.reshape((1,) * (len(batch) + 2 - m.ndim) + m.shape), batch + (sq, sk))
+            mrow, mcol = (st // 8 for st in full.strides[-2:])
+            offs.append(np.ascontiguousarray(full[..., 0, 0].reshape(-1)))
+        nbatch = int(np.prod(batch, dtype=np.int64))
+        got = (offs, (ctypes.c_int64 * 5)(nbatch, sq, sk, mrow, mcol))
+        with lock:
+            layouts[key] = got
+        return got
+
+    def run(inputs, outputs):
+        q, k, v = (operand(s, inputs) for s in (spec.q, spec.k, spec.v))
+        mask = None if spec.mask is None else operand(spec.mask, inputs)
+        scale = dummy if isinstance(spec.scale, float) else operand(spec.scale, inputs).reshape(-1)
+        out = outputs[0]
+        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+        offs, dims = layout(q, k, v, mask, out.shape)
+        arrays = [q, k, v, dummy if mask is None else mask, scale, target, *offs]
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        if set_threads is None or get_threads is None:
+            entry(ptrs, dims)
+        else:
+            before = get_threads()
+            set_threads(threads)
+            try:
+                entry(ptrs, dims)
+            finally:
+                set_threads(before)
+        if target is not out:
+            np.copyto(out, target)
+
+    run.__qualname__ = f"cpu-flash:{name}"
+    run.source = source  # type: ignore[attr-defined]
+    run.threads = threads  # type: ignore[attr-defined]
+    run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
+    run.with_threads = lambda n: run if n == threads else flash_runner(name, spec, source, lib, n)  # type: ignore[attr-defined]
+    return run
+
+
+MIN_KEYS = 1  # "auto" takes the flash kernel from this many keys on (see choose)
+MODES = ("auto", "flash", "segments")
+
+
+def choose(spec: Attention, shapes, mode: str = "auto") -> tuple[bool, str]:
+    """Whether the flash kernel runs this attention, and why: ``mode`` "flash" / "segments"
+    decide alone; "auto" takes flash from ``MIN_KEYS`` keys on (the build's shapes say how
+    many; without them, always)."""
+    if mode not in MODES:
+        raise ValueError(f"attention mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode != "auto":
+        return mode == "flash", f"attention={mode!r} asked for"
+    keys = None
+    if isinstance(spec.k, Const):
+        keys = spec.k.value.shape[-1]
+    elif spec.k.index < len(shapes) and len(shapes[spec.k.index]) >= 2:
+        keys = shapes[spec.k.index][-1]
+    if keys is None:
+        return True, "key count unknown at build time"
+    if keys >= MIN_KEYS:
+        return True, f"{keys} keys >= {MIN_KEYS}"
+    return False, f"{keys} keys < {MIN_KEYS}: two BLAS products win"
