@@ -176,7 +176,10 @@ class CpuBackend(Backend):
                 return flash
         if any(_blas_product(b) for b in function.bindings):
             try:
-                return self._compile_segments(function)
+                run = self._compile_segments(function)
+                if function.name in self.attention_notes:
+                    run.note = self.attention_notes[function.name]  # type: ignore[attr-defined]
+                return run
             except NotSegmentable:
                 pass  # an operand or result the segments cannot hold: the kernel IR's own loops
         return self._compile_kernel(function)
