@@ -38,7 +38,6 @@ from dpl.runtime.threads import OPENMP
 
 ROWS = 8  # query rows per task: the key tile is read once for all of them
 KEYS = 64  # keys per tile: the tile's scores (ROWS x KEYS) stay in L1
-VEC = 32  # keys of one register block of the score product
 
 _STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
             "float64": ("double", "double", "(x)", "(double)(x)"),
@@ -51,13 +50,24 @@ TEMPLATE = """
 #define DV {value}
 #define ROWS {rows}
 #define KEYS {keys}
-#define VEC {vec}
 typedef {elem} elem_t;
 typedef {acc} acc_t;
 #define LD(x) {load}
 #define ST(x) {store}
 #define MIN_(a, b) ((a) < (b) ? (a) : (b))
+#define FAST {fast}
+#if FAST
+/* register blocks as GCC/Clang vector types of one 64-byte vector (split where registers are narrower) */
+typedef acc_t vec_t __attribute__((vector_size(64)));
+#define LANES {lanes}
+static inline vec_t vload(const acc_t *p) {{ vec_t v; memcpy(&v, p, sizeof v); return v; }}
+static inline void vstore(acc_t *p, vec_t v) {{ memcpy(p, &v, sizeof v); }}
+static inline vec_t vzero(void) {{ vec_t v = {{0}}; return v; }}
+#define PV_ROWS {pv_rows}
+#endif
+#define FAST_PV {fast_pv}
 
+{tile_masked}
 void dpl_kernel(void **buffers, const int64_t *dims) {{
   const elem_t *restrict q = (const elem_t *)buffers[0];
   const elem_t *restrict k = (const elem_t *)buffers[1];
@@ -88,26 +98,27 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
     }}
     for (int64_t j0 = 0; j0 < sk; j0 += KEYS) {{
       const int64_t jn = MIN_(KEYS, sk - j0);
-      /* the tile's scores: q rows x keys, a register block of ROWS x VEC at a time */
+{skip_masked}      /* the tile's scores: q rows x keys, a register block of ROWS x 2 vectors at a time */
       int64_t jc = 0;
-      for (; jc + VEC <= jn; jc += VEC) {{
-        acc_t a[ROWS][VEC];
-        for (int r = 0; r < ROWS; ++r)
-          for (int j = 0; j < VEC; ++j) a[r][j] = 0;
+#if FAST
+      for (; jc + 2 * LANES <= jn; jc += 2 * LANES) {{
+        vec_t a0[ROWS], a1[ROWS];
+        #pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {{ a0[r] = vzero(); a1[r] = vzero(); }}
         for (int d = 0; d < D; ++d) {{
-          const elem_t *restrict kr = kb + (int64_t)d * sk + j0 + jc;
-          acc_t kv[VEC];
-          #pragma omp simd
-          for (int j = 0; j < VEC; ++j) kv[j] = LD(kr[j]);
+          const acc_t *kr = kb + (int64_t)d * sk + j0 + jc;
+          const vec_t k0 = vload(kr), k1 = vload(kr + LANES);
+          #pragma GCC unroll 16
           for (int r = 0; r < ROWS; ++r) {{
-            const acc_t qd = qf[r][d];
-            #pragma omp simd
-            for (int j = 0; j < VEC; ++j) a[r][j] += qd * kv[j];
+            const acc_t x = qf[r][d];
+            a0[r] += x * k0;
+            a1[r] += x * k1;
           }}
         }}
-        for (int r = 0; r < ROWS; ++r)
-          for (int j = 0; j < VEC; ++j) s[r][jc + j] = a[r][j];
+        #pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {{ vstore(&s[r][jc], a0[r]); vstore(&s[r][jc + LANES], a1[r]); }}
       }}
+#endif
       for (; jc < jn; ++jc) {{
         for (int r = 0; r < ROWS; ++r) {{
           acc_t acc = 0;
@@ -151,6 +162,31 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
         }}
       }}
       /* the tile's values, weighted */
+#if FAST_PV
+      for (int r0 = 0; r0 < rows; r0 += PV_ROWS) {{
+        vec_t acc[PV_ROWS][DV / LANES];
+        #pragma GCC unroll 16
+        for (int r = 0; r < PV_ROWS; ++r)
+          #pragma GCC unroll 16
+          for (int c = 0; c < DV / LANES; ++c) acc[r][c] = vload(&o[r0 + r][c * LANES]);
+        for (int64_t j = 0; j < jn; ++j) {{
+          const acc_t *vr = vb + (j0 + j) * DV;
+          vec_t vv[DV / LANES];
+          #pragma GCC unroll 16
+          for (int c = 0; c < DV / LANES; ++c) vv[c] = vload(vr + c * LANES);
+          #pragma GCC unroll 16
+          for (int r = 0; r < PV_ROWS; ++r) {{
+            const acc_t p = s[r0 + r][j];
+            #pragma GCC unroll 16
+            for (int c = 0; c < DV / LANES; ++c) acc[r][c] += p * vv[c];
+          }}
+        }}
+        #pragma GCC unroll 16
+        for (int r = 0; r < PV_ROWS; ++r)
+          #pragma GCC unroll 16
+          for (int c = 0; c < DV / LANES; ++c) vstore(&o[r0 + r][c * LANES], acc[r][c]);
+      }}
+#else
       for (int64_t j = 0; j < jn; ++j) {{
         const elem_t *restrict vr = vb + (j0 + j) * DV;
         acc_t vv[DV];
@@ -162,6 +198,7 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
           for (int c = 0; c < DV; ++c) o[r][c] += p * vv[c];
         }}
       }}
+#endif
     }}
     elem_t *restrict ob = out + (b * sq + i0) * DV;
     for (int64_t r = 0; r < rows; ++r) {{
@@ -175,6 +212,20 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
 }}
 """
 
+SKIP_MASKED = """\
+      if (tile_masked(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jn, mrow, mcol)) continue;
+"""
+TILE_MASKED = """
+/* whether every mask entry of a tile is -inf: the tile adds nothing to any of its rows (a
+   causal mask's upper triangle), so its scores are not computed */
+static int tile_masked(const elem_t *m, int64_t rows, int64_t keys, int64_t mrow, int64_t mcol) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < keys; ++j)
+      if (LD(m[r * mrow + j * mcol]) != -INFINITY) return 0;
+  return 1;
+}
+"""
+
 MASK_ROW = "        const elem_t *restrict mr = mask + moff[b] + (i0 + r) * mrow + j0 * mcol;"
 MASK_ADD = "          x = (acc_t)(x + LD(mr[j * mcol]));"
 
@@ -186,7 +237,15 @@ def emit_flash(spec: Attention, vector_math: bool = False) -> str:
         scale = _c_const(KConst(spec.scale, "float64" if acc == "double" else "float32"))
     else:
         scale = "LD(scale_buf[0])"
-    body = TEMPLATE.format(head=spec.head_dim, value=spec.value_dim, rows=ROWS, keys=KEYS, vec=VEC, elem=elem, acc=acc,
+    fast = elem == acc  # register blocks read float32/float64 straight from memory
+    lanes = 64 // (8 if acc == "double" else 4)
+    vectors = spec.value_dim // lanes
+    fast_pv = fast and spec.value_dim % lanes == 0
+    pv_rows = max(r for r in (1, 2, 4, 8) if r <= ROWS and ROWS % r == 0 and r * max(1, vectors) <= 16)
+    masked = spec.mask is not None
+    body = TEMPLATE.format(head=spec.head_dim, value=spec.value_dim, rows=ROWS, keys=KEYS, elem=elem, acc=acc,
+                           fast=int(fast), lanes=lanes, fast_pv=int(fast_pv), pv_rows=pv_rows,
+                           skip_masked=SKIP_MASKED if masked else "", tile_masked=TILE_MASKED if masked else "",
                            load=load, store=store, scale=scale, scale_op="*" if spec.scale_op == "multiply" else "/",
                            mask_row=MASK_ROW if spec.mask is not None else "",
                            mask_add=MASK_ADD if spec.mask is not None else "")

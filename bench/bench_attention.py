@@ -1,0 +1,112 @@
+"""Attention on the CPU, in one process, interleaved: dpl's flash kernel against dpl's segments
+(two BLAS products with a C softmax between them), torch's scaled_dot_product_attention,
+torch eager written out and torch.compile of it.
+
+    python bench/bench_attention.py [HEADS SEQ HEAD_DIM] [--threads N] [--rounds R]
+
+softmax(q @ k^T * 1/sqrt(D) + causal mask) @ v in float32, k given transposed ([H, D, S]) to
+dpl as the torch frontend hands it to the composite. Each round runs every contender once, in
+turn; the table gives medians over the rounds and the ratio to dpl flash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# the thread count is fixed before NumPy's BLAS and OpenMP start (a benchmark script, not library code)
+_THREADS = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "1"
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _THREADS
+
+import numpy as np  # noqa: E402
+
+import dpl  # noqa: E402
+from dpl.backends.cpu_backend import CpuBackend  # noqa: E402
+
+
+def attention_module(heads, seq, dim):
+    return dpl.parse(f"""
+func main(q: f32[{heads}, {seq}, {dim}], k: f32[{heads}, {dim}, {seq}], v: f32[{heads}, {seq}, {dim}], mask: f32[{seq}, {seq}]) -> f32[{heads}, {seq}, {dim}] {{
+  s = matmul(q, k)
+  z = multiply(s, {1 / dim ** 0.5})
+  m = add(z, mask)
+  p = nn.softmax(m)
+  o = matmul(p, v)
+  return o
+}}""")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", nargs="*", type=int, default=[16, 512, 64])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args(argv)
+    heads, seq, dim = args.shape
+    mod = dpl.apply(attention_module(heads, seq, dim), ["llm"])
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((heads, seq, dim)).astype(np.float32)
+    k = rng.standard_normal((heads, dim, seq)).astype(np.float32)
+    v = rng.standard_normal((heads, seq, dim)).astype(np.float32)
+    mask = np.triu(np.full((seq, seq), -np.inf, np.float32), 1)
+    cfg = dpl.FusionConfig(fallback_on_error=False)
+    exes = {mode: dpl.build(mod, [CpuBackend(attention=mode), "numpy"], config=cfg) for mode in ("flash", "segments")}
+    want = dpl.interpret(mod, q, k, v, mask)
+    out = np.empty_like(want)
+    runs = {}
+    for mode, exe in exes.items():
+        np.testing.assert_allclose(exe(q, k, v, mask), want, rtol=1e-4, atol=1e-4)
+        runs[f"dpl {mode} (out=)"] = (lambda e: lambda: e(q, k, v, mask, out=out))(exe)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+        tq, tv = torch.from_numpy(q), torch.from_numpy(v)
+        tk = torch.from_numpy(np.ascontiguousarray(k.transpose(0, 2, 1)))
+        tkt, tmask = torch.from_numpy(k), torch.from_numpy(mask)
+        scale = 1 / dim ** 0.5
+
+        def eager(q_, kt_, v_, m_):
+            return torch.softmax(q_ @ kt_ * scale + m_, -1) @ v_
+
+        compiled = torch.compile(eager)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        runs["torch SDPA (causal)"] = lambda: sdpa(tq, tk, tv, is_causal=True)
+        runs["torch SDPA (mask)"] = lambda: sdpa(tq, tk, tv, attn_mask=tmask)
+        runs["torch eager"] = lambda: eager(tq, tkt, tv, tmask)
+        runs["torch.compile"] = lambda: compiled(tq, tkt, tv, tmask)
+    times = {name: [] for name in runs}
+    with torch.no_grad() if torch is not None else _nothing():
+        for fn in runs.values():  # warm up (torch.compile compiles here)
+            fn(), fn()
+        for _ in range(args.rounds):
+            for name, fn in runs.items():
+                t = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t) * 1e3)
+    base = float(np.median(times["dpl flash (out=)"]))
+    print(f"attention {heads} heads x {seq} x {dim}, float32, causal, {args.threads} thread(s); "
+          f"median of {args.rounds} interleaved rounds; ratio = contender / dpl flash")
+    for name, ts in times.items():
+        med = float(np.median(ts))
+        print(f"  {name:<22} {med:9.2f} ms {med / base:7.2f}")
+    for mode, exe in exes.items():
+        notes = [line.strip() for line in exe.summary().splitlines() if "attention" in line and ": " in line and "on cpu" in line]
+        print(f"  {mode}: {notes[0] if notes else '?'}")
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main()
