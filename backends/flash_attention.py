@@ -118,6 +118,19 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
         #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {{ vstore(&s[r][jc], a0[r]); vstore(&s[r][jc + LANES], a1[r]); }}
       }}
+      for (; jc < jn; jc += LANES) {{  /* the last keys: one vector, the keys past the tile read as 0 */
+        const int64_t n = MIN_(LANES, jn - jc);
+        vec_t a0[ROWS];
+        #pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) a0[r] = vzero();
+        for (int d = 0; d < D; ++d) {{
+          vec_t k0 = vzero();
+          memcpy(&k0, kb + (int64_t)d * sk + j0 + jc, n * sizeof(acc_t));
+          #pragma GCC unroll 16
+          for (int r = 0; r < ROWS; ++r) a0[r] += qf[r][d] * k0;
+        }}
+        for (int r = 0; r < ROWS; ++r) memcpy(&s[r][jc], &a0[r], n * sizeof(acc_t));
+      }}
 #endif
       for (; jc < jn; ++jc) {{
         for (int r = 0; r < ROWS; ++r) {{
