@@ -218,3 +218,91 @@ def test_the_build_records_the_path_it_took(tmp_path, mode):
     summary = exe.summary()
     assert ("flash attention" in summary) == (mode == "flash"), summary
     assert (f"segments (attention='segments'" in summary) == (mode == "segments"), summary
+
+
+@pytest.mark.parametrize("keys", [64, 256])
+def test_auto_takes_flash_from_min_keys(tmp_path, keys):
+    from dpl.backends import flash_attention
+    from dpl.backends.cpu_backend import CpuBackend
+
+    needs.c_compiler()
+    mod = attention_module((2, 4, 16), (2, 16, keys), (2, keys, 16), (4, keys))
+    backend = CpuBackend(cache_dir=tmp_path)
+    exe = dpl.build(dpl.apply(mod, ["llm"]), [backend, "numpy"], config=dpl.FusionConfig(fallback_on_error=False))
+    args = inputs(mod, 10)
+    check(dpl.interpret(mod, *args), exe(*args))
+    flash = keys >= flash_attention.MIN_KEYS
+    assert ("flash attention" in exe.summary()) == flash, exe.summary()
+    assert (f"{keys} keys" in exe.summary())
+
+
+# -- the CUDA kernel: NVRTC, and its host twin on the CPU ----------------------------------------
+
+TWIN_BLOCK = 8  # threads per block in the twin: tiles of 8 keys, a reduction tree of three levels
+
+CUDA_CASES = {
+    "plain": ((2, 3, 7, 16), (2, 3, 16, 20), (2, 3, 20, 16), None, "f32"),
+    "causal": ((4, 19, 64), (4, 64, 19), (4, 19, 64), (19, 19), "f32"),
+    "gqa": ((2, 2, 3, 9, 16), (2, 2, 1, 16, 9), (2, 2, 1, 9, 16), (2, 1, 1, 9, 9), "f32"),
+    "seq1": ((3, 1, 16), (3, 16, 1), (3, 1, 16), None, "f32"),
+    "f64": ((2, 11, 16), (2, 16, 13), (2, 13, 16), (11, 13), "f64"),
+    "f16": ((2, 11, 16), (2, 16, 13), (2, 13, 16), (11, 13), "f16"),
+}
+
+
+def cuda_case(name):
+    from dpl.backends.flash_attention_cuda import emit_flash_cuda
+
+    q, k, v, mask, dtype = CUDA_CASES[name]
+    mod = attention_module(q, k, v, mask, dtype=dtype)
+    _, fn = composite(mod)
+    spec = read_attention(fn)
+    return mod, fn, spec, emit_flash_cuda(spec, f"flash_{name}")
+
+
+def run_twin(twin, name, mod, fn, spec, args, grid):
+    from dpl.backends.flash_attention import batch_layout
+    from dpl.backends.flash_attention_cuda import bits
+
+    named = dict(zip([p.name for p in mod["main"].params], args))
+    ordered = [np.ascontiguousarray(named[p.name]) for p in fn.params]
+    q, k, v = (ordered[s.index] for s in (spec.q, spec.k, spec.v))
+    mask = None if spec.mask is None else ordered[spec.mask.index]
+    out = np.full(fn.ret.ty.shape, np.nan, q.dtype)
+    offs, dims = batch_layout(spec, q.shape, k.shape, v.shape, None if mask is None else mask.shape, out.shape)
+    dummy = np.zeros(1, q.dtype)
+    arrays = [bits(a) for a in (q, k, v, dummy if mask is None else mask, dummy, out)]
+    twin.launch(name, grid, [*arrays, *offs, *dims])
+    return out
+
+
+@pytest.mark.parametrize("name", list(CUDA_CASES))
+def test_cuda_twin_equals_the_interpreter(cxx, name):
+    """The CUDA kernel's text built for the host (each block an OpenMP team): one block per
+    query row, and two blocks striding over all rows; outputs start as NaN."""
+    from dpl.backends.cuda_host import HostTwin
+    from dpl.backends.flash_attention_cuda import launch_grid
+
+    mod, fn, spec, code = cuda_case(name)
+    twin = HostTwin.from_code(f"flash_{name}", code, block=TWIN_BLOCK, cxx=cxx)
+    args = inputs(mod, 11, 8.0)
+    if spec.mask is not None:
+        mask = args[3]
+        mask[..., 0, :] = -np.inf  # a fully masked row: NaN
+        mask[..., -1, : min(TWIN_BLOCK, mask.shape[-1] - 1)] = -np.inf  # a first tile all masked
+    with np.errstate(all="ignore"):
+        want = dpl.interpret(mod, *args)
+    rows = int(np.prod(fn.ret.ty.shape[:-1]))
+    for grid in (launch_grid(rows // fn.ret.ty.shape[-2], fn.ret.ty.shape[-2]), 2):
+        got = run_twin(twin, f"flash_{name}", mod, fn, spec, args, grid)
+        check(want, got, {"f64": 1e-12, "f16": 5e-3}.get(CUDA_CASES[name][-1], 2e-5))
+
+
+@pytest.mark.parametrize("name", list(CUDA_CASES))
+def test_cuda_kernel_compiles_with_nvrtc(nvrtc, name):
+    from fake_cupy import CUPY_ADDS
+
+    *_, code = cuda_case(name)
+    for block in (256, TWIN_BLOCK):
+        ptx = nvrtc.compile_ptx(code, f"{name}.cu", options=(f"-DDPL_BLOCK={block}", *CUPY_ADDS))
+        assert f".entry flash_{name}(" in ptx
