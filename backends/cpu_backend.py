@@ -27,7 +27,7 @@ import numpy as np
 
 from dpl.backends import blas, im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
-from dpl.backends.registry import Backend, Capabilities, CompileError, wrapped_composite
+from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 from dpl.cache_dir import store_dir
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
@@ -156,6 +156,8 @@ class CpuBackend(Backend):
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
         # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"
+        if attention not in ("auto", "flash", "segments"):
+            raise BackendError(f"CpuBackend(attention=...) takes 'auto', 'flash' or 'segments', got {attention!r}")
         self.attention = attention
         self.attention_notes: dict[str, str] = {}  # composite name -> the path it took and why
 
@@ -219,7 +221,12 @@ class CpuBackend(Backend):
             self.attention_notes[function.name] = f"segments ({why})"
             return None
         source = fa.emit_flash(spec, vector_math=vector_math(self.cc))
-        run = fa.flash_runner(function.name, spec, source, self.cache.load(source))
+        try:
+            lib = self.cache.load(source)
+        except CompileError as err:  # the segments still run it
+            self.attention_notes[function.name] = f"segments (the flash kernel did not compile: {err.message[:200]})"
+            return None
+        run = fa.flash_runner(function.name, spec, source, lib)
         run.note = f"flash attention ({why})"  # type: ignore[attr-defined]
         self.attention_notes[function.name] = run.note
         return run

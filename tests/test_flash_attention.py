@@ -306,3 +306,11 @@ def test_cuda_kernel_compiles_with_nvrtc(nvrtc, name):
     for block in (256, TWIN_BLOCK):
         ptx = nvrtc.compile_ptx(code, f"{name}.cu", options=(f"-DDPL_BLOCK={block}", *CUPY_ADDS))
         assert f".entry flash_{name}(" in ptx
+
+
+def test_an_unknown_attention_mode_is_refused():
+    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.registry import BackendError
+
+    with pytest.raises(BackendError, match="'auto', 'flash' or 'segments', got 'fast'"):
+        CpuBackend(attention="fast")
