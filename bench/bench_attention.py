@@ -4,7 +4,7 @@ torch eager written out and torch.compile of it.
 
     python bench/bench_attention.py [HEADS SEQ HEAD_DIM] [--threads N] [--rounds R]
 
-softmax(q @ k^T * 1/sqrt(D) + causal mask) @ v in float32, k given transposed ([H, D, S]) to
+softmax(q @ k^T * 1/sqrt(D) + causal mask (--dense: a random one)) @ v in float32, k given transposed ([H, D, S]) to
 dpl as the torch frontend hands it to the composite. Each round runs every contender once, in
 turn; the table gives medians over the rounds and the ratio to dpl flash.
 """
@@ -44,6 +44,7 @@ def main(argv=None):
     ap.add_argument("shape", nargs="*", type=int, default=[16, 512, 64])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--dense", action="store_true", help="a random finite mask instead of the causal one (no tile is skipped)")
     args = ap.parse_args(argv)
     heads, seq, dim = args.shape
     mod = dpl.apply(attention_module(heads, seq, dim), ["llm"])
@@ -52,6 +53,8 @@ def main(argv=None):
     k = rng.standard_normal((heads, dim, seq)).astype(np.float32)
     v = rng.standard_normal((heads, seq, dim)).astype(np.float32)
     mask = np.triu(np.full((seq, seq), -np.inf, np.float32), 1)
+    if args.dense:
+        mask = rng.standard_normal((seq, seq)).astype(np.float32)
     cfg = dpl.FusionConfig(fallback_on_error=False)
     exes = {mode: dpl.build(mod, [CpuBackend(attention=mode), "numpy"], config=cfg) for mode in ("flash", "segments")}
     want = dpl.interpret(mod, q, k, v, mask)
@@ -76,7 +79,8 @@ def main(argv=None):
 
         compiled = torch.compile(eager)
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        runs["torch SDPA (causal)"] = lambda: sdpa(tq, tk, tv, is_causal=True)
+        if not args.dense:
+            runs["torch SDPA (causal)"] = lambda: sdpa(tq, tk, tv, is_causal=True)
         runs["torch SDPA (mask)"] = lambda: sdpa(tq, tk, tv, attn_mask=tmask)
         runs["torch eager"] = lambda: eager(tq, tkt, tv, tmask)
         runs["torch.compile"] = lambda: compiled(tq, tkt, tv, tmask)
@@ -90,7 +94,7 @@ def main(argv=None):
                 fn()
                 times[name].append((time.perf_counter() - t) * 1e3)
     base = float(np.median(times["dpl flash (out=)"]))
-    print(f"attention {heads} heads x {seq} x {dim}, float32, causal, {args.threads} thread(s); "
+    print(f"attention {heads} heads x {seq} x {dim}, float32, {'dense' if args.dense else 'causal'} mask, {args.threads} thread(s); "
           f"median of {args.rounds} interleaved rounds; ratio = contender / dpl flash")
     for name, ts in times.items():
         med = float(np.median(ts))
