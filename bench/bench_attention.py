@@ -2,11 +2,15 @@
 (two BLAS products with a C softmax between them), torch's scaled_dot_product_attention,
 torch eager written out and torch.compile of it.
 
-    python bench/bench_attention.py [HEADS SEQ HEAD_DIM] [--threads N] [--rounds R]
+    python bench/bench_attention.py [HEADS SEQ HEAD_DIM] [--threads N] [--rounds R] [--dense]
+    python bench/bench_attention.py --model llama512 [--threads N] [--rounds R]
 
 softmax(q @ k^T * 1/sqrt(D) + causal mask (--dense: a random one)) @ v in float32, k given transposed ([H, D, S]) to
 dpl as the torch frontend hands it to the composite. Each round runs every contender once, in
-turn; the table gives medians over the rounds and the ratio to dpl flash.
+turn; the table gives medians over the rounds and the ratio to dpl flash. ``--model`` takes a
+workload of ``bench_models.py`` (its Llama decoder: attention inside a whole model) and runs
+dpl's ``["rewrites", "llm"]`` build with flash and with segments attention beside torch eager
+and torch.compile of the model.
 """
 
 from __future__ import annotations
@@ -45,7 +49,10 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--dense", action="store_true", help="a random finite mask instead of the causal one (no tile is skipped)")
+    ap.add_argument("--model", help="a bench_models.py workload (llama128, llama512, gpt2) instead of one attention")
     args = ap.parse_args(argv)
+    if args.model:
+        return model_main(args)
     heads, seq, dim = args.shape
     mod = dpl.apply(attention_module(heads, seq, dim), ["llm"])
     rng = np.random.default_rng(0)
@@ -102,6 +109,55 @@ def main(argv=None):
     for mode, exe in exes.items():
         notes = [line.strip() for line in exe.summary().splitlines() if "attention" in line and ": " in line and "on cpu" in line]
         print(f"  {mode}: {notes[0] if notes else '?'}")
+
+
+def interleaved(runs, rounds):
+    """name -> the times (ms) of ``rounds`` rounds, each running every contender once in turn."""
+    times = {name: [] for name in runs}
+    for fn in runs.values():  # warm up (torch.compile compiles here)
+        fn(), fn()
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def model_main(args):
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_models
+
+    torch.set_num_threads(args.threads)
+    desc, make_model, make_inputs = bench_models.workloads()[args.model]
+    torch.manual_seed(0)
+    model = make_model().eval()
+    targs = make_inputs()
+    with torch.no_grad():
+        expected = model(*targs).numpy()
+    inputs = [a.numpy() for a in targs]
+    fused = dpl.apply(dpl.from_torch(model, targs), ["rewrites", "llm"])
+    runs = {}
+    out = np.empty(expected.shape, expected.dtype)
+    notes = {}
+    for mode in ("flash", "segments"):
+        exe = dpl.build(fused, [CpuBackend(attention=mode), "numpy"])
+        np.testing.assert_allclose(exe(*inputs), expected, rtol=2e-4, atol=2e-4)
+        runs[f"dpl {mode} (out=)"] = (lambda e: lambda: e(*inputs, out=out))(exe)
+        notes[mode] = sum(f"{mode} attention" in line or f": {mode}" in line for line in exe.summary().splitlines())
+    compiled = torch.compile(model)
+    runs["torch eager"] = lambda: model(*targs)
+    runs["torch.compile"] = lambda: compiled(*targs)
+    with torch.no_grad():
+        times = interleaved(runs, args.rounds)
+    base = float(np.median(times["dpl flash (out=)"]))
+    print(f"{desc}, float32, {args.threads} thread(s); median of {args.rounds} interleaved rounds; "
+          f"ratio = contender / dpl flash; attention kernels by path: {notes}")
+    for name, ts in times.items():
+        med = float(np.median(ts))
+        print(f"  {name:<22} {med:9.2f} ms {med / base:7.2f}")
 
 
 class _nothing:
