@@ -55,8 +55,7 @@ typedef {acc} acc_t;
 #define LD(x) {load}
 #define ST(x) {store}
 #define MIN_(a, b) ((a) < (b) ? (a) : (b))
-#define FAST {fast}
-#if FAST
+#define WIDEN {widen}
 /* register blocks as GCC/Clang vector types of one 64-byte vector (split where registers are narrower) */
 typedef acc_t vec_t __attribute__((vector_size(64)));
 #define LANES {lanes}
@@ -64,7 +63,6 @@ static inline vec_t vload(const acc_t *p) {{ vec_t v; memcpy(&v, p, sizeof v); r
 static inline void vstore(acc_t *p, vec_t v) {{ memcpy(p, &v, sizeof v); }}
 static inline vec_t vzero(void) {{ vec_t v = {{0}}; return v; }}
 #define PV_ROWS {pv_rows}
-#endif
 #define FAST_PV {fast_pv}
 
 {tile_masked}
@@ -98,15 +96,27 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
     }}
     for (int64_t j0 = 0; j0 < sk; j0 += KEYS) {{
       const int64_t jn = MIN_(KEYS, sk - j0);
-{skip_masked}      /* the tile's scores: q rows x keys, a register block of ROWS x 2 vectors at a time */
+{skip_masked}#if WIDEN
+      /* 16-bit inputs: the tile of k and v widened once, read by the register blocks below */
+      acc_t kt[D * KEYS], vt[KEYS * DV];
+      for (int d = 0; d < D; ++d)
+        for (int64_t j = 0; j < jn; ++j) kt[d * KEYS + j] = LD(kb[(int64_t)d * sk + j0 + j]);
+      for (int64_t j = 0; j < jn; ++j)
+        for (int c = 0; c < DV; ++c) vt[j * DV + c] = LD(vb[(j0 + j) * DV + c]);
+      const acc_t *restrict kt0 = kt, *restrict vt0 = vt;
+      const int64_t kst = KEYS;
+#else
+      const acc_t *restrict kt0 = kb + j0, *restrict vt0 = vb + j0 * DV;
+      const int64_t kst = sk;
+#endif
+      /* the tile's scores: q rows x keys, a register block of ROWS x 2 vectors at a time */
       int64_t jc = 0;
-#if FAST
       for (; jc + 2 * LANES <= jn; jc += 2 * LANES) {{
         vec_t a0[ROWS], a1[ROWS];
         #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {{ a0[r] = vzero(); a1[r] = vzero(); }}
         for (int d = 0; d < D; ++d) {{
-          const acc_t *kr = kb + (int64_t)d * sk + j0 + jc;
+          const acc_t *kr = kt0 + (int64_t)d * kst + jc;
           const vec_t k0 = vload(kr), k1 = vload(kr + LANES);
           #pragma GCC unroll 16
           for (int r = 0; r < ROWS; ++r) {{
@@ -125,19 +135,11 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
         for (int r = 0; r < ROWS; ++r) a0[r] = vzero();
         for (int d = 0; d < D; ++d) {{
           vec_t k0 = vzero();
-          memcpy(&k0, kb + (int64_t)d * sk + j0 + jc, n * sizeof(acc_t));
+          memcpy(&k0, kt0 + (int64_t)d * kst + jc, n * sizeof(acc_t));
           #pragma GCC unroll 16
           for (int r = 0; r < ROWS; ++r) a0[r] += qf[r][d] * k0;
         }}
         for (int r = 0; r < ROWS; ++r) memcpy(&s[r][jc], &a0[r], n * sizeof(acc_t));
-      }}
-#endif
-      for (; jc < jn; ++jc) {{
-        for (int r = 0; r < ROWS; ++r) {{
-          acc_t acc = 0;
-          for (int d = 0; d < D; ++d) acc += qf[r][d] * LD(kb[(int64_t)d * sk + j0 + jc]);
-          s[r][jc] = acc;
-        }}
       }}
       /* scale, mask, the online softmax */
       for (int64_t r = 0; r < rows; ++r) {{
@@ -183,7 +185,7 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
           #pragma GCC unroll 16
           for (int c = 0; c < DV / LANES; ++c) acc[r][c] = vload(&o[r0 + r][c * LANES]);
         for (int64_t j = 0; j < jn; ++j) {{
-          const acc_t *vr = vb + (j0 + j) * DV;
+          const acc_t *vr = vt0 + j * DV;
           vec_t vv[DV / LANES];
           #pragma GCC unroll 16
           for (int c = 0; c < DV / LANES; ++c) vv[c] = vload(vr + c * LANES);
@@ -201,14 +203,11 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
       }}
 #else
       for (int64_t j = 0; j < jn; ++j) {{
-        const elem_t *restrict vr = vb + (j0 + j) * DV;
-        acc_t vv[DV];
-        #pragma omp simd
-        for (int c = 0; c < DV; ++c) vv[c] = LD(vr[c]);
+        const acc_t *restrict vr = vt0 + j * DV;
         for (int64_t r = 0; r < rows; ++r) {{
           const acc_t p = s[r][j];
           #pragma omp simd
-          for (int c = 0; c < DV; ++c) o[r][c] += p * vv[c];
+          for (int c = 0; c < DV; ++c) o[r][c] += p * vr[c];
         }}
       }}
 #endif
@@ -250,14 +249,14 @@ def emit_flash(spec: Attention, vector_math: bool = False) -> str:
         scale = _c_const(KConst(spec.scale, "float64" if acc == "double" else "float32"))
     else:
         scale = "LD(scale_buf[0])"
-    fast = elem == acc  # register blocks read float32/float64 straight from memory
+    widen = elem != acc  # 16-bit inputs: each tile widened into float before the register blocks
     lanes = 64 // (8 if acc == "double" else 4)
     vectors = spec.value_dim // lanes
-    fast_pv = fast and spec.value_dim % lanes == 0
+    fast_pv = spec.value_dim % lanes == 0
     pv_rows = max(r for r in (1, 2, 4, 8) if r <= ROWS and ROWS % r == 0 and r * max(1, vectors) <= 16)
     masked = spec.mask is not None
     body = TEMPLATE.format(head=spec.head_dim, value=spec.value_dim, rows=ROWS, keys=KEYS, elem=elem, acc=acc,
-                           fast=int(fast), lanes=lanes, fast_pv=int(fast_pv), pv_rows=pv_rows,
+                           widen=int(widen), lanes=lanes, fast_pv=int(fast_pv), pv_rows=pv_rows,
                            skip_masked=SKIP_MASKED if masked else "", tile_masked=TILE_MASKED if masked else "",
                            load=load, store=store, scale=scale, scale_op="*" if spec.scale_op == "multiply" else "/",
                            mask_row=MASK_ROW if spec.mask is not None else "",

@@ -315,3 +315,11 @@ def test_an_unknown_attention_mode_is_refused():
 
     with pytest.raises(BackendError, match="'auto', 'flash' or 'segments', got 'fast'"):
         CpuBackend(attention="fast")
+
+
+@pytest.mark.parametrize("head, value", [(24, 24), (8, 40), (3, 5)])
+def test_head_dims_that_are_not_whole_vectors(backend, head, value):
+    """D and Dv off the vector width: the value product's plain loop, q's rows of any length."""
+    mod = attention_module((3, 21, head), (3, head, 70), (3, 70, value), (21, 70))
+    args = inputs(mod, 12, 6.0)
+    check(dpl.interpret(mod, *args), run_flash(backend, mod, args))
