@@ -159,7 +159,6 @@ class CpuBackend(Backend):
         if attention not in ("auto", "flash", "segments"):
             raise BackendError(f"CpuBackend(attention=...) takes 'auto', 'flash' or 'segments', got {attention!r}")
         self.attention = attention
-        self.attention_notes: dict[str, str] = {}  # composite name -> the path it took and why
 
     def available(self) -> tuple[bool, str]:
         if shutil.which(self.cc) is None:
@@ -172,15 +171,16 @@ class CpuBackend(Backend):
 
     def compile(self, function, *, module=None, shapes=()):
         function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
+        note = None  # the path an attention took, and why (exe.summary() shows it)
         if function.attrs.get("Composite") == "kernel.attention":
-            flash = self._compile_flash(function, shapes)
+            flash, note = self._compile_flash(function, shapes)
             if flash is not None:
                 return flash
         if any(_blas_product(b) for b in function.bindings):
             try:
                 run = self._compile_segments(function)
-                if function.name in self.attention_notes:
-                    run.note = self.attention_notes[function.name]  # type: ignore[attr-defined]
+                if note:
+                    run.note = note  # type: ignore[attr-defined]
                 return run
             except NotSegmentable:
                 pass  # an operand or result the segments cannot hold: the kernel IR's own loops
@@ -207,29 +207,25 @@ class CpuBackend(Backend):
 
     def _compile_flash(self, function, shapes):
         """A kernel.attention composite as one flash-style kernel (backends/flash_attention.py),
-        or None (with ``self.attention_notes`` saying why) for the segments path."""
+        or None for the segments path; and a note saying which and why."""
         from dpl.backends import flash_attention as fa
         from dpl.kernel.attention import NotAttention, read_attention
 
         try:
             spec = read_attention(function)
         except NotAttention as err:
-            self.attention_notes[function.name] = f"segments (no flash kernel: {err})"
-            return None
+            return None, f"segments (no flash kernel: {err})"
         use, why = fa.choose(spec, shapes, self.attention)
         if not use:
-            self.attention_notes[function.name] = f"segments ({why})"
-            return None
+            return None, f"segments ({why})"
         source = fa.emit_flash(spec, vector_math=vector_math(self.cc))
         try:
             lib = self.cache.load(source)
         except CompileError as err:  # the segments still run it
-            self.attention_notes[function.name] = f"segments (the flash kernel did not compile: {err.message[:200]})"
-            return None
+            return None, f"segments (the flash kernel did not compile: {err.message[:200]})"
         run = fa.flash_runner(function.name, spec, source, lib)
         run.note = f"flash attention ({why})"  # type: ignore[attr-defined]
-        self.attention_notes[function.name] = run.note
-        return run
+        return run, run.note
 
     def _product(self, call):
         """How a product of the segments runs: a convolution by im2col and the provider's

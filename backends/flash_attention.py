@@ -33,7 +33,7 @@ from dpl import dtypes
 from dpl.backends.c_emitter import PRELUDE, VECTOR_MATH
 from dpl.kernel.attention import Attention, Const, Param
 from dpl.kernel.ir import Const as KConst
-from dpl.kernel.ir import _c_const
+from dpl.kernel.ir import to_c
 from dpl.runtime.threads import OPENMP
 
 ROWS = 8  # query rows per task: the key tile is read once for all of them
@@ -246,7 +246,7 @@ def emit_flash(spec: Attention, vector_math: bool = False) -> str:
     """The C source of the flash kernel for ``spec`` (``dpl_kernel(buffers, dims)``)."""
     elem, acc, load, store = _STORAGE[spec.dtype]
     if isinstance(spec.scale, float):
-        scale = _c_const(KConst(spec.scale, "float64" if acc == "double" else "float32"))
+        scale = to_c(KConst(spec.scale, "float64" if acc == "double" else "float32"))
     else:
         scale = "LD(scale_buf[0])"
     widen = elem != acc  # 16-bit inputs: each tile widened into float before the register blocks

@@ -23,7 +23,7 @@ import numpy as np
 from dpl.backends.cuda_emitter import CUDA_PRELUDE, HELPERS, MAX_GRID
 from dpl.kernel.attention import Attention
 from dpl.kernel.ir import Const as KConst
-from dpl.kernel.ir import _c_const
+from dpl.kernel.ir import to_c
 
 _STORAGE = {"float32": ("float", "float", "(x)", "(x)"),
             "float64": ("double", "double", "(x)", "(x)"),
@@ -114,7 +114,7 @@ def emit_flash_cuda(spec: Attention, symbol: str = "dpl_flash_attention") -> str
     """The whole CUDA source (prelude, helpers, kernel ``symbol``) of the flash kernel for ``spec``."""
     elem, acc, load, store = _STORAGE[spec.dtype]
     if isinstance(spec.scale, float):
-        scale = _c_const(KConst(spec.scale, "float64" if acc == "double" else "float32"))
+        scale = to_c(KConst(spec.scale, "float64" if acc == "double" else "float32"))
     else:
         scale = "FA_LD(scale_buf[0])"
     body = TEMPLATE.format(head=spec.head_dim, value=spec.value_dim, elem=elem, acc=acc, load=load, store=store,
