@@ -223,9 +223,8 @@ class CpuBackend(Backend):
             lib = self.cache.load(source)
         except CompileError as err:  # the segments still run it
             return None, f"segments (the flash kernel did not compile: {err.message[:200]})"
-        run = fa.flash_runner(function.name, spec, source, lib)
-        run.note = f"flash attention ({why})"  # type: ignore[attr-defined]
-        return run, run.note
+        note = f"flash attention ({why})"
+        return fa.flash_runner(function.name, spec, source, lib, note=note), note
 
     def _product(self, call):
         """How a product of the segments runs: a convolution by im2col and the provider's

@@ -294,7 +294,7 @@ def batch_layout(spec: Attention, q, k, v, mask, out) -> tuple[list[np.ndarray],
     return offs, (nbatch, sq, sk, mrow, mcol)
 
 
-def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | None = None):
+def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | None = None, note: str = ""):
     """``run(inputs, outputs)`` calling the compiled flash kernel on the composite's inputs."""
     entry = lib.dpl_kernel
     entry.restype = None
@@ -346,7 +346,8 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
     run.source = source  # type: ignore[attr-defined]
     run.threads = threads  # type: ignore[attr-defined]
     run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
-    run.with_threads = lambda n: run if n == threads else flash_runner(name, spec, source, lib, n)  # type: ignore[attr-defined]
+    run.note = note  # type: ignore[attr-defined]  # the path and why, for exe.summary()
+    run.with_threads = lambda n: run if n == threads else flash_runner(name, spec, source, lib, n, note)  # type: ignore[attr-defined]
     return run
 
 

@@ -323,3 +323,12 @@ def test_head_dims_that_are_not_whole_vectors(backend, head, value):
     mod = attention_module((3, 21, head), (3, head, 70), (3, 70, value), (21, 70))
     args = inputs(mod, 12, 6.0)
     check(dpl.interpret(mod, *args), run_flash(backend, mod, args))
+
+
+def test_a_thread_capped_copy_keeps_its_note(backend):
+    mod = attention_module((2, 8, 16), (2, 16, 8), (2, 8, 16), (8, 8))
+    fused, fn = composite(mod)
+    kernel = backend.compile(fn, module=fused)
+    capped = kernel.with_threads(1)
+    assert capped is not kernel and capped.threads == 1 and capped.note == kernel.note
+    assert kernel.note.startswith("flash attention")
