@@ -225,15 +225,20 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
 """
 
 SKIP_MASKED = """\
-      if (tile_masked(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jn, mrow, mcol)) continue;
+      if (tile_masked(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jn, mrow, mcol, m)) continue;
 """
 TILE_MASKED = """
-/* whether every mask entry of a tile is -inf: the tile adds nothing to any of its rows (a
-   causal mask's upper triangle), so its scores are not computed */
-static int tile_masked(const elem_t *m, int64_t rows, int64_t keys, int64_t mrow, int64_t mcol) {
+/* whether a tile adds nothing to any of its rows, so its scores need not be computed: every
+   mask entry is -inf (a causal mask's upper triangle), or every entry is at most -1e30 (Hugging
+   Face's float minimum) while each row has already seen a score above -1e29, so that each
+   exp(score + mask - max) of the tile is exactly 0 for any score below 9e29 in magnitude */
+static int tile_masked(const elem_t *mk, int64_t rows, int64_t keys, int64_t mrow, int64_t mcol, const acc_t *m) {
+  int seen = 1;
+  for (int64_t r = 0; r < rows; ++r) seen &= m[r] > (acc_t)-1e29;
+  const acc_t floor_ = seen ? (acc_t)-1e30 : (acc_t)-INFINITY;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < keys; ++j)
-      if (LD(m[r * mrow + j * mcol]) != -INFINITY) return 0;
+      if (!(LD(mk[r * mrow + j * mcol]) <= floor_)) return 0;
   return 1;
 }
 """
