@@ -357,8 +357,9 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
 
 
 # "auto" takes the flash kernel from this many keys on (see choose). Measured, 16 heads x S x 64,
-# causal, one thread, medians of 15 interleaved rounds on a loaded 2-core AVX-512 host (ms, flash /
-# segments): S=64 0.48 / 0.34, 128 1.42 / 1.29, 256 7.87 / 8.49, 512 82.5 / 112, 2048 470 / 713
+# causal -inf mask, one thread, medians of 21 interleaved rounds (bench/bench_attention.py) on a
+# loaded 2-core AVX-512 host, ms flash / segments: S=128 1.19 / 1.06, 256 3.98 / 4.60, 512 30.5 /
+# 33.8; a dense (random) mask at 512: 38.9 / 35.7 (no tile skipped: BLAS's products are faster)
 MIN_KEYS = 256
 MODES = ("auto", "flash", "segments")
 
