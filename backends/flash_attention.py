@@ -11,7 +11,11 @@ as they are read, as the shared C prelude does.
 What the interpreter's softmax does, this does too: a row whose scores are all -inf (a fully
 masked row) is NaN, as exp(-inf - -inf) is; a NaN score makes its row NaN; +inf makes its row
 NaN (inf - inf). A tile whose scores are all -inf adds nothing (its exponentials would be
-exp(-inf - -inf) while the running maximum is still -inf).
+exp(-inf - -inf) while the running maximum is still -inf). A tile whose mask entries are all
+-inf, or all at most -1e30 once every row has a real score, is skipped before its scores are
+computed (a causal mask's upper triangle, -inf or Hugging Face's float minimum): its
+exponentials are exactly 0. The one difference this makes: a NaN or inf in q or k under such a
+tile does not reach the output, where the interpreter's would be NaN.
 
 Batch dimensions broadcast as NumPy's matmul does (GQA's k/v heads of size 1 over q's
 heads, a mask of shape [Sq, Sk] over every head): the runner gives the kernel, per flattened
