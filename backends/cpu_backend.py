@@ -27,7 +27,7 @@ import numpy as np
 
 from dpl.backends import blas, im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
-from dpl.backends.registry import Backend, Capabilities, CompileError, wrapped_composite
+from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 from dpl.cache_dir import store_dir
 from dpl.runtime import build_pool
@@ -153,12 +153,17 @@ class CpuBackend(Backend):
     dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
-                 stream_bytes: int | None = STREAM_BYTES, products: str = "numpy", cache_max_bytes: int = DEFAULT_MAX_BYTES):
+                 stream_bytes: int | None = STREAM_BYTES, products: str = "numpy", cache_max_bytes: int = DEFAULT_MAX_BYTES,
+                 attention: str = "auto"):
         self.cc = cc or os.environ.get("CC") or "cc"
         self.products = blas.products(products)  # who computes matrix products: "numpy" or "torch"
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
+        # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"
+        if attention not in ("auto", "flash", "segments"):
+            raise BackendError(f"CpuBackend(attention=...) takes 'auto', 'flash' or 'segments', got {attention!r}")
+        self.attention = attention
 
     def available(self) -> tuple[bool, str]:
         if shutil.which(self.cc) is None:
@@ -171,9 +176,17 @@ class CpuBackend(Backend):
 
     def compile(self, function, *, module=None, shapes=()):
         function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
+        note = None  # the path an attention took, and why (exe.summary() shows it)
+        if function.attrs.get("Composite") == "kernel.attention":
+            flash, note = self._compile_flash(function, shapes)
+            if flash is not None:
+                return flash
         if any(_blas_product(b) for b in function.bindings):
             try:
-                return self._compile_segments(function)
+                run = self._compile_segments(function)
+                if note:
+                    run.note = note  # type: ignore[attr-defined]
+                return run
             except NotSegmentable:
                 pass  # an operand or result the segments cannot hold: the kernel IR's own loops
         return self._compile_kernel(function)
@@ -196,6 +209,27 @@ class CpuBackend(Backend):
         pool = self.products.thread_pool
         run.thread_pools = frozenset({pool, OPENMP} if kernels else {pool})  # type: ignore[attr-defined]
         return run
+
+    def _compile_flash(self, function, shapes):
+        """A kernel.attention composite as one flash-style kernel (backends/flash_attention.py),
+        or None for the segments path; and a note saying which and why."""
+        from dpl.backends import flash_attention as fa
+        from dpl.kernel.attention import NotAttention, read_attention
+
+        try:
+            spec = read_attention(function)
+        except NotAttention as err:
+            return None, f"segments (no flash kernel: {err})"
+        use, why = fa.choose(spec, shapes, self.attention)
+        if not use:
+            return None, f"segments ({why})"
+        source = fa.emit_flash(spec, vector_math=vector_math(self.cc))
+        try:
+            lib = self.cache.load(source)
+        except CompileError as err:  # the segments still run it
+            return None, f"segments (the flash kernel did not compile: {err.message[:200]})"
+        note = f"flash attention ({why})"
+        return fa.flash_runner(function.name, spec, source, lib, note=note), note
 
     def _product(self, call):
         """How a product of the segments runs: a convolution by im2col and the provider's

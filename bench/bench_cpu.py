@@ -176,9 +176,13 @@ def add_torch(res, name, args, torch_bits, repeat=5):
             print(f"torch.compile failed on {name}: {type(err).__name__}: {err}", file=sys.stderr)
 
 
-def dpl_exe(mod, fuse_reductions=False, patterns=()):
+def dpl_exe(mod, fuse_reductions=False, patterns=(), attention=None):
     fused = dpl.apply(mod, list(patterns), fuse_reductions=fuse_reductions)
     cfg = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=1000, min_tensor_elements=0, fallback_on_error=False)
+    if attention is not None:
+        from dpl.backends.cpu_backend import CpuBackend
+
+        return dpl.build(fused, [CpuBackend(attention=attention), "numpy"], config=cfg)
     return dpl.build(fused, "cpu", config=cfg)
 
 
@@ -219,9 +223,11 @@ def main():
     add_torch(res, "Llama MLP block (matmul-bound)", args, torch_bits, repeat=3)
     rows.append(("Llama MLP block (matmul-bound)", res))
     args = arrays(ATTENTION)
-    exe = dpl_exe(ATTENTION, patterns=["llm"])  # the kernel.attention composite: BLAS, C softmax, BLAS
+    exe = dpl_exe(ATTENTION, patterns=["llm"])  # the kernel.attention composite: the flash kernel at 512 keys
+    segments = dpl_exe(ATTENTION, patterns=["llm"], attention="segments")  # BLAS, C softmax, BLAS
     out = np.empty((HEADS, SEQ, HEAD_DIM), np.float32)
-    res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "numpy op by op": best(lambda: numpy_attention(*args))}
+    res = {"dpl cpu (out=)": best(lambda: exe(*args, out=out)), "dpl cpu segments": best(lambda: segments(*args, out=out)),
+           "numpy op by op": best(lambda: numpy_attention(*args))}
     add_torch(res, "attention (llm.attention)", args, torch_bits)
     rows.append(("attention (llm.attention)", res))
     print(f"{N}x{N} float32 (MLP: {MLP_TOKENS} tokens, {HIDDEN} -> {INTER}; attention: {HEADS} heads x {SEQ} x {HEAD_DIM}); ms, best of >= 5 runs; ratio = contender / dpl")

@@ -219,6 +219,8 @@ CONFIGS = {  # name -> (patterns, fuse_reductions, products); None: the unfused 
     "dpl cpu +patterns": (LLM, False, "numpy"),
     "dpl cpu +patterns +fr": (LLM, True, "numpy"),
     "dpl cpu +patterns, MKL": (LLM, False, "torch"),  # products by torch's BLAS (backends/blas.py)
+    # kernel.attention as two BLAS products around a C softmax, not the flash kernel
+    "dpl cpu +patterns, segments attn": (LLM, False, "numpy", "segments"),
 }
 
 
@@ -229,11 +231,11 @@ def run_dpl(name, mod, inputs, expected, cache_dir, timings):
         exe, build_ms = timed(lambda: dpl.build(mod, "numpy"))
         timings[name] = {"build cold": build_ms}
     else:
-        patterns, fuse_reductions, products = config
+        patterns, fuse_reductions, products, attention = (*config, "auto")[:4]
         fused, apply_ms = timed(lambda: dpl.apply(mod, patterns, fuse_reductions=fuse_reductions))
         cold_dir = tempfile.mkdtemp(dir=cache_dir)
-        _, cold_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products), "numpy"]))
-        exe, warm_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products), "numpy"]))
+        _, cold_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products, attention=attention), "numpy"]))
+        exe, warm_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products, attention=attention), "numpy"]))
         timings[name] = {"apply": apply_ms, "build cold": cold_ms, "build warm": warm_ms}
     out = np.empty(expected.shape, expected.dtype)
     exe(*inputs, out=out)

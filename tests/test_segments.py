@@ -28,7 +28,7 @@ def kernel(tmp_path_factory):
     needs.c_compiler()
     fused = dpl.apply(ATTENTION, ["llm"])
     composite = next(f for f in fused.functions.values() if f.attrs.get("Composite") == "kernel.attention")
-    run = CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels")).compile(composite, module=fused)
+    run = CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), attention="segments").compile(composite, module=fused)
     assert run.__qualname__.startswith("cpu-blas+c:")
     order = [p.name for p in composite.params]  # the composite's parameters, in order of first use
     return lambda args, outs: run([args[["q", "k", "v", "mask"].index(name)] for name in order], outs)

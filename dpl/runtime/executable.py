@@ -285,6 +285,10 @@ class Executable(Compiler):
                 lines.append(f"  {plan.threads_note}")
             for name, shapes_, group in plan.decisions:
                 lines.append(f"  group {name} at {' '.join(map(str, (list(s) for s in shapes_)))}: {group}")
+            for step in plan.steps:  # what a backend chose inside a kernel (flash or segments attention)
+                note = getattr(step.kernel, "note", None)
+                if note:
+                    lines.append(f"  {step.label} ({step.function}) on {step.backend}: {note}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

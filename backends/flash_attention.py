@@ -1,0 +1,388 @@
+"""Flash-style attention on the CPU: softmax(q @ k * scale [+ mask]) @ v in one generated C
+kernel, tiled over keys with an online softmax, so the scores never leave the cache.
+
+Each OpenMP task takes ``ROWS`` query rows of one batch entry and walks the keys in tiles of
+``KEYS``: the tile's scores (a register-blocked product over the head dimension), scale and
+mask, the tile's maximum, the running output rescaled by ``exp(old max - new max)``, then
+``exp(score - max)`` times the tile's values added in. The row is divided by its running sum
+at the end. Values are accumulated in float (double for float64); 16-bit inputs are widened
+as they are read, as the shared C prelude does.
+
+What the interpreter's softmax does, this does too: a row whose scores are all -inf (a fully
+masked row) is NaN, as exp(-inf - -inf) is; a NaN score makes its row NaN; +inf makes its row
+NaN (inf - inf). A tile whose scores are all -inf adds nothing (its exponentials would be
+exp(-inf - -inf) while the running maximum is still -inf). A tile whose mask entries are all
+-inf, or all at most -1e30 once every row has a real score, is skipped before its scores are
+computed (a causal mask's upper triangle, -inf or Hugging Face's float minimum): its
+exponentials are exactly 0. The one difference this makes: a NaN or inf in q or k under such a
+tile does not reach the output, where the interpreter's would be NaN.
+
+Batch dimensions broadcast as NumPy's matmul does (GQA's k/v heads of size 1 over q's
+heads, a mask of shape [Sq, Sk] over every head): the runner gives the kernel, per flattened
+batch index, the element offset of each operand's matrix, and the mask's row and column
+strides (0 where it broadcasts).
+
+The kernel IR cannot express this kernel (see ``dpl/kernel/attention.py``); the template
+below is the whole of it, written once with the prelude's widening loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from dpl import dtypes
+from dpl.backends.c_emitter import PRELUDE, VECTOR_MATH
+from dpl.kernel.attention import Attention, Const, Param
+from dpl.kernel.ir import Const as KConst
+from dpl.kernel.ir import to_c
+from dpl.runtime.threads import OPENMP
+
+ROWS = 8  # query rows per task: the key tile is read once for all of them
+KEYS = 64  # keys per tile: the tile's scores (ROWS x KEYS) stay in L1
+
+_STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
+            "float64": ("double", "double", "(x)", "(double)(x)"),
+            "float16": ("half", "float", "((float)(x))", "((half)(x))"),
+            "bfloat16": ("uint16_t", "float", "dpl_bf16_load(x)", "dpl_bf16_store(x)")}
+
+TEMPLATE = """
+#include <string.h>
+#define D {head}
+#define DV {value}
+#define ROWS {rows}
+#define KEYS {keys}
+typedef {elem} elem_t;
+typedef {acc} acc_t;
+#define LD(x) {load}
+#define ST(x) {store}
+#define MIN_(a, b) ((a) < (b) ? (a) : (b))
+#define WIDEN {widen}
+/* register blocks as GCC/Clang vector types of one 64-byte vector (split where registers are narrower) */
+typedef acc_t vec_t __attribute__((vector_size(64)));
+#define LANES {lanes}
+static inline vec_t vload(const acc_t *p) {{ vec_t v; memcpy(&v, p, sizeof v); return v; }}
+static inline void vstore(acc_t *p, vec_t v) {{ memcpy(p, &v, sizeof v); }}
+static inline vec_t vzero(void) {{ vec_t v = {{0}}; return v; }}
+#define PV_ROWS {pv_rows}
+#define FAST_PV {fast_pv}
+
+{tile_masked}
+void dpl_kernel(void **buffers, const int64_t *dims) {{
+  const elem_t *restrict q = (const elem_t *)buffers[0];
+  const elem_t *restrict k = (const elem_t *)buffers[1];
+  const elem_t *restrict v = (const elem_t *)buffers[2];
+  const elem_t *restrict mask = (const elem_t *)buffers[3];
+  const elem_t *restrict scale_buf = (const elem_t *)buffers[4];
+  elem_t *restrict out = (elem_t *)buffers[5];
+  const int64_t *restrict qoff = (const int64_t *)buffers[6];
+  const int64_t *restrict koff = (const int64_t *)buffers[7];
+  const int64_t *restrict voff = (const int64_t *)buffers[8];
+  const int64_t *restrict moff = (const int64_t *)buffers[9];
+  const int64_t nbatch = dims[0], sq = dims[1], sk = dims[2], mrow = dims[3], mcol = dims[4];
+  const acc_t scale = {scale};
+  (void)mask; (void)scale_buf; (void)moff; (void)mrow; (void)mcol;
+  const int64_t blocks = (sq + ROWS - 1) / ROWS;
+  #pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < nbatch * blocks; ++task) {{
+    const int64_t b = task / blocks, i0 = (task % blocks) * ROWS, rows = MIN_(ROWS, sq - i0);
+    const elem_t *restrict qb = q + qoff[b] + i0 * D;
+    const elem_t *restrict kb = k + koff[b];
+    const elem_t *restrict vb = v + voff[b];
+    acc_t qf[ROWS][D], o[ROWS][DV], s[ROWS][KEYS], m[ROWS], l[ROWS];
+    int nan[ROWS];
+    for (int r = 0; r < ROWS; ++r) {{
+      for (int d = 0; d < D; ++d) qf[r][d] = r < rows ? LD(qb[r * D + d]) : (acc_t)0;
+      for (int c = 0; c < DV; ++c) o[r][c] = 0;
+      m[r] = -INFINITY; l[r] = 0; nan[r] = 0;
+    }}
+    for (int64_t j0 = 0; j0 < sk; j0 += KEYS) {{
+      const int64_t jn = MIN_(KEYS, sk - j0);
+{skip_masked}#if WIDEN
+      /* 16-bit inputs: the tile of k and v widened once, read by the register blocks below */
+      acc_t kt[D * KEYS], vt[KEYS * DV];
+      for (int d = 0; d < D; ++d)
+        for (int64_t j = 0; j < jn; ++j) kt[d * KEYS + j] = LD(kb[(int64_t)d * sk + j0 + j]);
+      for (int64_t j = 0; j < jn; ++j)
+        for (int c = 0; c < DV; ++c) vt[j * DV + c] = LD(vb[(j0 + j) * DV + c]);
+      const acc_t *restrict kt0 = kt, *restrict vt0 = vt;
+      const int64_t kst = KEYS;
+#else
+      const acc_t *restrict kt0 = kb + j0, *restrict vt0 = vb + j0 * DV;
+      const int64_t kst = sk;
+#endif
+      /* the tile's scores: q rows x keys, a register block of ROWS x 2 vectors at a time */
+      int64_t jc = 0;
+      for (; jc + 2 * LANES <= jn; jc += 2 * LANES) {{
+        vec_t a0[ROWS], a1[ROWS];
+        #pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {{ a0[r] = vzero(); a1[r] = vzero(); }}
+        for (int d = 0; d < D; ++d) {{
+          const acc_t *kr = kt0 + (int64_t)d * kst + jc;
+          const vec_t k0 = vload(kr), k1 = vload(kr + LANES);
+          #pragma GCC unroll 16
+          for (int r = 0; r < ROWS; ++r) {{
+            const acc_t x = qf[r][d];
+            a0[r] += x * k0;
+            a1[r] += x * k1;
+          }}
+        }}
+        #pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {{ vstore(&s[r][jc], a0[r]); vstore(&s[r][jc + LANES], a1[r]); }}
+      }}
+      for (; jc < jn; jc += LANES) {{  /* the last keys: one vector, the keys past the tile read as 0 */
+        const int64_t n = MIN_(LANES, jn - jc);
+        vec_t a0[ROWS];
+        #pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) a0[r] = vzero();
+        for (int d = 0; d < D; ++d) {{
+          vec_t k0 = vzero();
+          memcpy(&k0, kt0 + (int64_t)d * kst + jc, n * sizeof(acc_t));
+          #pragma GCC unroll 16
+          for (int r = 0; r < ROWS; ++r) a0[r] += qf[r][d] * k0;
+        }}
+        for (int r = 0; r < ROWS; ++r) memcpy(&s[r][jc], &a0[r], n * sizeof(acc_t));
+      }}
+      /* scale, mask, the online softmax */
+      for (int64_t r = 0; r < rows; ++r) {{
+        acc_t *restrict sr = s[r];
+        acc_t mx = -INFINITY;
+        int bad = 0;
+{mask_row}
+        #pragma omp simd reduction(max:mx) reduction(|:bad)
+        for (int64_t j = 0; j < jn; ++j) {{
+          acc_t x = (acc_t)(sr[j] {scale_op} scale);
+{mask_add}
+          sr[j] = x;
+          bad |= x != x;
+          mx = x > mx ? x : mx;
+        }}
+        nan[r] |= bad;
+        const acc_t mnew = mx > m[r] ? mx : m[r];
+        if (mnew == -INFINITY) {{  /* nothing seen yet but -inf: this tile adds nothing */
+          for (int64_t j = 0; j < jn; ++j) sr[j] = 0;
+          continue;
+        }}
+        const acc_t corr = exp(m[r] - mnew);
+        acc_t sum = 0;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < jn; ++j) {{
+          const acc_t e = exp(sr[j] - mnew);
+          sr[j] = e;
+          sum += e;
+        }}
+        l[r] = l[r] * corr + sum;
+        m[r] = mnew;
+        if (corr != (acc_t)1) {{
+          #pragma omp simd
+          for (int c = 0; c < DV; ++c) o[r][c] *= corr;
+        }}
+      }}
+      /* the tile's values, weighted */
+#if FAST_PV
+      for (int r0 = 0; r0 < rows; r0 += PV_ROWS) {{
+        vec_t acc[PV_ROWS][DV / LANES];
+        #pragma GCC unroll 16
+        for (int r = 0; r < PV_ROWS; ++r)
+          #pragma GCC unroll 16
+          for (int c = 0; c < DV / LANES; ++c) acc[r][c] = vload(&o[r0 + r][c * LANES]);
+        for (int64_t j = 0; j < jn; ++j) {{
+          const acc_t *vr = vt0 + j * DV;
+          vec_t vv[DV / LANES];
+          #pragma GCC unroll 16
+          for (int c = 0; c < DV / LANES; ++c) vv[c] = vload(vr + c * LANES);
+          #pragma GCC unroll 16
+          for (int r = 0; r < PV_ROWS; ++r) {{
+            const acc_t p = s[r0 + r][j];
+            #pragma GCC unroll 16
+            for (int c = 0; c < DV / LANES; ++c) acc[r][c] += p * vv[c];
+          }}
+        }}
+        #pragma GCC unroll 16
+        for (int r = 0; r < PV_ROWS; ++r)
+          #pragma GCC unroll 16
+          for (int c = 0; c < DV / LANES; ++c) vstore(&o[r0 + r][c * LANES], acc[r][c]);
+      }}
+#else
+      for (int64_t j = 0; j < jn; ++j) {{
+        const acc_t *restrict vr = vt0 + j * DV;
+        for (int64_t r = 0; r < rows; ++r) {{
+          const acc_t p = s[r][j];
+          #pragma omp simd
+          for (int c = 0; c < DV; ++c) o[r][c] += p * vr[c];
+        }}
+      }}
+#endif
+    }}
+    elem_t *restrict ob = out + (b * sq + i0) * DV;
+    for (int64_t r = 0; r < rows; ++r) {{
+      const acc_t inv = (nan[r] || m[r] == -INFINITY) ? (acc_t)NAN : (acc_t)1 / l[r];
+      for (int c = 0; c < DV; ++c) {{
+        const acc_t y = (nan[r] || m[r] == -INFINITY) ? (acc_t)NAN : o[r][c] * inv;
+        ob[r * DV + c] = ST(y);
+      }}
+    }}
+  }}
+}}
+"""
+
+SKIP_MASKED = """\
+      if (tile_masked(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jn, mrow, mcol, m)) continue;
+"""
+TILE_MASKED = """
+/* whether a tile adds nothing to any of its rows, so its scores need not be computed: every
+   mask entry is -inf (a causal mask's upper triangle), or every entry is at most -1e30 (Hugging
+   Face's float minimum) while each row has already seen a score above -1e29, so that each
+   exp(score + mask - max) of the tile is exactly 0 for any score below 9e29 in magnitude */
+static int tile_masked(const elem_t *mk, int64_t rows, int64_t keys, int64_t mrow, int64_t mcol, const acc_t *m) {
+  int seen = 1;
+  for (int64_t r = 0; r < rows; ++r) seen &= m[r] > (acc_t)-1e29;
+  const acc_t floor_ = seen ? (acc_t)-1e30 : (acc_t)-INFINITY;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < keys; ++j)
+      if (!(LD(mk[r * mrow + j * mcol]) <= floor_)) return 0;
+  return 1;
+}
+"""
+
+MASK_ROW = "        const elem_t *restrict mr = mask + moff[b] + (i0 + r) * mrow + j0 * mcol;"
+MASK_ADD = "          x = (acc_t)(x + LD(mr[j * mcol]));"
+
+
+def emit_flash(spec: Attention, vector_math: bool = False) -> str:
+    """The C source of the flash kernel for ``spec`` (``dpl_kernel(buffers, dims)``)."""
+    elem, acc, load, store = _STORAGE[spec.dtype]
+    if isinstance(spec.scale, float):
+        scale = to_c(KConst(spec.scale, "float64" if acc == "double" else "float32"))
+    else:
+        scale = "LD(scale_buf[0])"
+    widen = elem != acc  # 16-bit inputs: each tile widened into float before the register blocks
+    lanes = 64 // (8 if acc == "double" else 4)
+    vectors = spec.value_dim // lanes
+    fast_pv = spec.value_dim % lanes == 0
+    pv_rows = max(r for r in (1, 2, 4, 8) if r <= ROWS and ROWS % r == 0 and r * max(1, vectors) <= 16)
+    masked = spec.mask is not None
+    body = TEMPLATE.format(head=spec.head_dim, value=spec.value_dim, rows=ROWS, keys=KEYS, elem=elem, acc=acc,
+                           widen=int(widen), lanes=lanes, fast_pv=int(fast_pv), pv_rows=pv_rows,
+                           skip_masked=SKIP_MASKED if masked else "", tile_masked=TILE_MASKED if masked else "",
+                           load=load, store=store, scale=scale, scale_op="*" if spec.scale_op == "multiply" else "/",
+                           mask_row=MASK_ROW if spec.mask is not None else "",
+                           mask_add=MASK_ADD if spec.mask is not None else "")
+    return PRELUDE + (VECTOR_MATH if vector_math else "") + body
+
+
+def _batch_offsets(shape, batch, stride) -> np.ndarray:
+    """Per flattened index of ``batch``, the element offset of the matrix of a C-contiguous
+    operand of ``shape`` (its batch dims broadcast to ``batch``), ``stride`` elements each."""
+    own = tuple(shape[:-2])
+    index = np.arange(int(np.prod(own, dtype=np.int64)), dtype=np.int64).reshape(own)
+    full = np.broadcast_to(index.reshape((1,) * (len(batch) - len(own)) + own), batch)
+    return np.ascontiguousarray(full.reshape(-1) * stride)
+
+
+def batch_layout(spec: Attention, q, k, v, mask, out) -> tuple[list[np.ndarray], tuple[int, ...]]:
+    """What the flash kernels take besides the arrays, from the shapes of C-contiguous q, k, v,
+    mask (None without) and the output: per flattened batch index the element offsets of q's,
+    k's, v's and the mask's matrices, and the dims (batch entries, query rows, keys, the mask's
+    row and column strides, 0 where it broadcasts)."""
+    sq, sk = q[-2], k[-1]
+    batch = tuple(out[:-2])
+    nbatch = int(np.prod(batch, dtype=np.int64))
+    offs = [_batch_offsets(q, batch, sq * spec.head_dim), _batch_offsets(k, batch, spec.head_dim * sk),
+            _batch_offsets(v, batch, sk * spec.value_dim)]
+    if mask is None:
+        offs.append(np.zeros(max(1, nbatch), np.int64))
+        return offs, (nbatch, sq, sk, 0, 0)
+    m = (1,) * (2 - min(2, len(mask))) + tuple(mask)
+    index = np.arange(int(np.prod(m, dtype=np.int64)), dtype=np.int64).reshape(m)
+    full = np.broadcast_to(index.reshape((1,) * (len(batch) + 2 - len(m)) + m), batch + (sq, sk))
+    mrow, mcol = (st // index.itemsize for st in full.strides[-2:])
+    offs.append(np.ascontiguousarray(full[..., 0, 0].reshape(-1)))
+    return offs, (nbatch, sq, sk, mrow, mcol)
+
+
+def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | None = None, note: str = ""):
+    """``run(inputs, outputs)`` calling the compiled flash kernel on the composite's inputs."""
+    entry = lib.dpl_kernel
+    entry.restype = None
+    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
+    set_threads = getattr(lib, "omp_set_num_threads", None) if threads else None
+    get_threads = getattr(lib, "omp_get_max_threads", None)
+    np_dtype = dtypes.to_numpy(spec.dtype)
+    layouts: dict = {}
+    lock = threading.Lock()
+    dummy = np.zeros(1, np_dtype)
+
+    def operand(src, inputs):
+        if isinstance(src, Param):
+            return np.ascontiguousarray(inputs[src.index])
+        return np.ascontiguousarray(src.value.astype(np_dtype, copy=False))
+
+    def layout(q, k, v, mask, out_shape):
+        key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, out_shape)
+        got = layouts.get(key)
+        if got is None:
+            offs, dims = batch_layout(spec, q.shape, k.shape, v.shape, None if mask is None else mask.shape, out_shape)
+            got = (offs, (ctypes.c_int64 * 5)(*dims))
+            with lock:
+                layouts[key] = got
+        return got
+
+    def run(inputs, outputs):
+        q, k, v = (operand(s, inputs) for s in (spec.q, spec.k, spec.v))
+        mask = None if spec.mask is None else operand(spec.mask, inputs)
+        scale = dummy if isinstance(spec.scale, float) else operand(spec.scale, inputs).reshape(-1)
+        out = outputs[0]
+        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+        offs, dims = layout(q, k, v, mask, out.shape)
+        arrays = [q, k, v, dummy if mask is None else mask, scale, target, *offs]
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        if set_threads is None or get_threads is None:
+            entry(ptrs, dims)
+        else:
+            before = get_threads()
+            set_threads(threads)
+            try:
+                entry(ptrs, dims)
+            finally:
+                set_threads(before)
+        if target is not out:
+            np.copyto(out, target)
+
+    run.__qualname__ = f"cpu-flash:{name}"
+    run.source = source  # type: ignore[attr-defined]
+    run.threads = threads  # type: ignore[attr-defined]
+    run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
+    run.note = note  # type: ignore[attr-defined]  # the path and why, for exe.summary()
+    run.with_threads = lambda n: run if n == threads else flash_runner(name, spec, source, lib, n, note)  # type: ignore[attr-defined]
+    return run
+
+
+# "auto" takes the flash kernel from this many keys on (see choose). Measured, 16 heads x S x 64,
+# causal -inf mask, one thread, medians of 21 interleaved rounds (bench/bench_attention.py) on a
+# loaded 2-core AVX-512 host, ms flash / segments: S=128 1.19 / 1.06, 256 3.98 / 4.60, 512 30.5 /
+# 33.8; a dense (random) mask at 512: 38.9 / 35.7 (no tile skipped: BLAS's products are faster)
+MIN_KEYS = 256
+MODES = ("auto", "flash", "segments")
+
+
+def choose(spec: Attention, shapes, mode: str = "auto") -> tuple[bool, str]:
+    """Whether the flash kernel runs this attention, and why: ``mode`` "flash" / "segments"
+    decide alone; "auto" takes flash from ``MIN_KEYS`` keys on (the build's shapes say how
+    many; without them, always)."""
+    if mode not in MODES:
+        raise ValueError(f"attention mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode != "auto":
+        return mode == "flash", f"attention={mode!r} asked for"
+    keys = None
+    if isinstance(spec.k, Const):
+        keys = spec.k.value.shape[-1]
+    elif spec.k.index < len(shapes) and len(shapes[spec.k.index]) >= 2:
+        keys = shapes[spec.k.index][-1]
+    if keys is None:
+        return True, "key count unknown at build time"
+    if keys >= MIN_KEYS:
+        return True, f"{keys} keys >= {MIN_KEYS}"
+    return False, f"{keys} keys < {MIN_KEYS}: two BLAS products win"

@@ -1,0 +1,133 @@
+"""Flash-style attention as CUDA C++: the arithmetic of the CPU kernel (``flash_attention.py``)
+for a GPU, in the CUDA emitter's prelude and 16-bit helpers (``cuda_emitter.CUDA_PRELUDE``,
+``HELPERS``), so NVRTC compiles it and the host twin (``cuda_host.HostTwin``) runs it on the
+CPU in the tests.
+
+One block per query row (grid-stride over batch x rows); keys in tiles of ``DPL_BLOCK``: each
+thread scores one key of the tile (scale, mask), the block folds the tile's maximum (and a NaN
+flag) and, after the online update, the sum of ``exp(score - max)`` in shared-memory trees;
+the output row lives in shared memory, each thread owning the columns ``c = t, t + block,
+...``, rescaled by ``exp(old max - new max)`` and accumulated over the tile's weighted values.
+Every thread holds the same running maximum and sum, so a tile whose maximum is -inf is
+skipped by the whole block at once (no thread leaves a barrier behind). The same rules as the
+CPU kernel and the interpreter: a row all -inf is NaN, a NaN score makes its row NaN.
+
+Not wired into the CuPy backend here (its owner is changing it); ``emit_flash_cuda`` and
+``launch`` are what it needs: the kernel's arguments are those of the CPU kernel's runner.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpl.backends.cuda_emitter import CUDA_PRELUDE, HELPERS, MAX_GRID
+from dpl.kernel.attention import Attention
+from dpl.kernel.ir import Const as KConst
+from dpl.kernel.ir import to_c
+
+_STORAGE = {"float32": ("float", "float", "(x)", "(x)"),
+            "float64": ("double", "double", "(x)", "(x)"),
+            "float16": ("uint16_t", "float", "dpl_f16_load(x)", "dpl_f16_store(x)"),
+            "bfloat16": ("uint16_t", "float", "dpl_bf16_load(x)", "dpl_bf16_store(x)")}
+
+TEMPLATE = """
+#define FA_D {head}
+#define FA_DV {value}
+typedef {elem} fa_elem_t;
+typedef {acc} fa_acc_t;
+#define FA_LD(x) {load}
+#define FA_ST(x) {store}
+
+extern "C" __global__ void __launch_bounds__(DPL_BLOCK) {symbol}(const fa_elem_t *__restrict__ q, const fa_elem_t *__restrict__ k, const fa_elem_t *__restrict__ v, const fa_elem_t *__restrict__ mask, const fa_elem_t *__restrict__ scale_buf, fa_elem_t *__restrict__ out, const int64_t *__restrict__ qoff, const int64_t *__restrict__ koff, const int64_t *__restrict__ voff, const int64_t *__restrict__ moff, const int64_t nbatch, const int64_t sq, const int64_t sk, const int64_t mrow, const int64_t mcol) {{
+  __shared__ fa_acc_t fa_p[DPL_BLOCK];
+  __shared__ fa_acc_t fa_red[DPL_BLOCK];
+  __shared__ int fa_bad[DPL_BLOCK];
+  __shared__ fa_acc_t fa_o[FA_DV];
+  const int64_t t = threadIdx.x;
+  const fa_acc_t scale = {scale};
+  (void)mask; (void)scale_buf; (void)moff; (void)mrow; (void)mcol;
+  for (int64_t row = blockIdx.x; row < nbatch * sq; row += gridDim.x) {{
+    const int64_t b = row / sq, i = row % sq;
+    const fa_elem_t *__restrict__ qr = q + qoff[b] + i * FA_D;
+    const fa_elem_t *__restrict__ kb = k + koff[b];
+    const fa_elem_t *__restrict__ vb = v + voff[b];
+    for (int64_t c = t; c < FA_DV; c += DPL_BLOCK) fa_o[c] = 0;
+    fa_acc_t m = -INFINITY, l = 0;
+    int bad = 0;
+    for (int64_t j0 = 0; j0 < sk; j0 += DPL_BLOCK) {{
+      const int64_t jn = sk - j0 < DPL_BLOCK ? sk - j0 : DPL_BLOCK;
+      fa_acc_t x = -INFINITY;
+      int nan_x = 0;
+      if (t < jn) {{
+        fa_acc_t dot = 0;
+        for (int64_t d = 0; d < FA_D; ++d) dot += FA_LD(qr[d]) * FA_LD(kb[d * sk + j0 + t]);
+        x = (fa_acc_t)(dot {scale_op} scale);
+{mask_add}
+        nan_x = x != x;
+      }}
+      fa_red[t] = nan_x ? (fa_acc_t)-INFINITY : x;
+      fa_bad[t] = nan_x;
+      __syncthreads();
+      for (int64_t s = DPL_BLOCK / 2; s > 0; s >>= 1) {{
+        if (t < s) {{
+          fa_red[t] = fa_red[t + s] > fa_red[t] ? fa_red[t + s] : fa_red[t];
+          fa_bad[t] |= fa_bad[t + s];
+        }}
+        __syncthreads();
+      }}
+      const fa_acc_t mx = fa_red[0];
+      bad |= fa_bad[0];
+      __syncthreads();  /* every thread has read the tree's root before it is reused */
+      const fa_acc_t mnew = mx > m ? mx : m;
+      if (mnew == -INFINITY) continue;  /* the same on every thread: nothing but -inf so far */
+      const fa_acc_t corr = exp(m - mnew);
+      const fa_acc_t e = t < jn ? (fa_acc_t)exp(x - mnew) : (fa_acc_t)0;
+      fa_p[t] = e;
+      fa_red[t] = e;
+      __syncthreads();
+      for (int64_t s = DPL_BLOCK / 2; s > 0; s >>= 1) {{
+        if (t < s) fa_red[t] += fa_red[t + s];
+        __syncthreads();
+      }}
+      l = l * corr + fa_red[0];
+      m = mnew;
+      for (int64_t c = t; c < FA_DV; c += DPL_BLOCK) {{
+        fa_acc_t acc = fa_o[c] * corr;
+        for (int64_t j = 0; j < jn; ++j) acc += fa_p[j] * FA_LD(vb[(j0 + j) * FA_DV + c]);
+        fa_o[c] = acc;
+      }}
+      __syncthreads();  /* the tile's weights and sums are read before the next tile writes them */
+    }}
+    for (int64_t c = t; c < FA_DV; c += DPL_BLOCK) {{
+      const fa_acc_t y = (bad || m == -INFINITY) ? (fa_acc_t)NAN : fa_o[c] / l;
+      out[(b * sq + i) * FA_DV + c] = FA_ST(y);
+    }}
+    __syncthreads();  /* the row is written before the next row clears it */
+  }}
+}}
+"""
+
+MASK_ADD = "        x = (fa_acc_t)(x + FA_LD(mask[moff[b] + i * mrow + (j0 + t) * mcol]));"
+
+
+def emit_flash_cuda(spec: Attention, symbol: str = "dpl_flash_attention") -> str:
+    """The whole CUDA source (prelude, helpers, kernel ``symbol``) of the flash kernel for ``spec``."""
+    elem, acc, load, store = _STORAGE[spec.dtype]
+    if isinstance(spec.scale, float):
+        scale = to_c(KConst(spec.scale, "float64" if acc == "double" else "float32"))
+    else:
+        scale = "FA_LD(scale_buf[0])"
+    body = TEMPLATE.format(head=spec.head_dim, value=spec.value_dim, elem=elem, acc=acc, load=load, store=store,
+                           symbol=symbol, scale=scale, scale_op="*" if spec.scale_op == "multiply" else "/",
+                           mask_add=MASK_ADD if spec.mask is not None else "")
+    return CUDA_PRELUDE + HELPERS + body
+
+
+def launch_grid(nbatch: int, sq: int, max_grid: int = MAX_GRID) -> int:
+    """Blocks for one launch: a block per query row, at most ``max_grid`` (the rest by grid stride)."""
+    return max(1, min(nbatch * sq, max_grid))
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """A 16-bit float array as the bits the kernel reads (float32/float64 as they are)."""
+    return a.view(np.uint16) if a.dtype.itemsize == 2 else a

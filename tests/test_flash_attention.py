@@ -1,0 +1,366 @@
+"""The CPU's flash attention kernel (backends/flash_attention.py) equals the interpreter on
+kernel.attention composites: query/key lengths 1, 7, 64, 129, head dims 16 and 64, batches and
+heads, with and without an additive mask (-inf, float32's minimum, fully masked rows), GQA
+(k/v heads broadcast over q's), large-magnitude scores, a divided scale, a scale passed as a
+tensor, float64 and float16; and the build records which path each attention took."""
+
+import attrs
+import numpy as np
+import pytest
+
+import needs
+
+import dpl
+from dpl.kernel.attention import NotAttention, read_attention
+
+
+def short(shape):
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def attention_module(q, k, v, mask=None, dtype="f32", scale="multiply(s, 0.125)"):
+    """q @ k [* scale] [+ mask] softmax @ v with k given as [..., D, Sk]."""
+    out = np.broadcast_shapes(q[:-2], k[:-2], v[:-2], *([] if mask is None else [tuple(mask[:-2])])) + (q[-2], v[-1])
+    params = [f"q: {dtype}{short(q)}", f"k: {dtype}{short(k)}", f"v: {dtype}{short(v)}"]
+    if mask is not None:
+        params.append(f"mask: {dtype}{short(mask)}")
+    if "sc" in scale.split("(")[1]:
+        params.append(f"sc: {dtype}[1]")
+    if dtype != "f32":
+        scale = scale.replace(")", f":{dtype})") if scale[-2].isdigit() else scale
+    body = ["s = matmul(q, k)", f"z = {scale}"]
+    body += ["m = add(z, mask)", "p = nn.softmax(m)"] if mask is not None else ["p = nn.softmax(z)"]
+    body += ["o = matmul(p, v)", "return o"]
+    text = f"func main({', '.join(params)}) -> {dtype}{short(out)} {{\n  " + "\n  ".join(body) + "\n}"
+    return dpl.parse(text)
+
+
+def composite(mod):
+    fused = dpl.apply(mod, ["llm"])
+    found = [f for f in fused.functions.values() if f.attrs.get("Composite") == "kernel.attention"]
+    assert len(found) == 1, fused
+    return fused, found[0]
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    from dpl.backends.cpu_backend import CpuBackend
+
+    needs.c_compiler()
+    return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), attention="flash")
+
+
+def run_flash(backend, mod, args):
+    """The flash kernel of ``mod``'s attention composite on ``args`` (given in ``mod``'s order)."""
+    fused, fn = composite(mod)
+    kernel = backend.compile(fn, module=fused, shapes=tuple(a.shape for a in args))
+    assert kernel.__qualname__.startswith("cpu-flash:")
+    names = [p.name for p in mod["main"].params]
+    call = next(b.value for b in fused["main"].bindings if b.value.op.name.endswith("_kernel"))
+    order = [names.index(a.name) for a in call.args]  # the composite's parameter order
+    out = np.empty(fn.ret.ty.shape, args[0].dtype)
+    with np.errstate(all="ignore"):
+        kernel([args[i] for i in order], [out])
+    return out
+
+
+def inputs(mod, seed, magnitude=1.0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in mod["main"].params:
+        dtype = dpl.dtypes.to_numpy(p.ty.dtype)
+        x = rng.standard_normal(p.ty.shape)
+        out.append((x * magnitude if p.name == "q" else x).astype(dtype))
+    return out
+
+
+def check(want, got, rtol=2e-5):
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    scale = max(1.0, float(np.abs(want[ok]).max())) if ok.any() else 1.0
+    np.testing.assert_allclose(got[ok].astype(np.float64), want[ok].astype(np.float64), rtol=rtol, atol=rtol * scale)
+
+
+def causal(sq, sk, fill):
+    return np.where(np.tril(np.ones((sq, sk), bool), sk - sq), 0.0, fill).astype(np.float32)
+
+
+SEQS = [1, 7, 64, 129]
+
+
+@pytest.mark.parametrize("head", [16, 64])
+@pytest.mark.parametrize("seq", SEQS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_equals_the_interpreter(backend, head, seq, masked):
+    keys = {1: 7, 7: 129, 64: 64, 129: 1}[seq] if masked else seq  # query and key lengths differ too
+    q, k, v = (2, 3, seq, head), (2, 3, head, keys), (2, 3, keys, head)
+    mask = (seq, keys) if masked else None
+    mod = attention_module(q, k, v, mask)
+    for seed, magnitude in [(0, 1.0), (1, 40.0)]:  # 40: scores in the hundreds, the max matters
+        args = inputs(mod, seed, magnitude)
+        if masked:
+            args[3] = np.where(np.random.default_rng(seed).random(mask) < 0.3, -np.inf, args[3]).astype(np.float32)
+        with np.errstate(invalid="ignore"):  # a row of one key, masked: NaN
+            want = dpl.interpret(mod, *args)
+        check(want, run_flash(backend, mod, args))
+
+
+@pytest.mark.parametrize("fill", [-np.inf, np.finfo(np.float32).min, -1e9])
+def test_causal_masks_and_fully_masked_rows(backend, fill):
+    """A causal mask as the torch frontend builds it (-inf above the diagonal), Hugging Face's
+    float32 minimum, a large negative; row 3 fully masked: NaN for -inf (exp(-inf - -inf)), a
+    uniform average for finite fills, as the interpreter's softmax gives."""
+    seq = 70  # two key tiles: the first tile of a row may be all masked
+    mod = attention_module((4, seq, 16), (4, 16, seq), (4, seq, 16), (1, seq, seq))
+    args = inputs(mod, 3, 10.0)
+    mask = causal(seq, seq, fill)
+    mask[3, :] = fill
+    mask[10, :66] = fill  # only the second tile has keys
+    args[3] = mask[None]
+    with np.errstate(all="ignore"):
+        want = dpl.interpret(mod, *args)
+    assert np.isnan(want).any() == (fill == -np.inf)
+    check(want, run_flash(backend, mod, args))
+
+
+def test_nan_and_inf_scores_make_their_rows_nan(backend):
+    mod = attention_module((1, 9, 16), (1, 16, 80), (1, 80, 16), (9, 80))
+    args = inputs(mod, 4)
+    args[3][0, 70] = np.nan  # in the second tile: the row is NaN even though the first had values
+    args[3][1, 3] = np.inf
+    args[3][2, :64] = -np.inf
+    args[3][2, 65] = np.nan  # the first tile all -inf, then a NaN
+    with np.errstate(all="ignore"):
+        want = dpl.interpret(mod, *args)
+    assert np.isnan(want[0, :3]).all()
+    check(want, run_flash(backend, mod, args))
+
+
+@pytest.mark.parametrize("seq", [7, 129])
+def test_gqa_heads_broadcast(backend, seq):
+    """k/v with one head per group of q heads (q [B, Hkv, G, S, D], k [B, Hkv, 1, D, S]) and a
+    mask per batch entry broadcast over heads."""
+    q, k, v = (2, 2, 4, seq, 64), (2, 2, 1, 64, seq), (2, 2, 1, seq, 64)
+    mod = attention_module(q, k, v, (2, 1, 1, seq, seq))
+    args = inputs(mod, 5, 5.0)
+    args[3] = np.broadcast_to(causal(seq, seq, -np.inf), (2, 1, 1, seq, seq)).copy()
+    check(dpl.interpret(mod, *args), run_flash(backend, mod, args))
+
+
+@pytest.mark.parametrize("mask", [(1, 33), (33,), (5, 1, 33), (5, 20, 1)])
+def test_masks_of_broadcast_shapes(backend, mask):
+    """Row, key and per-batch masks (strides of 0 along what they broadcast)."""
+    mod = attention_module((5, 20, 16), (5, 16, 33), (5, 33, 16), mask)
+    args = inputs(mod, 6, 3.0)
+    check(dpl.interpret(mod, *args), run_flash(backend, mod, args))
+
+
+@pytest.mark.parametrize("scale", ["divide(s, 8.0)", "multiply(s, sc)", "divide(s, sc)"])
+def test_divided_and_tensor_scales(backend, scale):
+    mod = attention_module((3, 20, 16), (3, 16, 20), (3, 20, 16), (20, 20), scale=scale)
+    args = inputs(mod, 7, 4.0)
+    if "sc" in scale:
+        args[4] = np.array([0.3], np.float32)
+    check(dpl.interpret(mod, *args), run_flash(backend, mod, args))
+
+
+def test_symbolic_lengths(backend):
+    mod = dpl.parse("""
+func main(q: f32[4, n, 16], k: f32[4, 16, m], v: f32[4, m, 16], mask: f32[n, m]) -> f32[4, n, 16] {
+  s = matmul(q, k)
+  z = multiply(s, 0.25)
+  w = add(z, mask)
+  p = nn.softmax(w)
+  o = matmul(p, v)
+  return o
+}""")
+    fused, fn = composite(mod)
+    kernel = backend.compile(fn, module=fused)
+    for n, m in [(5, 70), (33, 3)]:
+        rng = np.random.default_rng(n)
+        args = [rng.standard_normal(s).astype(np.float32) for s in [(4, n, 16), (4, 16, m), (4, m, 16), (n, m)]]
+        out = np.empty((4, n, 16), np.float32)
+        named = dict(zip(["q", "k", "v", "mask"], args))
+        kernel([named[p.name] for p in fn.params], [out])
+        check(dpl.interpret(mod, *args), out)
+
+
+@pytest.mark.parametrize("dtype, rtol", [("f64", 1e-12), ("f16", 5e-3), ("bf16", 3e-2)])
+def test_other_float_dtypes(backend, dtype, rtol):
+    """float64 accumulates in double; float16 and bfloat16 are widened and accumulated in float
+    (closer to the exact result than the interpreter's, which rounds each step to 16 bits)."""
+    mod = attention_module((2, 40, 16), (2, 16, 70), (2, 70, 16), (40, 70), dtype=dtype)
+    args = inputs(mod, 8)
+    args[3][:, 50:] = -np.inf
+    check(dpl.interpret(mod, *args), run_flash(backend, mod, args), rtol)
+
+
+def test_non_attention_composites_are_refused_with_a_reason():
+    mod = attention_module((2, 8, 16), (2, 16, 8), (2, 8, 16), (8, 8))
+    _, fn = composite(mod)
+    axis = attrs.evolve(fn, attrs={**fn.attrs, "Composite": "kernel.other"})
+    with pytest.raises(NotAttention, match="not a kernel.attention"):
+        read_attention(axis)
+    assert read_attention(fn).head_dim == 16
+
+
+@pytest.mark.parametrize("mode", ["flash", "segments"])
+def test_the_build_records_the_path_it_took(tmp_path, mode):
+    from dpl.backends.cpu_backend import CpuBackend
+
+    needs.c_compiler()
+    mod = attention_module((2, 30, 16), (2, 16, 30), (2, 30, 16), (30, 30))
+    backend = CpuBackend(cache_dir=tmp_path, attention=mode)
+    exe = dpl.build(dpl.apply(mod, ["llm"]), [backend, "numpy"], config=dpl.FusionConfig(fallback_on_error=False))
+    args = inputs(mod, 9)
+    check(dpl.interpret(mod, *args), exe(*args))
+    summary = exe.summary()
+    assert ("flash attention" in summary) == (mode == "flash"), summary
+    assert (f"segments (attention='segments'" in summary) == (mode == "segments"), summary
+
+
+@pytest.mark.parametrize("keys", [64, 256])
+def test_auto_takes_flash_from_min_keys(tmp_path, keys):
+    from dpl.backends import flash_attention
+    from dpl.backends.cpu_backend import CpuBackend
+
+    needs.c_compiler()
+    mod = attention_module((2, 4, 16), (2, 16, keys), (2, keys, 16), (4, keys))
+    backend = CpuBackend(cache_dir=tmp_path)
+    exe = dpl.build(dpl.apply(mod, ["llm"]), [backend, "numpy"], config=dpl.FusionConfig(fallback_on_error=False))
+    args = inputs(mod, 10)
+    check(dpl.interpret(mod, *args), exe(*args))
+    flash = keys >= flash_attention.MIN_KEYS
+    assert ("flash attention" in exe.summary()) == flash, exe.summary()
+    assert (f"{keys} keys" in exe.summary())
+
+
+# -- the CUDA kernel: NVRTC, and its host twin on the CPU ----------------------------------------
+
+TWIN_BLOCK = 8  # threads per block in the twin: tiles of 8 keys, a reduction tree of three levels
+
+CUDA_CASES = {
+    "plain": ((2, 3, 7, 16), (2, 3, 16, 20), (2, 3, 20, 16), None, "f32"),
+    "causal": ((4, 19, 64), (4, 64, 19), (4, 19, 64), (19, 19), "f32"),
+    "gqa": ((2, 2, 3, 9, 16), (2, 2, 1, 16, 9), (2, 2, 1, 9, 16), (2, 1, 1, 9, 9), "f32"),
+    "seq1": ((3, 1, 16), (3, 16, 1), (3, 1, 16), None, "f32"),
+    "f64": ((2, 11, 16), (2, 16, 13), (2, 13, 16), (11, 13), "f64"),
+    "f16": ((2, 11, 16), (2, 16, 13), (2, 13, 16), (11, 13), "f16"),
+    "bf16": ((2, 11, 16), (2, 16, 13), (2, 13, 16), (11, 13), "bf16"),
+}
+
+
+def cuda_case(name):
+    from dpl.backends.flash_attention_cuda import emit_flash_cuda
+
+    q, k, v, mask, dtype = CUDA_CASES[name]
+    mod = attention_module(q, k, v, mask, dtype=dtype)
+    _, fn = composite(mod)
+    spec = read_attention(fn)
+    return mod, fn, spec, emit_flash_cuda(spec, f"flash_{name}")
+
+
+def run_twin(twin, name, mod, fn, spec, args, grid):
+    from dpl.backends.flash_attention import batch_layout
+    from dpl.backends.flash_attention_cuda import bits
+
+    named = dict(zip([p.name for p in mod["main"].params], args))
+    ordered = [np.ascontiguousarray(named[p.name]) for p in fn.params]
+    q, k, v = (ordered[s.index] for s in (spec.q, spec.k, spec.v))
+    mask = None if spec.mask is None else ordered[spec.mask.index]
+    out = np.full(fn.ret.ty.shape, np.nan, q.dtype)
+    offs, dims = batch_layout(spec, q.shape, k.shape, v.shape, None if mask is None else mask.shape, out.shape)
+    dummy = np.zeros(1, q.dtype)
+    arrays = [bits(a) for a in (q, k, v, dummy if mask is None else mask, dummy, out)]
+    twin.launch(name, grid, [*arrays, *offs, *dims])
+    return out
+
+
+@pytest.mark.parametrize("name", list(CUDA_CASES))
+def test_cuda_twin_equals_the_interpreter(cxx, name):
+    """The CUDA kernel's text built for the host (each block an OpenMP team): one block per
+    query row, and two blocks striding over all rows; outputs start as NaN."""
+    from dpl.backends.cuda_host import HostTwin
+    from dpl.backends.flash_attention_cuda import launch_grid
+
+    mod, fn, spec, code = cuda_case(name)
+    twin = HostTwin.from_code(f"flash_{name}", code, block=TWIN_BLOCK, cxx=cxx)
+    args = inputs(mod, 11, 8.0)
+    if spec.mask is not None:
+        mask = args[3]
+        mask[..., 0, :] = -np.inf  # a fully masked row: NaN
+        mask[..., -1, : min(TWIN_BLOCK, mask.shape[-1] - 1)] = -np.inf  # a first tile all masked
+    with np.errstate(all="ignore"):
+        want = dpl.interpret(mod, *args)
+    rows = int(np.prod(fn.ret.ty.shape[:-1]))
+    for grid in (launch_grid(rows // fn.ret.ty.shape[-2], fn.ret.ty.shape[-2]), 2):
+        got = run_twin(twin, f"flash_{name}", mod, fn, spec, args, grid)
+        check(want, got, {"f64": 1e-12, "f16": 5e-3, "bf16": 3e-2}.get(CUDA_CASES[name][-1], 2e-5))
+
+
+@pytest.mark.parametrize("name", list(CUDA_CASES))
+def test_cuda_kernel_compiles_with_nvrtc(nvrtc, name):
+    from fake_cupy import CUPY_ADDS
+
+    *_, code = cuda_case(name)
+    for block in (256, TWIN_BLOCK):
+        ptx = nvrtc.compile_ptx(code, f"{name}.cu", options=(f"-DDPL_BLOCK={block}", *CUPY_ADDS))
+        assert f".entry flash_{name}(" in ptx
+
+
+def test_an_unknown_attention_mode_is_refused():
+    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.registry import BackendError
+
+    with pytest.raises(BackendError, match="'auto', 'flash' or 'segments', got 'fast'"):
+        CpuBackend(attention="fast")
+
+
+@pytest.mark.parametrize("head, value", [(24, 24), (8, 40), (3, 5)])
+def test_head_dims_that_are_not_whole_vectors(backend, head, value):
+    """D and Dv off the vector width: the value product's plain loop, q's rows of any length."""
+    mod = attention_module((3, 21, head), (3, head, 70), (3, 70, value), (21, 70))
+    args = inputs(mod, 12, 6.0)
+    check(dpl.interpret(mod, *args), run_flash(backend, mod, args))
+
+
+def test_a_thread_capped_copy_keeps_its_note(backend):
+    mod = attention_module((2, 8, 16), (2, 16, 8), (2, 8, 16), (8, 8))
+    fused, fn = composite(mod)
+    kernel = backend.compile(fn, module=fused)
+    capped = kernel.with_threads(1)
+    assert capped is not kernel and capped.threads == 1 and capped.note == kernel.note
+    assert kernel.note.startswith("flash attention")
+
+
+def test_calls_from_several_threads_at_once(tmp_path):
+    """The runner's per-shape layouts are shared, its arrays are not: 4 threads x 5 calls at two
+    shapes each equal the interpreter."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dpl.backends.cpu_backend import CpuBackend
+
+    needs.c_compiler()
+    mod = dpl.parse("""
+func main(q: f32[2, n, 16], k: f32[2, 16, n], v: f32[2, n, 16], mask: f32[n, n]) -> f32[2, n, 16] {
+  s = matmul(q, k)
+  z = multiply(s, 0.25)
+  w = add(z, mask)
+  p = nn.softmax(w)
+  o = matmul(p, v)
+  return o
+}""")
+    exe = dpl.build(dpl.apply(mod, ["llm"]), [CpuBackend(cache_dir=tmp_path, attention="flash"), "numpy"],
+                    config=dpl.FusionConfig(fallback_on_error=False))
+
+    def call(seed):
+        n = 9 if seed % 2 else 70
+        rng = np.random.default_rng(seed)
+        args = [rng.standard_normal(s).astype(np.float32) for s in [(2, n, 16), (2, 16, n), (2, n, 16), (n, n)]]
+        return dpl.interpret(mod, *args), exe(*args)
+
+    with ThreadPoolExecutor(4) as pool:
+        for want, got in pool.map(call, range(20)):
+            check(want, got)
+    assert "flash attention" in exe.summary()
