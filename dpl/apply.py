@@ -36,9 +36,19 @@ def as_pattern_set(patterns: PatternsLike) -> PatternSet:
 
         return load_patterns(os.fspath(patterns))
     if isinstance(patterns, Sequence):
-        result = PatternSet()
-        for item in patterns:
-            result = result + as_pattern_set(item)
+        # consecutive files and library names load together, so a rule's ``priority N`` orders
+        # it across them (cublas.matmul_bias_act ahead of llm's kernel.gelu), as in ``dpl fuse``
+        result, files = PatternSet(), []
+        for item in [*patterns, None]:
+            if isinstance(item, (str, os.PathLike)):
+                files.append(os.fspath(item))
+                continue
+            if files:
+                from dpl.lang import load_patterns
+
+                result, files = result + load_patterns(files), []
+            if item is not None:
+                result = result + as_pattern_set(item)
         return result
     raise DplError(f"patterns must be a PatternSet, a FusionPattern, a .dpl path, a library name or a list of these, got {type(patterns).__name__}")
 

@@ -11,6 +11,8 @@ from dpl.lang import load_patterns
 from dpl.lang.matching import find_matches
 from dpl.pattern import FusionPattern, is_const, is_op, wildcard
 
+from test_model_spellings import CASES as SPELLINGS
+
 rng = np.random.default_rng(0)
 
 # -- the corpus --------------------------------------------------------------------------------
@@ -83,6 +85,8 @@ CORPUS = {
     "int_matmul": int_matmul(), "swiglu": swiglu_block(), "residual": residual_rmsnorm(),
     "residual_reused": residual_rmsnorm(True), "attention": attention(), "attention_nomask": attention(False, "divide"),
     "gelus": gelus(),
+    # the spellings of real models (tests/test_model_spellings.py), before any rewrite
+    **{f"model_{name}": make()["main"] for name, (make, _) in SPELLINGS.items()},
 }
 
 # -- the Python twins --------------------------------------------------------------------------
