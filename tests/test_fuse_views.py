@@ -85,3 +85,16 @@ def test_views_build_and_equal_the_interpreter(n, views, target):
     if target == "cpu":
         summary = exe.summary()
         assert "fall-back" not in summary.split("plan for")[0], summary
+
+
+def test_a_lone_symbolic_view_is_not_reported_opaque():
+    """Between two composites a reshape of a symbolic shape stays alone; coverage says why
+    (nothing to fuse with), not "opaque by nature" as TVM's kind would have it."""
+    fb = FunctionBuilder("main")
+    x, w = fb.param("x", "f32", ("n", 64)), fb.param("w", "f32", (16,))
+    heads = fb.emit("reshape", fb.emit("nn.rms_norm", x, fb.param("g", "f32", (64,)), name="n1"), shape=["n", 4, 16], name="heads")
+    mod = Module([fb.ret(fb.emit("nn.rms_norm", heads, w, name="n2"))])
+    trace = dpl.Trace()
+    dpl.apply(mod, ["llm"], trace=trace)
+    [lone] = trace.coverage()["main"].alone
+    assert (lone.binding, lone.op, lone.reason) == ("heads", "reshape", "unmatched"), lone
