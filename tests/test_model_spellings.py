@@ -26,8 +26,8 @@ def _weight(*shape, dtype="f32"):
 # -- attention -----------------------------------------------------------------------------------
 
 
-def _qkv(fb, dtype="f32"):
-    q, k, v = (fb.param(n, dtype, (B, H, S, D)) for n in "qkv")
+def _qkv(fb, dtype="f32", seq=S):
+    q, k, v = (fb.param(n, dtype, (B, H, seq, D)) for n in "qkv")
     return q, fb.emit("permute_dims", k, axes=[0, 1, 3, 2], name="kt"), v
 
 
@@ -43,6 +43,15 @@ def attention_onnx_sdpa():
     c = float(np.sqrt(1 / np.sqrt(D)))
     s = fb.emit("matmul", fb.emit("multiply", q, c, name="qs"), fb.emit("multiply", kt, c, name="ks"), name="scores")
     return _finish(fb, fb.emit("add", s, fb.param("mask", "f32", (1, 1, S, S)), name="masked"), v)
+
+
+def attention_onnx_sdpa_symbolic():
+    """torch.onnx's SDPA with a symbolic sequence length (dynamic axes), mask broadcast over it."""
+    fb = FunctionBuilder("main")
+    q, kt, v = _qkv(fb, seq="s")
+    c = float(np.sqrt(1 / np.sqrt(D)))
+    s = fb.emit("matmul", fb.emit("multiply", q, c, name="qs"), fb.emit("multiply", kt, c, name="ks"), name="scores")
+    return _finish(fb, fb.emit("add", s, fb.param("mask", "f32", (B, 1, 1, "s")), name="masked"), v)
 
 
 def attention_opt():
@@ -139,6 +148,15 @@ def gpt2_conv1d_mlp():
     return Module([fb.ret(fb.emit("nn.gelu_tanh", back, name="act"))])
 
 
+def conv1d_symbolic_rows():
+    """GPT-2's Conv1D over a symbolic number of rows, viewed back with an axis of 1 added."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", ("n", 32))
+    y = fb.emit("add", fb.emit("matmul", x, _weight(32, 128), name="mm"), _weight(128), name="biased")
+    back = fb.emit("reshape", y, shape=["n", 1, 128], name="back")
+    return Module([fb.ret(fb.emit("nn.gelu", back, name="act"))])
+
+
 def bert_mlp():
     """BERT / ViT intermediate: product, bias, erf GELU (a lone kernel.gelu must not take it)."""
     fb = FunctionBuilder("main")
@@ -158,6 +176,7 @@ def reshape_changing_rows():
 
 CASES = {
     "attention_onnx_sdpa": (attention_onnx_sdpa, {"kernel.attention": 1}),
+    "attention_onnx_sdpa_symbolic": (attention_onnx_sdpa_symbolic, {"kernel.attention": 1}),
     "attention_opt": (attention_opt, {"kernel.attention": 1}),
     "attention_t5": (attention_t5, {"kernel.attention": 1}),
     "attention_eager_f16": (attention_eager_f16, {"kernel.attention": 1}),
@@ -167,6 +186,7 @@ CASES = {
     "residual_then_rms_norm": (residual_then_rms_norm, {"kernel.add_rms_norm": 1, "kernel.rms_norm": 0}),
     "layer_norm": (layer_norm, {"kernel.layer_norm": 1}),
     "gpt2_conv1d_mlp": (gpt2_conv1d_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
+    "conv1d_symbolic_rows": (conv1d_symbolic_rows, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
     "bert_mlp": (bert_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
     "reshape_changing_rows": (reshape_changing_rows, {"cublas.matmul_bias_act": 0, "cublas.matmul_bias": 1, "kernel.gelu": 1}),
 }
@@ -194,7 +214,9 @@ def composites(mod: Module) -> dict[str, int]:
 
 
 def random_args(func):
-    return [rng.standard_normal(tuple(p.ty.shape)).astype(dpl.dtypes.to_numpy(p.ty.dtype)) for p in func.params]
+    """Random arrays for the parameters; every symbolic dim is 6."""
+    return [rng.standard_normal(tuple(6 if isinstance(d, str) else d for d in p.ty.shape)).astype(dpl.dtypes.to_numpy(p.ty.dtype))
+            for p in func.params]
 
 
 def assert_close(want, got):
