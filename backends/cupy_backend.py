@@ -12,6 +12,18 @@ Arrays cross to the device at the kernel boundary the Executable calls: inputs b
 dtype for) crosses as its 16 bits; a bfloat16 product is not given to cuBLAS, its group runs
 as one kernel.
 
+An Executable whose first available backend is this one runs device-resident
+(``cuda_resident.py``): the whole plan on device arrays, captured as a CUDA graph per input
+shape (``cuda_graph.py``); the per-kernel boundary below is what ``profile`` and a group
+called on its own use.
+
+Kernels compile through ``cupy.RawModule``, which pins NVRTC to the current device's
+architecture (it adds ``-arch=sm_XY`` from the device's compute capability, capped at what its
+NVRTC knows: ``cupy.cuda.compiler._get_arch``; an ``-arch`` of ours would be a second one) and
+caches the binary on disk; the backend keeps each compiled module in memory too, keyed by
+(source, options, device), so a source met again (the same group at another shape, another
+Executable) is not handed to CuPy again.
+
 Without CuPy or without a device the backend is unavailable and says why; the "cuda" target
 then falls back along cupy -> cpu -> numpy, and ``exe.summary()`` shows it. No GPU is on this
 project's machines: the tests run this backend on a stand-in CuPy whose kernels are the host
@@ -22,14 +34,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import threading
 
 import numpy as np
 
+from dpl.backends import cublaslt
 from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_arguments, launch_config
+from dpl.backends.cuda_resident import DeviceRunner, bits as _bits, bits_dtype as _bits_dtype
 from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
+from dpl.transform.normalize import normalize_function
 
 SYMBOL = "dpl_kernel"
+LT_COMPOSITES = ("cublas.matmul_bias_act", "cublas.matmul_bias")
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
@@ -63,13 +80,23 @@ class CupyBackend(Backend):
                                 composites=("cublas.*", "cupy.*", "kernel.*"), dtypes=DTYPES)
     dispatch_by_prefix = False  # "cuda" runs it; "cpu" keeps cuBLAS composites on the CPU
 
-    def __init__(self, cupy=None, block: int = BLOCK, block_rows_from: int = BLOCK_ROWS_FROM, options: tuple[str, ...] = ()):
+    def __init__(self, cupy=None, block: int = BLOCK, block_rows_from: int = BLOCK_ROWS_FROM, options: tuple[str, ...] = (),
+                 cublaslt=None):
         """``cupy``: the module to use (CuPy itself, imported when first needed, or a stand-in);
-        ``block``: threads per block (a power of two); ``options``: more NVRTC options."""
+        ``block``: threads per block (a power of two); ``options``: more NVRTC options;
+        ``cublaslt``: the cuBLASLt library (None: libcublasLt, loaded when first needed;
+        False: products and epilogue kernels only)."""
         if block < 1 or block & (block - 1):
             raise CompileError(f"threads per block must be a power of two, got {block}")
         self._cupy = cupy
         self.block, self.block_rows_from, self.options = block, block_rows_from, tuple(options)
+        self.graphs = True  # device-resident runs capture CUDA graphs
+        self._modules: dict[tuple, object] = {}  # (source, options, device) -> compiled RawModule
+        self._modules_lock = threading.Lock()
+        self.compiles = 0  # RawModules built (a module from the cache is not one)
+        self._cublaslt_library = cublaslt
+        self._lt: cublaslt.Lt | str | None = None  # the handle, or why there is none
+        self._notes: dict[str, str] = {}  # function -> how its cuBLAS composite runs
 
     def cupy(self):
         if self._cupy is None:
@@ -86,18 +113,37 @@ class CupyBackend(Backend):
             return False, f"no CUDA device ({type(err).__name__}: {err})"
         if count == 0:
             return False, "no CUDA device"
-        return True, f"{count} CUDA device(s)"
+        return True, f"{count} CUDA device(s){_arch_note(cp)}"
+
+    def resident(self) -> DeviceRunner:
+        """What runs an Executable's calls with every intermediate on the device."""
+        return DeviceRunner(self.cupy(), graphs=self.graphs)
 
     # -- compiling ------------------------------------------------------------------------------
 
+    def notes(self) -> list[str]:
+        """How each cuBLAS epilogue composite compiled runs (for ``exe.summary()``)."""
+        return list(self._notes.values())
+
     def compile(self, function, *, module=None, shapes=()):
         function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
+        if function.attrs.get("Composite") in LT_COMPOSITES:
+            run = self._cublaslt(function)
+            if run is not None:
+                return self._boundary(run, function)
+        return self._boundary(self._device_run(function), function)
+
+    def _device_run(self, function):
+        """``run(inputs, outputs)`` on device arrays: products by cuBLAS between kernels, or
+        one kernel. A product nested in a binding (``nn.relu(add(matmul(x, w), b))``, as a
+        composite holds it) gets a binding of its own first, so it too goes to cuBLAS."""
+        function = normalize_function(function)
         if any(is_product(b) for b in function.bindings) and not _has_bf16(function):
             try:
-                return self._boundary(self._compile_segments(function), function)
+                return self._compile_segments(function)
             except NotSegmentable:
                 pass  # an operand or result the segments cannot hold: the kernel IR's own loops
-        return self._boundary(self.kernel(function), function)
+        return self.kernel(function)
 
     def kernel(self, function) -> CudaKernel:
         """The CUDA kernel of a group (its kernel IR's loops), compiled by ``cupy.RawModule``."""
@@ -111,10 +157,67 @@ class CupyBackend(Backend):
         options = (f"-DDPL_BLOCK={self.block}", *self.options)  # CuPy adds the architecture and -ftz=true
         cp = self.cupy()
         try:
-            compiled = cp.RawModule(code=source.code, options=options).get_function(SYMBOL)
+            compiled = self.module(source.code, options).get_function(SYMBOL)
         except Exception as err:  # NVRTC's log, through CuPy
             raise CompileError(f"'{function.name}': the CUDA kernel does not compile: {err}") from None
         return CudaKernel(source, compiled, cp, self.block)
+
+    def module(self, code: str, options: tuple[str, ...]):
+        """The RawModule of ``code``, built once per (source, options, device)."""
+        cp = self.cupy()
+        key = (code, options, _device_id(cp), _arch_note(cp))  # the device, and the architecture CuPy compiles for
+        found = self._modules.get(key)
+        if found is None:
+            with self._modules_lock:
+                found = self._modules.get(key)
+                if found is None:
+                    found = cp.RawModule(code=code, options=options)
+                    self.compiles += 1
+                    self._modules[key] = found
+        return found
+
+    # -- cuBLASLt ---------------------------------------------------------------------------------
+
+    def lt(self) -> cublaslt.Lt | str:
+        """The cuBLASLt handle, or why there is none."""
+        if self._lt is None:
+            if self._cublaslt_library is False:
+                self._lt = "cuBLASLt is off"
+            else:
+                try:
+                    lib = self._cublaslt_library or cublaslt.load_library(_cuda_major(self.cupy()))
+                    self._lt = cublaslt.Lt(lib, self.cupy())
+                except cublaslt.CublasLtError as err:
+                    self._lt = err.message
+                except (AttributeError, OSError) as err:  # a library without cuBLASLt's functions
+                    self._lt = f"libcublasLt is unusable ({type(err).__name__}: {err})"
+        return self._lt
+
+    def _cublaslt(self, function):
+        """A ``matmul_bias(_act)`` composite as one cuBLASLt GEMM with its epilogue, or None
+        (and the reason noted) for the product and a generated epilogue kernel."""
+        what = f"{function.attrs['Composite']} '{function.name}'"
+        plan = cublaslt.plan_of(function)
+        lt = self.lt() if not isinstance(plan, str) else None
+        why = plan if isinstance(plan, str) else lt if isinstance(lt, str) else None
+        if why is not None:
+            self._notes[function.name] = f"{what}: cupy.matmul and a generated epilogue kernel, not cuBLASLt ({why})"
+            return None
+        self._notes[function.name] = f"{what}: one cuBLASLt GEMM with its epilogue ({plan.describe()})"
+        fallback = []
+
+        def run(inputs, outputs):
+            if fallback:
+                return fallback[0](inputs, outputs)
+            try:
+                lt.matmul(plan, inputs[plan.x], inputs[plan.w], inputs[plan.b], outputs[0])
+            except cublaslt.CublasLtError as err:  # a shape or type this cuBLASLt does not take
+                self._notes[function.name] = f"{what}: cupy.matmul and a generated epilogue kernel, not cuBLASLt ({err.message})"
+                fallback.append(self._device_run(function))
+                fallback[0](inputs, outputs)
+
+        run.__qualname__ = f"cublaslt:{function.name}"
+        return run
 
     def _compile_segments(self, function):
         """Each product through ``cupy.matmul`` (cuBLAS), each part between them one kernel."""
@@ -145,10 +248,21 @@ def _has_bf16(function) -> bool:
     return "bfloat16" in function_dtypes(function)
 
 
-def _bits_dtype(dtype):
-    """The dtype an array of ``dtype`` has on the device: bfloat16 travels as its 16 bits."""
-    return np.dtype(np.uint16) if np.dtype(dtype).name == "bfloat16" else np.dtype(dtype)
+def _cuda_major(cp) -> int | None:
+    """The CUDA major version of CuPy's runtime (13 for 13.0), or None."""
+    try:
+        return int(cp.cuda.runtime.runtimeGetVersion()) // 1000
+    except Exception:  # noqa: BLE001 (a stand-in without it)
+        return None
 
 
-def _bits(a):
-    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+def _device_id(cp) -> int:
+    return int(cp.cuda.runtime.getDevice())
+
+
+def _arch_note(cp) -> str:
+    """", sm_90" for the current device: the architecture CuPy's NVRTC compiles for."""
+    try:
+        return f", sm_{cp.cuda.Device().compute_capability}"
+    except Exception:  # noqa: BLE001 (a stand-in or a broken driver: no architecture to report)
+        return ""

@@ -114,8 +114,17 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
             buf = buffers[id(var)] = xp.empty(shape, dtype)
         return buf
 
+    constants: dict[int, object] = {}
+
+    def constant(c):
+        """A constant operand in ``xp``'s memory, copied there once (not at every call)."""
+        found = constants.get(id(c))
+        if found is None:
+            found = constants[id(c)] = xp.asarray(c.value)
+        return found
+
     def product(step: Product, env, dims, direct):
-        a, b = (env[id(x)] if isinstance(x, Var) else xp.asarray(x.value) for x in step.args)
+        a, b = (env[id(x)] if isinstance(x, Var) else constant(x) for x in step.args)
         dtype = dtypes.to_numpy(step.var.ty.dtype)
         target = direct.get(id(step.var))
         if target is None or not target.flags.c_contiguous:

@@ -34,3 +34,20 @@ def program(name: str, install: str) -> str:
     if path is None:
         missing(f"no '{name}' on this machine ({install})")
     return path
+
+
+def gpu():
+    """CuPy, with a CUDA device to run on. Without one the test is skipped with the reason,
+    also under CI (which has no GPU): a GPU test never passes silently, it reports skipped.
+    ``pytest -m gpu`` runs only these tests."""
+    try:
+        cp = importlib.import_module("cupy")
+    except ImportError as err:
+        pytest.skip(f"no GPU: CuPy is not installed ({err})")
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as err:  # noqa: BLE001 (no driver, no runtime: CuPy's own error types)
+        pytest.skip(f"no GPU: {type(err).__name__}: {err}")
+    if count == 0:
+        pytest.skip("no GPU: no CUDA device")
+    return cp

@@ -262,6 +262,17 @@ OP_CASES = [
     Case("Trilu", [In((3, 4), "int64")], {"upper": 0}, id="int"),
     Case("Range", [C(1, "int64"), C(9, "int64"), C(3, "int64")], id="ints"),
     Case("Range", [C(0.5, F), C(-1.0, F), C(-0.25, F)], id="floats"),
+    # logic and the gathers of masks (torch.onnx's exports of transformers' models)
+    Case("IsNaN", [C([1.0, np.nan, -np.inf, 0.0], F)], opset=20),
+    Case("And", [In((3, 4), "bool"), In((4,), "bool")]),
+    Case("Or", [In((3, 4), "bool"), In((3, 1), "bool")]),
+    Case("Xor", [In((3, 4), "bool"), In((3, 4), "bool")]),
+    Case("Not", [In((3, 4), "bool")]),
+    Case("CumSum", [In((3, 4)), C(1, "int64")], id="floats"),
+    Case("CumSum", [In((2, 5), "int64"), C(-1, "int64")], id="ints"),
+    Case("GatherElements", [In((1, 6), "int64"), C([[2, 0, 5]], "int64")], {"axis": 1}, id="row"),
+    Case("GatherND", [In((3, 5)), C(np.stack(np.broadcast_arrays(np.arange(3)[:, None], 1 + np.arange(4)[None, :]), -1),
+                                    "int64")], id="range_grid"),
     Case("Constant", [], {"value_ints": [3, 1, 4]}, id="ints"),
     Case("ConstantOfShape", [C([2, 3], "int64")], {"value": numpy_helper.from_array(np.array([1.5], F))}),
     # normalisation
@@ -632,6 +643,48 @@ def test_unsupported_op_names_op_node_index_and_opset():
     assert "ONNX node #1 'the_culprit' (Hardmax, opset 13)" in message
     assert "op type 'Hardmax' is not supported" in message
     assert "Traceback" not in message
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")  # the -inf row
+def test_safe_softmax_guard_moves_after_the_product():
+    """torch.onnx writes SDPA's softmax as Where(IsNaN(p), 0, p): dpl guards the product instead
+    (the attention chain softmax -> matmul stays whole), with the same numbers, fully masked
+    rows (all -inf) giving zeros."""
+    g = GraphWriter()
+    p = g("Softmax", "s", axis=-1)
+    guarded = g("Where", g("IsNaN", p), g.weight(value=np.array(0.0, np.float32)), p)
+    g("MatMul", guarded, "v")
+    model = g.model([f32_input("s", [2, 3, 4]), f32_input("v", [2, 4, 5])], [f32_input(g.nodes[-1].output[0], [2, 3, 5])])
+    mod = dpl.from_onnx(model)
+    ops = [b.value.op for b in mod["main"].bindings]
+    assert "matmul" in ops[ops.index("nn.softmax"):]  # the product reads the softmax itself
+    assert "not_equal" not in ops  # the IsNaN guard is gone
+    s = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    s[1, 2] = -np.inf
+    v = np.random.default_rng(1).standard_normal((2, 4, 5)).astype(np.float32)
+    want = onnx.reference.ReferenceEvaluator(model).run(None, {"s": s, "v": v})[0]
+    got = dpl.interpret(mod, s, v)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert np.all(got[1, 2] == 0)
+
+
+def test_every_unsupported_op_type_is_listed_at_once_with_counts_and_source_lines():
+    g = GraphWriter()
+    y = g("Relu", "x")
+    a = g("Hardmax", y)
+    b = g("Hardmax", a)
+    c = g("Shrink", b)
+    g.nodes.append(helper.make_node("FusedMatMul", [c, c], ["z"], name="ms", domain="com.microsoft"))
+    # torch.onnx records the user's stack on each node; the innermost frame is the source line
+    trace = f'File "{__file__}", line 1, in forward\n    x = 1'
+    g.nodes[1].metadata_props.add(key="pkg.torch.onnx.stack_trace", value=trace)
+    graph = helper.make_graph(g.nodes, "model", [f32_input("x", [3, 4])], [f32_input("z", [3, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    message = import_error(model)
+    assert message.startswith("error: 3 op types are not supported by dpl's ONNX frontend:")
+    assert f"'Hardmax' x2, first at node #1 '/hardmax_1' ({__file__}:1: " in message
+    assert "'Shrink' x1, first at node #3" in message
+    assert "'FusedMatMul' of domain 'com.microsoft' x1, first at node #4 'ms'" in message
 
 
 def test_unsupported_domain():

@@ -448,20 +448,76 @@ def test_names_are_sanitised_for_the_text_form(tmp_path):
 # -- what cannot come in -----------------------------------------------------------------------
 
 
-class Cumsum(nn.Module):
+class Cummax(nn.Module):
     def forward(self, x):
-        return torch.cumsum(x, dim=-1) * 2  # unsupported-op line
+        return torch.cummax(x, dim=-1).values * 2  # unsupported-op line
 
 
 def test_unsupported_op_names_op_node_and_line():
     with pytest.raises(FrontendError) as info:
-        dpl.from_torch(Cumsum(), (torch.randn(4, 8),))
+        dpl.from_torch(Cummax(), (torch.randn(4, 8),))
     text = str(info.value)
     line = next(i for i, s in enumerate(open(__file__).read().splitlines(), 1) if s.endswith("# unsupported-op line"))
-    assert text.startswith(f"{__file__}:{line}:9: error: aten.cumsum.default is not supported by dpl's torch.export "
-                           "frontend (node 'cumsum')")
-    assert "return torch.cumsum(x, dim=-1) * 2" in text
-    assert 'hint: add a translation to dpl/frontend/torch_ops.py: a function decorated @aten("cumsum.default")' in text
+    assert text.startswith(f"{__file__}:{line}:9: error: aten.cummax.default is not supported by dpl's torch.export "
+                           "frontend (node 'cummax')")
+    assert "return torch.cummax(x, dim=-1).values * 2" in text
+    assert 'hint: add a translation to dpl/frontend/torch_ops.py: a function decorated @aten("cummax.default")' in text
+
+
+class ThreeGaps(nn.Module):
+    def forward(self, x):
+        a = torch.cummax(x, dim=-1).values  # first cummax
+        b = torch.cummax(a, dim=0).values
+        c = torch.logcumsumexp(b, dim=-1)  # first logcumsumexp
+        return torch.fmod(c, 2.0) + torch.fmod(a, 3.0)  # first fmod
+
+
+def test_every_missing_op_is_listed_at_once_with_counts_and_first_lines():
+    with pytest.raises(FrontendError) as info:
+        dpl.from_torch(ThreeGaps(), (torch.randn(4, 8),))
+    text = str(info.value)
+    lines = {tag: i for i, s in enumerate(open(__file__).read().splitlines(), 1) for tag in ("cummax", "logcumsumexp", "fmod")
+             if s.endswith(f"# first {tag}")}
+    assert text.startswith("error: 3 ops are not supported by dpl's torch.export frontend:")
+    for op, count in (("cummax", 2), ("fmod", 2), ("logcumsumexp", 1)):
+        assert f"aten.{op}.default x{count}, first at {__file__}:{lines[op]}: " in text or \
+               f"aten.{op}.Scalar x{count}, first at {__file__}:{lines[op]}: " in text, (op, text)
+
+
+def test_repeat_gather_and_single_index_as_transformers_use_them():
+    class Rotary(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.randn(1, 16, 6))
+
+        def forward(self, x, ids):
+            table = self.table.repeat(ids.shape[0], 1, 1)  # GPT-J's embed_positions
+            picked = torch.gather(table, 1, ids.unsqueeze(-1).repeat(1, 1, 6))
+            return picked * x + x[:, :, [-1]]  # Falcon's qkv[..., [-1], :]
+
+    model = Rotary().eval()
+    x, ids = torch.randn(2, 5, 6), torch.randint(0, 16, (2, 5))
+    with pytest.raises(FrontendError, match="gather"):  # the ids differ per row: not one repeated index
+        dpl.from_torch(model, (x, ids))
+    one = torch.randint(0, 16, (1, 5))
+    mod = dpl.from_torch(model, (x[:1], one))
+    assert_matches_torch(dpl.interpret(mod, x[:1].numpy(), one.numpy()), model(x[:1], one))
+
+
+def test_a_saved_program_loads_as_the_command_line_reads_it(tmp_path):
+    from dpl.frontend import load_model
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU()).eval()
+    x = torch.randn(3, 8)
+    program = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("n")},))
+    torch.export.save(program, tmp_path / "m.pt2")
+    mod = load_model(tmp_path / "m.pt2")
+    assert_matches_torch(dpl.interpret(mod, x.numpy()), model(x))
+    longer = torch.randn(5, 8)  # the saved Dim still holds: one import, two batch sizes
+    assert_matches_torch(dpl.interpret(mod, longer.numpy()), model(longer))
+    (tmp_path / "bad.pt2").write_text("not a program")
+    with pytest.raises(FrontendError, match="is not a readable torch.export program"):
+        load_model(tmp_path / "bad.pt2")
 
 
 def test_unsupported_argument_is_named_with_its_module():

@@ -271,6 +271,9 @@ CASES = [
     # arange is computed from the output index alone (a static range TVM folds: see FOLDED)
     ("arange/symbolic", "arange", [], {"end": "n"}, E),
     ("arange/symbolic-f32", "arange", [], {"end": "n", "dtype": F}, E),
+    # a scan is an extern loop to TVM
+    ("cumsum", "cumsum", [t(4, 8)], {"axis": 1}, X),
+    ("cumsum/symbolic-int", "cumsum", [t(2, "n", dtype="int64")], {"axis": 1}, X),
     # a triangle reads x at the output index, or gives 0
     ("triu", "triu", [t(4, 8)], {"k": 1}, E),
     ("triu/k0", "triu", [t(8, 8)], {}, E),
@@ -310,10 +313,13 @@ FOLDED = [
 ]
 
 # Ops TVM 0.27 cannot legalize on the CPU: op -> (the kind dpl chose, why). FuseOps would see
-# such a call as Opaque, whatever dpl chose. Empty: every registered op lowers on the CPU.
+# such a call as Opaque, whatever dpl chose.
 # test_unlegalized_table_is_true keeps this true both ways (an op TVM leaves high-level must be
 # listed; a listed op must stay high-level).
-UNLEGALIZED: dict[str, tuple[K, str]] = {}
+UNLEGALIZED: dict[str, tuple[K, str]] = {
+    "cumsum": (X, "a scan: each output reads every input before it along the axis, which no injective or "
+                  "reduction kind describes (TVM's CUDA legalization is an extern scan)"),
+}
 
 # Cases whose result type differs between dpl and Relax (the kinds are compared all the same).
 TYPE_DIFFERENCES = {

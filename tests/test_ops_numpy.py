@@ -198,6 +198,8 @@ CASES = {
         ((), {"start": 0.5, "end": 2.0, "step": 0.5}, np.array([0.5, 1.0, 1.5], np.float32)),
         ((), {"end": 3, "dtype": "f16"}, np.array([0, 1, 2], np.float16)),
     ],
+    "cumsum": [((x2d,), {"axis": 1}, np.cumsum(x2d, axis=1)),
+               ((np.array([[1, 1, 0], [0, 1, 1]], np.int64),), {"axis": -1}, np.array([[1, 2, 2], [0, 1, 2]], np.int64))],
     "triu": [((x3d,), {}, x3d * (np.arange(4)[None, :] >= np.arange(3)[:, None])), ((a34,), {"k": 2}, None)],
     "tril": [((x3d,), {"k": -1}, x3d * (np.arange(4)[None, :] <= np.arange(3)[:, None] - 1)), ((a34,), {"k": 1}, None)],
 }

@@ -244,6 +244,7 @@ def every_op_module():
     fb.emit("arange", end="n", name="v_arange")
     fb.emit("arange", start=0.5, end=-2.0, step=-0.25, dtype="f16", name="v_arange_float")
     fb.emit("triu", sq, k=1, name="v_triu")
+    fb.emit("cumsum", sq, axis=1, dtype="i64", name="v_cumsum")
     fb.emit("tril", fb.emit("full", const(float("-inf")), shape=["n", "n"], name="v_full_symbolic"), k=-2, name="v_tril")
     last = fb.emit("add", x, const(float("inf")), name="v_inf")
     return Module([fb.ret(last, fb.emit("multiply", x, const(-0.0), name="v_negzero"))])

@@ -236,6 +236,8 @@ class _GraphImporter:
         # is read when a node first uses it, so unused ones cost nothing and may be of any type
         self.weight_names = {t.name: self.names.claim(t.name) for t in self.weights.values()}
         used = frozenset([n for node in self.graph.node for n in node.input] + [o.name for o in self.graph.output])
+        self.producers = {name: node for node in self.graph.node for name in node.output}
+        self._check_ops()
         for index, node in enumerate(self.graph.node):
             self._node(index, node, used)
         outputs = [self._output(o.name) for o in self.graph.output]
@@ -293,6 +295,11 @@ class _GraphImporter:
         v = self._lookup(name)
         if v is None:
             raise FrontendError(f"graph output '{name}' is not computed by any node")
+        from dpl.frontend.onnx_node import MergedValue
+
+        if isinstance(v, MergedValue):
+            raise FrontendError(f"graph output '{name}' merges a symbolic dimension with others ([-1, ...]), which no "
+                                "dpl type can hold")
         if isinstance(v, ShapeValue):
             if not v.is_static:
                 raise FrontendError(f"graph output '{name}' is a shape with symbolic dimensions {v}")
@@ -309,6 +316,33 @@ class _GraphImporter:
 
     # -- nodes ---------------------------------------------------------------------------------
 
+    def _check_ops(self) -> None:
+        """Every op type the table does not translate, in one error before any node is: each
+        with its count and its first node (and the user's source line, where the exporter
+        recorded one)."""
+        from dpl.frontend.onnx_ops import ONNX_OPS
+
+        missing: dict[tuple[str, str], list[int]] = {}
+        for index, node in enumerate(self.graph.node):
+            if node.domain in ("", "ai.onnx") and node.op_type in ONNX_OPS:
+                continue
+            missing.setdefault((node.domain, node.op_type), []).append(index)
+        if not missing:
+            return
+        if len(missing) == 1:
+            index = next(iter(missing.values()))[0]
+            node = self.graph.node[index]
+            self._node(index, node, frozenset())  # raises the error of the one op, as a single error
+        lines = []
+        for (domain, op_type), indices in sorted(missing.items(), key=lambda item: (-len(item[1]), item[0])):
+            node = self.graph.node[indices[0]]
+            label = f"'{op_type}'" + (f" of domain '{domain}'" if domain not in ("", "ai.onnx") else "")
+            where = f"node #{indices[0]}{f' {node.name!r}' if node.name else ''}"
+            source = _source_line(node)
+            lines.append(f"  {label} x{len(indices)}, first at {where}" + (f" ({source})" if source else ""))
+        raise FrontendError(f"{len(missing)} op types are not supported by dpl's ONNX frontend:\n" + "\n".join(lines),
+                            hint="add an entry to ONNX_OPS in dpl/frontend/onnx_ops.py for each")
+
     def _node(self, index: int, node, used: frozenset[str]) -> None:
         from dpl.frontend.onnx_node import NodeContext
         from dpl.frontend.onnx_ops import ONNX_OPS
@@ -321,7 +355,9 @@ class _GraphImporter:
         if entry is None:
             close = difflib.get_close_matches(node.op_type, list(ONNX_OPS), n=3)
             hint = f"did you mean {', '.join(close)}?" if close else f"supported: {', '.join(sorted(ONNX_OPS))}"
-            raise FrontendError(f"{where}: op type '{node.op_type}' is not supported", hint=hint)
+            source = _source_line(node)
+            raise FrontendError(f"{where}: op type '{node.op_type}' is not supported" + (f" ({source})" if source else ""),
+                                hint=hint)
         try:
             version = self.onnx.defs.get_schema(node.op_type, self.opset, "").since_version
         except self.onnx.defs.SchemaError:
@@ -330,9 +366,18 @@ class _GraphImporter:
         if not entry.first <= version <= entry.last:
             raise FrontendError(f"{where}: {node.op_type} version {version} (selected by opset {self.opset}) is not supported; "
                                 f"dpl translates versions {entry.first} to {entry.last} of {node.op_type}")
-        ctx = NodeContext(node, index, self.opset, version, self._lookup, self._tensor_of, used)
+        from dpl.frontend.onnx_node import MergedValue, unmerged_lookup
+
+        lookup, lead = self._lookup, None
+        if node.op_type not in ("Reshape", "Transpose") and any(
+                isinstance(self.values.get(n), MergedValue) for n in node.input if n):
+            lookup, lead = unmerged_lookup(where, node, self._lookup)
+        ctx = NodeContext(node, index, self.opset, version, lookup, self._tensor_of, used,
+                          producer=self.producers.get, is_initializer=self.weights.__contains__)
         try:
             result = entry.translate(ctx)
+            if lead is not None:
+                result = [MergedValue(r, lead) for r in (result if isinstance(result, list) else [result])]
             unread = ctx.unread_attributes()
             if unread:
                 raise ctx.error(f"attribute {unread[0]} is not supported")
@@ -348,6 +393,10 @@ class _GraphImporter:
 
     def _bind(self, e: Any, name: str | None = None) -> Any:
         """Bind each call inside ``e`` (inner calls under fresh names, ``e`` under ``name``)."""
+        from dpl.frontend.onnx_node import MergedValue
+
+        if isinstance(e, MergedValue):
+            return MergedValue(self._bind(e.value, name), e.lead)
         if isinstance(e, (Var, Constant)) or not isinstance(e, (Call, Tuple, TupleGetItem)):
             return e
         if id(e) in self.bound:
@@ -387,6 +436,26 @@ class _GraphImporter:
                 where, ty = self.translated[name]
                 warnings.warn(f"{where}: output '{name}' translates to {ty}, but ONNX shape inference gives "
                               f"{_show_type(elem, dims)}", stacklevel=3)
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _source_line(node) -> str:
+    """``file:line: code`` of the innermost frame of the stack the exporter recorded for the
+    node (torch.onnx's ``pkg.torch.onnx.stack_trace``), or ''."""
+    for prop in node.metadata_props:
+        if prop.key != "pkg.torch.onnx.stack_trace":
+            continue
+        frames = list(_FRAME.finditer(prop.value))
+        if not frames:
+            return ""
+        import linecache
+
+        file, line = frames[-1]["file"], int(frames[-1]["line"])
+        code = linecache.getline(file, line).strip()
+        return f"{file}:{line}" + (f": {code}" if code else "")
+    return ""
 
 
 def _tensor_types(value_infos) -> dict[str, tuple[int, list[int | None] | None]]:

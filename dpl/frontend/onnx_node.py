@@ -97,7 +97,56 @@ class ShapeValue:
         return "[" + ", ".join(str(d) for d in self.dims.flat) + "]"
 
 
-Value = Expr | ShapeValue
+@attrs.frozen(eq=False)
+class MergedValue:
+    """A tensor reshaped to ``[-1, ...]`` where the -1 merges a symbolic dimension with others
+    (``[batch, 4, 17, 16]`` to ``[-1, 17, 16]``), which no dpl type can hold: carried unmerged
+    (``value``, whose first ``lead`` axes are the merged one) through Transposes that keep the
+    merged axis first, until a Reshape restores the leading axes. torch.onnx writes a key's
+    transpose in attention so."""
+
+    value: Expr
+    lead: int
+
+
+Value = Expr | ShapeValue | MergedValue
+
+# ops whose output row i depends only on row i of their (first) operands, translated on the
+# unmerged tensor: elementwise ops, products with a weight, normalisations over the last axes
+_ROW_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Relu", "Gelu", "Tanh", "Sigmoid", "Erf", "Sqrt", "Reciprocal",
+                      "Neg", "Cast", "Identity", "Dropout", "Gemm", "MatMul", "LayerNormalization", "Softmax", "Where",
+                      "IsNaN"})
+
+
+def unmerged_lookup(where: str, node, lookup: Callable[[str], Value | None]):
+    """A lookup that reads each MergedValue input of ``node`` unmerged, and the count of leading
+    axes the result keeps merged; an error where the op is not row-wise or its operands do not
+    broadcast over the merged axis alone."""
+    if node.op_type not in _ROW_OPS or (node.op_type == "Gemm" and any(
+            a.name == "transA" and a.i for a in node.attribute)):
+        raise FrontendError(f"{where}: an input was reshaped to [-1, ...] merging a symbolic dimension with others; "
+                            "dpl follows such a tensor only through row-wise ops (elementwise, MatMul/Gemm with a "
+                            "weight, normalisations) and back through Reshape")
+    for a in node.attribute:
+        if a.name == "axis" and a.i >= 0:
+            raise FrontendError(f"{where}: axis {a.i} counts from the axis that merges a symbolic dimension with others")
+    merged = {n: lookup(n) for n in node.input if n and isinstance(lookup(n), MergedValue)}
+    leads = {(m.lead, tuple(m.value.ty.shape[:m.lead])) for m in merged.values()}
+    if len(leads) != 1:
+        raise FrontendError(f"{where}: inputs merge different dimensions")
+    lead = next(iter(leads))[0]
+    rank = next(iter(merged.values())).value.ty.ndim - lead + 1  # the rank torch sees
+    for i, n in enumerate(node.input):
+        v = lookup(n) if n else None
+        weight = node.op_type in ("Gemm", "MatMul") and i == 1
+        if n and n not in merged and hasattr(v, "ty") and v.ty.ndim >= rank and not weight:
+            raise FrontendError(f"{where}: input '{n}' of rank {v.ty.ndim} does not broadcast over the merged axis alone")
+
+    def read(name: str):
+        v = lookup(name)
+        return v.value if isinstance(v, MergedValue) else v
+
+    return read, lead
 
 
 @attrs.define
@@ -113,6 +162,8 @@ class NodeContext:
     tensor_of: Callable[[str, Expr], Expr]  # the importer's view of an input used as a tensor
     used_outputs: frozenset[str]
     read_attrs: set[str] = attrs.field(factory=set)
+    producer: Callable[[str], Any] = lambda name: None  # the node computing an ONNX name (None: an input)
+    is_initializer: Callable[[str], bool] = lambda name: False
 
     # -- where we are, for messages ------------------------------------------------------------
 
@@ -188,6 +239,9 @@ class NodeContext:
     def input(self, i: int) -> Expr:
         """Input ``i`` as a tensor expression."""
         v = self.value(i)
+        if isinstance(v, MergedValue):
+            raise self.error(f"input '{self.node.input[i]}' was reshaped to [-1, ...] merging a symbolic dimension with "
+                             "others; dpl follows such a tensor only through Transpose and back through Reshape")
         if isinstance(v, ShapeValue):
             if v.is_static:
                 return Constant(np.asarray(v.dims.astype(np.int64)))

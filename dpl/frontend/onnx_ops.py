@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
+from dpl.frontend import onnx_gather as gather
 from dpl.frontend import onnx_shapes as shapes
 from dpl.frontend.onnx_node import ONNX_DTYPES, NodeContext, ShapeValue, onnx_dtype_name
 from dpl.ir.expr import Constant, Expr
@@ -414,7 +415,7 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "Clip": OnnxOp(_clip, 6, 13),
     "Cast": OnnxOp(_cast, 6, 24),
     # matrix products, softmax, normalisation
-    "MatMul": OnnxOp(lambda ctx: ctx.emit("matmul", ctx.input(0), ctx.input(1)), 1, 13),
+    "MatMul": OnnxOp(gather.matmul, 1, 13),
     "Gemm": OnnxOp(_gemm, 7, 13),
     "Softmax": OnnxOp(_softmax("nn.softmax"), 1, 13),
     "LogSoftmax": OnnxOp(_softmax("nn.log_softmax"), 1, 13),
@@ -450,6 +451,15 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "ConstantOfShape": OnnxOp(shapes.constant_of_shape, 9, 24),
     "Identity": OnnxOp(shapes.identity, 1, 24),
     "Dropout": OnnxOp(shapes.dropout, 7, 22),
+    # logic and the gathers of masks
+    "IsNaN": OnnxOp(gather.is_nan, 9, 20),
+    "And": OnnxOp(gather.logical("minimum"), 7, 7),
+    "Or": OnnxOp(gather.logical("maximum"), 7, 7),
+    "Xor": OnnxOp(gather.logical("not_equal"), 7, 7),
+    "Not": OnnxOp(gather.logical_not, 1, 1),
+    "GatherND": OnnxOp(gather.gather_nd, 12, 13),
+    "GatherElements": OnnxOp(gather.gather_elements, 11, 13),
+    "CumSum": OnnxOp(gather.cumsum, 11, 14),
     # masks and ranges
     "Trilu": OnnxOp(_trilu, 14, 14),
     "Range": OnnxOp(_range, 11, 11),

@@ -12,14 +12,20 @@ import math
 
 import numpy as np
 
-from dpl.frontend.onnx_node import NodeContext, ShapeValue
+from dpl.frontend.onnx_node import MergedValue, NodeContext, ShapeValue
 from dpl.ir.expr import Constant, TupleGetItem
 
 
 def reshape(ctx: NodeContext):
-    x = ctx.input(0)
     allowzero = ctx.version >= 14 and bool(ctx.attr("allowzero", 0))
     shape = ctx.dims_input(1, "the shape")
+    v = ctx.value(0)
+    if isinstance(v, MergedValue):
+        return _unmerge(ctx, v, shape)
+    x = ctx.input(0)
+    merged = _merge(x, shape)
+    if merged is not None:
+        return merged
     if allowzero and 0 in shape:
         raise ctx.unsupported("allowzero", 1, "allowzero=1 only when the shape holds no 0")
     dims = list(x.ty.shape)
@@ -33,6 +39,41 @@ def reshape(ctx: NodeContext):
             out.append(d)
     y = ctx.emit("reshape", x, shape=tuple(out))
     return x if y.ty == x.ty else y
+
+
+def _merge(x, shape):
+    """``x`` reshaped to ``[-1, *rest]`` where the -1 merges a symbolic dimension with other
+    leading axes of ``x`` (the trailing axes unchanged): a MergedValue, or None otherwise."""
+    if not shape or shape[0] != -1 or any(isinstance(d, int) and d <= 0 for d in shape[1:]):
+        return None
+    rest = tuple(shape[1:])
+    k = x.ty.ndim - len(rest)
+    if k >= 2 and tuple(x.ty.shape[k:]) == rest:
+        return None if all(isinstance(d, int) for d in x.ty.shape[:k]) else MergedValue(x, k)
+    if any(isinstance(d, str) for d in rest):
+        return None
+    # the trailing axes are regrouped too ([2, seq, 4, 16] to [-1, 64]): regroup them first
+    for k in range(2, x.ty.ndim):
+        tail = x.ty.shape[k:]
+        if all(isinstance(d, int) for d in tail) and math.prod(tail) == math.prod(rest):
+            if all(isinstance(d, int) for d in x.ty.shape[:k]):
+                return None
+            from dpl.ops.registry import make_call
+
+            return MergedValue(make_call("reshape", (x,), {"shape": tuple(x.ty.shape[:k]) + rest}), k)
+    return None
+
+
+def _unmerge(ctx: NodeContext, v: MergedValue, shape):
+    x = v.value
+    merged = _merge(x, shape)  # merged again, with other trailing axes
+    lead = tuple(x.ty.shape[:v.lead])
+    if merged is None and len(shape) > 0 and shape[0] == -1:
+        rest = tuple(shape[1:])
+        return MergedValue(ctx.emit("reshape", x, shape=lead + rest), v.lead)
+    if merged is not None:
+        return merged
+    return ctx.emit("reshape", x, shape=tuple(shape))
 
 
 def flatten(ctx: NodeContext):
@@ -58,6 +99,14 @@ def _dims_product(dims):
 
 
 def transpose(ctx: NodeContext):
+    v = ctx.value(0)
+    if isinstance(v, MergedValue):
+        perm = list(ctx.attr("perm"))
+        if perm[0] != 0:
+            raise ctx.error(f"perm {perm} moves the axis that merges a symbolic dimension with others")
+        k = v.lead
+        axes = tuple(range(k)) + tuple(p + k - 1 for p in perm[1:])
+        return MergedValue(ctx.emit("permute_dims", v.value, axes=axes), k)
     x = ctx.input(0)
     ndim = x.ty.ndim
     perm = ctx.attr("perm", list(reversed(range(ndim))))
@@ -114,12 +163,14 @@ def slice_tensor(ctx: NodeContext):
         axes = list(ctx.attr("axes", range(len(starts))))
         steps = [1] * len(starts)
     else:
-        starts, ends = ctx.ints_input(1, "starts"), ctx.ints_input(2, "ends")
+        starts, ends = ctx.ints_input(1, "starts"), ctx.dims_input(2, "ends")  # an end may be a symbolic length
         axes = ctx.ints_input(3, "axes") if ctx.has_input(3) else list(range(len(starts)))
         steps = ctx.ints_input(4, "steps") if ctx.has_input(4) else [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length")
     if isinstance(v, ShapeValue):
+        if any(isinstance(e, str) for e in ends):
+            raise ctx.error(f"ends {ends} of a slice of a shape must be constant")
         if len(axes) != 1 or ctx.axis(axes[0], 1) != 0:
             raise ctx.error(f"axes {axes} do not fit a shape vector, which has one axis")
         return ShapeValue(v.dims[slice(starts[0], ends[0], steps[0])])
@@ -131,6 +182,14 @@ def slice_tensor(ctx: NodeContext):
         if s == 0:
             raise ctx.error("steps must not be 0")
         size = shape[a]
+        if isinstance(e, str):  # x[:seq] for a symbolic seq: its length is the dimension
+            if e == size and b == 0 and s == 1:
+                continue
+            if b != 0 or s != 1:
+                raise ctx.error(f"a slice to the symbolic end '{e}' must start at 0 with step 1, got start {b}, step {s}")
+            for lst, val in zip(keep, (a, b, e, s)):
+                lst.append(val)
+            continue
         if isinstance(size, str):
             if b == 0 and s == 1 and e >= _INT_MAX:
                 continue  # the whole symbolic axis

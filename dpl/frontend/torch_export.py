@@ -24,6 +24,13 @@ not copies (a large model is not held twice); only a weight that is laid out ane
 (``linear``'s, stored transposed as ``<name>_t``) is a copy. Import again after changing the
 model's weights.
 
+Outputs. A model exported from a ``torch.nn.Module`` returns its tensors; any other object it
+returns is dropped (a forward hook filters the output while torch.export traces): a Hugging
+Face model called the stock way, ``model(input_ids)`` with ``use_cache`` at its default,
+returns its key/value cache as a ``DynamicCache``, state for the next call rather than a value
+of this one, which torch.export could not return anyway. The model's other outputs
+(``last_hidden_state``, ``pooler_output``) are the function's results, flattened in order.
+
 Symbolic shapes. A ``torch.export.Dim("seq")`` in ``dynamic_shapes`` becomes the symbolic
 dimension ``"seq"`` of the dpl parameter (any other dynamic dimension keeps torch's symbol
 name, ``s27``). Torch's bounds (``min``/``max``) have no place in dpl's types and are dropped.
@@ -34,10 +41,14 @@ an error naming where it appears.
 from __future__ import annotations
 
 import inspect
+import logging
+import warnings
 from typing import Any, Mapping, Sequence
 
 from dpl.frontend import FrontendError
 from dpl.frontend.torch_graph import GraphImporter, import_torch, sanitize
+
+logger = logging.getLogger(__name__)
 
 
 def from_torch(model, example_args: Sequence[Any] = (), example_kwargs: Mapping[str, Any] | None = None, *,
@@ -57,7 +68,7 @@ def from_torch(model, example_args: Sequence[Any] = (), example_kwargs: Mapping[
         args = tuple(example_args) if isinstance(example_args, (tuple, list)) else (example_args,)
         kwargs = dict(example_kwargs or {})
         try:
-            program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+            program = _export(torch, model, args, kwargs, dynamic_shapes)
         except Exception as err:  # torch reports many kinds of failure; the user needs its message
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise FrontendError(f"torch.export.export failed on {type(model).__name__}: {first}",
@@ -66,6 +77,79 @@ def from_torch(model, example_args: Sequence[Any] = (), example_kwargs: Mapping[
     else:
         raise FrontendError(f"from_torch takes a torch.nn.Module or a torch.export.ExportedProgram, got {type(model).__name__}")
     return from_exported_program(program, bind_params=bind_params, dim_names=dim_names, name=name)
+
+
+def load_exported(path, *, name: str = "main"):
+    """The Module of an ExportedProgram saved with ``torch.export.save`` (a ``.pt2`` file).
+    Its symbolic dimensions keep torch's names (``s27``): the Dim names are not saved."""
+    import os
+
+    torch = import_torch()
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FrontendError(f"no saved ExportedProgram at '{path}'")
+    import zipfile
+
+    if not zipfile.is_zipfile(path):  # torch would log a traceback before raising
+        raise FrontendError(f"'{path}' is not a readable torch.export program: it is no zip archive",
+                            hint="write it with torch.export.save(torch.export.export(model, args), path)")
+    try:
+        with warnings.catch_warnings():  # torch's own deprecations inside its loader, not the user's
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            program = torch.export.load(path)
+    except Exception as err:  # a zip that is no .pt2, a version mismatch: torch's message says which
+        raise FrontendError(f"'{path}' is not a readable torch.export program: {_first_line(err)}",
+                            hint="write it with torch.export.save(torch.export.export(model, args), path)") from None
+    return from_exported_program(program, name=name)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _export(torch, model, args, kwargs, dynamic_shapes):
+    """``torch.export.export`` of ``model`` with its non-tensor outputs dropped (see
+    :func:`tensor_outputs`), through a forward hook: the model keeps its signature, its
+    parameter names and its module paths."""
+    handle = model.register_forward_hook(lambda _module, _args, output: tensor_outputs(torch, output))
+    try:
+        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    finally:
+        handle.remove()
+
+
+def tensor_outputs(torch, output):
+    """``output`` without the values torch.export cannot return and dpl could not compute: a
+    Hugging Face model called the stock way (``use_cache`` at its default) returns its key/value
+    cache as a ``DynamicCache`` object, which is state for the next call, not a tensor the graph
+    computes. Tensors, numbers, None and the containers torch's pytree knows (tuples, lists,
+    dicts, transformers' ``ModelOutput``) stay; any other object is dropped, and logged."""
+    from collections.abc import Mapping
+
+    pytree = torch.utils._pytree
+    if output is None or isinstance(output, (torch.Tensor, bool, int, float, str)):
+        return output
+    if type(output) not in pytree.SUPPORTED_NODES:
+        logger.info("dropped the model output of type %s: dpl returns the tensors a graph computes", type(output).__name__)
+        return _DROPPED
+    if isinstance(output, Mapping):
+        kept = {k: tensor_outputs(torch, v) for k, v in output.items()}
+        kept = {k: v for k, v in kept.items() if v is not _DROPPED}
+        if len(kept) == len(output):
+            return output
+        try:
+            return type(output)(**kept)
+        except TypeError:
+            return dict(kept)
+    if isinstance(output, (tuple, list)) and not hasattr(output, "_fields"):
+        kept = [tensor_outputs(torch, v) for v in output]
+        kept = [v for v in kept if v is not _DROPPED]
+        return output if len(kept) == len(output) else type(output)(kept)
+    return output
+
+
+_DROPPED = object()
 
 
 def from_exported_program(program, *, bind_params: bool = True, dim_names: Mapping[str, str] | None = None, name: str = "main"):
@@ -80,16 +164,44 @@ def from_exported_program(program, *, bind_params: bool = True, dim_names: Mappi
 
 
 def _functional(program, table):
-    """Functional ATen, with only the ops ``table`` does not translate decomposed."""
+    """Functional ATen, with only the ops ``table`` does not translate decomposed. A program
+    whose every op the table translates already (no in-place op, no higher-order op) is
+    returned as it is: torch's decomposition pass retraces the whole program, most of an
+    import's time (bench/bench_zoo_import.py)."""
     torch = import_torch()
+    if _translated_as_is(program, table):
+        return program
     decompositions = torch.export.default_decompositions()
     for op in list(decompositions.keys()):
         if str(op) in table:
             decompositions.pop(op)
     try:
-        return program.run_decompositions(decompositions)
+        with warnings.catch_warnings():  # torch's own deprecations (its TreeSpec copies), not the user's
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            return program.run_decompositions(decompositions)
     except Exception as err:
         raise FrontendError(f"torch could not decompose the exported program: {str(err).strip().splitlines()[0]}") from err
+
+
+def _translated_as_is(program, table) -> bool:
+    import operator
+
+    from dpl.frontend.torch_graph import IGNORED_OPS
+
+    torch = import_torch()
+    for node in program.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function":
+            return False  # get_attr of a submodule: a higher-order op's body
+        if node.target is operator.getitem or str(node.target) in IGNORED_OPS:
+            continue
+        if isinstance(node.target, torch._ops.OpOverload) and str(node.target) in table:
+            continue
+        if isinstance(node.meta.get("val"), torch.SymInt) and "sym_size" in str(node.target):
+            continue
+        return False
+    return True
 
 
 # -- names of symbolic dimensions ---------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError, Span
-from dpl.frontend import FrontendError
+from dpl.frontend import FrontendError, torch_merged
 from dpl.ir.builder import FunctionBuilder, const
 from dpl.ir.expr import Call, Constant, Expr, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.types import TensorType
@@ -82,11 +82,18 @@ class NodeContext:
     def __init__(self, importer: "GraphImporter", node):
         self.importer = importer
         self.node = node
+        # the leading axes of the result where torch merged them into one (dpl.frontend.torch_merged)
+        self.leading: tuple | None = None
 
     # -- torch metadata of the node
     @property
     def out_type(self) -> TensorType:
-        return self.importer.tensor_type(self.node.meta.get("val"), f"the result of node '{self.node.name}'")
+        meta = self.node.meta.get("val")
+        where = f"the result of node '{self.node.name}'"
+        if self.leading is None:
+            return self.importer.tensor_type(meta, where)
+        rest = tuple(self.importer.dim(d, f"dimension {i + 1} of {where}") for i, d in enumerate(meta.shape[1:]))
+        return TensorType(tuple(self.leading) + rest, self.dtype(meta.dtype))
 
     @property
     def out_dtype(self) -> str:
@@ -168,6 +175,7 @@ class GraphImporter:
         # (``x - mu`` written twice is two nodes), and a pattern that uses a value twice needs it
         self.computed: dict[tuple, Var] = {}
         self.names: set[str] = set()
+        self.torch = import_torch()
         self.weights: dict[str, np.ndarray] = {}
 
     # -- metadata conversions
@@ -217,6 +225,7 @@ class GraphImporter:
     # -- the walk
     def run(self):
         self.check_pure()
+        self.check_ops()
         signature = self.program.graph_signature
         specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")}
         placeholders = [n for n in self.program.graph.nodes if n.op == "placeholder"]
@@ -241,6 +250,34 @@ class GraphImporter:
                 raise self.error(node, f"{node.op} node '{node.name}' ({node.target}) is not supported",
                                  "control flow (torch.cond, loops) and submodule calls are not translated")
         raise FrontendError("the exported graph has no output")
+
+    def check_ops(self) -> None:
+        """Every op the table does not translate, listed in one error before any is translated:
+        the user sees the whole gap at once (each op, how often, and the first source line)."""
+        import operator
+
+        missing: dict[str, list] = {}
+        for node in self.program.graph.nodes:
+            if node.op != "call_function" or node.target is operator.getitem or not node.users:
+                continue
+            name = str(node.target)
+            if name in IGNORED_OPS or name in self.table or self._is_symbolic_scalar(node.meta.get("val")):
+                continue
+            missing.setdefault(name, []).append(node)
+        if not missing:
+            return
+        if len(missing) == 1:
+            (name, nodes), = missing.items()
+            count = f" ({len(nodes)} uses)" if len(nodes) > 1 else ""
+            raise self.error(nodes[0], f"{name} is not supported by dpl's torch.export frontend{count}",
+                             ADD_OP_HINT.format(name=name.removeprefix("aten.")))
+        lines = []
+        for name, nodes in sorted(missing.items(), key=lambda item: (-len(item[1]), item[0])):
+            span = _source_span(nodes[0])
+            where = f"{span.file}:{span.line}: {span.source_line.strip()}" if span else f"node '{nodes[0].name}'"
+            lines.append(f"  {name} x{len(nodes)}, first at {where}")
+        raise FrontendError(f"{len(missing)} ops are not supported by dpl's torch.export frontend:\n" + "\n".join(lines),
+                            hint=ADD_OP_HINT.format(name="<op>") + " for each")
 
     def user_input(self, node) -> None:
         torch = import_torch()
@@ -287,6 +324,9 @@ class GraphImporter:
                              ADD_OP_HINT.format(name=op_name.removeprefix("aten.")))
         cx = NodeContext(self, node)
         try:
+            if torch_merged.touches(self, node):
+                self.env[node] = torch_merged.translate(self, node, translate, _invoke, NodeContext)
+                return
             args = [self.value(a) for a in node.args]
             kwargs = {k: self.value(v) for k, v in node.kwargs.items()}
             result = _invoke(translate, cx, args, kwargs)
@@ -305,6 +345,8 @@ class GraphImporter:
             return type(arg)(self.value(a) for a in arg)
         if hasattr(arg, "op") and hasattr(arg, "meta"):  # an fx Node
             value = self.env[arg]
+            if isinstance(value, torch_merged.Merged):
+                raise FrontendError(f"'{arg.name}' is a tensor whose symbolic dimension torch merged with others")
             torch = import_torch()
             if isinstance(value, torch.SymInt):
                 return self.dim(value, f"size '{arg.name}'")

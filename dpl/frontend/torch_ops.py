@@ -112,12 +112,12 @@ def _pow(cx, self, exponent):
     return cx.call("power", cx.operand(self, dtype), cx.operand(exponent, dtype))
 
 
-@aten("maximum.default")
+@aten("maximum.default", "max.other")
 def _maximum(cx, self, other):
     return cx.call("maximum", cx.operand(self, cx.out_dtype), cx.operand(other, cx.out_dtype))
 
 
-@aten("minimum.default")
+@aten("minimum.default", "min.other")
 def _minimum(cx, self, other):
     return cx.call("minimum", cx.operand(self, cx.out_dtype), cx.operand(other, cx.out_dtype))
 
@@ -173,7 +173,7 @@ aten("logical_and.default")(_logical("minimum"))
 aten("logical_or.default")(_logical("maximum"))
 
 
-@aten("bitwise_and.Tensor", "bitwise_or.Tensor")
+@aten("bitwise_and.Tensor", "bitwise_or.Tensor", "__and__.Tensor", "__or__.Tensor")
 def _bitwise_bool(cx, self, other):
     if cx.out_dtype != "bool":
         raise FrontendError("bitwise operations on integers have no dpl op (only on bools)")
@@ -253,7 +253,9 @@ def _to(cx, self, *args, dtype=None, copy=False):
     return cx.cast(cx.tensor(self), cx.out_dtype)
 
 
-@aten("clone.default", "contiguous.default", "alias.default", "detach.default", "lift_fresh_copy.default")
+# detach_ changes no value (only autograd's view of its operand): the value itself
+@aten("clone.default", "contiguous.default", "alias.default", "detach.default", "lift_fresh_copy.default",
+      "detach_.default")
 def _identity(cx, self):
     return cx.tensor(self)
 
@@ -429,12 +431,25 @@ def _sdpa(cx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     scores = cx.call("multiply", cx.call("matmul", q, cx.permute(k, axes)), cx.scalar(scale, dtype))
     if is_causal:
         scores = cx.call("add", scores, _causal_mask(cx, q.ty.shape[-2], k.ty.shape[-2], dtype))
+    seen = None
     if attn_mask is not None:
         mask = cx.tensor(attn_mask)
         if mask.ty.dtype == "bool":
-            mask = cx.call("where", mask, cx.scalar(0.0, dtype), cx.scalar(-np.inf, dtype))
+            # torch's safe softmax: a query that may see no key at all (a padded row of a
+            # left-padded batch) gets zeros, not NaN. The masked scores are the dtype's lowest
+            # value rather than -inf, so such a row's softmax stays finite, and the product is
+            # then multiplied by 0 for it; elsewhere exp(lowest - max) is exactly 0, as exp(-inf)
+            seen = cx.call("max", cx.cast(mask, dtype), axis=[-1], keepdims=True)
+            mask = cx.call("where", mask, cx.scalar(0.0, dtype), cx.scalar(_lowest(dtype), dtype))
         scores = cx.call("add", scores, cx.cast(mask, dtype))
-    return cx.call("matmul", cx.call("nn.softmax", scores, axis=-1), v)
+    out = cx.call("matmul", cx.call("nn.softmax", scores, axis=-1), v)
+    return out if seen is None else cx.call("multiply", out, seen)
+
+
+def _lowest(dtype: str) -> float:
+    from dpl import dtypes
+
+    return float(np.finfo(dtypes.to_numpy(dtype)).min)
 
 
 def _causal_mask(cx, rows, cols, dtype):
@@ -588,8 +603,14 @@ def _cat(cx, tensors, dim=0):
     from dpl.ir.expr import Tuple
 
     dtype = cx.out_dtype
-    parts = [cx.cast(cx.tensor(t), dtype) for t in tensors if not (t.ty.ndim == 1 and t.ty.shape == (0,))]
-    return cx.call("concat", Tuple(tuple(parts)), axis=_axis(dim, parts[0].ty.ndim))
+    # an empty part adds nothing: torch.tensor([]) (shape [0]) or a key/value cache before its
+    # first update (shape [b, h, 0, d])
+    axis = _axis(dim, cx.out_type.ndim)
+    parts = [cx.cast(cx.tensor(t), dtype) for t in tensors
+             if not (t.ty.ndim == 1 and t.ty.shape == (0,)) and not (t.ty.ndim > axis and t.ty.shape[axis] == 0)]
+    if len(parts) == 1:
+        return parts[0]
+    return cx.call("concat", Tuple(tuple(parts)), axis=axis)
 
 
 @aten("stack.default")
@@ -748,3 +769,160 @@ def _unavailable(what: str):
     from dpl.frontend.torch_graph import Unavailable
 
     return Unavailable(what)
+
+
+# -- advanced indexing -------------------------------------------------------------------------
+
+
+def _arange_of(node):
+    """``(length, offset)`` when the fx ``node`` is ``arange(length) + offset`` (step 1, a static
+    offset), seen through casts and the reshapes that only add size-1 axes; else None. The
+    masks transformers builds index with such ranges (``mask[batch_idx, kv_idx]``)."""
+    offset = 0
+    while hasattr(node, "target"):
+        name = str(node.target)
+        if name in ("aten.unsqueeze.default", "aten.view.default", "aten.reshape.default", "aten._to_copy.default",
+                    "aten.clone.default", "aten.expand.default", "aten.alias.default"):
+            node = node.args[0]
+        elif name in ("aten.add.Tensor", "aten.add.Scalar") and isinstance(node.args[1], int) and not node.kwargs:
+            offset += node.args[1]
+            node = node.args[0]
+        elif name == "aten.arange.default" or (name == "aten.arange.start" and node.args[0] == 0):
+            return node.meta["val"].shape[0], offset
+        else:
+            return None
+    return None
+
+
+@aten("index.Tensor")
+def _index(cx, self, indices):
+    """``x[i0, i1, ...]``. Indices that are ranges (``arange(n) + c``, each varying along one
+    axis of the broadcast index shape) select a slice and place it: strided_slice, permute and
+    expand_dims, no gather. A single tensor index (the others None) is ``take``."""
+    x = cx.tensor(self)
+    nodes = list(cx.node.args[1])
+    given = [(axis, value, node) for axis, (value, node) in enumerate(zip(indices, nodes)) if value is not None]
+    if len(given) == 1:  # x[:, :, idx]: the axes before it whole, as NumPy's one advanced index
+        axis, idx, _ = given[0]
+        return cx.call("take", x, _wrapped(cx, cx.tensor(idx), x.ty.shape[axis]), axis=axis)
+    if any(v is None for v in indices):
+        raise FrontendError("indexing with None between tensor indices is not supported")
+    ranges = [_arange_of(node) for _axis_, _value, node in given]
+    if any(r is None for r in ranges):
+        raise FrontendError("indexing with several tensor indices is supported where each is a range (arange(n) + c), "
+                            "as transformers' masks use them")
+    rank = max(cx.tensor(v).ty.ndim for _a, v, _n in given)
+    placed = []  # (axis of the result, axis of x) for each index
+    for (axis, value, _node), (length, offset) in zip(given, ranges):
+        shape = (1,) * (rank - value.ty.ndim) + tuple(value.ty.shape)
+        varying = [i for i, d in enumerate(shape) if d != 1]
+        if len(varying) > 1:
+            raise FrontendError(f"index {axis} varies along several axes {varying}")
+        size = x.ty.shape[axis]
+        length = cx.importer.dim(length, f"the length of index {axis}")
+        if not (offset == 0 and length == size):
+            x = cx.call("strided_slice", x, axes=[axis], begin=[offset], end=[_end(offset, length)], strides=[1])
+        placed.append((varying[0] if varying else None, axis))
+    k = len(given)
+    # x's indexed axes, in the order of the result axes they go to; then size-1 axes in between
+    order = sorted(range(k), key=lambda j: (placed[j][0] is None, placed[j][0] if placed[j][0] is not None else 0))
+    x = cx.permute(x, order + list(range(k, x.ty.ndim)))
+    targets = [placed[j][0] for j in order]
+    if any(t is None for t in targets):
+        raise FrontendError("an index of one element is not supported with other tensor indices")
+    missing = [i for i in range(rank) if i not in targets]
+    if missing:
+        x = cx.call("expand_dims", x, axis=missing)
+    out = list(cx.out_shape)
+    return x if list(x.ty.shape) == out else cx.call("broadcast_to", x, shape=out)
+
+
+def _wrapped(cx, idx, size):
+    """Constant indices with negative entries counted from the end, as torch counts them."""
+    from dpl.ir.expr import Constant
+
+    if isinstance(idx, Constant) and isinstance(size, int) and (np.asarray(idx.value) < 0).any():
+        value = np.asarray(idx.value)
+        return Constant(np.where(value < 0, value + size, value).astype(value.dtype))
+    return idx
+
+
+def _end(offset, length):
+    return offset + length if isinstance(length, int) else (length if offset == 0 else None)
+
+
+@aten("gather.default")
+def _gather(cx, self, dim, index, *, sparse_grad=False):
+    """``torch.gather`` where the index varies along ``dim`` only (its other axes of size 1), as
+    BERT's buffered token types use it: a ``take`` along ``dim``."""
+    x, idx = cx.tensor(self), cx.tensor(index)
+    axis = _axis(dim, x.ty.ndim)
+    others = [i for i in range(idx.ty.ndim) if i != axis]
+    base = _expanded_from(cx, cx.node.args[0])
+    if base is not None and all(base.ty.shape[i] == 1 for i in others) and base.ty.ndim == x.ty.ndim:
+        # rows that are copies of one (RoBERTa's token types expanded to the batch): take from it
+        row = cx.reshape(base, [base.ty.shape[axis]])
+        return cx.call("take", row, idx, axis=0)
+    index_base = _repeated_from(cx, cx.node.args[2])
+    if index_base is not None and all(index_base.ty.shape[i] == 1 for i in others) and \
+            all(idx.ty.shape[i] == x.ty.shape[i] for i in others):
+        # an index repeated along the other axes (GPT-J's position ids per rotary channel)
+        return cx.call("take", x, cx.reshape(index_base, [index_base.ty.shape[axis]]), axis=axis)
+    if any(idx.ty.shape[i] != 1 for i in others):
+        raise FrontendError(f"gather with an index of shape {list(idx.ty.shape)} is supported only where the index's "
+                            f"axes other than {axis} have size 1, or it repeats one such index")
+    if any(x.ty.shape[i] != 1 for i in others):
+        x = cx.call("strided_slice", x, axes=others, begin=[0] * len(others), end=[1] * len(others),
+                    strides=[1] * len(others))
+    flat = cx.reshape(idx, [idx.ty.shape[axis]])
+    return cx.call("take", x, flat, axis=axis)
+
+
+def _expanded_from(cx, node):
+    """The dpl value an ``aten.expand`` node broadcasts, or None when ``node`` is no expand."""
+    if str(getattr(node, "target", "")) != "aten.expand.default":
+        return None
+    value = cx.importer.env.get(node.args[0])
+    return value if hasattr(value, "ty") else None
+
+
+def _repeated_from(cx, node):
+    """The dpl value an ``aten.expand`` or ``aten.repeat`` node copies along its size-1 axes."""
+    if str(getattr(node, "target", "")) not in ("aten.expand.default", "aten.repeat.default"):
+        return None
+    value = cx.importer.env.get(node.args[0])
+    if not hasattr(value, "ty") or value.ty.ndim != len(node.meta["val"].shape):
+        return None
+    return value
+
+
+@aten("cumsum.default")
+def _cumsum(cx, self, dim, *, dtype=None):
+    x = cx.tensor(self)
+    return cx.call("cumsum", x, axis=_axis(dim, x.ty.ndim), dtype=cx.out_dtype)
+
+
+@aten("repeat.default")
+def _repeat(cx, self, repeats):
+    """``x.repeat(r0, r1, ...)``: each axis tiled, as broadcast_to over an interleaved size-1
+    axis then a reshape merging the pair (a symbolic size tiled more than once has no dpl type)."""
+    x = cx.tensor(self)
+    reps = list(repeats)
+    if len(reps) < x.ty.ndim:
+        raise FrontendError(f"repeat takes at least {x.ty.ndim} sizes for a rank-{x.ty.ndim} tensor, got {reps}")
+    if len(reps) > x.ty.ndim:
+        x = cx.call("expand_dims", x, axis=list(range(len(reps) - x.ty.ndim)))
+    if all(r == 1 for r in reps):
+        return x
+    shape = list(x.ty.shape)
+    final = []
+    for r, d in zip(reps, shape):
+        if r == 1 or d == 1:
+            final.append(d if r == 1 else r)
+        elif isinstance(r, int) and isinstance(d, int):
+            final.append(r * d)
+        else:
+            raise FrontendError(f"repeating a dimension {d} {r} times gives a size no dpl type can hold")
+    pairs = cx.call("expand_dims", x, axis=[2 * i for i in range(len(shape))])
+    tiled = cx.call("broadcast_to", pairs, shape=[v for r, d in zip(reps, shape) for v in (r, d)])
+    return cx.call("reshape", tiled, shape=final)

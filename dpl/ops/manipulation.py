@@ -435,3 +435,29 @@ for _name, _keep in (("triu", np.triu), ("tril", np.tril)):
         ref=lambda x, k, _keep=_keep: _keep(x, k),
         doc=f"x with the elements {'below' if _name == 'triu' else 'above'} diagonal k of the last two axes zeroed",
     )
+
+
+# -- scans -------------------------------------------------------------------------------------
+
+
+def _infer_cumsum(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    normalize_axis(info, info.attrs["axis"], x.ndim)
+    return TensorType(x.shape, info.attrs["dtype"] or x.dtype)
+
+
+def _cumsum_ref(x, axis, dtype):
+    out_dtype = dtypes.to_numpy(dtype) if dtype else x.dtype
+    return np.cumsum(x, axis=axis, dtype=out_dtype).astype(out_dtype, copy=False)
+
+
+register(
+    "cumsum",
+    num_args=1,
+    attrs={"axis": AttrSpec("axis"), "dtype": AttrSpec("dtype", default=None)},
+    infer=_infer_cumsum,
+    # a scan: each output reads all the inputs before it along the axis (TVM: an extern scan)
+    kind=K.OPAQUE,
+    ref=_cumsum_ref,
+    doc="running sums along axis (positions from a padding mask), in dtype when given",
+)

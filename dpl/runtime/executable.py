@@ -78,6 +78,7 @@ class Executable(Compiler):
         self._failed: dict[str, dict[str, str]] = {}  # choice key -> {backend: compile error}
         self._plans: dict[tuple, Plan] = {}
         self._planning = threading.RLock()  # plans and the compile state they change, one thread at a time
+        self._resident: Any = None  # the device runner (see _device_runner), False: none
         for name in _called_functions(module, self.entry):
             unit = classify(module[name], module)
             self._choose(name, unit)
@@ -160,6 +161,10 @@ class Executable(Compiler):
                 flat.append(np.asarray(a))
         return flat
 
+    def plan_for(self, specs) -> Plan:
+        """The plan of inputs of these (shape, dtype), one per tensor leaf of the parameters."""
+        return self._plan_for(specs)
+
     def plan(self, *arrays) -> Plan:
         """The plan that runs these inputs (made at the first call of each input signature)."""
         flat = self._flat_inputs(arrays)
@@ -172,10 +177,21 @@ class Executable(Compiler):
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *arrays, out=None) -> Any:
         """Run the entry function; returns fresh arrays, or fills and returns ``out``."""
+        resident = self._device_runner()
+        if resident is not None:  # the whole plan on the device (backends/cuda_resident.py)
+            return resident.run(self, arrays, out)
         flat = self._flat_inputs(arrays)
         plan = self._plan_for([(a.shape, a.dtype) for a in flat])
         outs = None if out is None else self._check_out(plan, out, flat)
         return plan.run(flat, outs)
+
+    def _device_runner(self):
+        """What runs calls device-resident: offered by the target's first available backend
+        (CuPy: ``resident()``), or None."""
+        if self._resident is None:
+            first = next((b for b in self.target if b.available()[0]), None)
+            self._resident = first.resident() if hasattr(first, "resident") else False
+        return self._resident or None
 
     def _check_out(self, plan: Plan, out, inputs) -> list[np.ndarray]:
         outs = _flatten_value(out)
@@ -217,6 +233,7 @@ class Executable(Compiler):
         for b in self.target:
             ok, why = b.available()
             lines.append(f"  {b.name:<8} {'available' if ok else 'unavailable: ' + why}")
+            lines.extend(f"    {note}" for note in getattr(b, "notes", lambda: ())())
         in_target = {b.name for b in self.target}
         owners = {n: c.unit.prefix for c in self.choices.values() for n in c.by_prefix if n not in in_target}
         for name, prefix in owners.items():  # outside the target, tried first for their prefix
@@ -231,6 +248,8 @@ class Executable(Compiler):
             lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel calls, "
                          f"arena {plan.peak_bytes} bytes in {len(plan.slot_sizes)} buffer(s) "
                          f"(without reuse {plan.unplanned_bytes}), outputs {plan.output_bytes} bytes")
+            if self._resident:
+                lines.append(f"  {self._resident.note(plan)}")
             if plan.threads_note:
                 lines.append(f"  {plan.threads_note}")
             for name, shapes_, group in plan.decisions:
