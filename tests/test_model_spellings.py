@@ -135,6 +135,26 @@ def layer_norm():
     return Module([fb.ret(fb.emit("matmul", n, _weight(64, 32), name="proj"))])
 
 
+def gpt2_ln_then_rows():
+    """GPT-2: ln_1, then Conv1D's view of the normed value as rows before addmm."""
+    fb = FunctionBuilder("main")
+    x, g, b = fb.param("x", "f32", (B, S, 64)), fb.param("g", "f32", (64,)), fb.param("b", "f32", (64,))
+    n = fb.emit("nn.layer_norm", x, g, b, axes=[-1], epsilon=1e-5, name="ln")
+    rows = fb.emit("reshape", n, shape=[B * S, 64], name="rows")
+    y = fb.emit("add", fb.emit("matmul", rows, _weight(64, 32), name="mm"), _weight(32), name="biased")
+    return Module([fb.ret(fb.emit("reshape", y, shape=[B, S, 32], name="back"))])
+
+
+def layer_norm_read_twice():
+    """The normed value read as rows and as it is: the reshape cannot go into the norm's kernel
+    (the norm would leak), and the norm alone is still claimed."""
+    fb = FunctionBuilder("main")
+    x, g, b = fb.param("x", "f32", (B, S, 64)), fb.param("g", "f32", (64,)), fb.param("b", "f32", (64,))
+    n = fb.emit("nn.layer_norm", x, g, b, axes=[-1], epsilon=1e-5, name="ln")
+    e = fb.emit("exp", fb.emit("reshape", n, shape=[B * S, 64], name="rows"), name="e")
+    return Module([fb.ret(fb.emit("add", fb.emit("reshape", e, shape=[B, S, 64], name="back"), n, name="out"))])
+
+
 # -- matrix-product epilogues --------------------------------------------------------------------
 
 
@@ -185,6 +205,8 @@ CASES = {
     "qwen3_qk_norm": (qwen3_qk_norm, {"kernel.rms_norm": 1}),
     "residual_then_rms_norm": (residual_then_rms_norm, {"kernel.add_rms_norm": 1, "kernel.rms_norm": 0}),
     "layer_norm": (layer_norm, {"kernel.layer_norm": 1}),
+    "gpt2_ln_then_rows": (gpt2_ln_then_rows, {"kernel.layer_norm": 1, "cublas.matmul_bias": 1}),
+    "layer_norm_read_twice": (layer_norm_read_twice, {"kernel.layer_norm": 1}),
     "gpt2_conv1d_mlp": (gpt2_conv1d_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
     "conv1d_symbolic_rows": (conv1d_symbolic_rows, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
     "bert_mlp": (bert_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),

@@ -132,7 +132,11 @@ def _twin_llm():
     a, b, w = wildcard(), wildcard(), wildcard()
     add_rms = is_op("nn.rms_norm")(is_op("add")(a, b), w)
     rms = is_op("nn.rms_norm")(wildcard(), wildcard())
-    ln = is_op("nn.layer_norm")(wildcard(), wildcard(), wildcard())
+    ln_n = is_op("nn.layer_norm")(wildcard(), wildcard(), wildcard())
+    ln = ln_n.optional(lambda t: is_op("reshape")(t))
+
+    def rows_kept(c):  # a reshape after the norm keeps the last dimension
+        return c.annotated_expr["out"].ty.shape[-1] == c.annotated_expr["n"].ty.shape[-1]
     x = wildcard()
     gelu = is_op("nn.gelu")(x) | is_op("nn.gelu_tanh")(x)
     q, k, cq, ck, scale, bias, mask, v = (wildcard() for _ in range(8))
@@ -145,7 +149,7 @@ def _twin_llm():
         FusionPattern("kernel.swiglu", swiglu),
         FusionPattern("kernel.add_rms_norm", add_rms),
         FusionPattern("kernel.rms_norm", rms),
-        FusionPattern("kernel.layer_norm", ln),
+        FusionPattern("kernel.layer_norm", ln, {"out": ln, "n": ln_n}, rows_kept),
         FusionPattern("kernel.gelu", gelu),
         FusionPattern("kernel.attention", att, {"q": q}, lambda c: True),
     ]
