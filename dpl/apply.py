@@ -5,7 +5,8 @@
       -> merged products (q/k/v, gate/up: one wider product over concatenated constant weights)
       -> FuseOpsByPattern (fusion patterns in priority order, Composite functions,
          optionally wrapped in Codegen functions)
-      -> automatic fusion (FuseOps) of whatever no pattern claimed
+      -> automatic fusion (FuseOps) of whatever no pattern claimed, views joining groups
+         (``fuse_ops(..., views=True)``; ``views=False`` is TVM's grouping exactly)
 
 The switches mirror TT-XLA's options so a user can bisect a problem; ``trace`` collects every
 decision. Applying ``dpl.apply`` to its own output changes nothing.
@@ -36,17 +37,31 @@ def as_pattern_set(patterns: PatternsLike) -> PatternSet:
 
         return load_patterns(os.fspath(patterns))
     if isinstance(patterns, Sequence):
-        result = PatternSet()
-        for item in patterns:
-            result = result + as_pattern_set(item)
+        # consecutive files and library names load together, so a rule's ``priority N`` orders
+        # it across them (cublas.matmul_bias_act ahead of llm's kernel.gelu), as in ``dpl fuse``
+        result, files = PatternSet(), []
+        for item in [*patterns, None]:
+            if isinstance(item, (str, os.PathLike)):
+                files.append(os.fspath(item))
+                continue
+            if files:
+                from dpl.lang import load_patterns
+
+                result, files = result + load_patterns(files), []
+            if item is not None:
+                result = result + as_pattern_set(item)
         return result
     raise DplError(f"patterns must be a PatternSet, a FusionPattern, a .dpl path, a library name or a list of these, got {type(patterns).__name__}")
 
 
 def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, composites: bool = True,
           annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
-          fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, trace: Trace | None = None) -> Module:
-    """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring)."""
+          fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, views: bool = True,
+          trace: Trace | None = None) -> Module:
+    """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring).
+    ``views`` (on here, off in ``fuse_ops`` itself): reshapes, squeezes and expand_dims move no
+    data and never break an automatic group, symbolic shapes included; ``views=False`` gives
+    TVM's grouping exactly."""
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
@@ -92,7 +107,7 @@ def _apply(mod, patterns, rewrites, composites, annotate_codegen, fuse, bind_con
             from dpl.transform.fuse_ops import fuse_ops
         except ImportError:
             raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
-        mod = fuse_ops(mod, fuse_reductions=fuse_reductions)
+        mod = fuse_ops(mod, fuse_reductions=fuse_reductions, views=views)
     if trace is not None:
         trace.result = mod
     return mod

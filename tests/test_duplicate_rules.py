@@ -62,7 +62,7 @@ def test_check_warns_naming_both_places(tmp_path, capsys):
     mine.write_text(MINE)
     assert main(["check", str(mine), "cublas"]) == 0
     out = capsys.readouterr().out
-    assert (f"cublas.dpl:6:1: warning: pattern 'cublas.matmul_bias_act' is also defined at {mine}:5:1; "
+    assert (f"cublas.dpl:11:1: warning: pattern 'cublas.matmul_bias_act' is also defined at {mine}:5:1; "
             "the earlier one wins") in out
     assert out.rstrip().endswith("1 shadowed by an earlier file")
     [(dropped, kept)] = shadowed_rules([str(mine), "cublas"])

@@ -122,7 +122,8 @@ def test_imports_relative_and_shipped(tmp_path):
     (sub / "mine.dpl").write_text('import "common.dpl"\nimport cublas\ncodegen mine\npattern a { out = act(power(x, 2.0)) }\n')
     rules = load_rules(str(sub / "mine.dpl"), search_path=[str(tmp_path)])  # common.dpl is outside sub/
     names = [r.name for r in rules]
-    assert names[0] == "common.e" and names[1].startswith("cublas.") and names[-1] == "mine.a"
+    # imports in order, then the file's own rules; cublas.matmul_bias_act's `priority 10` first
+    assert names[:3] == ["cublas.matmul_bias_act", "common.e", "cublas.matmul_bias"] and names[-1] == "mine.a"
     assert rules[-1].variants == 4
 
 

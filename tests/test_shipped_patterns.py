@@ -11,6 +11,8 @@ from dpl.lang import load_patterns
 from dpl.lang.matching import find_matches
 from dpl.pattern import FusionPattern, is_const, is_op, wildcard
 
+from test_model_spellings import CASES as SPELLINGS
+
 rng = np.random.default_rng(0)
 
 # -- the corpus --------------------------------------------------------------------------------
@@ -83,6 +85,8 @@ CORPUS = {
     "int_matmul": int_matmul(), "swiglu": swiglu_block(), "residual": residual_rmsnorm(),
     "residual_reused": residual_rmsnorm(True), "attention": attention(), "attention_nomask": attention(False, "divide"),
     "gelus": gelus(),
+    # the spellings of real models (tests/test_model_spellings.py), before any rewrite
+    **{f"model_{name}": make()["main"] for name, (make, _) in SPELLINGS.items()},
 }
 
 # -- the Python twins --------------------------------------------------------------------------
@@ -101,14 +105,19 @@ def _twin_cublas():
     x, w, b = wildcard(), wildcard(), wildcard()
     mm = is_op("matmul")(x, w)
     y = is_op("add")(mm, b)
-    act = is_op("nn.relu")(y) | is_op("nn.gelu")(y) | is_op("nn.gelu_tanh")(y) | is_op("nn.silu")(y)
+    r = y.optional(lambda t: is_op("reshape")(t))
+    act = is_op("nn.relu")(r) | is_op("nn.gelu")(r) | is_op("nn.gelu_tanh")(r) | is_op("nn.silu")(r)
     ann = {"lhs": x, "rhs": w, "bias": b}
     bias_ok = lambda c: _rank(c.annotated_expr["rhs"]) == 2 and _rank(c.annotated_expr["bias"]) == 1 and floats(c, "lhs")
+
+    def rows_only(c):  # a reshape between the bias add and the activation keeps the last dimension
+        root = c.annotated_expr["root"]
+        return bias_ok(c) and root.args[0].ty.shape[-1] == c.annotated_expr["bias"].ty.shape[-1]
     x2, w2, b2 = wildcard(), wildcard(), wildcard()
     x3, w3 = wildcard(), wildcard()
     x4, w4 = wildcard(), wildcard()
     return [
-        FusionPattern("cublas.matmul_bias_act", act, ann, bias_ok),
+        FusionPattern("cublas.matmul_bias_act", act, {**ann, "root": act}, rows_only),
         FusionPattern("cublas.matmul_bias", is_op("add")(is_op("matmul")(x2, w2), b2), {"lhs": x2, "rhs": w2, "bias": b2}, bias_ok),
         FusionPattern("cublas.batch_matmul", is_op("matmul")(x3, w3), {"lhs": x3, "rhs": w3},
                       lambda c: _rank(c.annotated_expr["lhs"]) >= 3 and _rank(c.annotated_expr["rhs"]) >= 3 and floats(c, "lhs")),
@@ -122,16 +131,25 @@ def _twin_llm():
     swiglu = is_op("multiply")(is_op("nn.silu")(gate), up)
     a, b, w = wildcard(), wildcard(), wildcard()
     add_rms = is_op("nn.rms_norm")(is_op("add")(a, b), w)
+    rms = is_op("nn.rms_norm")(wildcard(), wildcard())
+    ln_n = is_op("nn.layer_norm")(wildcard(), wildcard(), wildcard())
+    ln = ln_n.optional(lambda t: is_op("reshape")(t))
+
+    def rows_kept(c):  # a reshape after the norm keeps the last dimension
+        return c.annotated_expr["out"].ty.shape[-1] == c.annotated_expr["n"].ty.shape[-1]
     x = wildcard()
     gelu = is_op("nn.gelu")(x) | is_op("nn.gelu_tanh")(x)
-    q, k, scale, mask, v = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
-    s = is_op("matmul")(q, k)
-    z = is_op("multiply")(s, scale) | is_op("divide")(s, scale)
-    m = z.optional(lambda t: is_op("add")(t, mask))
-    att = is_op("matmul")(is_op("nn.softmax")(m), v)
+    q, k, cq, ck, scale, bias, mask, v = (wildcard() for _ in range(8))
+    s = is_op("matmul")(q.optional(lambda t: is_op("multiply")(t, cq)), k.optional(lambda t: is_op("multiply")(t, ck)))
+    z = is_op("multiply")(s, scale) | is_op("divide")(s, scale) | s
+    m = z.optional(lambda t: is_op("add")(t, mask)) | is_op("add")(is_op("add")(z, bias), mask)
+    p = is_op("nn.softmax")(m.optional(lambda t: is_op("astype")(t))).optional(lambda t: is_op("astype")(t))
+    att = is_op("matmul")(p, v)
     return [
         FusionPattern("kernel.swiglu", swiglu),
         FusionPattern("kernel.add_rms_norm", add_rms),
+        FusionPattern("kernel.rms_norm", rms),
+        FusionPattern("kernel.layer_norm", ln, {"out": ln, "n": ln_n}, rows_kept),
         FusionPattern("kernel.gelu", gelu),
         FusionPattern("kernel.attention", att, {"q": q}, lambda c: True),
     ]
@@ -168,7 +186,7 @@ def accepted_roots(library, module):
         ("cublas", "batched", {("cublas.batch_matmul", "bmm")}),
         ("cublas", "int_matmul", set()),
         ("llm", "swiglu", {("kernel.swiglu", "h")}),
-        ("llm", "residual", {("kernel.add_rms_norm", "normed")}),
+        ("llm", "residual", {("kernel.add_rms_norm", "normed"), ("kernel.rms_norm", "normed")}),
         ("llm", "gelus", {("kernel.gelu", "g1"), ("kernel.gelu", "g2")}),
         ("llm", "attention", {("kernel.attention", "ctx")}),
         ("llm", "attention_nomask", {("kernel.attention", "ctx")}),

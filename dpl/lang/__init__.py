@@ -43,7 +43,8 @@ def _resolver(search_path: tuple[str, ...]):
 
 
 def load_rules(sources: str | Sequence[str], search_path: Sequence[str] = ()) -> tuple[Rule, ...]:
-    """Rules of one or several files/libraries, in the order given (that order is priority).
+    """Rules of one or several files/libraries, in the order given (that order is priority;
+    a rule's ``priority N`` moves it ahead of every rule of a lower number, whichever file).
     A rule named like one of an earlier file is left out with a logged note: the earlier one
     wins (:func:`shadowed_rules` lists such pairs, as ``dpl check`` reports them)."""
     rules, shadowed = _load(sources, search_path)
@@ -84,6 +85,9 @@ def _load(sources, search_path: Sequence[str] = ()) -> tuple[tuple[Rule, ...], l
             rules.append(rule)
     if errors:
         raise errors[0] if len(errors) == 1 else DplErrors(errors)
+    # ``priority N`` orders across the files too (stable: file order among equals), so a
+    # library can put a composite ahead of another library's (cublas' epilogue over kernel.gelu)
+    rules.sort(key=lambda r: -r.priority)
     return tuple(rules), shadowed
 
 

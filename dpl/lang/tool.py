@@ -16,6 +16,8 @@ def check_report(sources: Sequence[str]) -> str:
     lines = []
     for r in rules:
         codegen = f"codegen {r.codegen}" if r.kind == "pattern" else "rewrite"
+        if r.priority:
+            codegen += f" priority {r.priority}"
         line = f"{r.kind:<8} {r.name:<{width}}  root {r.root_op:<12} {r.variants:>4} variant{'s' if r.variants != 1 else ' '}  ops {'+'.join(r.ops):<40} {codegen}"
         if r.doc:
             line += f"  # {r.doc.splitlines()[0]}"

@@ -19,9 +19,9 @@ from dpl.transform.outline import FunctionTable, Group, outline
 from dpl.transform.partition import partition
 
 
-def fusion_groups(func, opt_level: int = 2, max_depth: int = 256) -> list[list[int]]:
+def fusion_groups(func, opt_level: int = 2, max_depth: int = 256, *, views: bool = False) -> list[list[int]]:
     """The groups FuseOps forms in ``func``: lists of binding indices, two or more each."""
-    nodes = build_graph(func)
+    nodes = build_graph(func, views)
     groups = partition(nodes, opt_level, max_depth)
     members: dict[int, list[int]] = {}
     for node, group in zip(nodes, groups):
@@ -37,22 +37,30 @@ class FuseOps:
     opt_level: int = 2
     max_depth: int = 256
     fuse_reductions: bool = False
+    views: bool = False
 
     def __call__(self, mod: Module) -> Module:
-        return fuse_ops(mod, self.opt_level, self.max_depth, fuse_reductions=self.fuse_reductions)
+        return fuse_ops(mod, self.opt_level, self.max_depth, fuse_reductions=self.fuse_reductions, views=self.views)
 
 
-def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256, *, fuse_reductions: bool = False) -> Module:
+def fuse_ops(mod: Module, opt_level: int = 2, max_depth: int = 256, *, fuse_reductions: bool = False,
+             views: bool = False) -> Module:
     """TVM's FuseOps. ``fuse_reductions=True`` (beyond TVM, opt-in) first groups the row-wise
     chains TVM leaves apart — reductions over the last axis with the elementwise work around
-    them, as in a decomposed softmax, RMSNorm or LayerNorm — into one row kernel each."""
+    them, as in a decomposed softmax, RMSNorm or LayerNorm — into one row kernel each.
+
+    ``views=True`` (beyond TVM, opt-in; ``dpl.apply`` turns it on) treats the ops that move no
+    data — ``reshape``, ``squeeze``, ``expand_dims`` — as elementwise, symbolic shapes included,
+    so they never break a group: GPT-2's ``matmul -> reshape -> add`` is one epilogue group where
+    TVM ends the group at the reshape (Injective), and a reshape of a symbolic shape joins its
+    neighbours where TVM leaves it alone (Opaque). The default is TVM-exact."""
     if max_depth < 1:
         raise DplError(f"max_depth must be at least 1, got {max_depth}")
     with paused_collector():  # see dpl.ir.collector: the collector would make the pass superlinear
-        return _fuse_ops(mod, opt_level, max_depth, fuse_reductions)
+        return _fuse_ops(mod, opt_level, max_depth, fuse_reductions, views)
 
 
-def _fuse_ops(mod: Module, opt_level: int, max_depth: int, fuse_reductions: bool) -> Module:
+def _fuse_ops(mod: Module, opt_level: int, max_depth: int, fuse_reductions: bool, views: bool) -> Module:
     # one binding per call, as Relax's BlockBuilder makes it: a nested call is a node of its own
     mod = Module({name: fn if any(k in fn.attrs for k in ("Primitive", "Codegen", "Composite")) else normalize_function(fn)
                   for name, fn in mod.functions.items()})
@@ -65,7 +73,7 @@ def _fuse_ops(mod: Module, opt_level: int, max_depth: int, fuse_reductions: bool
         # kernels already (TVM: Primitive/Codegen; a composite is local to its Codegen wrapper there)
         if any(k in func.attrs for k in ("Primitive", "Codegen", "Composite")):
             continue
-        groups = [Group(tuple(m), {}) for m in fusion_groups(func, opt_level, max_depth)]
+        groups = [Group(tuple(m), {}) for m in fusion_groups(func, opt_level, max_depth, views=views)]
         if groups:
             # tensor constants become parameters as in TVM; scalars stay inline, as TVM's
             # legalized kernels fold them

@@ -25,11 +25,26 @@ class Node:
     outputs: list[tuple["Node", OpPatternKind]] = attrs.field(factory=list)
 
 
-def binding_kind(value: Expr) -> OpPatternKind:
-    """The pattern kind of a binding's value, as Relax's graph builder assigns it."""
+# ops that move no data: a row-major tensor reinterpreted with another shape (dpl's tensors are
+# contiguous, so every reshape is one), an axis of 1 dropped or added
+VIEW_OPS = frozenset({"reshape", "squeeze", "expand_dims"})
+
+
+def is_view(value: Expr) -> bool:
+    return isinstance(value, Call) and isinstance(value.op, str) and value.op in VIEW_OPS
+
+
+def binding_kind(value: Expr, views: bool = False) -> OpPatternKind:
+    """The pattern kind of a binding's value, as Relax's graph builder assigns it. With
+    ``views`` (beyond TVM) a view op is ElemWise, symbolic shapes included: one output element
+    per input element at the same flat offset, so it joins a group wherever an elementwise op
+    could (TVM makes a reshape Injective, which ends a product's epilogue, and Opaque when a
+    dimension is symbolic)."""
     if isinstance(value, Call):
         if isinstance(value.op, GlobalVar):
             return OpPatternKind.OPAQUE  # a call of a module function
+        if views and is_view(value):
+            return OpPatternKind.ELEMWISE
         return op_kind(value)
     if isinstance(value, TupleGetItem):
         return OpPatternKind.INJECTIVE
@@ -44,7 +59,7 @@ def _returned(e: Expr):
             yield from _returned(f)
 
 
-def build_graph(func: Function) -> list[Node]:
+def build_graph(func: Function, views: bool = False) -> list[Node]:
     nodes: list[Node] = []
     by_ref: dict[int, Node] = {}
 
@@ -58,7 +73,7 @@ def build_graph(func: Function) -> list[Node]:
     for p in func.params:
         add(p, OpPatternKind.OPAQUE, True)
     for i, b in enumerate(func.bindings):
-        kind = binding_kind(b.value)
+        kind = binding_kind(b.value, views)
         sources = []
         for leaf in leaves(b.value):
             if id(leaf) not in by_ref:  # a constant met for the first time: never fused

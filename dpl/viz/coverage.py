@@ -23,7 +23,8 @@ import attrs
 
 from dpl.backends.registry import function_ops
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
-from dpl.ops.registry import OpPatternKind, op_kind
+from dpl.ops.registry import OpPatternKind
+from dpl.transform.graph import binding_kind
 
 ALONE_REASONS = ("refused", "opaque", "unmatched")
 
@@ -354,7 +355,9 @@ def _lone(binding: str, call: Call, refusals, users: list[str] = ()) -> LoneOp:
     if binding in refusals:
         rule, why = refusals[binding]
         return LoneOp(binding, call.op, "refused", f"rule '{rule}' matched it but refused: {why}", rule)
-    kind = op_kind(call)
+    # a view is never opaque by nature: dpl.apply's FuseOps (views=True) fuses it like an
+    # elementwise op, symbolic shapes included (TVM makes a symbolic reshape Opaque)
+    kind = binding_kind(call, views=True)
     if kind == OpPatternKind.OPAQUE:
         return LoneOp(binding, call.op, "opaque", "opaque by nature (kind kOpaque): automatic fusion never fuses it")
     near = f"; its users: {', '.join(users)}" if users else ""

@@ -1,0 +1,275 @@
+"""The spellings real models emit, each claimed by the shipped libraries' composite meant for it:
+each module is written in the exact ops a frontend gives (torch.export, torch.onnx.export with
+dynamo), run through ``dpl.apply(mod, ["rewrites", "llm", "cublas"])``, checked to hold the
+composite, then built for "cpu" (compiled, no fall-back) and "numpy" and compared with the
+interpreter on random inputs."""
+
+import numpy as np
+import pytest
+
+import needs
+
+import dpl
+from dpl.ir import FunctionBuilder, Module, const
+from dpl.ir.expr import Call, Function
+
+LIBRARIES = ["rewrites", "llm", "cublas"]
+ALWAYS = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=10_000, min_tensor_elements=0, fallback_on_error=False)
+B, H, S, D = 2, 4, 8, 16  # batch, heads, sequence, head size
+rng = np.random.default_rng(7)
+
+
+def _weight(*shape, dtype="f32"):
+    return const(rng.standard_normal(shape).astype(dpl.dtypes.to_numpy(dpl.dtypes.canonical(dtype))) * 0.2, dtype)
+
+
+# -- attention -----------------------------------------------------------------------------------
+
+
+def _qkv(fb, dtype="f32", seq=S):
+    q, k, v = (fb.param(n, dtype, (B, H, seq, D)) for n in "qkv")
+    return q, fb.emit("permute_dims", k, axes=[0, 1, 3, 2], name="kt"), v
+
+
+def _finish(fb, scores, v, dtype="f32"):
+    p = fb.emit("nn.softmax", scores, name="probs")
+    return Module([fb.ret(fb.emit("matmul", p, v, name="ctx"))])
+
+
+def attention_onnx_sdpa():
+    """torch.onnx's SDPA: q and k^T each scaled by sqrt(scale) before the product, then the mask."""
+    fb = FunctionBuilder("main")
+    q, kt, v = _qkv(fb)
+    c = float(np.sqrt(1 / np.sqrt(D)))
+    s = fb.emit("matmul", fb.emit("multiply", q, c, name="qs"), fb.emit("multiply", kt, c, name="ks"), name="scores")
+    return _finish(fb, fb.emit("add", s, fb.param("mask", "f32", (1, 1, S, S)), name="masked"), v)
+
+
+def attention_onnx_sdpa_symbolic():
+    """torch.onnx's SDPA with a symbolic sequence length (dynamic axes), mask broadcast over it."""
+    fb = FunctionBuilder("main")
+    q, kt, v = _qkv(fb, seq="s")
+    c = float(np.sqrt(1 / np.sqrt(D)))
+    s = fb.emit("matmul", fb.emit("multiply", q, c, name="qs"), fb.emit("multiply", kt, c, name="ks"), name="scores")
+    return _finish(fb, fb.emit("add", s, fb.param("mask", "f32", (B, 1, 1, "s")), name="masked"), v)
+
+
+def attention_opt():
+    """OPT: the scale is folded into q's projection, nothing between the product and the mask."""
+    fb = FunctionBuilder("main")
+    q, kt, v = _qkv(fb)
+    s = fb.emit("matmul", q, kt, name="scores")
+    return _finish(fb, fb.emit("add", s, fb.param("mask", "f32", (B, 1, S, S)), name="masked"), v)
+
+
+def attention_t5():
+    """T5 through SDPA: scale 1.0, a position bias and a mask added one after the other."""
+    fb = FunctionBuilder("main")
+    q, kt, v = _qkv(fb)
+    s = fb.emit("multiply", fb.emit("matmul", q, kt, name="scores"), 1.0, name="scaled")
+    s = fb.emit("add", s, fb.param("bias", "f32", (1, H, S, S)), name="biased")
+    return _finish(fb, fb.emit("add", s, fb.param("mask", "f32", (B, 1, 1, S)), name="masked"), v)
+
+
+def attention_eager_f16():
+    """transformers' eager attention in f16: the softmax runs in f32 between two casts, no dropout."""
+    fb = FunctionBuilder("main")
+    q, kt, v = _qkv(fb, "f16")
+    s = fb.emit("multiply", fb.emit("matmul", q, kt, name="scores"), const(0.25, "f16"), name="scaled")
+    s = fb.emit("add", s, fb.param("mask", "f16", (1, 1, S, S)), name="masked")
+    p = fb.emit("nn.softmax", fb.emit("astype", s, dtype="f32", name="up"), name="probs")
+    back = fb.emit("astype", p, dtype="f16", name="down")
+    return Module([fb.ret(fb.emit("matmul", back, v, name="ctx"))])
+
+
+def attention_merged_qkv():
+    """q/k/v projections of one hidden state with constant weights: merged into one product and
+    a split before the patterns run; attention is still claimed through the split's items."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, S, H * D))
+
+    def heads(name):
+        y = fb.emit("matmul", x, _weight(H * D, H * D), name=name)
+        return fb.emit("permute_dims", fb.emit("reshape", y, shape=[B, S, H, D], name=f"{name}_r"), axes=[0, 2, 1, 3], name=f"{name}_h")
+
+    q, k, v = heads("q"), heads("k"), heads("v")
+    kt = fb.emit("permute_dims", k, axes=[0, 1, 3, 2], name="kt")
+    s = fb.emit("divide", fb.emit("matmul", q, kt, name="scores"), 4.0, name="scaled")
+    return _finish(fb, s, v)
+
+
+# -- norms ---------------------------------------------------------------------------------------
+
+
+def first_rms_norm():
+    """A stack's first RMSNorm: no residual add before it."""
+    fb = FunctionBuilder("main")
+    x, w = fb.param("x", "f32", (B, S, 64)), fb.param("w", "f32", (64,))
+    n = fb.emit("nn.rms_norm", x, w, axes=[-1], epsilon=1e-6, name="normed")
+    return Module([fb.ret(fb.emit("matmul", n, _weight(64, 32), name="proj"))])
+
+
+def qwen3_qk_norm():
+    """Qwen3's per-head norm of q: the projection viewed as heads, an RMSNorm over the head size."""
+    fb = FunctionBuilder("main")
+    x, w = fb.param("x", "f32", (B, S, H * D)), fb.param("w", "f32", (D,))
+    heads = fb.emit("reshape", x, shape=[B, S, H, D], name="heads")
+    n = fb.emit("nn.rms_norm", heads, w, axes=[-1], epsilon=1e-6, name="q_norm")
+    return Module([fb.ret(fb.emit("permute_dims", n, axes=[0, 2, 1, 3], name="q"))])
+
+
+def residual_then_rms_norm():
+    """A residual add before the norm: add_rms_norm takes both, not the lone rms_norm."""
+    fb = FunctionBuilder("main")
+    x, r, w = fb.param("x", "f32", (B, S, 64)), fb.param("r", "f32", (B, S, 64)), fb.param("w", "f32", (64,))
+    s = fb.emit("add", x, r, name="s")
+    n = fb.emit("nn.rms_norm", s, w, axes=[-1], epsilon=1e-6, name="normed")
+    return Module([fb.ret(fb.emit("add", n, s, name="out"))])
+
+
+def layer_norm():
+    """nn.layer_norm as torch and ONNX (LayerNormalization) give it."""
+    fb = FunctionBuilder("main")
+    x, g, b = fb.param("x", "f32", (B, S, 64)), fb.param("g", "f32", (64,)), fb.param("b", "f32", (64,))
+    n = fb.emit("nn.layer_norm", x, g, b, axes=[-1], epsilon=1e-5, name="ln")
+    return Module([fb.ret(fb.emit("matmul", n, _weight(64, 32), name="proj"))])
+
+
+def gpt2_ln_then_rows():
+    """GPT-2: ln_1, then Conv1D's view of the normed value as rows before addmm."""
+    fb = FunctionBuilder("main")
+    x, g, b = fb.param("x", "f32", (B, S, 64)), fb.param("g", "f32", (64,)), fb.param("b", "f32", (64,))
+    n = fb.emit("nn.layer_norm", x, g, b, axes=[-1], epsilon=1e-5, name="ln")
+    rows = fb.emit("reshape", n, shape=[B * S, 64], name="rows")
+    y = fb.emit("add", fb.emit("matmul", rows, _weight(64, 32), name="mm"), _weight(32), name="biased")
+    return Module([fb.ret(fb.emit("reshape", y, shape=[B, S, 32], name="back"))])
+
+
+def layer_norm_read_twice():
+    """The normed value read as rows and as it is: the reshape cannot go into the norm's kernel
+    (the norm would leak), and the norm alone is still claimed."""
+    fb = FunctionBuilder("main")
+    x, g, b = fb.param("x", "f32", (B, S, 64)), fb.param("g", "f32", (64,)), fb.param("b", "f32", (64,))
+    n = fb.emit("nn.layer_norm", x, g, b, axes=[-1], epsilon=1e-5, name="ln")
+    e = fb.emit("exp", fb.emit("reshape", n, shape=[B * S, 64], name="rows"), name="e")
+    return Module([fb.ret(fb.emit("add", fb.emit("reshape", e, shape=[B, S, 64], name="back"), n, name="out"))])
+
+
+# -- matrix-product epilogues --------------------------------------------------------------------
+
+
+def gpt2_conv1d_mlp():
+    """GPT-2's Conv1D: addmm on the rows (a view to 2-D, matmul, bias), a view back, then GELU."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, S, 32))
+    rows = fb.emit("reshape", x, shape=[B * S, 32], name="rows")
+    y = fb.emit("add", fb.emit("matmul", rows, _weight(32, 128), name="mm"), _weight(128), name="biased")
+    back = fb.emit("reshape", y, shape=[B, S, 128], name="back")
+    return Module([fb.ret(fb.emit("nn.gelu_tanh", back, name="act"))])
+
+
+def conv1d_symbolic_rows():
+    """GPT-2's Conv1D over a symbolic number of rows, viewed back with an axis of 1 added."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", ("n", 32))
+    y = fb.emit("add", fb.emit("matmul", x, _weight(32, 128), name="mm"), _weight(128), name="biased")
+    back = fb.emit("reshape", y, shape=["n", 1, 128], name="back")
+    return Module([fb.ret(fb.emit("nn.gelu", back, name="act"))])
+
+
+def bert_mlp():
+    """BERT / ViT intermediate: product, bias, erf GELU (a lone kernel.gelu must not take it)."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, S, 32))
+    y = fb.emit("add", fb.emit("matmul", x, _weight(32, 128), name="mm"), _weight(128), name="biased")
+    return Module([fb.ret(fb.emit("nn.gelu", y, name="act"))])
+
+
+def reshape_changing_rows():
+    """A reshape that changes the last dimension is no row split: the epilogue stops at the add."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (S, 32))
+    y = fb.emit("add", fb.emit("matmul", x, _weight(32, 64), name="mm"), _weight(64), name="biased")
+    back = fb.emit("reshape", y, shape=[S, 2, 32], name="back")
+    return Module([fb.ret(fb.emit("nn.gelu", back, name="act"))])
+
+
+CASES = {
+    "attention_onnx_sdpa": (attention_onnx_sdpa, {"kernel.attention": 1}),
+    "attention_onnx_sdpa_symbolic": (attention_onnx_sdpa_symbolic, {"kernel.attention": 1}),
+    "attention_opt": (attention_opt, {"kernel.attention": 1}),
+    "attention_t5": (attention_t5, {"kernel.attention": 1}),
+    "attention_eager_f16": (attention_eager_f16, {"kernel.attention": 1}),
+    "attention_merged_qkv": (attention_merged_qkv, {"kernel.attention": 1}),
+    "first_rms_norm": (first_rms_norm, {"kernel.rms_norm": 1}),
+    "qwen3_qk_norm": (qwen3_qk_norm, {"kernel.rms_norm": 1}),
+    "residual_then_rms_norm": (residual_then_rms_norm, {"kernel.add_rms_norm": 1, "kernel.rms_norm": 0}),
+    "layer_norm": (layer_norm, {"kernel.layer_norm": 1}),
+    "gpt2_ln_then_rows": (gpt2_ln_then_rows, {"kernel.layer_norm": 1, "cublas.matmul_bias": 1}),
+    "layer_norm_read_twice": (layer_norm_read_twice, {"kernel.layer_norm": 1}),
+    "gpt2_conv1d_mlp": (gpt2_conv1d_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
+    "conv1d_symbolic_rows": (conv1d_symbolic_rows, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
+    "bert_mlp": (bert_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
+    "reshape_changing_rows": (reshape_changing_rows, {"cublas.matmul_bias_act": 0, "cublas.matmul_bias": 1, "kernel.gelu": 1}),
+}
+
+
+def composites(mod: Module) -> dict[str, int]:
+    """How many Composite functions of each name the module calls (wrapped or not)."""
+    counts: dict[str, int] = {}
+
+    def visit(fn: Function):
+        name = fn.attrs.get("Composite")
+        if name:
+            counts[name] = counts.get(name, 0) + 1
+        for b in fn.bindings:
+            if isinstance(b.value, Call) and isinstance(b.value.op, Function):
+                visit(b.value.op)
+
+    for fn in mod.functions.values():
+        if "Composite" not in fn.attrs and "Codegen" not in fn.attrs:
+            visit(fn)
+    for name, fn in mod.functions.items():
+        if "Codegen" in fn.attrs or "Composite" in fn.attrs:
+            visit(fn)
+    return counts
+
+
+def random_args(func):
+    """Random arrays for the parameters; every symbolic dim is 6."""
+    return [rng.standard_normal(tuple(6 if isinstance(d, str) else d for d in p.ty.shape)).astype(dpl.dtypes.to_numpy(p.ty.dtype))
+            for p in func.params]
+
+
+def assert_close(want, got):
+    tol = 5e-3 if want.dtype == np.float16 else 1e-4
+    scale = max(float(np.abs(want.astype(np.float64)).max()), 1.0)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol * scale)
+
+
+@pytest.fixture(scope="module")
+def fused():
+    modules = {name: make() for name, (make, _) in CASES.items()}
+    return {name: (mod, dpl.apply(mod, LIBRARIES)) for name, mod in modules.items()}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_spelling_is_claimed_by_its_composite(case, fused):
+    _, mod = fused[case]
+    found = composites(mod)
+    for name, count in CASES[case][1].items():
+        assert found.get(name, 0) == count, (name, found, str(mod))
+
+
+@pytest.mark.parametrize("target", ["cpu", "numpy"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_spelling_builds_and_equals_the_interpreter(case, target, fused):
+    if target == "cpu":
+        needs.c_compiler()
+    source, mod = fused[case]
+    exe = dpl.build(mod, target, config=ALWAYS)
+    args = random_args(source["main"])
+    assert_close(dpl.interpret(source, *args), exe(*args))
+    if target == "cpu":
+        summary = exe.summary()
+        assert "fall-back" not in summary.split("plan for")[0], summary
