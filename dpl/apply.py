@@ -68,12 +68,13 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     from dpl.ir.collector import paused_collector
 
     with paused_collector():  # once around every pass, not only within each (see dpl.ir.collector)
-        return _apply(mod, patterns, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks,
-                      fuse_reductions, fold, merge_products, trace)
+        return _apply(mod, patterns, rewrites=rewrites, composites=composites, annotate_codegen=annotate_codegen,
+                      fuse=fuse, bind_constants=bind_constants, allow_leaks=allow_leaks, fuse_reductions=fuse_reductions,
+                      fold=fold, merge_products=merge_products, views=views, trace=trace)
 
 
-def _apply(mod, patterns, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks, fuse_reductions,
-           fold, merge_products, trace) -> Module:
+def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks, fuse_reductions,
+           fold, merge_products, views, trace) -> Module:
     if trace is not None:
         trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:

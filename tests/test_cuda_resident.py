@@ -16,6 +16,7 @@ from dpl.backends.cuda_graph import GraphRunner
 from dpl.backends.cupy_backend import CupyBackend
 
 import fake_cupy
+import needs
 from fake_cupy import DeviceArray, FakeCupy, Tensor
 from test_cpu_backend import ALWAYS, assert_close, random_args
 
@@ -227,7 +228,7 @@ def test_the_cuda_benchmark_says_there_is_no_device():
 
 
 def test_bfloat16_and_tuple_inputs_cross_as_bits(fake):
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = needs.package("ml_dtypes")
     mod = dpl.parse("""
 func main(p: (bf16[4, 64], bf16[64]), s: f32[]) -> (bf16[4, 64], f32[]) {
   y = multiply(add(p[0], p[1]), 2.0:bf16)

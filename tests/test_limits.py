@@ -10,6 +10,8 @@ import time
 import numpy as np
 import pytest
 
+import needs
+
 import dpl
 from dpl import limits
 from dpl.errors import DplError
@@ -213,7 +215,7 @@ def test_a_megabyte_string_is_not_echoed_whole():
 
 
 def onnx_model(op, inits, out_type, out_shape):
-    onnx = pytest.importorskip("onnx")
+    onnx = needs.package("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     g = helper.make_graph([helper.make_node(op, list(inits), ["y"])], "g",
