@@ -17,10 +17,8 @@ import os
 import sys
 import warnings
 
-import numpy as np
-
 from dpl.cli_cache import add_cache_command
-from dpl.cli_common import load_module, print_json, random_inputs, write_module
+from dpl.cli_common import add_patterns_option, load_module, print_json, random_inputs, write_module
 from dpl.cli_fmt import add_fmt_command
 from dpl.cli_profile import add_profile_command
 from dpl.cli_run import add_run_command
@@ -75,8 +73,7 @@ def add_fuse_command(sub) -> None:
     p = sub.add_parser("fuse", help="rewrite and fuse a module file or model with pattern files or libraries; print the result")
     p.add_argument("file", help="a module in the text form, an .onnx model, or - for stdin")
     p.add_argument("-o", "--output", metavar="FILE", help="write the fused module to FILE (and FILE.npz) instead of stdout")
-    p.add_argument("--patterns", "-p", action="append", default=[], metavar="P",
-                   help="a .dpl file or a shipped library (cublas, llm, rewrites); repeat it, earlier ones win")
+    add_patterns_option(p)
     p.add_argument("--report", action="store_true", help="also print which matches were accepted or rejected, and why")
     p.add_argument("--json", action="store_true", help="print JSON (keys: module, output, events; each event: pattern, "
                                                       "function, root, members, accepted, reason)")

@@ -151,3 +151,10 @@ def target_arg(text: str):
     if not parts:
         raise DplError(f"--target takes a backend name or a comma-separated list, got '{text}'")
     return parts[0] if len(parts) == 1 else parts
+
+
+def add_patterns_option(parser) -> None:
+    """``-p/--patterns``, the same for every command that fuses."""
+    parser.add_argument("--patterns", "-p", action="append", default=[], metavar="P",
+                        help="a .dpl file or a shipped or installed library (cublas, llm, rewrites); repeat it: rules "
+                             "run by priority, then in the order given, and a rule named like an earlier one is left out")

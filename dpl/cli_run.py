@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from dpl.cli_common import entry_function, load_module, parse_dims, print_json, random_inputs, target_arg
+from dpl.cli_common import add_patterns_option, entry_function, load_module, parse_dims, print_json, random_inputs, target_arg
 from dpl.errors import DplError
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,7 @@ def add_run_command(sub) -> None:
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dimension (default 8)")
     p.add_argument("--target", metavar="T", help="build for T (numpy, cpu, cuda, a backend name, or several: mylib,cpu); "
                                                 "without it the interpreter runs the module")
-    p.add_argument("--patterns", "-p", action="append", default=[], metavar="P",
-                   help="fuse with this .dpl file or shipped library first; repeat it, earlier ones win")
+    add_patterns_option(p)
     p.add_argument("--check", action="store_true", help="compare the outputs with the interpreter's on the unfused module; "
                                                        "exit 1 beyond the tolerance")
     p.add_argument("--rtol", type=float, help="relative tolerance of --check (default by dtype: 1e-4 for f32, 1e-2 for f16)")

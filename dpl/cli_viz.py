@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from dpl.cli_common import add_patterns_option as _patterns_option
 from dpl.errors import DplError
-
-
-def _patterns_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--patterns", "-p", action="append", default=[], metavar="P",
-                   help="a .dpl file or a shipped library (cublas, llm, rewrites); repeat it, earlier ones win")
 
 
 def _dims_option(p: argparse.ArgumentParser) -> None:
