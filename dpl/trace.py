@@ -84,7 +84,8 @@ class Trace:
 
     def report(self) -> str:
         """The rewrites applied, in order; then per pattern, in the order they ran: accepted
-        matches, then rejected ones with why."""
+        matches, then rejected ones with why; then, once ``dpl.apply`` has run, the coverage
+        table (:meth:`coverage`: the share of ops fused, and why each lone op stayed alone)."""
         lines = [str(r) for r in self.rewrites]
         for name in dict.fromkeys(e.pattern for e in self.events):
             acc, rej = self.accepted(name), self.rejected(name)
@@ -93,7 +94,11 @@ class Trace:
                 lines.append(f"  + {e.function}: {', '.join(e.members)}")
             for e in rej:
                 lines.append(f"  - {e.function}: {', '.join(e.members)}: {e.reason}")
-        return "\n".join(lines) if lines else "no pattern matched anything"
+        if not lines:
+            lines.append("no pattern matched anything")
+        if self.result is not None:
+            lines += ["", self.coverage().table()]
+        return "\n".join(lines)
 
     def coverage(self, target: Any = None, config: Any = None, dims: dict[str, int] | None = None):
         """A :class:`dpl.viz.Coverage` of the module ``dpl.apply`` returned: per entry function

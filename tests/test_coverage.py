@@ -170,3 +170,14 @@ def test_runtime_decisions_agree_with_what_a_build_did():
     exe = dpl.build(fused, "cpu")  # the default: its small bias no longer sends the group op by op
     exe(*random_inputs(fused["main"], 0))
     assert from_executable(exe)["fused_nn_conv2d_add_nn_relu"].fused
+
+
+def test_trace_report_and_dpl_fuse_report_end_with_the_coverage_table(capsys):
+    path = str(EXAMPLES / "attention.ir")
+    trace = dpl.Trace()
+    dpl.apply(dpl.load(path), ["rewrites", "llm"], trace=trace)
+    table = trace.coverage().table()
+    assert "coverage of 'main'" in table and trace.report().endswith(table)
+    assert dpl_main(["fuse", path, "-p", "rewrites", "-p", "llm", "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "\n".join(f"# {line}" for line in table.splitlines()) in out
