@@ -17,7 +17,7 @@ from dpl import dtypes
 from dpl.ir.expr import Binding, Call, Constant, Function, Tuple, Var
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
-from dpl.transform.outline import substitute
+from dpl.ir.traverse import substitute
 
 
 class NotSegmentable(Exception):

@@ -25,7 +25,7 @@ import attrs
 import numpy as np
 
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
-from dpl.ir.traverse import vars_in
+from dpl.ir.traverse import substitute, vars_in
 from dpl.ir.types import TensorType
 
 
@@ -109,22 +109,6 @@ def _known_item(value: Expr, known: Mapping[Var, Expr]) -> Expr:
     if isinstance(tup, Tuple):
         return tup.fields[value.index]
     return value
-
-
-def substitute(e: Expr, use) -> Expr:
-    """``e`` with every variable ``v`` read as ``use(v)`` (the same object when none changes)."""
-    if isinstance(e, Var):
-        return use(e)
-    if isinstance(e, Call):
-        args = tuple(substitute(a, use) for a in e.args)
-        return e if all(x is y for x, y in zip(args, e.args)) else attrs.evolve(e, args=args)
-    if isinstance(e, Tuple):
-        fields = tuple(substitute(f, use) for f in e.fields)
-        return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
-    if isinstance(e, TupleGetItem):
-        inner = substitute(e.tuple_value, use)
-        return e if inner is e.tuple_value else TupleGetItem(inner, e.index)
-    return e
 
 
 # -- EliminateCommonSubexpr --------------------------------------------------------------------

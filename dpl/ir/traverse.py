@@ -1,8 +1,11 @@
-"""Walking expressions: the leaves a value reads (one definition for every pass)."""
+"""Walking expressions: the leaves a value reads, and a value with its leaves replaced (one
+definition of each for every pass)."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator, Mapping, Union
+
+import attrs
 
 from dpl.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
 
@@ -24,3 +27,27 @@ def leaves(e: Expr) -> Iterator[Var | Constant]:
 def vars_in(e: Expr) -> Iterator[Var]:
     """The variables an expression reads, left to right (repeats included)."""
     return (x for x in leaves(e) if isinstance(x, Var))
+
+
+def substitute(e: Expr, replace: Union[Mapping[int, Expr], Callable[[Expr], Expr]]) -> Expr:
+    """``e`` with each leaf (variable or constant) replaced: ``replace`` maps ``id(leaf)`` to
+    its replacement, or is a function of the leaf. Untouched subtrees are shared."""
+    if not callable(replace):
+        table = replace
+        replace = lambda leaf: table.get(id(leaf), leaf)  # noqa: E731
+    return _substitute(e, replace)
+
+
+def _substitute(e: Expr, replace: Callable[[Expr], Expr]) -> Expr:
+    if isinstance(e, (Var, Constant)):
+        return replace(e)
+    if isinstance(e, Call):
+        args = tuple(_substitute(a, replace) for a in e.args)
+        return e if all(x is y for x, y in zip(args, e.args)) else attrs.evolve(e, args=args)
+    if isinstance(e, Tuple):
+        fields = tuple(_substitute(f, replace) for f in e.fields)
+        return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
+    if isinstance(e, TupleGetItem):
+        inner = _substitute(e.tuple_value, replace)
+        return e if inner is e.tuple_value else TupleGetItem(inner, e.index)
+    return e

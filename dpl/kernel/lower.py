@@ -48,7 +48,7 @@ def flatten_tuples(fn: Function) -> Function:
     into one result per leaf, in the order the runtime flattens them: a single ``concat`` (its
     operand is a tuple) or ``split`` (its result is one) is then a kernel like any other."""
     from dpl.ir.types import TupleType
-    from dpl.transform.outline import substitute
+    from dpl.ir.traverse import substitute
 
     if not any(isinstance(p.ty, TupleType) for p in fn.params) and \
             not any(isinstance(r.ty, TupleType) for r in (fn.ret.fields if isinstance(fn.ret, Tuple) else (fn.ret,))):

@@ -23,7 +23,7 @@ from typing import Iterable
 
 import attrs
 
-from dpl.ir.traverse import vars_in
+from dpl.ir.traverse import substitute, vars_in
 from dpl.ir.expr import Binding, Call, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType
 from dpl.ops.registry import call_function, get_op
@@ -145,18 +145,6 @@ def _fresh(name: str, taken: set[str]) -> str:
     return out
 
 
-def _substitute(e, env: dict[int, Var]):
-    if isinstance(e, Var):
-        return env.get(id(e), e)
-    if isinstance(e, Call):
-        return attrs.evolve(e, args=tuple(_substitute(a, env) for a in e.args))
-    if isinstance(e, Tuple):
-        return Tuple(tuple(_substitute(f, env) for f in e.fields))
-    if isinstance(e, TupleGetItem):
-        return TupleGetItem(_substitute(e.tuple_value, env), e.index)
-    return e
-
-
 def _outputs(fn: Function, g: _Graph, group: set[int]) -> list[Var]:
     """Members whose value is needed outside the group (a dead chain has none)."""
     ret_ids = {id(v) for v in vars_in(fn.ret)}
@@ -182,7 +170,7 @@ def _outline(fn: Function, groups: list[list[int]], taken_fns: set[str]):
         body = []
         for b in members:
             var = Var(b.var.name, b.var.ty)
-            body.append(Binding(var, _substitute(b.value, env)))
+            body.append(Binding(var, substitute(b.value, env)))
             env[id(b.var)] = var
         ret = env[id(outputs[0])] if len(outputs) == 1 else Tuple(tuple(env[id(v)] for v in outputs))
         ops = "_".join(dict.fromkeys(b.value.op.replace(".", "_") for b in members))

@@ -33,7 +33,7 @@ from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Binding, Call, Constant, Function, Module, Tuple, TupleGetItem
 from dpl.ir.types import TensorType, TupleType
 from dpl.ops.registry import DIM_ATTR_KINDS, get_op
-from dpl.transform.outline import substitute
+from dpl.ir.traverse import substitute
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import attrs
 
 from dpl.errors import DplError
 from dpl.ir.expr import _frozen_mapping, Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
-from dpl.ir.traverse import leaves
+from dpl.ir.traverse import leaves, substitute
 from dpl.ops.registry import call_function
 from dpl.transform.uses import FunctionUses, read_leaves
 
@@ -38,22 +38,6 @@ class Group:
 
     members: tuple[int, ...]
     attrs: Mapping[str, Any]
-
-
-def substitute(e: Expr, table: Mapping[int, Expr]) -> Expr:
-    """``e`` with vars and constants replaced by id; untouched subtrees are shared."""
-    if isinstance(e, (Var, Constant)):
-        return table.get(id(e), e)
-    if isinstance(e, Call):
-        args = tuple(substitute(a, table) for a in e.args)
-        return e if all(x is y for x, y in zip(args, e.args)) else attrs.evolve(e, args=args)
-    if isinstance(e, Tuple):
-        fields = tuple(substitute(f, table) for f in e.fields)
-        return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
-    if isinstance(e, TupleGetItem):
-        inner = substitute(e.tuple_value, table)
-        return e if inner is e.tuple_value else TupleGetItem(inner, e.index)
-    return e
 
 
 def op_names(bindings: Sequence[Binding]) -> list[str]:
