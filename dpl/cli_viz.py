@@ -9,6 +9,17 @@ from dpl.cli_common import add_patterns_option as _patterns_option
 from dpl.errors import DplError
 
 
+def _module_parser(sub, name: str, help: str, *, runtime: bool = True) -> argparse.ArgumentParser:
+    """The subcommand ``name`` over one model file and the rules given with -p; with ``runtime``,
+    the options that say which target's runtime decisions to show."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("file")
+    _patterns_option(p)
+    if runtime:
+        _runtime_options(p)
+    return p
+
+
 def _dims_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dimension for the runtime decisions (default 8)")
@@ -57,11 +68,8 @@ def cmd_report(args) -> int:
 
 
 def add_report_command(sub) -> None:
-    p = sub.add_parser("report", help="after rewrite + fusion: the share of ops in composites, in automatic groups and alone "
+    p = _module_parser(sub, "report", "after rewrite + fusion: the share of ops in composites, in automatic groups and alone "
                                       "(with reasons), and what the runtime heuristics decide per group")
-    p.add_argument("file")
-    _patterns_option(p)
-    _runtime_options(p)
     p.add_argument("--json", action="store_true", help="print JSON for tools")
     p.set_defaults(func=cmd_report)
 
@@ -77,11 +85,8 @@ def cmd_viz(args) -> int:
 
 
 def add_viz_command(sub) -> None:
-    p = sub.add_parser("viz", help="draw a module before and after rewrite + fusion, groups coloured by what claimed them "
+    p = _module_parser(sub, "viz", "draw a module before and after rewrite + fusion, groups coloured by what claimed them "
                                    "(.html: self-contained, click a group for its IR and kernel; .svg: needs Graphviz)")
-    p.add_argument("file")
-    _patterns_option(p)
-    _runtime_options(p)
     p.add_argument("--output", "-o", required=True, metavar="OUT.html|OUT.svg")
     p.set_defaults(func=cmd_viz)
 
@@ -175,10 +180,9 @@ def cmd_explain(args) -> int:
 
 
 def add_explain_command(sub) -> None:
-    p = sub.add_parser("explain", help="for each rule, its closest misses in the module (how much matched, the binding "
-                                       "and sub-pattern that failed, the where conjunct and its values) and the rewrites applied")
-    p.add_argument("file")
-    _patterns_option(p)
+    p = _module_parser(sub, "explain", "for each rule, its closest misses in the module (how much matched, the binding "
+                                       "and sub-pattern that failed, the where conjunct and its values) and the rewrites applied",
+                       runtime=False)
     p.add_argument("--rule", metavar="NAME", help="only this rule (its full name or the part after the prefix)")
     p.add_argument("--at", metavar="BINDING", help="only tries rooted at this binding (of the module after the rewrites)")
     p.add_argument("--top", type=int, default=3, help="closest misses shown per rule (default 3)")
