@@ -65,14 +65,14 @@ def test_best_fit_prefers_the_smallest_buffer_that_fits():
     # small = sum(x) 64 B s0; big = relu(x) 1024 B s1; c = exp(small) 64 B s2, small dies;
     # d = tanh(big) 1024 B s3, big dies -> free: s0 (64 B), s1 (1024 B);
     # e = abs(c) 64 B takes s0, the smallest that fits, not s1; c dies -> s2;
-    # ex = expand_dims(e) 64 B takes s2 (s1 is bigger); out = add(d, ex) is fresh
+    # ex = negative(e) 64 B takes s2 (s1 is bigger); out = add(d, ex) is fresh
     def body(fb, x):
-        small = fb.emit("sum", x, axis=[1])
+        small = fb.emit("sum", x, axis=[1], keepdims=True)
         big = fb.emit("nn.relu", x)
         c = fb.emit("exp", small)
         d = fb.emit("tanh", big)
         e = fb.emit("abs", c)
-        return fb.emit("add", d, fb.emit("expand_dims", e, axis=1))
+        return fb.emit("add", d, fb.emit("negative", e))
 
     plan = check(*build_main(body))
     slots = [plan.slot_of[b] for s in plan.steps[:6] for b in s.outputs]
