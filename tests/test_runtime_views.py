@@ -250,6 +250,23 @@ def test_out_arrays_receive_returned_views(target, contiguous):
     np.testing.assert_allclose(out, want, rtol=1e-6)
 
 
+def test_a_strided_out_array_whose_value_is_viewed_later(target):
+    """e is returned into a transposed out= array and read again through a view: the view must
+    see what the kernel wrote, not what the array held before."""
+    def body(fb, x):
+        e = fb.emit("exp", x)
+        return e, fb.emit("tanh", fb.emit("reshape", e, shape=["n", 8]))
+
+    mod = main([("x", ("n", 2, 4))], body)
+    exe = dpl.build(mod, target)
+    args = args_for(mod, {"n": 6})
+    want = dpl.interpret(mod, *args)
+    out = (np.zeros((4, 2, 6), np.float32).T, np.zeros((6, 8), np.float32))  # no reshape of out[0] is a view
+    exe(*args, out=out)
+    for o, w in zip(out, want):
+        np.testing.assert_allclose(o, w, rtol=1e-6)
+
+
 def test_threads_calling_at_once_get_their_own_results(target):
     mod = views_of_inputs_constants_and_outputs()
     exe = dpl.build(mod, target)

@@ -133,6 +133,7 @@ class Plan:
         self.view_count = len(views)  # bindings that run as views: no kernel, no copy
         self.arena_views = [(b, base) for b, base in views if self.buffers[base].kind in ("temp", "const")]
         self.call_views = [(b, base) for b, base in views if self.buffers[base].kind in ("input", "output")]
+        self._viewed = {base for _, base in self.call_views}
         for step in self.steps:
             for b in step.outputs:
                 if self.buffers[b].kind not in ("temp", "output"):
@@ -153,9 +154,9 @@ class Plan:
     def bind(self, bufs: list, inputs: Sequence, outs: Sequence) -> list[tuple[int, int]]:
         """Put one call's ``inputs`` and ``outs`` (NumPy or CuPy arrays) into ``bufs``, an
         arena's arrays, then the views of them. Returns the (output position, buffer) copies
-        to make after the steps besides :attr:`copies`: an output whose base has another shape
-        and an ``out=`` array that is not C-contiguous (no reshape of it is a view) is computed
-        aside and copied."""
+        to make after the steps besides :attr:`copies`: an ``out=`` array that is not
+        C-contiguous (no reshape of it is a view) whose base has another shape or views read by
+        later steps is computed aside and copied."""
         for b, a in zip(self.input_ids, inputs):
             bufs[b] = a
         late = []
@@ -163,11 +164,11 @@ class Plan:
             if b is None:
                 continue
             o, shape = outs[pos], self.buffers[b].shape
-            if tuple(o.shape) == shape:
+            if tuple(o.shape) == shape and (b not in self._viewed or o.flags.c_contiguous):
                 bufs[b] = o
             elif o.flags.c_contiguous:
                 bufs[b] = o.reshape(shape)  # a view: the kernel writes the caller's array
-            else:
+            else:  # no view of it would see what the kernel writes
                 bufs[b] = np.empty_like(o, order="C").reshape(shape)
                 late.append((pos, b))
         for b, base in self.call_views:
