@@ -306,3 +306,18 @@ def test_views_on_the_device(cxx, name):
     device = exe._device_runner().device_plan(plan)
     assert len(device.steps) == len(plan.steps) and plan.view_count > 0
     assert "CUDA graph captured" in exe.summary()
+
+
+def test_a_group_of_views_is_no_kernel_in_the_coverage_table(target):
+    """What the build did (from_executable) and what decide() predicts agree on a group of
+    views, and the coverage table says it runs as no kernel."""
+    from dpl.viz.coverage import coverage
+    from dpl.viz.runtime import VIEWS_ONLY, decide, from_executable
+
+    mod = group_of_views_only()
+    exe = dpl.build(mod, target)
+    exe(*args_for(mod, {"n": 8}))
+    built, asked = from_executable(exe), decide(mod, target)
+    assert built["fused_reshape_expand_dims"] == asked["fused_reshape_expand_dims"]
+    assert built["fused_reshape_expand_dims"].why == VIEWS_ONLY and built["fused_reshape_expand_dims"].backend is None
+    assert f"at run time: {VIEWS_ONLY}" in coverage(mod, runtime=built).table()

@@ -49,7 +49,7 @@ from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.threads import blas_threads, one_pool_kernels
-from dpl.transform.graph import is_view
+from dpl.transform.graph import is_view, is_view_group
 
 
 @attrs.frozen
@@ -405,7 +405,7 @@ class Planner:
         for d, n in dims.items():  # a dim no parameter binds (arange(end=seq) in a group) is the caller's
             callee_dims.setdefault(d, n)
         if callee.attrs.get("Primitive") and "Composite" not in callee.attrs:
-            if callee.bindings and all(is_view(b.value) for b in callee.bindings):  # no kernel: views
+            if is_view_group(callee):  # no kernel: views
                 self.view_groups.append(name)
                 return self._inline(callee, args, callee_dims)
             group, backend = self.compiler.group(callee, shapes, dtypes)
