@@ -321,3 +321,23 @@ def test_a_group_of_views_is_no_kernel_in_the_coverage_table(target):
     assert built["fused_reshape_expand_dims"] == asked["fused_reshape_expand_dims"]
     assert built["fused_reshape_expand_dims"].why == VIEWS_ONLY and built["fused_reshape_expand_dims"].backend is None
     assert f"at run time: {VIEWS_ONLY}" in coverage(mod, runtime=built).table()
+
+
+def test_the_fusion_model_prices_a_view_apart_as_free():
+    """Op by op, the plan runs a view as no kernel: the model's "apart" side counts no call,
+    no bytes and no arithmetic for it (the "fused" side is unchanged)."""
+    from dpl.runtime.cost import group_cost
+
+    def make(view):
+        def body(fb, x, b):
+            y = fb.emit("exp", x)
+            y = fb.emit("reshape", y, shape=[4, 16, 8]) if view else fb.emit("negative", y)
+            return fb.emit("add", y if view else fb.emit("reshape", y, shape=[4, 16, 8]), b)
+        return group("g", [("x", "f32", (64, 8)), ("b", "f32", (16, 8))], body)
+
+    with_view, with_op = group_cost(make(True), [(64, 8), (16, 8)]), group_cost(make(False), [(64, 8), (16, 8)])
+    x, b = 64 * 8 * 4, 16 * 8 * 4
+    assert with_view.calls_apart == 2 and with_view.bytes_apart == (x + x) + (x + b + x)
+    assert with_op.calls_apart == 3 and with_op.bytes_apart == with_view.bytes_apart + 2 * x
+    assert with_view.bytes_fused == with_op.bytes_fused == x + b + x
+    assert with_view.ops == 2 * 64 * 8 and with_op.ops == 3 * 64 * 8
