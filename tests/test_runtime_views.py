@@ -341,3 +341,18 @@ def test_the_fusion_model_prices_a_view_apart_as_free():
     assert with_op.calls_apart == 3 and with_op.bytes_apart == with_view.bytes_apart + 2 * x
     assert with_view.bytes_fused == with_op.bytes_fused == x + b + x
     assert with_view.ops == 2 * 64 * 8 and with_op.ops == 3 * 64 * 8
+
+
+def test_the_output_pool_recycles_a_returned_view_only_once_released(target):
+    mod = chain_at_the_output()
+    exe = dpl.build(mod, target)
+    args = args_for(mod, {"n": 6})
+    plan = exe.plan(*args)
+    kept = exe(*args)
+    before = plan.output_pool.reused
+    second = exe(*args)  # the first result is still held: fresh memory
+    assert not np.shares_memory(kept, second) and plan.output_pool.reused == before
+    del second
+    third = exe(*args)  # the second was released: its memory comes back, the kernel writes it
+    assert plan.output_pool.reused == before + 1 and not np.shares_memory(kept, third)
+    np.testing.assert_array_equal(kept, third)
