@@ -68,6 +68,7 @@ class DevicePlan:
             elif b in plan.slot_of:
                 raw = self.arena[plan.slot_of[b]][: buf.nbytes]
                 self.views[b] = raw.view(bits_dtype(dt.to_numpy(buf.dtype))).reshape(buf.shape)
+        plan.fill_views(self.views)  # views of temporaries and constants cost nothing on the device either
         self.lock = threading.Lock()
         why = f"steps on the host: {', '.join(self.host_steps)}" if self.host_steps else None
         if not graphs:
@@ -85,11 +86,7 @@ class DevicePlan:
         """Every step of the plan over device ``inputs``, writing device ``outs``."""
         cp, plan = self._cp, self.plan
         bufs = list(self.views)
-        for b, a in zip(plan.input_ids, inputs):
-            bufs[b] = a
-        for pos, b in enumerate(plan.output_ids):
-            if b is not None:
-                bufs[b] = outs[pos]
+        late = plan.bind(bufs, inputs, outs)  # inputs, outputs and the views of them
         for step, device in self.steps:
             ins = [bufs[b] for b in step.inputs]
             dst = [bufs[b] for b in step.outputs]
@@ -99,6 +96,8 @@ class DevicePlan:
                 self._on_host(step, ins, dst)
         for pos, b in plan.copies:
             cp.copyto(outs[pos], bufs[b])
+        for pos, b in late:
+            cp.copyto(outs[pos], bufs[b].reshape(outs[pos].shape))
 
     def _on_host(self, step, ins, dst) -> None:
         """A step that fell back to the CPU: its operands down, its results up."""

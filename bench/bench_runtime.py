@@ -1,14 +1,20 @@
 """The runtime's overhead and memory planning on a Llama-style decoder MLP, several layers deep.
 
     python bench/bench_runtime.py [--layers 4] [--n 128] [--hidden 512] [--inter 1376]
+    python bench/bench_runtime.py --views [--size 4096] [--repeat 15]
 
 Prints: time per call of dpl.interpret and of the Executable (numpy backend, fused groups on
 and off), the plan's arena bytes with and without buffer reuse, and the per-kernel profile.
+With ``--views``: what a lone reshape of a size x size f32 tensor costs, run as a view (now)
+and as a copy kernel (before), between two kernels and at the output, on numpy and cpu; the
+two builds' calls interleaved, medians quoted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import statistics
 import time
 
 import numpy as np
@@ -52,13 +58,70 @@ def best_ms(fn, repeat=5):
     return min(times)
 
 
+def views_modules(size: int) -> dict[str, Module]:
+    def between(fb, x):
+        return fb.emit("tanh", fb.emit("reshape", fb.emit("exp", x), shape=[16, size * size // 16]))
+
+    def at_output(fb, x):
+        return fb.emit("reshape", fb.emit("exp", x), shape=[size * size])
+
+    mods = {}
+    for name, body in [("exp, reshape, tanh", between), ("exp, reshape returned", at_output)]:
+        fb = FunctionBuilder("main")
+        mods[name] = Module([fb.ret(body(fb, fb.param("x", "f32", (size, size))))])
+    return mods
+
+
+@contextlib.contextmanager
+def views_as_copies():
+    """Plans made meanwhile run every view op as a copy kernel, as before views (the plan of a
+    static module is made at build)."""
+    import dpl.runtime.plan as plan_module
+
+    keep = plan_module.is_view
+    plan_module.is_view = lambda call: False
+    try:
+        yield
+    finally:
+        plan_module.is_view = keep
+
+
+def views_figure(size: int, repeat: int) -> None:
+    x = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
+    print(f"a lone reshape of f32[{size}, {size}] ({size * size * 4 / 2**20:.0f} MiB): median ms per call, {repeat} interleaved calls each")
+    print(f"{'module':<24} {'target':<7} {'copy kernel':>12} {'view':>8} {'ratio':>6}  kernel calls")
+    for name, mod in views_modules(size).items():
+        for target in ("numpy", "cpu"):
+            with views_as_copies():
+                before = dpl.build(mod, target)
+            after = dpl.build(mod, target)
+            want = dpl.interpret(mod, x)
+            for exe in (before, after):
+                np.testing.assert_allclose(exe(x), want, rtol=1e-6)
+            times: dict[str, list[float]] = {"before": [], "after": []}
+            for _ in range(repeat):
+                for label, exe in (("before", before), ("after", after)):
+                    t0 = time.perf_counter()
+                    exe(x)
+                    times[label].append((time.perf_counter() - t0) * 1e3)
+            b, a = statistics.median(times["before"]), statistics.median(times["after"])
+            calls = f"{len(before.plan(x).steps)} -> {len(after.plan(x).steps)}"
+            print(f"{name:<24} {target:<7} {b:>12.2f} {a:>8.2f} {b / a:>6.2f}  {calls}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--n", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--inter", type=int, default=1376)
+    ap.add_argument("--views", action="store_true", help="the cost of a lone reshape, as a view and as a copy")
+    ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--repeat", type=int, default=15)
     a = ap.parse_args()
+    if a.views:
+        views_figure(a.size, a.repeat)
+        return
     mod = model(a.layers, a.hidden, a.inter)
     rng = np.random.default_rng(0)
     args = [(rng.standard_normal(tuple(a.n if d == "n" else d for d in p.ty.shape)) * 0.05).astype(np.float32) for p in mod["main"].params]

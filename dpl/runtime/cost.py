@@ -3,7 +3,8 @@
 Priced from the group's IR types alone (no lowering, so it costs microseconds at plan time):
 
 - *apart*: every op its own kernel call, reading each operand and writing its result
-  (intermediates are written and read back);
+  (intermediates are written and read back); a view op (reshape, squeeze, expand_dims) is
+  free, as the plan runs it as a view of its operand (:mod:`dpl.runtime.plan`);
 - *fused*: one kernel call reading each parameter and constant once and writing the results;
 - arithmetic: one operation per output element of an op, ``2·M·N·K`` for a matrix product and
   ``2·out·C/groups·kh·kw`` for a convolution (the same either way: fusing saves calls and
@@ -28,6 +29,7 @@ from dpl import dtypes as dt
 from dpl.ir.expr import Call, Constant, Function, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType, TupleType
 from dpl.runtime.shapes import bind_dims, concrete
+from dpl.transform.graph import is_view
 
 CALL_S = 3e-6  # a kernel call from the plan: Python, ctypes, argument checks
 BYTES_PER_S = 8e9  # one core streaming from memory
@@ -100,6 +102,8 @@ def group_cost(fn: Function, shapes: Sequence[Sequence[int]]) -> GroupCost:
         elif isinstance(e, Call):
             for a in e.args:
                 visit(a)
+            if is_view(e) and all(isinstance(a, (Var, Constant)) for a in e.args):
+                return  # no kernel, no bytes, no arithmetic: a view apart, an index fused
             args = [type_of(a) for a in e.args]
             out = type_of(e)
             totals["calls"] += 1

@@ -276,13 +276,15 @@ class Executable(Compiler):
             lines.append(f"  {unit.describe():<44} -> {choice.explain()}")
         for sig, plan in self._plans.items():
             shapes = ", ".join(f"{dt.short(dt.from_numpy(np.dtype(d)))}{list(s)}" for s, d in sig)
-            lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel calls, "
+            lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel calls, {plan.view_count} view(s) (no kernel, no copy), "
                          f"arena {plan.peak_bytes} bytes in {len(plan.slot_sizes)} buffer(s) "
                          f"(without reuse {plan.unplanned_bytes}), outputs {plan.output_bytes} bytes")
             if self._resident:
                 lines.append(f"  {self._resident.note(plan)}")
             if plan.threads_note:
                 lines.append(f"  {plan.threads_note}")
+            for name in dict.fromkeys(plan.view_groups):
+                lines.append(f"  group {name}: views only, no kernel")
             for name, shapes_, group in plan.decisions:
                 lines.append(f"  group {name} at {' '.join(map(str, (list(s) for s in shapes_)))}: {group}")
             for step in plan.steps:  # what a backend chose inside a kernel (flash or segments attention)

@@ -12,6 +12,20 @@ plan's :class:`~dpl.runtime.output_pool.OutputPool` (memory already mapped, whic
 still holds) or are the caller's ``out=``, so what a call returns never aliases a buffer in use.
 An output that is an input, a constant or an output already given is copied at the end.
 
+Views cost nothing: a reshape, squeeze or expand_dims (:data:`~dpl.transform.graph.VIEW_OPS`)
+of one tensor, alone or as a Primitive group of nothing but views, becomes a *view buffer*: no
+step, no memory of its own, the array of its *base* (the buffer it views, itself never a view:
+a chain of views views the first one's base) with its own shape, ``ndarray.reshape`` of a
+C-contiguous array, so no copy. Shapes are concrete in a plan, so symbolic shapes are resolved
+before any call. Views of temporaries and constants are made once per arena; views of inputs
+and outputs once per call (:meth:`Plan.bind`). A base lives as long as any view of it is read
+(liveness is counted on bases), and no step ever writes a view, an input or a constant. A view
+that is returned makes its base the output when the base is a temporary not returned already
+(the kernel writing it writes the caller's array, reshaped); a view of an input, a constant or
+of a value already returned is copied at the end like the values themselves: what a call
+returns never shares memory with its inputs, the module's constants or its other results
+(unlike NumPy's ``reshape``; a caller writing a result never changes a weight).
+
 Calls from several threads at once are safe: each call borrows an arena of its own from the
 plan's pool (a lock guards only the borrowing), so one thread calling keeps reusing one warm
 arena, and N threads calling at once hold N arenas (kept for later calls).
@@ -35,14 +49,16 @@ from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.threads import blas_threads, one_pool_kernels
+from dpl.transform.graph import is_view, is_view_group
 
 
 @attrs.frozen
 class Buffer:
     shape: tuple[int, ...]
     dtype: str
-    kind: str  # "input" | "const" | "temp" | "output"
+    kind: str  # "input" | "const" | "temp" | "output" | "view"
     value: Any = None  # the array of a constant
+    base: int | None = None  # what a view views: a buffer that is not a view
 
     @property
     def nbytes(self) -> int:
@@ -92,7 +108,7 @@ class Plan:
 
     def __init__(self, signature, buffers: list[Buffer], steps: list[Step], inputs: list[int], result,
                  output_ids: list[int | None], out_specs: list, copies: list[tuple[int, int]], decisions,
-                 threads_note: str | None = None, threads: int | None = None):
+                 threads_note: str | None = None, threads: int | None = None, view_groups: Sequence[str] = ()):
         self.signature = signature
         self.buffers = buffers
         self.steps = steps
@@ -105,16 +121,68 @@ class Plan:
         self.threads_note = threads_note  # why the plan caps its kernels' threads (dpl.runtime.threads)
         self.threads = threads  # the thread budget of its BLAS calls (None: the BLAS's own setting)
         self.output_pool = OutputPool(out_specs)
+        self.view_groups = tuple(view_groups)  # Primitive groups of views only, run as views
+        self._plan_views()
         self._plan_memory()
+
+    # -- views ----------------------------------------------------------------------------------
+    def _plan_views(self) -> None:
+        """Which views are made with each arena (of temporaries and constants) and which with
+        each call (of inputs and outputs); no step may write a view, an input or a constant."""
+        views = [(b, buf.base) for b, buf in enumerate(self.buffers) if buf.kind == "view"]
+        self.view_count = len(views)  # bindings that run as views: no kernel, no copy
+        self.arena_views = [(b, base) for b, base in views if self.buffers[base].kind in ("temp", "const")]
+        self.call_views = [(b, base) for b, base in views if self.buffers[base].kind in ("input", "output")]
+        self._viewed = {base for _, base in self.call_views}
+        for step in self.steps:
+            for b in step.outputs:
+                if self.buffers[b].kind not in ("temp", "output"):
+                    raise DplError(f"internal: step {step.label} in '{step.function}' writes a {self.buffers[b].kind} buffer")
+
+    def base_of(self, b: int) -> int:
+        """The buffer whose memory ``b`` is: its base for a view, else itself."""
+        base = self.buffers[b].base
+        return b if base is None else base
+
+    def fill_views(self, views: list) -> list:
+        """Fill ``views`` (an arena's arrays by buffer number, NumPy or CuPy) with the views of
+        its temporaries and constants."""
+        for b, base in self.arena_views:
+            views[b] = views[base].reshape(self.buffers[b].shape)
+        return views
+
+    def bind(self, bufs: list, inputs: Sequence, outs: Sequence) -> list[tuple[int, int]]:
+        """Put one call's ``inputs`` and ``outs`` (NumPy or CuPy arrays) into ``bufs``, an
+        arena's arrays, then the views of them. Returns the (output position, buffer) copies
+        to make after the steps besides :attr:`copies`: an ``out=`` array that is not
+        C-contiguous (no reshape of it is a view) whose base has another shape or views read by
+        later steps is computed aside and copied."""
+        for b, a in zip(self.input_ids, inputs):
+            bufs[b] = a
+        late = []
+        for pos, b in enumerate(self.output_ids):
+            if b is None:
+                continue
+            o, shape = outs[pos], self.buffers[b].shape
+            if tuple(o.shape) == shape and (b not in self._viewed or o.flags.c_contiguous):
+                bufs[b] = o
+            elif o.flags.c_contiguous:
+                bufs[b] = o.reshape(shape)  # a view: the kernel writes the caller's array
+            else:  # no view of it would see what the kernel writes
+                bufs[b] = np.empty_like(o, order="C").reshape(shape)
+                late.append((pos, b))
+        for b, base in self.call_views:
+            bufs[b] = bufs[base].reshape(self.buffers[b].shape)
+        return late
 
     # -- memory ---------------------------------------------------------------------------------
     def _plan_memory(self) -> None:
-        last_use: dict[int, int] = {}
+        last_use: dict[int, int] = {}  # by base: a buffer lives while any view of it is read
         for i, step in enumerate(self.steps):
             for b in (*step.inputs, *step.outputs):
-                last_use[b] = i
+                last_use[self.base_of(b)] = i
         for _, b in self.copies:
-            last_use[b] = len(self.steps)
+            last_use[self.base_of(b)] = len(self.steps)
         self.slot_of: dict[int, int] = {}
         self.slot_sizes: list[int] = []
         free: list[int] = []
@@ -131,7 +199,7 @@ class Plan:
                     slot = len(self.slot_sizes)
                     self.slot_sizes.append(need)
                 self.slot_of[b] = slot
-            for b in set(step.inputs) | set(step.outputs):
+            for b in {self.base_of(b) for b in step.inputs} | set(step.outputs):
                 if b in self.slot_of and last_use[b] == i:
                     free.append(self.slot_of[b])
         self.peak_bytes = sum(self.slot_sizes)
@@ -142,7 +210,8 @@ class Plan:
 
     def _new_arena(self) -> list[Any]:
         """The buffers of one call: a view into a fresh arena for every temporary, each constant's
-        array, and None for inputs and outputs (the call's own arrays)."""
+        array, the views of those, and None for inputs, outputs and their views (the call's own
+        arrays, bound by :meth:`bind`)."""
         arena = [np.empty(n, np.uint8) for n in self.slot_sizes]
         views: list[Any] = [None] * len(self.buffers)
         for b, buf in enumerate(self.buffers):
@@ -151,7 +220,7 @@ class Plan:
             elif b in self.slot_of:
                 raw = arena[self.slot_of[b]][: buf.nbytes]
                 views[b] = raw.view(dt.to_numpy(buf.dtype)).reshape(buf.shape)
-        return views
+        return self.fill_views(views)
 
     def _borrow(self) -> list[Any]:
         with self._pool_lock:
@@ -179,12 +248,8 @@ class Plan:
 
     def _run(self, views: list[Any], arrays, out, timer) -> Any:
         bufs = list(views)
-        for b, a in zip(self.input_ids, arrays):
-            bufs[b] = a
         outs = list(out) if out is not None else self.output_pool.take()
-        for pos, b in enumerate(self.output_ids):
-            if b is not None:
-                bufs[b] = outs[pos]
+        late = self.bind(bufs, arrays, outs)
         for step in self.steps:
             ins = [bufs[b] for b in step.inputs]
             dst = [bufs[b] for b in step.outputs]
@@ -194,6 +259,8 @@ class Plan:
                 timer(step, lambda: step.kernel(ins, dst))
         for pos, b in self.copies:
             np.copyto(outs[pos], bufs[b])
+        for pos, b in late:
+            np.copyto(outs[pos], bufs[b].reshape(outs[pos].shape))
         return _nest(self.result, outs)
 
 
@@ -212,6 +279,7 @@ class Planner:
         self.buffers: list[Buffer] = []
         self.steps: list[Step] = []
         self.decisions: list = []
+        self.view_groups: list[str] = []
         self._consts: dict[int, int] = {}
         self._depth = 0
 
@@ -237,10 +305,11 @@ class Planner:
         for pos, b in enumerate(flat):
             buf = self.buffers[b]
             specs.append((buf.shape, dt.to_numpy(buf.dtype)))
-            if buf.kind == "temp" and b not in claimed:
-                claimed.add(b)
-                self.buffers[b] = attrs.evolve(buf, kind="output")
-                output_ids.append(b)
+            base = b if buf.base is None else buf.base  # a view returned: its base is the output
+            if self.buffers[base].kind == "temp" and base not in claimed:
+                claimed.add(base)
+                self.buffers[base] = attrs.evolve(self.buffers[base], kind="output")
+                output_ids.append(base)
             else:
                 copies.append((pos, b))
                 output_ids.append(None)
@@ -253,7 +322,8 @@ class Planner:
         if self.threads is not None:
             note = f"{note}; " if note else ""
             note += f"thread budget {self.threads}: BLAS and OpenMP kernels on at most {self.threads} thread(s)"
-        return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note, self.threads)
+        return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note, self.threads,
+                    self.view_groups)
 
     # -- the walk -------------------------------------------------------------------------------
     def _new(self, shape, dtype, kind, value=None) -> int:
@@ -296,7 +366,24 @@ class Planner:
     def _shapes(self, ids: list[int]):
         return [self.buffers[b].shape for b in ids], [self.buffers[b].dtype for b in ids]
 
+    def _view(self, call: Call, env, dims, fn: Function) -> int | None:
+        """The view buffer of a view op of one tensor, or None (then a kernel runs it)."""
+        src = self._eval(call.args[0], env, dims, fn)
+        if not isinstance(src, int):
+            return None
+        ty = concrete(call.ty, dims, f"op {call.op} in '{fn.name}'")
+        buf = self.buffers[src]
+        if ty.dtype != buf.dtype or math.prod(ty.shape) != math.prod(buf.shape):
+            return None
+        base = src if buf.base is None else buf.base
+        self.buffers.append(Buffer(tuple(int(d) for d in ty.shape), ty.dtype, "view", base=base))
+        return len(self.buffers) - 1
+
     def _call_op(self, call: Call, env, dims, fn: Function):
+        if is_view(call) and len(call.args) == 1 and isinstance(call.args[0], (Var, Constant)):
+            view = self._view(call, env, dims, fn)
+            if view is not None:
+                return view
         single, operands = single_op_function(call)
         ins = [b for a in operands for b in flatten(self._eval(a, env, dims, fn))]
         tree, outs = self._outputs(call.ty, dims, f"op {call.op} in '{fn.name}'")
@@ -318,6 +405,9 @@ class Planner:
         for d, n in dims.items():  # a dim no parameter binds (arange(end=seq) in a group) is the caller's
             callee_dims.setdefault(d, n)
         if callee.attrs.get("Primitive") and "Composite" not in callee.attrs:
+            if is_view_group(callee):  # no kernel: views
+                self.view_groups.append(name)
+                return self._inline(callee, args, callee_dims)
             group, backend = self.compiler.group(callee, shapes, dtypes)
             self.decisions.append((name, shapes, group))
             if not group.fused:

@@ -34,6 +34,11 @@ def is_view(value: Expr) -> bool:
     return isinstance(value, Call) and isinstance(value.op, str) and value.op in VIEW_OPS
 
 
+def is_view_group(func: Function) -> bool:
+    """A function of nothing but view ops: the runtime runs it as views, no kernel."""
+    return bool(func.bindings) and all(is_view(b.value) for b in func.bindings)
+
+
 def binding_kind(value: Expr, views: bool = False) -> OpPatternKind:
     """The pattern kind of a binding's value, as Relax's graph builder assigns it. With
     ``views`` (beyond TVM) a view op is ElemWise, symbolic shapes included: one output element

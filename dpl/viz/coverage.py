@@ -183,7 +183,9 @@ def _table(f: FunctionCoverage) -> str:
             where = f" [{g.origin}]" if g.origin else ""
             times = f" x{len(same)}" if len(same) > 1 else ""
             lines.append(f"  {g.function}{times} ({g.label}{where}): {' + '.join(g.ops)}")
-            if g.runtime is not None:
+            if g.runtime is not None and g.runtime.fused and g.runtime.backend is None:  # views: no kernel at all
+                lines.append(f"      at run time: {g.runtime.why}")
+            elif g.runtime is not None:
                 how = "one kernel" if g.runtime.fused else "op by op"
                 lines.append(f"      at run time: {how} on {g.runtime.backend or 'nothing'} ({g.runtime.why})")
     if f.alone:

@@ -11,9 +11,11 @@ from dpl.ir.expr import Call, GlobalVar, Module
 from dpl.runtime.config import FusionConfig
 from dpl.runtime.heuristics import FusionHeuristics
 from dpl.runtime.shapes import concrete
+from dpl.transform.graph import is_view_group
 from dpl.viz.coverage import RuntimeDecision, entry_functions
 
 DEFAULT_DIM = 8  # a symbolic dim's size when none is given (as `dpl run` does)
+VIEWS_ONLY = "views only: no kernel, no copy"  # a group of view ops (dpl.runtime.plan); no backend runs it
 
 
 def decide(mod: Module, target: Any = "cpu", config: FusionConfig | None = None,
@@ -38,6 +40,9 @@ def decide(mod: Module, target: Any = "cpu", config: FusionConfig | None = None,
             choice = choose(unit, backends)
             if choice.backend is None:
                 out[fn.name] = RuntimeDecision(False, None, choice.explain())
+                continue
+            if unit.kind == "primitive" and is_view_group(fn):
+                out[fn.name] = RuntimeDecision(True, None, VIEWS_ONLY)
                 continue
             if unit.kind != "primitive":
                 out[fn.name] = RuntimeDecision(True, choice.backend.name, f"{unit.kind} on {choice.explain()}")
@@ -70,6 +75,8 @@ def from_executable(exe) -> dict[str, RuntimeDecision]:
             out[name] = RuntimeDecision(choice.backend is not None, getattr(choice.backend, "name", None),
                                         f"{choice.unit.kind} on {choice.explain()}")
     for plan in exe.plans.values():
+        for name in plan.view_groups:
+            out[name] = RuntimeDecision(True, None, VIEWS_ONLY)
         for name, _shapes, group in plan.decisions:
             backend = exe.choices[name].backend if name in exe.choices else None
             out[name] = RuntimeDecision(group.fused, getattr(backend, "name", None), str(group))
