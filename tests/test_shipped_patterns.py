@@ -145,12 +145,15 @@ def _twin_llm():
     m = z.optional(lambda t: is_op("add")(t, mask)) | is_op("add")(is_op("add")(z, bias), mask)
     p = is_op("nn.softmax")(m.optional(lambda t: is_op("astype")(t))).optional(lambda t: is_op("astype")(t))
     att = is_op("matmul")(p, v)
+    top = is_op("max")(m).has_attr({"axis": [-1], "keepdims": True})
+    safe = is_op("where")(is_op("greater")(top, is_const(-np.inf)), att, is_const(0.0))
     return [
         FusionPattern("kernel.swiglu", swiglu),
         FusionPattern("kernel.add_rms_norm", add_rms),
         FusionPattern("kernel.rms_norm", rms),
         FusionPattern("kernel.layer_norm", ln, {"out": ln, "n": ln_n}, rows_kept),
         FusionPattern("kernel.gelu", gelu),
+        FusionPattern("kernel.safe_attention", safe, {"q": q}, lambda c: True),
         FusionPattern("kernel.attention", att, {"q": q}, lambda c: True),
     ]
 
