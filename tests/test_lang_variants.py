@@ -122,8 +122,9 @@ def test_imports_relative_and_shipped(tmp_path):
     (sub / "mine.dpl").write_text('import "common.dpl"\nimport cublas\ncodegen mine\npattern a { out = act(power(x, 2.0)) }\n')
     rules = load_rules(str(sub / "mine.dpl"), search_path=[str(tmp_path)])  # common.dpl is outside sub/
     names = [r.name for r in rules]
-    # imports in order, then the file's own rules; cublas.matmul_bias_act's `priority 10` first
-    assert names[:3] == ["cublas.matmul_bias_act", "common.e", "cublas.matmul_bias"] and names[-1] == "mine.a"
+    # imports in order, then the file's own rules; cublas's epilogues (`priority 10`) first
+    epilogues = ["cublas.matmul_bias_act", "cublas.matmul_act", "cublas.matmul_bias_residual"]
+    assert names[:5] == [*epilogues, "common.e", "cublas.matmul_bias"] and names[-1] == "mine.a"
     assert rules[-1].variants == 4
 
 

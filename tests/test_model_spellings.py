@@ -214,6 +214,56 @@ def reshape_changing_rows():
     return Module([fb.ret(fb.emit("nn.gelu", back, name="act"))])
 
 
+
+def pooler_tanh():
+    """BERT's and ViT's pooler: the first token's row, product, bias, tanh (no cuBLASLt epilogue
+    for tanh: the product and a generated epilogue)."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, S, 32))
+    first = fb.emit("strided_slice", x, axes=[1], begin=[0], end=[1], name="first")
+    rows = fb.emit("squeeze", first, axis=[1], name="rows")
+    y = fb.emit("add", fb.emit("matmul", rows, _weight(32, 32), name="mm"), _weight(32), name="biased")
+    return Module([fb.ret(fb.emit("tanh", y, name="pooled"))])
+
+
+def t5_relu_no_bias():
+    """T5's feed-forward: wi without a bias, ReLU, wo."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, S, 32))
+    h = fb.emit("nn.relu", fb.emit("matmul", x, _weight(32, 128), name="wi"), name="act")
+    return Module([fb.ret(fb.emit("matmul", h, _weight(128, 32), name="wo"))])
+
+
+def gpt2_onnx_mlp():
+    """GPT-2's MLP through torch.onnx: the zero-initialised Conv1D bias folded away, the product
+    viewed back to [batch, seq, n], then the (tanh) GELU."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, "seq", 32))
+    mm = fb.emit("matmul", x, _weight(32, 128), name="mm")
+    back = fb.emit("reshape", mm, shape=[B, -1, 128], name="back")
+    return Module([fb.ret(fb.emit("nn.gelu_tanh", back, name="act"))])
+
+
+def residual_after_projection():
+    """A projection, its bias and the residual add after it (GPT-2, OPT, BERT, ViT), the sum
+    read by the next norm and the next residual: the add is the product's epilogue."""
+    fb = FunctionBuilder("main")
+    x, r = fb.param("x", "f32", (B, S, 32)), fb.param("r", "f32", (B, S, 64))
+    g, b = fb.param("g", "f32", (64,)), fb.param("b", "f32", (64,))
+    y = fb.emit("add", fb.emit("matmul", x, _weight(32, 64), name="mm"), _weight(64), name="biased")
+    s = fb.emit("add", r, y, name="residual")
+    n = fb.emit("nn.layer_norm", s, g, b, axes=[-1], epsilon=1e-5, name="ln")
+    return Module([fb.ret(fb.emit("add", n, s, name="out"))])
+
+
+def residual_broadcast():
+    """An add after the bias that broadcasts (not a residual of the product's shape) stays out of
+    the epilogue: cuBLASLt's C operand has the product's shape."""
+    fb = FunctionBuilder("main")
+    x, r = fb.param("x", "f32", (B, S, 32)), fb.param("r", "f32", (B, 1, 64))
+    y = fb.emit("add", fb.emit("matmul", x, _weight(32, 64), name="mm"), _weight(64), name="biased")
+    return Module([fb.ret(fb.emit("add", y, r, name="shifted"))])
+
 CASES = {
     "attention_onnx_sdpa": (attention_onnx_sdpa, {"kernel.attention": 1}),
     "attention_onnx_sdpa_symbolic": (attention_onnx_sdpa_symbolic, {"kernel.attention": 1}),
@@ -231,6 +281,11 @@ CASES = {
     "gpt2_conv1d_mlp": (gpt2_conv1d_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
     "conv1d_symbolic_rows": (conv1d_symbolic_rows, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
     "bert_mlp": (bert_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
+    "pooler_tanh": (pooler_tanh, {"cublas.matmul_bias_act": 1}),
+    "t5_relu_no_bias": (t5_relu_no_bias, {"cublas.matmul_act": 1, "cublas.matmul": 1}),
+    "gpt2_onnx_mlp": (gpt2_onnx_mlp, {"cublas.matmul_act": 1, "kernel.gelu": 0}),
+    "residual_after_projection": (residual_after_projection, {"cublas.matmul_bias_residual": 1, "kernel.layer_norm": 1}),
+    "residual_broadcast": (residual_broadcast, {"cublas.matmul_bias_residual": 0, "cublas.matmul_bias": 1}),
     "reshape_changing_rows": (reshape_changing_rows, {"cublas.matmul_bias_act": 0, "cublas.matmul_bias": 1, "kernel.gelu": 1}),
 }
 

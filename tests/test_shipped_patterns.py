@@ -106,18 +106,39 @@ def _twin_cublas():
     mm = is_op("matmul")(x, w)
     y = is_op("add")(mm, b)
     r = y.optional(lambda t: is_op("reshape")(t))
-    act = is_op("nn.relu")(r) | is_op("nn.gelu")(r) | is_op("nn.gelu_tanh")(r) | is_op("nn.silu")(r)
+    def activation(t):
+        return is_op("nn.relu")(t) | is_op("nn.gelu")(t) | is_op("nn.gelu_tanh")(t) | is_op("nn.silu")(t) | is_op("tanh")(t)
+    act = activation(r)
     ann = {"lhs": x, "rhs": w, "bias": b}
     bias_ok = lambda c: _rank(c.annotated_expr["rhs"]) == 2 and _rank(c.annotated_expr["bias"]) == 1 and floats(c, "lhs")
 
     def rows_only(c):  # a reshape between the bias add and the activation keeps the last dimension
         root = c.annotated_expr["root"]
         return bias_ok(c) and root.args[0].ty.shape[-1] == c.annotated_expr["bias"].ty.shape[-1]
+    x5, w5 = wildcard(), wildcard()
+    mm5 = is_op("matmul")(x5, w5)
+    r5 = mm5.optional(lambda t: is_op("reshape")(t))
+    act5 = activation(r5)
+
+    def act_rows_only(c):
+        root = c.annotated_expr["root"]
+        return (_rank(c.annotated_expr["rhs"]) == 2 and floats(c, "lhs")
+                and root.args[0].ty.shape[-1] == c.annotated_expr["rhs"].ty.shape[-1])
+    x6, w6, b6, res6 = wildcard(), wildcard(), wildcard(), wildcard()
+    resid = is_op("add")(is_op("add")(is_op("matmul")(x6, w6), b6), res6)
+
+    def residual_ok(c):
+        e = c.annotated_expr
+        return (_rank(e["rhs"]) == 2 and _rank(e["bias"]) == 1 and floats(c, "lhs")
+                and tuple(e["residual"].ty.shape) == tuple(e["root"].ty.shape))
     x2, w2, b2 = wildcard(), wildcard(), wildcard()
     x3, w3 = wildcard(), wildcard()
     x4, w4 = wildcard(), wildcard()
     return [
         FusionPattern("cublas.matmul_bias_act", act, {**ann, "root": act}, rows_only),
+        FusionPattern("cublas.matmul_act", act5, {"lhs": x5, "rhs": w5, "root": act5}, act_rows_only),
+        FusionPattern("cublas.matmul_bias_residual", resid, {"lhs": x6, "rhs": w6, "bias": b6, "residual": res6, "root": resid},
+                      residual_ok),
         FusionPattern("cublas.matmul_bias", is_op("add")(is_op("matmul")(x2, w2), b2), {"lhs": x2, "rhs": w2, "bias": b2}, bias_ok),
         FusionPattern("cublas.batch_matmul", is_op("matmul")(x3, w3), {"lhs": x3, "rhs": w3},
                       lambda c: _rank(c.annotated_expr["lhs"]) >= 3 and _rank(c.annotated_expr["rhs"]) >= 3 and floats(c, "lhs")),
@@ -185,7 +206,10 @@ def accepted_roots(library, module):
     "library,module,expected",
     [
         ("cublas", "mlp_relu", {("cublas.matmul_bias_act", "act"), ("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
-        ("cublas", "mlp_tanh", {("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
+        ("cublas", "mlp_tanh", {("cublas.matmul_bias_act", "act"), ("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
+        ("cublas", "model_t5_relu_no_bias", {("cublas.matmul_act", "act"), ("cublas.matmul", "wi"), ("cublas.matmul", "wo")}),
+        ("cublas", "model_residual_after_projection",
+         {("cublas.matmul_bias_residual", "residual"), ("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
         ("cublas", "batched", {("cublas.batch_matmul", "bmm")}),
         ("cublas", "int_matmul", set()),
         ("llm", "swiglu", {("kernel.swiglu", "h")}),
