@@ -1,6 +1,6 @@
 """The spellings real models emit, each claimed by the shipped libraries' composite meant for it:
 each module is written in the exact ops a frontend gives (torch.export, torch.onnx.export with
-dynamo), run through ``dpl.apply(mod, ["rewrites", "llm", "cublas"])``, checked to hold the
+dynamo), run through ``dpl.apply(mod, ["rewrites", "llm", "cublas", "cnn"])``, checked to hold the
 composite, then built for "cpu" (compiled, no fall-back) and "numpy" and compared with the
 interpreter on random inputs."""
 
@@ -16,7 +16,7 @@ from dpl.ir.expr import Call, Function
 # attention_onnx_guarded's masked row: the interpreter's softmax of all -inf is NaN before the where
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
 
-LIBRARIES = ["rewrites", "llm", "cublas"]
+LIBRARIES = ["rewrites", "llm", "cublas", "cnn"]
 ALWAYS = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=10_000, min_tensor_elements=0, fallback_on_error=False)
 B, H, S, D = 2, 4, 8, 16  # batch, heads, sequence, head size
 rng = np.random.default_rng(7)
@@ -264,6 +264,52 @@ def residual_broadcast():
     y = fb.emit("add", fb.emit("matmul", x, _weight(32, 64), name="mm"), _weight(64), name="biased")
     return Module([fb.ret(fb.emit("add", y, r, name="shifted"))])
 
+
+# -- convolutional networks (ResNet) ---------------------------------------------------------------
+
+C, HW = 4, 8  # channels, height and width of the feature maps
+
+
+def _conv_bn(fb, x, cin, cout, torch_spelling, name, **attrs):
+    """A convolution, and torch.export's inference batch norm after it (torch.onnx folds it in)."""
+    y = fb.emit("nn.conv2d", x, _weight(cout, cin, 3, 3), padding=[1, 1, 1, 1], name=name, **attrs)
+    if not torch_spelling:
+        return y
+    y = fb.emit("subtract", y, _weight(1, cout, 1, 1), name=f"{name}_centred")
+    y = fb.emit("multiply", y, _weight(1, cout, 1, 1), name=f"{name}_scaled")
+    y = fb.emit("multiply", y, _weight(1, cout, 1, 1), name=f"{name}_weighted")
+    return fb.emit("add", y, _weight(1, cout, 1, 1), name=f"{name}_bn")
+
+
+def resnet_stem(torch_spelling=True):
+    """ResNet's stem: convolution (batch norm), ReLU, 3x3 max pool of stride 2."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, 3, HW, HW))
+    r = fb.emit("nn.relu", _conv_bn(fb, x, 3, C, torch_spelling, "conv"), name="act")
+    return Module([fb.ret(fb.emit("nn.max_pool2d", r, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1], name="pool"))])
+
+
+def resnet_projection_shortcut(torch_spelling=True):
+    """A residual block's end: its last convolution and the strided projection shortcut summed, ReLU."""
+    fb = FunctionBuilder("main")
+    h, x = fb.param("h", "f32", (B, C, HW // 2, HW // 2)), fb.param("x", "f32", (B, C, HW, HW))
+    main = _conv_bn(fb, h, C, 2 * C, torch_spelling, "main")
+    short = _conv_bn(fb, x, C, 2 * C, torch_spelling, "shortcut", strides=[2, 2])
+    return Module([fb.ret(fb.emit("nn.relu", fb.emit("add", main, short, name="sum"), name="out"))])
+
+
+def resnet_head(torch_spelling=True):
+    """ResNet's head: the last block's result, returned and globally average-pooled
+    (torch: adaptive_avg_pool2d to 1x1; ONNX: GlobalAveragePool as a mean over H and W)."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, C, HW, HW))
+    r = fb.emit("nn.relu", x, name="act")
+    if torch_spelling:
+        pooled = fb.emit("nn.adaptive_avg_pool2d", r, output_size=[1, 1], name="pooled")
+    else:
+        pooled = fb.emit("mean", r, axis=[-2, -1], keepdims=True, name="pooled")
+    return Module([fb.ret(r, pooled)])
+
 CASES = {
     "attention_onnx_sdpa": (attention_onnx_sdpa, {"kernel.attention": 1}),
     "attention_onnx_sdpa_symbolic": (attention_onnx_sdpa_symbolic, {"kernel.attention": 1}),
@@ -286,6 +332,12 @@ CASES = {
     "gpt2_onnx_mlp": (gpt2_onnx_mlp, {"cublas.matmul_act": 1, "kernel.gelu": 0}),
     "residual_after_projection": (residual_after_projection, {"cublas.matmul_bias_residual": 1, "kernel.layer_norm": 1}),
     "residual_broadcast": (residual_broadcast, {"cublas.matmul_bias_residual": 0, "cublas.matmul_bias": 1}),
+    "resnet_stem_torch": (resnet_stem, {"kernel.conv2d_relu_max_pool": 1}),
+    "resnet_stem_onnx": (lambda: resnet_stem(False), {"kernel.conv2d_relu_max_pool": 1}),
+    "resnet_shortcut_torch": (resnet_projection_shortcut, {"kernel.conv2d_shortcut": 1}),
+    "resnet_shortcut_onnx": (lambda: resnet_projection_shortcut(False), {"kernel.conv2d_shortcut": 1}),
+    "resnet_head_torch": (resnet_head, {"kernel.global_avg_pool": 1}),
+    "resnet_head_onnx": (lambda: resnet_head(False), {"kernel.global_avg_pool": 1}),
     "reshape_changing_rows": (reshape_changing_rows, {"cublas.matmul_bias_act": 0, "cublas.matmul_bias": 1, "kernel.gelu": 1}),
 }
 
@@ -345,7 +397,9 @@ def test_spelling_builds_and_equals_the_interpreter(case, target, fused):
     source, mod = fused[case]
     exe = dpl.build(mod, target, config=ALWAYS)
     args = random_args(source["main"])
-    assert_close(dpl.interpret(source, *args), exe(*args))
+    want, got = dpl.interpret(source, *args), exe(*args)
+    for w, g in zip(*(v if isinstance(v, (tuple, list)) else [v] for v in (want, got))):
+        assert_close(np.asarray(w), np.asarray(g))
     if target == "cpu":
         summary = exe.summary()
         assert "fall-back" not in summary.split("plan for")[0], summary

@@ -179,7 +179,27 @@ def _twin_llm():
     ]
 
 
-TWINS = {"cublas": _twin_cublas, "llm": _twin_llm}
+def _twin_cnn():
+    def conv_bn():
+        c = is_op("nn.conv2d")(wildcard(), wildcard())
+        bn = is_op("add")(is_op("multiply")(is_op("multiply")(is_op("subtract")(c, wildcard()), wildcard()), wildcard()), wildcard())
+        return bn | c
+    stem = is_op("nn.max_pool2d")(is_op("nn.relu")(conv_bn()))
+    shortcut = is_op("nn.relu")(is_op("add")(conv_bn(), conv_bn()))
+    x = wildcard()
+    pooled = is_op("mean")(x).has_attr({"axis": [-2, -1], "keepdims": True}) | is_op("nn.adaptive_avg_pool2d")(x)
+
+    def one_by_one(c):
+        out = c.annotated_expr["root"]
+        return c.annotated_expr["x"].ty.ndim == 4 and tuple(out.ty.shape[-2:]) == (1, 1)
+    return [
+        FusionPattern("kernel.conv2d_relu_max_pool", stem),
+        FusionPattern("kernel.conv2d_shortcut", shortcut),
+        FusionPattern("kernel.global_avg_pool", pooled, {"x": x, "root": pooled}, one_by_one),
+    ]
+
+
+TWINS = {"cublas": _twin_cublas, "llm": _twin_llm, "cnn": _twin_cnn}
 
 
 def summary(found):
@@ -218,6 +238,10 @@ def accepted_roots(library, module):
         ("llm", "attention", {("kernel.attention", "ctx")}),
         ("llm", "attention_nomask", {("kernel.attention", "ctx")}),
         ("llm", "mlp_relu", set()),
+        ("cnn", "model_resnet_stem_torch", {("kernel.conv2d_relu_max_pool", "pool")}),
+        ("cnn", "model_resnet_shortcut_onnx", {("kernel.conv2d_shortcut", "out")}),
+        ("cnn", "model_resnet_head_onnx", {("kernel.global_avg_pool", "pooled")}),
+        ("cnn", "model_gpt2_onnx_mlp", set()),
     ],
 )
 def test_patterns_match_what_they_are_meant_for(library, module, expected):
