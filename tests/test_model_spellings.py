@@ -244,6 +244,18 @@ def gpt2_onnx_mlp():
     return Module([fb.ret(fb.emit("nn.gelu_tanh", back, name="act"))])
 
 
+
+def gpt2_onnx_qkv():
+    """GPT-2's q/k/v product through torch.onnx: no bias (folded away), viewed back to
+    [batch, seq, 3n] and split: the view goes into the product's composite."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, "seq", 32))
+    mm = fb.emit("matmul", x, _weight(32, 96), name="mm")
+    rows = fb.emit("reshape", mm, shape=[B, -1, 96], name="rows")
+    parts = fb.emit("split", rows, indices_or_sections=[32, 64], axis=2, name="parts")
+    q, k, v = (fb.item(parts, i, name=n) for i, n in enumerate("qkv"))
+    return Module([fb.ret(fb.emit("add", fb.emit("multiply", q, k, name="qk"), v, name="out"))])
+
 def residual_after_projection():
     """A projection, its bias and the residual add after it (GPT-2, OPT, BERT, ViT), the sum
     read by the next norm and the next residual: the add is the product's epilogue."""
@@ -255,6 +267,28 @@ def residual_after_projection():
     n = fb.emit("nn.layer_norm", s, g, b, axes=[-1], epsilon=1e-5, name="ln")
     return Module([fb.ret(fb.emit("add", n, s, name="out"))])
 
+
+
+def gpt2_onnx_residual():
+    """GPT-2's attention projection through torch.onnx: no bias (folded away), the product viewed
+    back to [batch, seq, n] and added to the residual, which the next layer norm reads."""
+    fb = FunctionBuilder("main")
+    x, r = fb.param("x", "f32", (B, "seq", 32)), fb.param("r", "f32", (B, "seq", 64))
+    g, b = fb.param("g", "f32", (64,)), fb.param("b", "f32", (64,))
+    mm = fb.emit("matmul", x, _weight(32, 64), name="mm")
+    s = fb.emit("add", fb.emit("reshape", mm, shape=[B, -1, 64], name="rows"), r, name="residual")
+    n = fb.emit("nn.layer_norm", s, g, b, axes=[-1], epsilon=1e-5, name="ln")
+    return Module([fb.ret(fb.emit("add", n, s, name="out"))])
+
+
+def llama_o_proj_residual():
+    """Llama's o_proj, the residual add and the next RMSNorm: llm's norm takes the add (with the
+    norm), not cublas.matmul_residual."""
+    fb = FunctionBuilder("main")
+    x, r, w = fb.param("x", "f32", (B, S, 32)), fb.param("r", "f32", (B, S, 64)), fb.param("w", "f32", (64,))
+    s = fb.emit("add", r, fb.emit("matmul", x, _weight(32, 64), name="o_proj"), name="residual")
+    n = fb.emit("nn.rms_norm", s, w, axes=[-1], epsilon=1e-6, name="normed")
+    return Module([fb.ret(fb.emit("add", n, s, name="out"))])
 
 def residual_broadcast():
     """An add after the bias that broadcasts (not a residual of the product's shape) stays out of
@@ -330,7 +364,10 @@ CASES = {
     "pooler_tanh": (pooler_tanh, {"cublas.matmul_bias_act": 1}),
     "t5_relu_no_bias": (t5_relu_no_bias, {"cublas.matmul_act": 1, "cublas.matmul": 1}),
     "gpt2_onnx_mlp": (gpt2_onnx_mlp, {"cublas.matmul_act": 1, "kernel.gelu": 0}),
+    "gpt2_onnx_qkv": (gpt2_onnx_qkv, {"cublas.matmul": 1}),
     "residual_after_projection": (residual_after_projection, {"cublas.matmul_bias_residual": 1, "kernel.layer_norm": 1}),
+    "gpt2_onnx_residual": (gpt2_onnx_residual, {"cublas.matmul_residual": 1, "kernel.layer_norm": 1}),
+    "llama_o_proj_residual": (llama_o_proj_residual, {"cublas.matmul_residual": 0}),  # llm takes it (add_rms_norm)
     "residual_broadcast": (residual_broadcast, {"cublas.matmul_bias_residual": 0, "cublas.matmul_bias": 1}),
     "resnet_stem_torch": (resnet_stem, {"kernel.conv2d_relu_max_pool": 1}),
     "resnet_stem_onnx": (lambda: resnet_stem(False), {"kernel.conv2d_relu_max_pool": 1}),

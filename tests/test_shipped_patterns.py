@@ -131,19 +131,31 @@ def _twin_cublas():
         e = c.annotated_expr
         return (_rank(e["rhs"]) == 2 and _rank(e["bias"]) == 1 and floats(c, "lhs")
                 and tuple(e["residual"].ty.shape) == tuple(e["root"].ty.shape))
+    x7, w7, res7 = wildcard(), wildcard(), wildcard()
+    mm7 = is_op("matmul")(x7, w7)
+    resid_nobias = is_op("add")(mm7.optional(lambda t: is_op("reshape")(t)), res7)
+
+    def residual_nobias_ok(c):
+        e = c.annotated_expr
+        return (_rank(e["rhs"]) == 2 and floats(c, "lhs") and e["root"].args[0].ty.shape[-1] == e["rhs"].ty.shape[-1]
+                and tuple(e["residual"].ty.shape) == tuple(e["root"].ty.shape))
     x2, w2, b2 = wildcard(), wildcard(), wildcard()
     x3, w3 = wildcard(), wildcard()
     x4, w4 = wildcard(), wildcard()
+    viewed = is_op("matmul")(x4, w4).optional(lambda t: is_op("reshape")(t))
     return [
         FusionPattern("cublas.matmul_bias_act", act, {**ann, "root": act}, rows_only),
         FusionPattern("cublas.matmul_act", act5, {"lhs": x5, "rhs": w5, "root": act5}, act_rows_only),
         FusionPattern("cublas.matmul_bias_residual", resid, {"lhs": x6, "rhs": w6, "bias": b6, "residual": res6, "root": resid},
                       residual_ok),
+        FusionPattern("cublas.matmul_residual", resid_nobias, {"lhs": x7, "rhs": w7, "residual": res7, "root": resid_nobias},
+                      residual_nobias_ok),
         FusionPattern("cublas.matmul_bias", is_op("add")(is_op("matmul")(x2, w2), b2), {"lhs": x2, "rhs": w2, "bias": b2}, bias_ok),
         FusionPattern("cublas.batch_matmul", is_op("matmul")(x3, w3), {"lhs": x3, "rhs": w3},
                       lambda c: _rank(c.annotated_expr["lhs"]) >= 3 and _rank(c.annotated_expr["rhs"]) >= 3 and floats(c, "lhs")),
-        FusionPattern("cublas.matmul", is_op("matmul")(x4, w4), {"lhs": x4, "rhs": w4},
-                      lambda c: _rank(c.annotated_expr["lhs"]) >= 2 and _rank(c.annotated_expr["rhs"]) == 2 and floats(c, "lhs")),
+        FusionPattern("cublas.matmul", viewed, {"lhs": x4, "rhs": w4, "root": viewed},
+                      lambda c: _rank(c.annotated_expr["lhs"]) >= 2 and _rank(c.annotated_expr["rhs"]) == 2 and floats(c, "lhs")
+                      and c.annotated_expr["root"].ty.shape[-1] == c.annotated_expr["rhs"].ty.shape[-1]),
     ]
 
 

@@ -177,7 +177,7 @@ def test_onnx_import_matches_torch(onnx_imported):
 # and ResNet's batch norms into the convolutions (fewer ops: each lone one weighs more). What
 # stays alone: the split of merged products, the arange of positions read by two groups (Llama,
 # GPT-2), GPT-2's embedding sum, BERT's token-type slices.
-ONNX_COVERAGE_FLOOR = {"llama": 95, "gpt2": 96, "bert": 94, "vit": 97, "resnet": 100}
+ONNX_COVERAGE_FLOOR = {"llama": 95, "gpt2": 93, "bert": 94, "vit": 97, "resnet": 100}
 
 
 def test_onnx_coverage_stays_at_its_floor(onnx_imported):
