@@ -6,7 +6,8 @@ attention_mask=...)`` or ``model(pixel_values)`` with ``use_cache`` at its defau
 torch at two lengths from the one dynamic import. The build's summary may show a fall-back only
 for ops that are opaque by nature (gathers, scans), each with its reason.
 
-ONNX: the same models exported with ``torch.onnx.export(..., dynamo=True)``. Where a row is padded (a left-padded attention_mask), the exporter's
+ONNX: the same models exported with ``torch.onnx.export(..., dynamo=True)``, fused with every
+shipped library (``SHIPPED``). Where a row is padded (a left-padded attention_mask), the exporter's
 attention gives the padded queries other values than torch's (its softmax over no key is not
 torch's safe softmax; onnx's reference evaluator agrees with dpl there), so the ONNX
 comparison covers the real tokens.
@@ -66,8 +67,8 @@ def imported(request):
     return arch, attn, model, inputs, mod
 
 
-def check_module(arch, model, mod, *, real_tokens_only=False):
-    fused = dpl.apply(mod, ["rewrites", "llm"])
+def check_module(arch, model, mod, *, real_tokens_only=False, libraries=("rewrites", "llm")):
+    fused = dpl.apply(mod, list(libraries))
     for target in ("cpu", "numpy"):
         exe = dpl.build(fused, target)
         for i, length in enumerate(LENGTHS[arch.vision]):
@@ -167,8 +168,10 @@ def onnx_imported(request):
 
 
 def test_onnx_import_matches_torch(onnx_imported):
+    """With every shipped library (the torch imports run with rewrites and llm alone), so that
+    cublas's and cnn's composites are compared with torch on real models too."""
     arch, model, mod = onnx_imported
-    check_module(arch, model, mod, real_tokens_only=True)
+    check_module(arch, model, mod, real_tokens_only=True, libraries=SHIPPED)
 
 
 # The ONNX imports' share of non-opaque ops fused with every shipped library, a floor as
