@@ -234,6 +234,15 @@ def t5_relu_no_bias():
     return Module([fb.ret(fb.emit("matmul", h, _weight(128, 32), name="wo"))])
 
 
+
+def swiglu_unmerged():
+    """A SwiGLU MLP whose weights are parameters (no merged product): the gate's SiLU goes to
+    llm's swiglu with the multiply, not to the gate product's epilogue."""
+    fb = FunctionBuilder("main")
+    x, wg, wu = fb.param("x", "f32", (B, S, 32)), fb.param("wg", "f32", (32, 64)), fb.param("wu", "f32", (32, 64))
+    gate = fb.emit("nn.silu", fb.emit("matmul", x, wg, name="gate"), name="act")
+    return Module([fb.ret(fb.emit("multiply", gate, fb.emit("matmul", x, wu, name="up"), name="h"))])
+
 def gpt2_onnx_mlp():
     """GPT-2's MLP through torch.onnx: the zero-initialised Conv1D bias folded away, the product
     viewed back to [batch, seq, n], then the (tanh) GELU."""
@@ -363,6 +372,7 @@ CASES = {
     "bert_mlp": (bert_mlp, {"cublas.matmul_bias_act": 1, "kernel.gelu": 0}),
     "pooler_tanh": (pooler_tanh, {"cublas.matmul_bias_act": 1}),
     "t5_relu_no_bias": (t5_relu_no_bias, {"cublas.matmul_act": 1, "cublas.matmul": 1}),
+    "swiglu_unmerged": (swiglu_unmerged, {"kernel.swiglu": 1, "cublas.matmul_act": 0}),
     "gpt2_onnx_mlp": (gpt2_onnx_mlp, {"cublas.matmul_act": 1, "kernel.gelu": 0}),
     "gpt2_onnx_qkv": (gpt2_onnx_qkv, {"cublas.matmul": 1}),
     "residual_after_projection": (residual_after_projection, {"cublas.matmul_bias_residual": 1, "kernel.layer_norm": 1}),

@@ -118,7 +118,7 @@ def _twin_cublas():
     x5, w5 = wildcard(), wildcard()
     mm5 = is_op("matmul")(x5, w5)
     r5 = mm5.optional(lambda t: is_op("reshape")(t))
-    act5 = activation(r5)
+    act5 = is_op("nn.relu")(r5) | is_op("nn.gelu")(r5) | is_op("nn.gelu_tanh")(r5) | is_op("tanh")(r5)
 
     def act_rows_only(c):
         root = c.annotated_expr["root"]
