@@ -114,7 +114,6 @@ def test_macros():
     assert [f.bindings for f in find_matches(ps, fb.ret(out))] == [("lv0", "lv1", "out")]
 
 
-
 def test_macro_wildcards_are_fresh_at_each_use():
     # each use of `shifted` has its own `_` and its own literal: the two adds need not add one value
     ps = parse_patterns("def shifted(x) = add(multiply(x, 2.0), _)\npattern k.two { out = multiply(shifted(a), shifted(b)) }")
@@ -127,6 +126,7 @@ def test_macro_wildcards_are_fresh_at_each_use():
     from dpl.lang.matching import find_matches
 
     assert [f.binding for f in find_matches(ps, fb.ret(out)) if f.accepted] == ["out"]
+
 
 def test_imports_relative_and_shipped(tmp_path):
     (tmp_path / "common.dpl").write_text("def act(y) = nn.relu(y) | nn.silu(y)\nequiv power(x, 2.0) == multiply(x, x)\n"

@@ -214,7 +214,6 @@ def reshape_changing_rows():
     return Module([fb.ret(fb.emit("nn.gelu", back, name="act"))])
 
 
-
 def pooler_tanh():
     """BERT's and ViT's pooler: the first token's row, product, bias, tanh (no cuBLASLt epilogue
     for tanh: the product and a generated epilogue)."""
@@ -234,7 +233,6 @@ def t5_relu_no_bias():
     return Module([fb.ret(fb.emit("matmul", h, _weight(128, 32), name="wo"))])
 
 
-
 def swiglu_unmerged():
     """A SwiGLU MLP whose weights are parameters (no merged product): the gate's SiLU goes to
     llm's swiglu with the multiply, not to the gate product's epilogue."""
@@ -242,6 +240,7 @@ def swiglu_unmerged():
     x, wg, wu = fb.param("x", "f32", (B, S, 32)), fb.param("wg", "f32", (32, 64)), fb.param("wu", "f32", (32, 64))
     gate = fb.emit("nn.silu", fb.emit("matmul", x, wg, name="gate"), name="act")
     return Module([fb.ret(fb.emit("multiply", gate, fb.emit("matmul", x, wu, name="up"), name="h"))])
+
 
 def gpt2_onnx_mlp():
     """GPT-2's MLP through torch.onnx: the zero-initialised Conv1D bias folded away, the product
@@ -251,7 +250,6 @@ def gpt2_onnx_mlp():
     mm = fb.emit("matmul", x, _weight(32, 128), name="mm")
     back = fb.emit("reshape", mm, shape=[B, -1, 128], name="back")
     return Module([fb.ret(fb.emit("nn.gelu_tanh", back, name="act"))])
-
 
 
 def gpt2_onnx_qkv():
@@ -265,6 +263,7 @@ def gpt2_onnx_qkv():
     q, k, v = (fb.item(parts, i, name=n) for i, n in enumerate("qkv"))
     return Module([fb.ret(fb.emit("add", fb.emit("multiply", q, k, name="qk"), v, name="out"))])
 
+
 def residual_after_projection():
     """A projection, its bias and the residual add after it (GPT-2, OPT, BERT, ViT), the sum
     read by the next norm and the next residual: the add is the product's epilogue."""
@@ -275,7 +274,6 @@ def residual_after_projection():
     s = fb.emit("add", r, y, name="residual")
     n = fb.emit("nn.layer_norm", s, g, b, axes=[-1], epsilon=1e-5, name="ln")
     return Module([fb.ret(fb.emit("add", n, s, name="out"))])
-
 
 
 def gpt2_onnx_residual():
@@ -298,6 +296,7 @@ def llama_o_proj_residual():
     s = fb.emit("add", r, fb.emit("matmul", x, _weight(32, 64), name="o_proj"), name="residual")
     n = fb.emit("nn.rms_norm", s, w, axes=[-1], epsilon=1e-6, name="normed")
     return Module([fb.ret(fb.emit("add", n, s, name="out"))])
+
 
 def residual_broadcast():
     """An add after the bias that broadcasts (not a residual of the product's shape) stays out of
