@@ -223,8 +223,9 @@ def test_load_shipped_and_files(tmp_path):
     p = tmp_path / "mine.dpl"
     p.write_text("pattern mine.e { out = exp(x) }\n")
     rules = load_rules([str(p), "cublas"])
-    # file order among rules of one priority; cublas.matmul_bias_act's `priority 10` goes first
-    assert [r.name for r in rules[:3]] == ["cublas.matmul_bias_act", "mine.e", "cublas.matmul_bias"]
+    # file order among rules of one priority; cublas's epilogues (`priority 10`) go first
+    epilogues = ["cublas.matmul_bias_act", "cublas.matmul_act", "cublas.matmul_bias_residual"]
+    assert [r.name for r in rules[:5]] == [*epilogues, "mine.e", "cublas.matmul_residual"]
     with pytest.raises(DplError, match="no shipped or installed pattern library 'cublass'"):
         load_rules("cublass")
     with pytest.raises(DplError, match="does not exist"):

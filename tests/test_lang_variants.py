@@ -114,6 +114,20 @@ def test_macros():
     assert [f.bindings for f in find_matches(ps, fb.ret(out))] == [("lv0", "lv1", "out")]
 
 
+def test_macro_wildcards_are_fresh_at_each_use():
+    # each use of `shifted` has its own `_` and its own literal: the two adds need not add one value
+    ps = parse_patterns("def shifted(x) = add(multiply(x, 2.0), _)\npattern k.two { out = multiply(shifted(a), shifted(b)) }")
+    fb = FunctionBuilder("main")
+    a, b = fb.param("a", "f32", (4,)), fb.param("b", "f32", (4,))
+    c, d = fb.param("c", "f32", (4,)), fb.param("d", "f32", (4,))
+    left = fb.emit("add", fb.emit("multiply", a, 2.0), c)
+    right = fb.emit("add", fb.emit("multiply", b, 2.0), d)
+    out = fb.emit("multiply", left, right, name="out")
+    from dpl.lang.matching import find_matches
+
+    assert [f.binding for f in find_matches(ps, fb.ret(out)) if f.accepted] == ["out"]
+
+
 def test_imports_relative_and_shipped(tmp_path):
     (tmp_path / "common.dpl").write_text("def act(y) = nn.relu(y) | nn.silu(y)\nequiv power(x, 2.0) == multiply(x, x)\n"
                                          "pattern common.e { out = exp(x) }\n")
@@ -122,8 +136,9 @@ def test_imports_relative_and_shipped(tmp_path):
     (sub / "mine.dpl").write_text('import "common.dpl"\nimport cublas\ncodegen mine\npattern a { out = act(power(x, 2.0)) }\n')
     rules = load_rules(str(sub / "mine.dpl"), search_path=[str(tmp_path)])  # common.dpl is outside sub/
     names = [r.name for r in rules]
-    # imports in order, then the file's own rules; cublas.matmul_bias_act's `priority 10` first
-    assert names[:3] == ["cublas.matmul_bias_act", "common.e", "cublas.matmul_bias"] and names[-1] == "mine.a"
+    # imports in order, then the file's own rules; cublas's epilogues (`priority 10`) first
+    epilogues = ["cublas.matmul_bias_act", "cublas.matmul_act", "cublas.matmul_bias_residual"]
+    assert names[:5] == [*epilogues, "common.e", "cublas.matmul_residual"] and names[-1] == "mine.a"
     assert rules[-1].variants == 4
 
 
@@ -161,7 +176,7 @@ def test_missing_import(tmp_path):
         "a.dpl:2:8: error: no shipped or installed pattern library 'nolib'\n"
         "  import nolib\n"
         "         ^^^^^\n"
-        "  hint: shipped libraries: cublas, llm, rewrites\n"
+        "  hint: shipped libraries: cnn, cublas, llm, rewrites\n"
         "2 errors"
     )
 

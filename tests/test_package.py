@@ -24,7 +24,7 @@ except ImportError:  # Python 3.10: pytest brings tomli there
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = {"grammar": ["ir.lark", "dpl.lark", "types.lark"], "patterns": ["cublas.dpl", "llm.dpl", "rewrites.dpl"]}
+SHIPPED = {"grammar": ["ir.lark", "dpl.lark", "types.lark"], "patterns": ["cnn.dpl", "cublas.dpl", "llm.dpl", "rewrites.dpl"]}
 MAPPED = {"dpl.grammar": "grammar", "dpl.patterns": "patterns", "dpl.backends": "backends"}
 DATA_SUFFIXES = (".lark", ".dpl")
 

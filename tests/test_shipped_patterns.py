@@ -106,23 +106,56 @@ def _twin_cublas():
     mm = is_op("matmul")(x, w)
     y = is_op("add")(mm, b)
     r = y.optional(lambda t: is_op("reshape")(t))
-    act = is_op("nn.relu")(r) | is_op("nn.gelu")(r) | is_op("nn.gelu_tanh")(r) | is_op("nn.silu")(r)
+    def activation(t):
+        return is_op("nn.relu")(t) | is_op("nn.gelu")(t) | is_op("nn.gelu_tanh")(t) | is_op("nn.silu")(t) | is_op("tanh")(t)
+    act = activation(r)
     ann = {"lhs": x, "rhs": w, "bias": b}
     bias_ok = lambda c: _rank(c.annotated_expr["rhs"]) == 2 and _rank(c.annotated_expr["bias"]) == 1 and floats(c, "lhs")
 
     def rows_only(c):  # a reshape between the bias add and the activation keeps the last dimension
         root = c.annotated_expr["root"]
         return bias_ok(c) and root.args[0].ty.shape[-1] == c.annotated_expr["bias"].ty.shape[-1]
+    x5, w5 = wildcard(), wildcard()
+    mm5 = is_op("matmul")(x5, w5)
+    r5 = mm5.optional(lambda t: is_op("reshape")(t))
+    act5 = is_op("nn.relu")(r5) | is_op("nn.gelu")(r5) | is_op("nn.gelu_tanh")(r5) | is_op("tanh")(r5)
+
+    def act_rows_only(c):
+        root = c.annotated_expr["root"]
+        return (_rank(c.annotated_expr["rhs"]) == 2 and floats(c, "lhs")
+                and root.args[0].ty.shape[-1] == c.annotated_expr["rhs"].ty.shape[-1])
+    x6, w6, b6, res6 = wildcard(), wildcard(), wildcard(), wildcard()
+    resid = is_op("add")(is_op("add")(is_op("matmul")(x6, w6), b6), res6)
+
+    def residual_ok(c):
+        e = c.annotated_expr
+        return (_rank(e["rhs"]) == 2 and _rank(e["bias"]) == 1 and floats(c, "lhs")
+                and tuple(e["residual"].ty.shape) == tuple(e["root"].ty.shape))
+    x7, w7, res7 = wildcard(), wildcard(), wildcard()
+    mm7 = is_op("matmul")(x7, w7)
+    resid_nobias = is_op("add")(mm7.optional(lambda t: is_op("reshape")(t)), res7)
+
+    def residual_nobias_ok(c):
+        e = c.annotated_expr
+        return (_rank(e["rhs"]) == 2 and floats(c, "lhs") and e["root"].args[0].ty.shape[-1] == e["rhs"].ty.shape[-1]
+                and tuple(e["residual"].ty.shape) == tuple(e["root"].ty.shape))
     x2, w2, b2 = wildcard(), wildcard(), wildcard()
     x3, w3 = wildcard(), wildcard()
     x4, w4 = wildcard(), wildcard()
+    viewed = is_op("matmul")(x4, w4).optional(lambda t: is_op("reshape")(t))
     return [
         FusionPattern("cublas.matmul_bias_act", act, {**ann, "root": act}, rows_only),
+        FusionPattern("cublas.matmul_act", act5, {"lhs": x5, "rhs": w5, "root": act5}, act_rows_only),
+        FusionPattern("cublas.matmul_bias_residual", resid, {"lhs": x6, "rhs": w6, "bias": b6, "residual": res6, "root": resid},
+                      residual_ok),
+        FusionPattern("cublas.matmul_residual", resid_nobias, {"lhs": x7, "rhs": w7, "residual": res7, "root": resid_nobias},
+                      residual_nobias_ok),
         FusionPattern("cublas.matmul_bias", is_op("add")(is_op("matmul")(x2, w2), b2), {"lhs": x2, "rhs": w2, "bias": b2}, bias_ok),
         FusionPattern("cublas.batch_matmul", is_op("matmul")(x3, w3), {"lhs": x3, "rhs": w3},
                       lambda c: _rank(c.annotated_expr["lhs"]) >= 3 and _rank(c.annotated_expr["rhs"]) >= 3 and floats(c, "lhs")),
-        FusionPattern("cublas.matmul", is_op("matmul")(x4, w4), {"lhs": x4, "rhs": w4},
-                      lambda c: _rank(c.annotated_expr["lhs"]) >= 2 and _rank(c.annotated_expr["rhs"]) == 2 and floats(c, "lhs")),
+        FusionPattern("cublas.matmul", viewed, {"lhs": x4, "rhs": w4, "root": viewed},
+                      lambda c: _rank(c.annotated_expr["lhs"]) >= 2 and _rank(c.annotated_expr["rhs"]) == 2 and floats(c, "lhs")
+                      and c.annotated_expr["root"].ty.shape[-1] == c.annotated_expr["rhs"].ty.shape[-1]),
     ]
 
 
@@ -145,17 +178,40 @@ def _twin_llm():
     m = z.optional(lambda t: is_op("add")(t, mask)) | is_op("add")(is_op("add")(z, bias), mask)
     p = is_op("nn.softmax")(m.optional(lambda t: is_op("astype")(t))).optional(lambda t: is_op("astype")(t))
     att = is_op("matmul")(p, v)
+    top = is_op("max")(m).has_attr({"axis": [-1], "keepdims": True})
+    safe = is_op("where")(is_op("greater")(top, is_const(-np.inf)), att, is_const(0.0))
     return [
         FusionPattern("kernel.swiglu", swiglu),
         FusionPattern("kernel.add_rms_norm", add_rms),
         FusionPattern("kernel.rms_norm", rms),
         FusionPattern("kernel.layer_norm", ln, {"out": ln, "n": ln_n}, rows_kept),
         FusionPattern("kernel.gelu", gelu),
+        FusionPattern("kernel.safe_attention", safe, {"q": q}, lambda c: True),
         FusionPattern("kernel.attention", att, {"q": q}, lambda c: True),
     ]
 
 
-TWINS = {"cublas": _twin_cublas, "llm": _twin_llm}
+def _twin_cnn():
+    def conv_bn():
+        c = is_op("nn.conv2d")(wildcard(), wildcard())
+        bn = is_op("add")(is_op("multiply")(is_op("multiply")(is_op("subtract")(c, wildcard()), wildcard()), wildcard()), wildcard())
+        return bn | c
+    stem = is_op("nn.max_pool2d")(is_op("nn.relu")(conv_bn()))
+    shortcut = is_op("nn.relu")(is_op("add")(conv_bn(), conv_bn()))
+    x = wildcard()
+    pooled = is_op("mean")(x).has_attr({"axis": [-2, -1], "keepdims": True}) | is_op("nn.adaptive_avg_pool2d")(x)
+
+    def one_by_one(c):
+        out = c.annotated_expr["root"]
+        return c.annotated_expr["x"].ty.ndim == 4 and tuple(out.ty.shape[-2:]) == (1, 1)
+    return [
+        FusionPattern("kernel.conv2d_relu_max_pool", stem),
+        FusionPattern("kernel.conv2d_shortcut", shortcut),
+        FusionPattern("kernel.global_avg_pool", pooled, {"x": x, "root": pooled}, one_by_one),
+    ]
+
+
+TWINS = {"cublas": _twin_cublas, "llm": _twin_llm, "cnn": _twin_cnn}
 
 
 def summary(found):
@@ -182,7 +238,10 @@ def accepted_roots(library, module):
     "library,module,expected",
     [
         ("cublas", "mlp_relu", {("cublas.matmul_bias_act", "act"), ("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
-        ("cublas", "mlp_tanh", {("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
+        ("cublas", "mlp_tanh", {("cublas.matmul_bias_act", "act"), ("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
+        ("cublas", "model_t5_relu_no_bias", {("cublas.matmul_act", "act"), ("cublas.matmul", "wi"), ("cublas.matmul", "wo")}),
+        ("cublas", "model_residual_after_projection",
+         {("cublas.matmul_bias_residual", "residual"), ("cublas.matmul_bias", "biased"), ("cublas.matmul", "mm")}),
         ("cublas", "batched", {("cublas.batch_matmul", "bmm")}),
         ("cublas", "int_matmul", set()),
         ("llm", "swiglu", {("kernel.swiglu", "h")}),
@@ -191,6 +250,10 @@ def accepted_roots(library, module):
         ("llm", "attention", {("kernel.attention", "ctx")}),
         ("llm", "attention_nomask", {("kernel.attention", "ctx")}),
         ("llm", "mlp_relu", set()),
+        ("cnn", "model_resnet_stem_torch", {("kernel.conv2d_relu_max_pool", "pool")}),
+        ("cnn", "model_resnet_shortcut_onnx", {("kernel.conv2d_shortcut", "out")}),
+        ("cnn", "model_resnet_head_onnx", {("kernel.global_avg_pool", "pooled")}),
+        ("cnn", "model_gpt2_onnx_mlp", set()),
     ],
 )
 def test_patterns_match_what_they_are_meant_for(library, module, expected):

@@ -170,6 +170,10 @@ def expand_macros(e: ast.PExpr, scope: Scope, errors: list[DplError], stack: tup
 def _substitute(e: ast.PExpr, values: dict) -> ast.PExpr:
     if isinstance(e, ast.Ref):
         return values.get(e.name, e)
+    if isinstance(e, (ast.Anything, ast.AnyConst, ast.Literal)):
+        # a new node per use: the compiler gives one syntax node one pattern object, and a
+        # `_` of a macro used twice must not have to match one value at both places
+        return attrs.evolve(e)
     children = _children(e)
     if not children:
         return e
