@@ -44,6 +44,8 @@ HOST_PRELUDE = """\
 #define __launch_bounds__(n)
 #define __shared__ static
 #define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
+struct uint4 {{ unsigned x, y, z, w; }};
 #define DPL_INLINE inline
 #define __syncthreads() _Pragma("omp barrier")
 struct dpl_dim3 {{ unsigned x, y, z; }};
