@@ -265,3 +265,48 @@ def test_the_twin_catches_a_broken_copy_or_tail(cxx):
     np.testing.assert_allclose(outs[source.name], want, rtol=1e-5, atol=1e-7)
     assert not np.allclose(outs["copy"], want, rtol=1e-5, atol=1e-7)
     assert np.isnan(outs["tail"]).any()  # row 1 starts off the 16-byte boundary: the element tail
+
+
+# -- the bandwidth benchmark's plumbing, on the stand-in ---------------------------------------------
+
+
+def test_the_row_bandwidth_benchmark_runs_on_the_stand_in(nvrtc, cxx):
+    """bench/cuda_rows.py (which test_gpu.py and bench_cuda.py use on a device) end to end on
+    the stand-in CuPy with a clock that says 1 ms: every kernel checked against the
+    interpreter, bytes counted as inputs plus outputs."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dpl.backends.cupy_backend import CupyBackend
+    from fake_cupy import FakeCupy
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    try:
+        import cuda_rows
+    finally:
+        sys.path.pop(0)
+
+    class Timed(FakeCupy):
+        float32 = np.float32
+
+        def __init__(self):
+            super().__init__(nvrtc=nvrtc)
+            event = lambda: SimpleNamespace(record=lambda: None, synchronize=lambda: None)  # noqa: E731
+            self.cuda.Event, self.cuda.get_elapsed_time = event, lambda a, b: 1.0
+            self.cuda.Device = lambda: SimpleNamespace(compute_capability="90", synchronize=lambda: None)
+
+        def ones(self, n, dtype):
+            return self.asarray(np.ones(n, dtype))
+
+        def empty_like(self, a):
+            return self.empty(a.shape, a.dtype)
+
+    fake = Timed()
+    found = list(cuda_rows.rows(fake, CupyBackend(cupy=fake, block=8), 16, 300))
+    assert [(t, name) for t, name, _ in found] == [(t, n) for t in ("f32", "f16") for n in
+                                                    ("softmax", "rms_norm", "layer_norm", "add_rms_norm")]
+    f32 = {name: m for t, name, m in found if t == "f32"}
+    assert f32["softmax"]["bytes"] == 2 * 16 * 300 * 4 and f32["add_rms_norm"]["bytes"] == (4 * 16 * 300 + 300) * 4
+    assert all(m["ms"] == 1.0 / 20 for _, _, m in found)  # 20 calls a round on the stand-in clock
+    assert "of copy" in cuda_rows.report(fake, CupyBackend(cupy=fake, block=8), 16, 300)
