@@ -13,7 +13,8 @@ same launch (nests carry no dependences between them):
   every thread holds the row's value: warp shuffles within each warp, the warps' values through
   shared memory (two barriers), or, for blocks smaller than a warp, a tree in shared memory
   with a barrier per level; loops over the row are split across the threads; a store outside
-  them is done by thread 0.
+  them is done by thread 0. Input rows that several passes read are staged once in shared
+  memory by 16-byte vectors, and row loops store by 16-byte vectors (``cuda_rows.py``).
 - statements outside every loop (a reduction over the whole tensor, a scalar result) run
   like a block's row, on a launch of one block.
 

@@ -24,6 +24,10 @@ caches the binary on disk; the backend keeps each compiled module in memory too,
 (source, options, device), so a source met again (the same group at another shape, another
 Executable) is not handed to CuPy again.
 
+A ``kernel.attention`` composite runs as the CUDA flash kernel (``flash_attention_cuda.py``)
+when ``flash_attention.choose`` says so (``attention=``), else as the segments; the plan step's
+note in ``exe.summary()`` says which and why.
+
 Without CuPy or without a device the backend is unavailable and says why; the "cuda" target
 then falls back along cupy -> cpu -> numpy, and ``exe.summary()`` shows it. No GPU is on this
 project's machines: the tests run this backend on a stand-in CuPy whose kernels are the host
