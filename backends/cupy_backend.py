@@ -25,7 +25,7 @@ caches the binary on disk; the backend keeps each compiled module in memory too,
 Executable) is not handed to CuPy again.
 
 A ``kernel.attention`` composite runs as the CUDA flash kernel (``flash_attention_cuda.py``)
-when ``flash_attention.choose`` says so (``attention=``), else as the segments; the plan step's
+when ``flash_attention_cuda.choose`` says so (``attention=``), else as the segments; the plan step's
 note in ``exe.summary()`` says which and why.
 
 Without CuPy or without a device the backend is unavailable and says why; the "cuda" target
@@ -91,7 +91,7 @@ class CupyBackend(Backend):
         ``block``: threads per block (a power of two); ``options``: more NVRTC options;
         ``cublaslt``: the cuBLASLt library (None: libcublasLt, loaded when first needed;
         False: products and epilogue kernels only); ``attention``: how ``kernel.attention``
-        composites run: "auto" (``flash_attention.choose``'s rule), "flash" (the CUDA flash
+        composites run: "auto" (``flash_attention_cuda.choose``'s rule), "flash" (the CUDA flash
         kernel, ``flash_attention_cuda.py``) or "segments" (cuBLAS products, a softmax kernel)."""
         if block < 1 or block & (block - 1):
             raise CompileError(f"threads per block must be a power of two, got {block}")
@@ -151,7 +151,6 @@ class CupyBackend(Backend):
     def _flash(self, function, shapes):
         """A kernel.attention composite as the CUDA flash kernel (``flash_attention_cuda.py``) on
         device arrays, or None for the segments; and a note saying which and why."""
-        from dpl.backends import flash_attention as fa
         from dpl.backends import flash_attention_cuda as fac
         from dpl.kernel.attention import NotAttention, read_attention
 
@@ -159,7 +158,7 @@ class CupyBackend(Backend):
             spec = read_attention(function)
         except NotAttention as err:
             return None, f"segments (no flash kernel: {err})"
-        use, why = fa.choose(spec, shapes, self.attention)
+        use, why = fac.choose(spec, shapes, self.attention)
         if not use:
             return None, f"segments ({why})"
         code = fac.emit_flash_cuda(spec, FLASH_SYMBOL)

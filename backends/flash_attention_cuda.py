@@ -13,8 +13,8 @@ skipped by the whole block at once (no thread leaves a barrier behind). The same
 CPU kernel and the interpreter: a row all -inf is NaN, a NaN score makes its row NaN.
 
 The CuPy backend runs ``kernel.attention`` composites through :func:`device_runner` when
-``flash_attention.choose`` says so (``CupyBackend(attention=...)``); the kernel's arguments are
-those of the CPU kernel's runner, its per-shape batch offsets uploaded to the device once.
+:func:`choose` says so (``CupyBackend(attention=...)``); the kernel's arguments are those of
+the CPU kernel's runner, its per-shape batch offsets uploaded to the device once.
 """
 
 from __future__ import annotations
@@ -126,6 +126,51 @@ def emit_flash_cuda(spec: Attention, symbol: str = "dpl_flash_attention") -> str
                            symbol=symbol, scale=scale, scale_op="*" if spec.scale_op == "multiply" else "/",
                            mask_add=MASK_ADD if spec.mask is not None else "")
     return CUDA_PRELUDE + HELPERS + body
+
+
+# "auto" takes the flash kernel when the score tensor the segments would write (batch x Sq x Sk
+# elements) is at least this large. Not measured on a GPU: this kernel reads every key and value
+# row once per query row (from L2), where cuBLAS's two products and the softmax kernel between
+# them are fast until the scores themselves are the traffic (and the memory) that matters.
+SCORES_BYTES = 256 << 20
+
+
+def scores_bytes(spec: Attention, shapes) -> int | None:
+    """Bytes of the scores the segments would materialise, from the build's shapes (None when
+    q's or k's shape is not known)."""
+    def shape(src):
+        if not isinstance(src, Param):
+            return tuple(src.value.shape)
+        if src.index < len(shapes) and all(isinstance(d, (int, np.integer)) for d in shapes[src.index]):
+            return tuple(int(d) for d in shapes[src.index])
+        return None
+
+    q, k = shape(spec.q), shape(spec.k)
+    if q is None or k is None or len(q) < 2 or len(k) < 2:
+        return None
+    batch = np.broadcast_shapes(q[:-2], k[:-2])
+    return int(np.prod(batch, dtype=np.int64)) * q[-2] * k[-1] * np.dtype(dtypes.to_numpy(spec.dtype)).itemsize
+
+
+def choose(spec: Attention, shapes, mode: str = "auto", threshold: int | None = None) -> tuple[bool, str]:
+    """Whether the CUDA flash kernel runs this attention, and why: "flash" / "segments" decide
+    alone (``flash_attention.choose``); "auto" takes flash from ``SCORES_BYTES`` of scores on
+    (unknown shapes: the segments)."""
+    from dpl.backends import flash_attention as fa
+
+    if mode != "auto":
+        return fa.choose(spec, shapes, mode)
+    threshold = SCORES_BYTES if threshold is None else threshold
+    size = scores_bytes(spec, shapes)
+    if size is None:
+        return False, "scores' size unknown at build time: cuBLAS products"
+    if size >= threshold:
+        return True, f"{_size(size)} of scores >= {_size(threshold)}"
+    return False, f"{_size(size)} of scores < {_size(threshold)}: cuBLAS products"
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.3g} MiB" if n >= 1 << 20 else f"{n / (1 << 10):.3g} KiB"
 
 
 def launch_grid(nbatch: int, sq: int, max_grid: int = MAX_GRID) -> int:

@@ -80,21 +80,42 @@ def test_a_block_of_whole_warps(fake):
     assert flash_launches(fake)[-1][2] == (32,)
 
 
-def test_auto_takes_the_segments_for_few_keys_and_says_why(fake):
+def test_auto_takes_flash_for_large_scores_and_says_why(fake, monkeypatch):
+    """"auto": cuBLAS products unless the scores the segments would write are large (the
+    threshold lowered here to 16 KiB, so that a small case crosses it)."""
+    from dpl.backends import flash_attention_cuda
+
     mod = attention_module((2, 9, 16), (2, 16, 9), (2, 9, 16), (9, 9))
     exe = build(fake, mod, attention="auto")
     args = inputs(mod, 1)
     check(dpl.interpret(mod, *args), exe(*args))
-    assert "segments (9 keys < 256: two BLAS products win)" in exe.summary(), exe.summary()
+    assert "segments (0.633 KiB of scores < 256 MiB: cuBLAS products)" in exe.summary(), exe.summary()
     assert not flash_launches(fake) and fake.matmuls >= 2
-    many = attention_module((1, 4, 16), (1, 16, 300), (1, 300, 16), None)
+    monkeypatch.setattr(flash_attention_cuda, "SCORES_BYTES", 16 << 10)
+    many = attention_module((2, 2, 40, 16), (2, 1, 16, 60), (2, 1, 60, 16), None)  # 2 x 2 x 40 x 60 floats: 37.5 KiB
     exe = build(fake, many, attention="auto")
     args = inputs(many, 2)
     check(dpl.interpret(many, *args), exe(*args))
-    assert "flash attention, CUDA (300 keys >= 256)" in exe.summary(), exe.summary()
+    assert "flash attention, CUDA (37.5 KiB of scores >= 16 KiB)" in exe.summary(), exe.summary()
+    assert flash_launches(fake)
     exe = build(fake, mod, attention="segments")
     exe(*inputs(mod, 1))
     assert "segments (attention='segments' asked for)" in exe.summary()
+
+
+def test_the_scores_size_rule():
+    from dpl.backends.flash_attention_cuda import choose, scores_bytes
+    from dpl.kernel.attention import read_attention
+    from test_flash_attention import composite
+
+    mod = attention_module((16, 512, 64), (16, 64, 512), (16, 512, 64), (512, 512))
+    spec = read_attention(composite(mod)[1])
+    shapes = ((16, 512, 64), (16, 64, 512), (16, 512, 64), (512, 512))
+    assert scores_bytes(spec, shapes) == 16 * 512 * 512 * 4
+    assert choose(spec, shapes) == (False, "16 MiB of scores < 256 MiB: cuBLAS products")
+    assert choose(spec, shapes, threshold=16 << 20) == (True, "16 MiB of scores >= 16 MiB")
+    assert choose(spec, ((16, "n", 64),) + shapes[1:])[0] is False  # a symbolic length: unknown
+    assert choose(spec, shapes, "flash") == (True, "attention='flash' asked for")
 
 
 class FlashFailsToCompile(FakeCupy):
