@@ -165,14 +165,15 @@ def test_row_kernels_compile_for_ampere_and_hopper(nvrtc, arch):
 
 @pytest.fixture(scope="module")
 def twins(cxx):
-    """One twin per block size holding every kind at every dtype with a symbolic row length
-    (the hypothesis test's), plus static lengths (odd, short, whole vectors)."""
+    """One twin per block size (8: shared-memory trees; 32: one warp's shuffles; 64: two warps)
+    holding every kind at every dtype with a symbolic row length (the hypothesis test's), plus
+    static lengths (odd, short, whole vectors) at 8 and 32."""
     needs.package("ml_dtypes")
     built = {}
-    for block in (8, 32):
+    for block in (8, 32, 64):
         srcs = {}
         for t in DTYPES:
-            for d in ("d", 1, 3, 300, 4097):
+            for d in ("d", 1, 3, 300, 4097) if block < 64 else ("d",):  # 64: two warps, symbolic rows only
                 for kind, s in sources(t, d, f"{d}_{block}").items():
                     srcs[(kind, t, d)] = s
         built[block] = (HostTwin(list(srcs.values()), block=block), srcs)
@@ -212,8 +213,8 @@ def _check_twin(twin, source, fn, rows, d, offset, seed, t, grid=None):
                                    err_msg=f"{source.name} rows={rows} d={d} offset={offset} grid={grid}")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(KINDS), t=st.sampled_from(list(DTYPES)), block=st.sampled_from([8, 32]),
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(KINDS), t=st.sampled_from(list(DTYPES)), block=st.sampled_from([8, 32, 64]),
        rows=st.integers(1, 4), d=st.one_of(st.integers(1, 70), st.integers(70, 9000)),
        offset=st.integers(0, 9), grid=st.sampled_from([None, 1, 3]), seed=st.integers(0, 2**16))
 def test_twin_equals_the_interpreter_over_lengths_dtypes_and_offsets(twins, kind, t, block, rows, d, offset, grid, seed):
