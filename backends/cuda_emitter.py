@@ -34,7 +34,7 @@ import math
 import attrs
 
 from dpl.backends.c_emitter import EmitError, StatementEmitter
-from dpl.backends.cuda_rows import ITEMSIZE, VECTOR, staged_rows, vector_stores
+from dpl.backends.cuda_rows import ITEMSIZE, STAGE_BYTES, VECTOR, staged_rows, vector_stores
 from dpl.kernel.ir import Bin, Const, Kernel, Let, Loop, Op, Reduce, Store, Var, free_vars
 from dpl.ops.registry import get_op
 
@@ -149,6 +149,7 @@ class CudaEmitter(StatementEmitter):
         self.block_rows_from = block_rows_from
         self.nests: list[Nest] = []
         self.staged: dict = {}  # buffer -> cuda_rows.Staged, while a block nest's row is emitted
+        self.stage_left = STAGE_BYTES  # shared memory left for staged rows: one budget for all the kernel's nests
         self.redirect: dict[int, str] = {}  # id(Store) -> the C lvalue it writes instead (a lane's register)
 
     def load(self, buffer: str, index: list[str]) -> str:
@@ -229,7 +230,8 @@ class CudaEmitter(StatementEmitter):
         for level in lets[:-1]:
             self.stmts(level, 2, out)
         if by_block:
-            staged = staged_rows(self.kernel, loops, body, self.names)
+            staged = staged_rows(self.kernel, loops, body, self.names, budget=self.stage_left)
+            self.stage_left -= sum(st.capacity * ITEMSIZE[self.dtype_of(st.buffer)] for st in staged)
             self.stage(staged, 2, out)
             self.staged = {st.buffer: st for st in staged}
             self.block_stmts(list(body), 2, out, store_guard="threadIdx.x == 0")
@@ -347,7 +349,9 @@ class CudaEmitter(StatementEmitter):
             for w in range(words):
                 out.append(f"{deep}  ((uint4 *)&{at(st, v)})[{w}] = ((const uint4 *){reg})[{w}];")
         out.append(f"{deep}}} else {{")
-        out.append(f"{deep}  for (int dpl_l = 0; dpl_l < dpl_m; ++dpl_l) {{")
+        out.append(f"{deep}  #pragma unroll  /* constant lanes: the register array is never indexed at run time */")
+        out.append(f"{deep}  for (int dpl_l = 0; dpl_l < {lanes}; ++dpl_l) {{")
+        out.append(f"{deep}    if (dpl_l >= dpl_m) break;")
         out.append(f"{deep}    const int64_t {v} = dpl_b + dpl_l;")
         for st, reg in zip(stores, regs):
             out.append(f"{deep}    {at(st, v)} = {reg}[dpl_l];")

@@ -10,6 +10,8 @@
   global memory once. A static row is staged when the staged rows of the nest fit in
   ``STAGE_BYTES``; a symbolic row gets an equal share of it, and a run-time test on the
   row's length (uniform across the block) reads global memory instead when the row is longer.
+  The budget is the kernel's, shared by all its block nests (static shared memory is per
+  kernel: 48 KiB at most, which ptxas enforces; ``nvrtc.compile_cubin`` checks it).
   Two barriers per row: before the copy (the previous row's readers are done) and after it.
 - **Vector stores.** A row loop whose body is lets and stores, storing contiguously into
   outputs (``out[row..., i]``, the row part free of ``i``), runs ``VECTOR / itemsize`` lanes

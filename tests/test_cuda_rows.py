@@ -252,7 +252,7 @@ def test_the_twin_catches_a_broken_copy_or_tail(cxx):
     source = sources("f32", 301, "good")["softmax"]
     code = source.function
     copy = code.replace("dpl_k < 301; dpl_k += blockDim.x) dpl_row", "dpl_k < 300; dpl_k += blockDim.x) dpl_row")
-    tail = code.replace("dpl_l < dpl_m; ++dpl_l) {", "dpl_l < dpl_m - 1; ++dpl_l) {")
+    tail = code.replace("    if (dpl_l >= dpl_m) break;\n", "    if (dpl_l >= dpl_m - 1) break;\n")
     assert copy != code and tail != code
     broken = [attrs.evolve(source, name=n, function=f.replace(f" {source.name}(", f" {n}(")) for n, f in (("copy", copy), ("tail", tail))]
     twin = HostTwin([source, *broken], block=8)
@@ -311,3 +311,35 @@ def test_the_row_bandwidth_benchmark_runs_on_the_stand_in(nvrtc, cxx):
     assert f32["softmax"]["bytes"] == 2 * 16 * 300 * 4 and f32["add_rms_norm"]["bytes"] == (4 * 16 * 300 + 300) * 4
     assert all(m["ms"] == 1.0 / 20 for _, _, m in found)  # 20 calls a round on the stand-in clock
     assert "of copy" in cuda_rows.report(fake, CupyBackend(cupy=fake, block=8), 16, 300)
+
+
+# -- ptxas, inside NVRTC: shared memory, registers, spills -----------------------------------------
+
+_PTXAS = re.compile(r"Used (\d+) registers.*?(\d+) bytes smem")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_row_kernels_assemble_within_the_limits(nvrtc, arch):
+    """CUBINs for Ampere and Hopper (ptxas runs in NVRTC): every row kernel's static shared
+    memory within 48 KiB, no register arrays in local memory (at most a few bytes spilled) at a
+    block of 256; two softmaxes in one kernel share
+    the staging budget (each nest's rows are staged while the kernel's budget lasts)."""
+    two = dpl.parse("""
+func two(x: f32[n, 4096], z: f32[n, 8192]) -> (f32[n, 4096], f32[n, 8192]) {
+  y = nn.softmax(x)
+  w = nn.softmax(z)
+  return (y, w)
+}""")["two"]
+    kernels = [s for t in ("f32", "f16") for d in (4096, "d") for s in sources(t, d, "a").values()]
+    kernels.append(emit_cuda(lower_function(two), "two", block_rows_from=0))
+    assert kernels[-1].function.count("__shared__ __align__(16)") == 1  # 16 KiB, then 32 more would pass 32
+    for source in kernels:
+        _, log = nvrtc.compile_cubin(source.code, f"{source.name}.cu", arch=arch,
+                                     options=("-DDPL_BLOCK=256", *CUPY_ADDS, "--ptxas-options=-v"))
+        registers, smem = map(int, _PTXAS.search(log).groups())
+        assert smem <= 48 << 10 and registers <= 255, (source.name, log)
+        spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+        assert spills <= 16, (source.name, log)  # ptxas trades a few bytes for full occupancy at 256 threads
+    with pytest.raises(nvrtc.NvrtcError, match="too much shared data"):
+        nvrtc.compile_cubin('extern "C" __global__ void k(float *a) { __shared__ float s[13000]; s[threadIdx.x] = 1; '
+                            '__syncthreads(); a[threadIdx.x] = s[threadIdx.x + 1]; }', arch=arch)
