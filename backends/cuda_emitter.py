@@ -317,41 +317,51 @@ class CudaEmitter(StatementEmitter):
 
     def vector_loop(self, s: Loop, indent: int, out: list[str]) -> None:
         """A row loop storing by 16-byte vectors (see ``cuda_rows``): ``lanes`` consecutive
-        elements per thread computed into registers, stored whole where aligned."""
+        elements per thread computed into registers, from the row's first 16-byte boundary (the
+        elements before it, a head chunk, and the tail go out one by one), stored whole where
+        every vector output is aligned there."""
         pad, inner, deep = "  " * indent, "  " * (indent + 1), "  " * (indent + 2)
         stores = vector_stores(self.kernel, s)
-        lanes = VECTOR // min(ITEMSIZE[self.buffers[st.buffer].dtype] for st in stores)
+        sizes = [ITEMSIZE[self.buffers[st.buffer].dtype] for st in stores]
+        lanes = VECTOR // min(sizes)
         v, extent = self.names[s.var.name], self.expr(s.extent)
         regs = [self.names.internal("lane") for _ in stores]
 
         def at(st, index: str) -> str:
             return self.flat(st.buffer, [*(self.expr(i) for i in st.indices[:-1]), index])
 
-        aligned = " && ".join(f"(uintptr_t)&{at(st, '0')} % {VECTOR} == 0" for st in stores)
+        aligned = [f"dpl_a % {sizes[0]} == 0"]
+        aligned += [f"((uintptr_t)&{at(st, '0')} + dpl_h * {size}) % {VECTOR} == 0" for st, size in zip(stores[1:], sizes[1:])]
         out.append(f"{pad}{{")
-        out.append(f"{inner}const bool dpl_aligned = {aligned};")
-        out.append(f"{inner}for (int64_t dpl_b = (int64_t)threadIdx.x * {lanes}; dpl_b < {extent}; dpl_b += (int64_t)blockDim.x * {lanes}) {{")
+        out.append(f"{inner}/* lanes start at the first 16-byte boundary of the row's first vector output */")
+        out.append(f"{inner}const uintptr_t dpl_a = (uintptr_t)&{at(stores[0], '0')};")
+        out.append(f"{inner}const int64_t dpl_h = (int64_t)(({VECTOR} - dpl_a % {VECTOR}) % {VECTOR} / {sizes[0]});")
+        out.append(f"{inner}const bool dpl_aligned = {' && '.join(aligned)};")
+        out.append(f"{inner}const int64_t dpl_start = dpl_aligned && dpl_h > 0 ? dpl_h - {lanes} : 0;")
+        out.append(f"{inner}for (int64_t dpl_b = dpl_start + (int64_t)threadIdx.x * {lanes}; dpl_b < {extent}; dpl_b += (int64_t)blockDim.x * {lanes}) {{")
         for st, reg in zip(stores, regs):
             out.append(f"{deep}__align__(16) {self.buffer_ctype(self.buffers[st.buffer].dtype)} {reg}[{lanes}];")
-        out.append(f"{deep}const int64_t dpl_m = {extent} - dpl_b < {lanes} ? {extent} - dpl_b : {lanes};")
+        lane_range = [f"{deep}  if (dpl_b + dpl_l < 0) continue;  /* before the row: the head chunk's unused lanes */",
+                      f"{deep}  if (dpl_b + dpl_l >= {extent}) break;"]
         out.append(f"{deep}#pragma unroll")
         out.append(f"{deep}for (int dpl_l = 0; dpl_l < {lanes}; ++dpl_l) {{")
-        out.append(f"{deep}  if (dpl_l >= dpl_m) break;")
+        out += lane_range
         out.append(f"{deep}  const int64_t {v} = dpl_b + dpl_l;")
         self.redirect = {id(st): f"{reg}[dpl_l]" for st, reg in zip(stores, regs)}
         self.stmts(s.body, indent + 3, out)
         self.redirect = {}
         out.append(f"{deep}}}")
-        out.append(f"{deep}if (dpl_aligned && dpl_m == {lanes}) {{")
+        # the store intrinsic (st.global.cg.v4): a plain uint4 assignment here is merged with the
+        # element-by-element branch and split into scalar stores by the optimiser
+        out.append(f"{deep}if (dpl_aligned && dpl_b >= 0 && dpl_b + {lanes} <= {extent}) {{")
         out.append(f"{deep}  const int64_t {v} = dpl_b;")
-        for st, reg in zip(stores, regs):
-            words = lanes * ITEMSIZE[self.buffers[st.buffer].dtype] // VECTOR
-            for w in range(words):
-                out.append(f"{deep}  ((uint4 *)&{at(st, v)})[{w}] = ((const uint4 *){reg})[{w}];")
+        for st, reg, size in zip(stores, regs, sizes):
+            for w in range(lanes * size // VECTOR):
+                out.append(f"{deep}  __stcg((uint4 *)&{at(st, v)} + {w}, ((const uint4 *){reg})[{w}]);")
         out.append(f"{deep}}} else {{")
         out.append(f"{deep}  #pragma unroll  /* constant lanes: the register array is never indexed at run time */")
         out.append(f"{deep}  for (int dpl_l = 0; dpl_l < {lanes}; ++dpl_l) {{")
-        out.append(f"{deep}    if (dpl_l >= dpl_m) break;")
+        out += ["  " + line for line in lane_range]
         out.append(f"{deep}    const int64_t {v} = dpl_b + dpl_l;")
         for st, reg in zip(stores, regs):
             out.append(f"{deep}    {at(st, v)} = {reg}[dpl_l];")

@@ -46,6 +46,7 @@ HOST_PRELUDE = """\
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 struct uint4 {{ unsigned x, y, z, w; }};
+static inline void __stcg(uint4 *p, uint4 v) {{ *p = v; }}
 #define DPL_INLINE inline
 #define __syncthreads() _Pragma("omp barrier")
 struct dpl_dim3 {{ unsigned x, y, z; }};

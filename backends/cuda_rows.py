@@ -16,8 +16,10 @@
 - **Vector stores.** A row loop whose body is lets and stores, storing contiguously into
   outputs (``out[row..., i]``, the row part free of ``i``), runs ``VECTOR / itemsize`` lanes
   per thread: the lanes' values go to a register array (``__align__(16)``, unrolled), then out
-  as 16-byte stores when every such output's row starts on a 16-byte boundary and the lanes
-  are whole, else element by element (the tail, a misaligned row).
+  as 16-byte stores. The lanes start at the row's first 16-byte boundary (an odd length or a
+  view at an offset moves it): the elements before it are a head chunk and the ones past the
+  last whole vector a tail, both stored element by element; so are all of a row whose vector
+  outputs do not share a boundary (different offsets modulo 16 bytes).
 
 Which rows and which loops is decided here from the kernel IR alone (:func:`staged_rows`,
 :func:`vector_stores`); the decisions are correct for every input the IR allows because
