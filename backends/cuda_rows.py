@@ -19,7 +19,9 @@
   as 16-byte stores. The lanes start at the row's first 16-byte boundary (an odd length or a
   view at an offset moves it): the elements before it are a head chunk and the ones past the
   last whole vector a tail, both stored element by element; so are all of a row whose vector
-  outputs do not share a boundary (different offsets modulo 16 bytes).
+  outputs do not share a boundary (different offsets modulo 16 bytes). The whole lanes go out
+  through ``__stcg`` (``st.global.cg.v4``): a plain ``uint4`` assignment is merged with the
+  element-by-element branch and split into scalar stores by NVVM.
 
 Which rows and which loops is decided here from the kernel IR alone (:func:`staged_rows`,
 :func:`vector_stores`); the decisions are correct for every input the IR allows because
