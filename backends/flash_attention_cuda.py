@@ -19,9 +19,9 @@ the CPU kernel's runner, its per-shape batch offsets uploaded to the device once
 
 from __future__ import annotations
 
-import numpy as np
-
 import threading
+
+import numpy as np
 
 from dpl import dtypes
 from dpl.backends.cuda_emitter import CUDA_PRELUDE, HELPERS, MAX_GRID
