@@ -13,7 +13,8 @@ same launch (nests carry no dependences between them):
   every thread holds the row's value: warp shuffles within each warp, the warps' values through
   shared memory (two barriers), or, for blocks smaller than a warp, a tree in shared memory
   with a barrier per level; loops over the row are split across the threads; a store outside
-  them is done by thread 0.
+  them is done by thread 0. Input rows that several passes read are staged once in shared
+  memory by 16-byte vectors, and row loops store by 16-byte vectors (``cuda_rows.py``).
 - statements outside every loop (a reduction over the whole tensor, a scalar result) run
   like a block's row, on a launch of one block.
 
@@ -33,6 +34,7 @@ import math
 import attrs
 
 from dpl.backends.c_emitter import EmitError, StatementEmitter
+from dpl.backends.cuda_rows import ITEMSIZE, STAGE_BYTES, VECTOR, staged_rows, vector_stores
 from dpl.kernel.ir import Bin, Const, Kernel, Let, Loop, Op, Reduce, Store, Var, free_vars
 from dpl.ops.registry import get_op
 
@@ -53,6 +55,7 @@ typedef signed char int8_t;
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
+typedef unsigned long long uintptr_t;
 #define INFINITY __int_as_float(0x7f800000)
 #define NAN __int_as_float(0x7fffffff)
 #define DPL_INLINE __device__ __forceinline__
@@ -145,6 +148,21 @@ class CudaEmitter(StatementEmitter):
         super().__init__(kernel)
         self.block_rows_from = block_rows_from
         self.nests: list[Nest] = []
+        self.staged: dict = {}  # buffer -> cuda_rows.Staged, while a block nest's row is emitted
+        self.stage_left = STAGE_BYTES  # shared memory left for staged rows: one budget for all the kernel's nests
+        self.redirect: dict[int, str] = {}  # id(Store) -> the C lvalue it writes instead (a lane's register)
+
+    def load(self, buffer: str, index: list[str]) -> str:
+        st = self.staged.get(buffer)
+        if st is None:
+            return super().load(buffer, index)
+        row = f"{st.array}[{index[-1]}]"
+        raw = row if st.fits == "1" else f"({st.fits} ? {row} : {self.flat(buffer, index)})"
+        widen = self.bits.get(self.dtype_of(buffer))
+        return f"{widen[0]}({raw})" if widen else raw
+
+    def store(self, s: Store, target: str | None = None) -> str:
+        return super().store(s, target or self.redirect.get(id(s)))
 
     def op(self, e: Op, args: list[str]) -> str | None:
         dtype = dict(e.attrs).get("dtype") if e.op == "astype" else None
@@ -212,7 +230,12 @@ class CudaEmitter(StatementEmitter):
         for level in lets[:-1]:
             self.stmts(level, 2, out)
         if by_block:
+            staged = staged_rows(self.kernel, loops, body, self.names, budget=self.stage_left)
+            self.stage_left -= sum(st.capacity * ITEMSIZE[self.dtype_of(st.buffer)] for st in staged)
+            self.stage(staged, 2, out)
+            self.staged = {st.buffer: st for st in staged}
             self.block_stmts(list(body), 2, out, store_guard="threadIdx.x == 0")
+            self.staged = {}
         else:
             self.stmts(body, 2, out)
         out.append(f"{pad}}}")
@@ -252,6 +275,8 @@ class CudaEmitter(StatementEmitter):
                 out.append(f"{pad}{self.let(s)}")
             elif isinstance(s, Reduce):
                 self.block_reduce(s, indent, out)
+            elif isinstance(s, Loop) and vector_stores(self.kernel, s):
+                self.vector_loop(s, indent, out)
             elif isinstance(s, Loop):
                 v = self.names[s.var.name]
                 out.append(f"{pad}for (int64_t {v} = threadIdx.x; {v} < {self.expr(s.extent)}; {v} += blockDim.x) {{")
@@ -261,6 +286,89 @@ class CudaEmitter(StatementEmitter):
                 out.append(f"{pad}if ({store_guard}) {self.store(s)}")
             else:
                 raise EmitError(f"cannot emit {type(s).__name__}")
+
+    def stage(self, staged, indent: int, out: list[str]) -> None:
+        """Each staged input row copied into shared memory (see ``cuda_rows``): by 16-byte
+        vectors from a row start on a 16-byte boundary, element by element otherwise."""
+        if not staged:
+            return
+        pad, inner, deep = "  " * indent, "  " * (indent + 1), "  " * (indent + 2)
+        out.append(f"{pad}__syncthreads();  /* the previous row's staged values are read before they are overwritten */")
+        for st in staged:
+            t = self.buffer_ctype(self.dtype_of(st.buffer))
+            lanes = VECTOR // ITEMSIZE[self.dtype_of(st.buffer)]
+            extent = self.expr(st.extent)
+            start = self.flat(st.buffer, [*(self.expr(p) for p in st.prefix), "0"])
+            out.append(f"{pad}__shared__ __align__(16) {t} {st.array}[{st.capacity}];")
+            if st.fits != "1":
+                out.append(f"{pad}const bool {st.fits} = {extent} <= {st.capacity};")
+            out.append(f"{pad}if ({st.fits}) {{")
+            out.append(f"{inner}const {t} *dpl_g = &{start};")
+            out.append(f"{inner}int64_t dpl_c = 0;  /* elements copied by whole vectors */")
+            out.append(f"{inner}if ((uintptr_t)dpl_g % {VECTOR} == 0) {{")
+            out.append(f"{deep}const int64_t dpl_nv = {extent} / {lanes};")
+            out.append(f"{deep}for (int64_t dpl_k = threadIdx.x; dpl_k < dpl_nv; dpl_k += blockDim.x)"
+                       f" ((uint4 *){st.array})[dpl_k] = ((const uint4 *)dpl_g)[dpl_k];")
+            out.append(f"{deep}dpl_c = dpl_nv * {lanes};")
+            out.append(f"{inner}}}")
+            out.append(f"{inner}for (int64_t dpl_k = dpl_c + threadIdx.x; dpl_k < {extent}; dpl_k += blockDim.x) {st.array}[dpl_k] = dpl_g[dpl_k];")
+            out.append(f"{pad}}}")
+        out.append(f"{pad}__syncthreads();  /* the row is staged before any pass reads it */")
+
+    def vector_loop(self, s: Loop, indent: int, out: list[str]) -> None:
+        """A row loop storing by 16-byte vectors (see ``cuda_rows``): ``lanes`` consecutive
+        elements per thread computed into registers, from the row's first 16-byte boundary (the
+        elements before it, a head chunk, and the tail go out one by one), stored whole where
+        every vector output is aligned there."""
+        pad, inner, deep = "  " * indent, "  " * (indent + 1), "  " * (indent + 2)
+        stores = vector_stores(self.kernel, s)
+        sizes = [ITEMSIZE[self.buffers[st.buffer].dtype] for st in stores]
+        lanes = VECTOR // min(sizes)
+        v, extent = self.names[s.var.name], self.expr(s.extent)
+        regs = [self.names.internal("lane") for _ in stores]
+
+        def at(st, index: str) -> str:
+            return self.flat(st.buffer, [*(self.expr(i) for i in st.indices[:-1]), index])
+
+        aligned = [f"dpl_a % {sizes[0]} == 0"]
+        aligned += [f"((uintptr_t)&{at(st, '0')} + dpl_h * {size}) % {VECTOR} == 0" for st, size in zip(stores[1:], sizes[1:])]
+        out.append(f"{pad}{{")
+        out.append(f"{inner}/* lanes start at the first 16-byte boundary of the row's first vector output */")
+        out.append(f"{inner}const uintptr_t dpl_a = (uintptr_t)&{at(stores[0], '0')};")
+        out.append(f"{inner}const int64_t dpl_h = (int64_t)(({VECTOR} - dpl_a % {VECTOR}) % {VECTOR} / {sizes[0]});")
+        out.append(f"{inner}const bool dpl_aligned = {' && '.join(aligned)};")
+        out.append(f"{inner}const int64_t dpl_start = dpl_aligned && dpl_h > 0 ? dpl_h - {lanes} : 0;")
+        out.append(f"{inner}for (int64_t dpl_b = dpl_start + (int64_t)threadIdx.x * {lanes}; dpl_b < {extent}; dpl_b += (int64_t)blockDim.x * {lanes}) {{")
+        for st, reg in zip(stores, regs):
+            out.append(f"{deep}__align__(16) {self.buffer_ctype(self.buffers[st.buffer].dtype)} {reg}[{lanes}];")
+        lane_range = [f"{deep}  if (dpl_b + dpl_l < 0) continue;  /* before the row: the head chunk's unused lanes */",
+                      f"{deep}  if (dpl_b + dpl_l >= {extent}) break;"]
+        out.append(f"{deep}#pragma unroll")
+        out.append(f"{deep}for (int dpl_l = 0; dpl_l < {lanes}; ++dpl_l) {{")
+        out += lane_range
+        out.append(f"{deep}  const int64_t {v} = dpl_b + dpl_l;")
+        self.redirect = {id(st): f"{reg}[dpl_l]" for st, reg in zip(stores, regs)}
+        self.stmts(s.body, indent + 3, out)
+        self.redirect = {}
+        out.append(f"{deep}}}")
+        # the store intrinsic (st.global.cg.v4): a plain uint4 assignment here is merged with the
+        # element-by-element branch and split into scalar stores by the optimiser
+        out.append(f"{deep}if (dpl_aligned && dpl_b >= 0 && dpl_b + {lanes} <= {extent}) {{")
+        out.append(f"{deep}  const int64_t {v} = dpl_b;")
+        for st, reg, size in zip(stores, regs, sizes):
+            for w in range(lanes * size // VECTOR):
+                out.append(f"{deep}  __stcg((uint4 *)&{at(st, v)} + {w}, ((const uint4 *){reg})[{w}]);")
+        out.append(f"{deep}}} else {{")
+        out.append(f"{deep}  #pragma unroll  /* constant lanes: the register array is never indexed at run time */")
+        out.append(f"{deep}  for (int dpl_l = 0; dpl_l < {lanes}; ++dpl_l) {{")
+        out += ["  " + line for line in lane_range]
+        out.append(f"{deep}    const int64_t {v} = dpl_b + dpl_l;")
+        for st, reg in zip(stores, regs):
+            out.append(f"{deep}    {at(st, v)} = {reg}[dpl_l];")
+        out.append(f"{deep}  }}")
+        out.append(f"{deep}}}")
+        out.append(f"{inner}}}")
+        out.append(f"{pad}}}")
 
     def block_reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
         """Each thread folds a strided part of the flattened axes; the block combines the parts

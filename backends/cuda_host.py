@@ -44,6 +44,9 @@ HOST_PRELUDE = """\
 #define __launch_bounds__(n)
 #define __shared__ static
 #define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
+struct uint4 {{ unsigned x, y, z, w; }};
+static inline void __stcg(uint4 *p, uint4 v) {{ *p = v; }}
 #define DPL_INLINE inline
 #define __syncthreads() _Pragma("omp barrier")
 struct dpl_dim3 {{ unsigned x, y, z; }};

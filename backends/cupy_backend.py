@@ -24,6 +24,10 @@ caches the binary on disk; the backend keeps each compiled module in memory too,
 (source, options, device), so a source met again (the same group at another shape, another
 Executable) is not handed to CuPy again.
 
+A ``kernel.attention`` composite runs as the CUDA flash kernel (``flash_attention_cuda.py``)
+when ``flash_attention_cuda.choose`` says so (``attention=``), else as the segments; the plan step's
+note in ``exe.summary()`` says which and why.
+
 Without CuPy or without a device the backend is unavailable and says why; the "cuda" target
 then falls back along cupy -> cpu -> numpy, and ``exe.summary()`` shows it. No GPU is on this
 project's machines: the tests run this backend on a stand-in CuPy whose kernels are the host
@@ -41,11 +45,12 @@ import numpy as np
 from dpl.backends import cublaslt
 from dpl.backends.cuda_emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_arguments, launch_config
 from dpl.backends.cuda_resident import DeviceRunner, bits as _bits, bits_dtype as _bits_dtype
-from dpl.backends.registry import Backend, Capabilities, CompileError, function_dtypes, wrapped_composite
+from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, function_dtypes, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
 from dpl.transform.normalize import normalize_function
 
 SYMBOL = "dpl_kernel"
+FLASH_SYMBOL = "dpl_flash_attention"
 LT_COMPOSITES = ("cublas.matmul_bias_act", "cublas.matmul_bias")
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
@@ -81,13 +86,18 @@ class CupyBackend(Backend):
     dispatch_by_prefix = False  # "cuda" runs it; "cpu" keeps cuBLAS composites on the CPU
 
     def __init__(self, cupy=None, block: int = BLOCK, block_rows_from: int = BLOCK_ROWS_FROM, options: tuple[str, ...] = (),
-                 cublaslt=None):
+                 cublaslt=None, attention: str = "auto"):
         """``cupy``: the module to use (CuPy itself, imported when first needed, or a stand-in);
         ``block``: threads per block (a power of two); ``options``: more NVRTC options;
         ``cublaslt``: the cuBLASLt library (None: libcublasLt, loaded when first needed;
-        False: products and epilogue kernels only)."""
+        False: products and epilogue kernels only); ``attention``: how ``kernel.attention``
+        composites run: "auto" (``flash_attention_cuda.choose``'s rule), "flash" (the CUDA flash
+        kernel, ``flash_attention_cuda.py``) or "segments" (cuBLAS products, a softmax kernel)."""
         if block < 1 or block & (block - 1):
             raise CompileError(f"threads per block must be a power of two, got {block}")
+        if attention not in ("auto", "flash", "segments"):
+            raise BackendError(f"CupyBackend(attention=...) takes 'auto', 'flash' or 'segments', got {attention!r}")
+        self.attention = attention
         self._cupy = cupy
         self.block, self.block_rows_from, self.options = block, block_rows_from, tuple(options)
         self.graphs = True  # device-resident runs capture CUDA graphs
@@ -131,7 +141,33 @@ class CupyBackend(Backend):
             run = self._cublaslt(function)
             if run is not None:
                 return self._boundary(run, function)
+        if function.attrs.get("Composite") == "kernel.attention":
+            flash, note = self._flash(function, shapes)
+            run = self._boundary(flash or self._device_run(function), function)
+            run.note = note  # type: ignore[attr-defined]  # the path and why (exe.summary() shows it)
+            return run
         return self._boundary(self._device_run(function), function)
+
+    def _flash(self, function, shapes):
+        """A kernel.attention composite as the CUDA flash kernel (``flash_attention_cuda.py``) on
+        device arrays, or None for the segments; and a note saying which and why."""
+        from dpl.backends import flash_attention_cuda as fac
+        from dpl.kernel.attention import NotAttention, read_attention
+
+        try:
+            spec = read_attention(function)
+        except NotAttention as err:
+            return None, f"segments (no flash kernel: {err})"
+        use, why = fac.choose(spec, shapes, self.attention)
+        if not use:
+            return None, f"segments ({why})"
+        code = fac.emit_flash_cuda(spec, FLASH_SYMBOL)
+        try:
+            compiled = self.module(code, (f"-DDPL_BLOCK={self.block}", *self.options)).get_function(FLASH_SYMBOL)
+        except Exception as err:  # noqa: BLE001 (NVRTC's log, through CuPy): the segments still run it
+            return None, f"segments (the flash kernel did not compile: {str(err)[:200]})"
+        note = f"flash attention, CUDA ({why})"
+        return fac.device_runner(function.name, spec, compiled, self.cupy(), self.block, note), note
 
     def _device_run(self, function):
         """``run(inputs, outputs)`` on device arrays: products by cuBLAS between kernels, or

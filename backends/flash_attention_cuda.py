@@ -12,16 +12,21 @@ Every thread holds the same running maximum and sum, so a tile whose maximum is 
 skipped by the whole block at once (no thread leaves a barrier behind). The same rules as the
 CPU kernel and the interpreter: a row all -inf is NaN, a NaN score makes its row NaN.
 
-Not wired into the CuPy backend here (its owner is changing it); ``emit_flash_cuda`` and
-``launch`` are what it needs: the kernel's arguments are those of the CPU kernel's runner.
+The CuPy backend runs ``kernel.attention`` composites through :func:`device_runner` when
+:func:`choose` says so (``CupyBackend(attention=...)``); the kernel's arguments are those of
+the CPU kernel's runner, its per-shape batch offsets uploaded to the device once.
 """
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
+from dpl import dtypes
 from dpl.backends.cuda_emitter import CUDA_PRELUDE, HELPERS, MAX_GRID
-from dpl.kernel.attention import Attention
+from dpl.backends.flash_attention import batch_layout
+from dpl.kernel.attention import Attention, Param
 from dpl.kernel.ir import Const as KConst
 from dpl.kernel.ir import to_c
 
@@ -123,6 +128,51 @@ def emit_flash_cuda(spec: Attention, symbol: str = "dpl_flash_attention") -> str
     return CUDA_PRELUDE + HELPERS + body
 
 
+# "auto" takes the flash kernel when the score tensor the segments would write (batch x Sq x Sk
+# elements) is at least this large. Not measured on a GPU: this kernel reads every key and value
+# row once per query row (from L2), where cuBLAS's two products and the softmax kernel between
+# them are fast until the scores themselves are the traffic (and the memory) that matters.
+SCORES_BYTES = 256 << 20
+
+
+def scores_bytes(spec: Attention, shapes) -> int | None:
+    """Bytes of the scores the segments would materialise, from the build's shapes (None when
+    q's or k's shape is not known)."""
+    def shape(src):
+        if not isinstance(src, Param):
+            return tuple(src.value.shape)
+        if src.index < len(shapes) and all(isinstance(d, (int, np.integer)) for d in shapes[src.index]):
+            return tuple(int(d) for d in shapes[src.index])
+        return None
+
+    q, k = shape(spec.q), shape(spec.k)
+    if q is None or k is None or len(q) < 2 or len(k) < 2:
+        return None
+    batch = np.broadcast_shapes(q[:-2], k[:-2])
+    return int(np.prod(batch, dtype=np.int64)) * q[-2] * k[-1] * np.dtype(dtypes.to_numpy(spec.dtype)).itemsize
+
+
+def choose(spec: Attention, shapes, mode: str = "auto", threshold: int | None = None) -> tuple[bool, str]:
+    """Whether the CUDA flash kernel runs this attention, and why: "flash" / "segments" decide
+    alone (``flash_attention.choose``); "auto" takes flash from ``SCORES_BYTES`` of scores on
+    (unknown shapes: the segments)."""
+    from dpl.backends import flash_attention as fa
+
+    if mode != "auto":
+        return fa.choose(spec, shapes, mode)
+    threshold = SCORES_BYTES if threshold is None else threshold
+    size = scores_bytes(spec, shapes)
+    if size is None:
+        return False, "scores' size unknown at build time: cuBLAS products"
+    if size >= threshold:
+        return True, f"{_size(size)} of scores >= {_size(threshold)}"
+    return False, f"{_size(size)} of scores < {_size(threshold)}: cuBLAS products"
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.3g} MiB" if n >= 1 << 20 else f"{n / (1 << 10):.3g} KiB"
+
+
 def launch_grid(nbatch: int, sq: int, max_grid: int = MAX_GRID) -> int:
     """Blocks for one launch: a block per query row, at most ``max_grid`` (the rest by grid stride)."""
     return max(1, min(nbatch * sq, max_grid))
@@ -131,3 +181,48 @@ def launch_grid(nbatch: int, sq: int, max_grid: int = MAX_GRID) -> int:
 def bits(a: np.ndarray) -> np.ndarray:
     """A 16-bit float array as the bits the kernel reads (float32/float64 as they are)."""
     return a.view(np.uint16) if a.dtype.itemsize == 2 else a
+
+
+def device_runner(name: str, spec: Attention, function, cp, block: int, note: str = ""):
+    """``run(inputs, outputs)`` on device arrays: the compiled flash kernel ``function`` (a
+    CuPy ``RawModule`` function of :func:`emit_flash_cuda`'s source at ``-DDPL_BLOCK=block``)
+    launched on the composite's operands. Constant operands go to the device once, each shape's
+    batch offsets once (the first call of a shape, before a CUDA graph captures it)."""
+    np_dtype = dtypes.to_numpy(spec.dtype)
+
+    def device(a):
+        return cp.asarray(bits(np.require(np.asarray(a, np_dtype), requirements="C")))
+
+    constants = {id(s): device(s.value) for s in (spec.q, spec.k, spec.v, spec.mask, spec.scale)
+                 if s is not None and not isinstance(s, (Param, float))}
+    dummy = device(np.zeros(1, np_dtype))
+    layouts: dict = {}
+    lock = threading.Lock()
+
+    def operand(src, inputs):
+        if not isinstance(src, Param):
+            return constants[id(src)]
+        a = inputs[src.index]
+        return a if a.flags.c_contiguous else cp.ascontiguousarray(a)
+
+    def layout(q, k, v, mask, out_shape):
+        key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, tuple(out_shape))
+        got = layouts.get(key)
+        if got is None:
+            offs, dims = batch_layout(spec, q.shape, k.shape, v.shape, None if mask is None else mask.shape, tuple(out_shape))
+            got = ([cp.asarray(o) for o in offs], tuple(np.int64(d) for d in dims), launch_grid(dims[0], dims[1]))
+            with lock:
+                layouts[key] = got
+        return got
+
+    def run(inputs, outputs):
+        q, k, v = (operand(s, inputs) for s in (spec.q, spec.k, spec.v))
+        mask = None if spec.mask is None else operand(spec.mask, inputs)
+        scale = dummy if isinstance(spec.scale, float) else operand(spec.scale, inputs).reshape(-1)
+        out = outputs[0]
+        offs, dims, grid = layout(q, k, v, mask, out.shape)
+        function((grid,), (block,), (q, k, v, dummy if mask is None else mask, scale, out, *offs, *dims))
+
+    run.__qualname__ = f"cuda-flash:{name}"
+    run.note = note  # type: ignore[attr-defined]  # the path and why, for exe.summary()
+    return run

@@ -90,6 +90,32 @@ def compile_ptx(source: str, name: str = "kernel.cu", arch: str = DEFAULT_ARCH, 
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+def compile_cubin(source: str, name: str = "kernel.cu", arch: str = "sm_90", options: tuple[str, ...] = ()) -> tuple[bytes, str]:
+    """The CUBIN of ``source`` for the real architecture ``arch`` (``sm_80``, ``sm_90``), and
+    NVRTC's log: ptxas runs inside NVRTC, so what only the assembler checks (static shared
+    memory over 48 KiB, registers under ``__launch_bounds__``) fails here too, without a GPU.
+    With ``--ptxas-options=-v`` among ``options`` the log holds ptxas's resource usage."""
+    if not arch.startswith("sm_"):
+        raise NvrtcError(f"a CUBIN needs a real architecture (sm_XY), got {arch!r}")
+    lib = library()
+    prog = ctypes.c_void_p()
+    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None), "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture={arch}", "--std=c++17", *options]
+        argv = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
+        status = lib.nvrtcCompileProgram(prog, len(opts), argv)
+        log = _log(lib, prog)
+        if status != 0:
+            _check(status, f"NVRTC compiling '{name}' for {arch}", log)
+        size = ctypes.c_size_t()
+        _check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
+        cubin = ctypes.create_string_buffer(size.value)
+        _check(lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin.raw, log
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
 def _log(lib, prog) -> str:
     size = ctypes.c_size_t()
     if lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)) != 0:

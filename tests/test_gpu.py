@@ -222,3 +222,91 @@ def test_the_hugging_face_zoo_on_the_gpu_equals_torch(cp, backend, name):
         got = list(got) if isinstance(got, (tuple, list)) else [got]
         for g, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5, err_msg=f"{name} on the GPU")
+
+
+# -- row kernels and flash attention (issue 21 item 4) --------------------------------------------
+
+
+def _bench(name):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+@pytest.mark.parametrize("t", ["f32", "f16", "f64"])
+def test_row_kernels_on_the_gpu_equal_the_interpreter(cp, backend, t):
+    """tests/test_cuda_rows.py's row kernels with a symbolic row length on the device: odd
+    lengths, lengths past the shared-memory share, arrays at an offset (rows off the 16-byte
+    boundary), to the host twin's tolerances."""
+    from test_cuda_rows import KINDS, TOLERANCE, _inputs, numpy_dtype, row_functions
+
+    functions = row_functions(t, "d")
+    for kind in KINDS:
+        kernel = backend.kernel(functions[kind])
+        for rows, d, offset in ((3, 1, 0), (5, 7, 1), (4, 300, 0), (2, 4097, 3), (3, 9000, 0), (1, 20000, 1)):
+            args = _inputs(functions[kind], rows, d, offset, rows * d, numpy_dtype(t))
+            want = dpl.interpret(functions[kind], *args)
+            wants = want if isinstance(want, tuple) else (want,)
+            dev = [cp.asarray(np.zeros(a.size + offset, a.dtype))[offset:].reshape(a.shape) for a in args]
+            for d_, a in zip(dev, args):
+                d_[...] = cp.asarray(a)
+            outs = [cp.full(w.size + offset, np.nan, w.dtype)[offset:].reshape(w.shape) for w in wants]
+            kernel(dev, outs)
+            for w, o in zip(wants, outs):
+                w64, o64 = w.astype(np.float64), cp.asnumpy(o).astype(np.float64)
+                scale = max(1.0, float(np.abs(w64).max()))
+                np.testing.assert_allclose(o64, w64, rtol=TOLERANCE[t], atol=TOLERANCE[t] * scale,
+                                           err_msg=f"{kind} {t} rows={rows} d={d} offset={offset}")
+
+
+@pytest.mark.parametrize("t", ["f32", "f16"])
+def test_row_kernels_reach_80_percent_of_the_copy_bandwidth(cp, backend, t):
+    """Softmax, RMSNorm, LayerNorm, add+RMSNorm at 8192 x 4096, each kernel alone (CUDA events):
+    bytes it must move over its time, against cupy.copyto of the same traffic."""
+    cuda_rows = _bench("cuda_rows")
+    small = cuda_rows.row_groups(t, 8, 4096)
+    short = []
+    for name, fn in cuda_rows.row_groups(t, 8192, 4096).items():
+        m = cuda_rows.measure(cp, backend, fn, small[name])
+        share = m["GB/s"] / m["copy GB/s"]
+        if share < cuda_rows.FLOOR:
+            short.append(f"{name}: {m['GB/s']:.0f} GB/s, {100 * share:.0f}% of the copy's {m['copy GB/s']:.0f}")
+    assert not short, "; ".join(short)
+
+
+def test_flash_attention_on_the_gpu_equals_the_interpreter(cp):
+    """The CUDA flash kernel through the backend (attention="flash"): causal mask with fully
+    masked rows, GQA, float16, at a GPU's block of 256 threads."""
+    from test_flash_attention import CUDA_CASES, attention_module, check, inputs
+
+    for name, (q, k, v, mask, dtype) in CUDA_CASES.items():
+        if dtype == "bf16":
+            continue  # CuPy has no bfloat16 arrays; the host twin covers it
+        mod = attention_module(q, k, v, mask, dtype=dtype)
+        exe = dpl.build(dpl.apply(mod, ["llm"]), [CupyBackend(cupy=cp, attention="flash"), "numpy"], config=ALWAYS)
+        for seed in (1, 2, 3):
+            args = inputs(mod, seed, 8.0)
+            if mask is not None:
+                args[3][..., 0, :] = -np.inf
+            with np.errstate(all="ignore"):
+                check(dpl.interpret(mod, *args), exe(*args), {"f64": 1e-12, "f16": 5e-3}.get(dtype, 2e-5))
+        assert "flash attention, CUDA" in exe.summary(), exe.summary()
+
+
+def test_kernels_are_compiled_once_for_the_architecture_of_the_device(cp, backend):
+    """CuPy's NVRTC pins ``-arch`` to the device (sm_90 on Hopper, capped at what NVRTC knows);
+    the backend keeps the module per (source, options, device)."""
+    from cupy.cuda import compiler
+
+    capability = cp.cuda.Device().compute_capability
+    arch = min(capability, compiler._get_max_compute_capability(), key=int)
+    assert compiler._get_arch() == arch
+    assert compiler._get_arch_for_options_for_nvrtc()[0] in (f"-arch=sm_{arch}", f"-arch=compute_{arch}")
+    code = 'extern "C" __global__ void k(float *a) { a[threadIdx.x] = 1.0f; }'
+    first = backend.module(code, ("-DDPL_BLOCK=256",))
+    assert backend.module(code, ("-DDPL_BLOCK=256",)) is first and backend.compiles == 1
+    a = cp.zeros(32, cp.float32)
+    first.get_function("k")((1,), (32,), (a,))
+    assert float(a.sum()) == 32.0
