@@ -1,32 +1,40 @@
-"""Which library computes the CPU backend's matrix products (and the product of its im2col
-convolutions): NumPy's BLAS by default, or torch's (MKL) when the backend is asked for it.
+"""Which library computes the CPU backend's matrix products and convolutions: NumPy's BLAS
+(OpenBLAS, the floor), or torch's (MKL for products, oneDNN for convolutions) when torch is
+installed and measures faster here (``products="auto"``, the default: :mod:`dpl.backends.products_choice`).
 
-The generated C is the same either way; only the products change hands. On the bench host the
-Llama decoder of ``bench/bench_models.py`` spends 85% of its time in products, and MKL computes
-the skinny ones of a short sequence (128 x 1024 @ 1024 x 2816) about 1.3x faster than the
-OpenBLAS NumPy ships, which is most of the gap between dpl and torch there. torch is imported
-only by :class:`TorchProducts`, never by ``import dpl``.
+The generated C is the same either way; only the products change hands. torch is imported only
+by :class:`TorchProducts` (and by the measurement, when torch is installed), never by
+``import dpl``.
 
 A provider is ``matmul(a, b, out)``: NumPy's ``matmul`` semantics (broadcast batches, 1-D
-operands), written into ``out`` (whose dtype is the result's), returning ``out``; and
-``thread_pool``, the name of the worker pool it runs on (see :mod:`dpl.runtime.threads`).
+operands), written into ``out`` (whose dtype is the result's), returning ``out``;
+``conv2d(call)``: ``fn(x, w, out)`` computing the convolution ``call`` into ``out``, or None
+for im2col and ``matmul`` (backends/im2col.py); ``thread_pool``, the name of the worker pool it
+runs on (see :mod:`dpl.runtime.threads`); and ``why``, how it was chosen (``exe.summary()``).
 """
 
 from __future__ import annotations
 
+import subprocess
 import warnings
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
+from dpl import dtypes
 from dpl.backends.registry import BackendError
-from dpl.runtime.threads import BLAS
+from dpl.runtime.threads import BLAS, OPENMP, TORCH
 
 TORCH_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+NAMES = ("auto", "numpy", "torch")
 
 
 class NumpyProducts:
     name = "numpy"
+    library = "NumPy's BLAS"
     thread_pool = BLAS
+    why = "products='numpy' asked for"
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         if np.result_type(a, b) == out.dtype:
@@ -34,22 +42,50 @@ class NumpyProducts:
         out[...] = np.matmul(a, b)
         return out
 
+    def conv2d(self, call):
+        return None  # im2col and matmul
+
+
+@lru_cache(maxsize=None)
+def _compiler_links_libgomp(cc: str) -> bool:
+    """Whether ``cc -fopenmp`` links GNU's libgomp (GCC does; clang links its own libomp)."""
+    try:
+        out = subprocess.run([cc, "-fopenmp", "-print-file-name=libgomp.so"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and Path(out.stdout.strip()).is_absolute()
+
+
+def torch_shares_openmp(torch, cc: str) -> bool:
+    """Whether torch's threads are the generated kernels' OpenMP threads: torch's ATen runs on
+    OpenMP from a ``libgomp.so.1`` (the soname the kernels of a GCC ``-fopenmp`` need, so the
+    dynamic linker loads it once, whichever comes first) and MKL's threads are its threads. Then
+    a plan with torch's products and C kernels uses one pool, and nothing spins against anything
+    (:mod:`dpl.runtime.threads`)."""
+    info = torch.__config__.parallel_info()
+    bundled = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+    return "parallel backend: OpenMP" in info and bundled.exists() and _compiler_links_libgomp(cc)
+
 
 class TorchProducts:
     """Products by ``torch.matmul`` on zero-copy tensors of the arrays (float32 and float64; other
-    dtypes by NumPy). Read-only arrays (the weights ``dpl.from_torch`` binds) are wrapped once
-    and the tensors kept, as torch warns about wrapping a read-only array."""
+    dtypes by NumPy), convolutions by ``torch.nn.functional.conv2d`` (oneDNN). Read-only arrays
+    (the weights ``dpl.from_torch`` binds) are wrapped once and the tensors kept, as torch warns
+    about wrapping a read-only array."""
 
     name = "torch"
-    thread_pool = "torch"
+    library = "torch's MKL / oneDNN"
     KEEP = 256  # read-only arrays whose tensors are kept
 
-    def __init__(self):
+    def __init__(self, cc: str = "cc", why: str = "products='torch' asked for"):
         try:
             import torch
         except ImportError:
             raise BackendError("products='torch' needs torch (pip install -e '.[torch]')") from None
         self.torch = torch
+        self.why = why
+        # torch's threads are an OpenMP team the C kernels share, or a pool of its own
+        self.thread_pool = OPENMP if torch_shares_openmp(torch, cc) else TORCH
         self._kept: dict[int, tuple[np.ndarray, object]] = {}
         self._numpy = NumpyProducts()
 
@@ -74,11 +110,46 @@ class TorchProducts:
         self.torch.matmul(self._tensor(a), self._tensor(b), out=self.torch.from_numpy(out))
         return out
 
+    def conv2d(self, call):
+        """``fn(x, w, out)`` by torch's convolution for a float32/float64 NCHW/OIHW ``call`` with
+        symmetric padding (what ``torch.nn.functional.conv2d`` takes); else None (im2col)."""
+        from dpl.backends import im2col
 
-def products(name: str):
-    """The provider called ``name``: ``"numpy"`` or ``"torch"``."""
+        top, left, bottom, right = im2col._pads(call.attrs.get("padding", 0))
+        if not im2col.takes(call) or (top, left) != (bottom, right):
+            return None
+        return self.convolution(call.attrs, dtypes.to_numpy(call.ty.dtype))
+
+    def convolution(self, attrs, dtype):
+        """``fn(x, w, out)``: ``torch.nn.functional.conv2d`` with ``attrs`` (symmetric padding)
+        in ``dtype``, written into ``out`` (or a new array)."""
+        from dpl.backends import im2col
+
+        top, left, _, _ = im2col._pads(attrs.get("padding", 0))
+        stride, dilation = im2col._pair(attrs.get("strides", 1)), im2col._pair(attrs.get("dilation", 1))
+        groups = int(attrs.get("groups", 1))
+        conv, torch = self.torch.nn.functional.conv2d, self.torch
+
+        def run(x, w, out=None):
+            x, w = np.ascontiguousarray(x, dtype), np.ascontiguousarray(w, dtype)
+            y = conv(self._tensor(x), self._tensor(w), None, stride, (top, left), dilation, groups)
+            if out is None:
+                return y.numpy()
+            torch.from_numpy(out).copy_(y)
+            return out
+
+        return run
+
+
+def products(name: str, cc: str = "cc"):
+    """The provider called ``name``: ``"auto"`` (the fastest here, measured once and cached:
+    :func:`dpl.backends.products_choice.choose`), ``"numpy"`` or ``"torch"``."""
     if name == "numpy":
         return NumpyProducts()
     if name == "torch":
-        return TorchProducts()
-    raise BackendError(f"unknown products library {name!r}", hint="products='numpy' (default) or 'torch'")
+        return TorchProducts(cc)
+    if name == "auto":
+        from dpl.backends.products_choice import choose
+
+        return choose(cc)
+    raise BackendError(f"unknown products library {name!r}", hint="products='auto' (default), 'numpy' or 'torch'")

@@ -16,7 +16,7 @@ def cpu(tmp_path):
     from dpl.backends.cpu_backend import CpuBackend
 
     needs.c_compiler()
-    return CpuBackend(cache_dir=tmp_path)
+    return CpuBackend(cache_dir=tmp_path, products="numpy")  # the BLAS pool beside OpenMP: the rule under test
 
 
 FUSE_ALL = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0)
