@@ -45,6 +45,10 @@ class NumpyProducts:
     def conv2d(self, call):
         return None  # im2col and matmul
 
+    def pool_of(self, call) -> str:
+        """The thread pool a product (``matmul``) or convolution ``call`` runs on."""
+        return BLAS
+
 
 @lru_cache(maxsize=None)
 def _compiler_links_libgomp(cc: str) -> bool:
@@ -71,19 +75,25 @@ class TorchProducts:
     """Products by ``torch.matmul`` on zero-copy tensors of the arrays (float32 and float64; other
     dtypes by NumPy), convolutions by ``torch.nn.functional.conv2d`` (oneDNN). Read-only arrays
     (the weights ``dpl.from_torch`` binds) are wrapped once and the tensors kept, as torch warns
-    about wrapping a read-only array."""
+    about wrapping a read-only array. ``matmuls=False`` leaves the products to NumPy's BLAS,
+    ``convolutions=False`` the convolutions to im2col (``products="auto"`` takes each from
+    whichever measured faster)."""
 
-    name = "torch"
-    library = "torch's MKL / oneDNN"
     KEEP = 256  # read-only arrays whose tensors are kept
 
-    def __init__(self, cc: str = "cc", why: str = "products='torch' asked for"):
+    def __init__(self, cc: str = "cc", why: str = "products='torch' asked for", matmuls: bool = True,
+                 convolutions: bool = True):
         try:
             import torch
         except ImportError:
             raise BackendError("products='torch' needs torch (pip install -e '.[torch]')") from None
         self.torch = torch
         self.why = why
+        self.matmuls, self.convolutions = matmuls, convolutions
+        self.name = "torch" if matmuls and convolutions else "numpy+torch conv" if convolutions else "torch+im2col"
+        self.library = {"torch": "torch's MKL products and oneDNN convolutions",
+                        "numpy+torch conv": "NumPy's BLAS products, torch's oneDNN convolutions",
+                        "torch+im2col": "torch's MKL products, im2col convolutions"}[self.name]
         # torch's threads are an OpenMP team the C kernels share, or a pool of its own
         self.thread_pool = OPENMP if torch_shares_openmp(torch, cc) else TORCH
         self._kept: dict[int, tuple[np.ndarray, object]] = {}
@@ -103,8 +113,14 @@ class TorchProducts:
         self._kept[id(a)] = (a, t)  # the array is kept alive with its tensor, so its id is not reused
         return t
 
+    def pool_of(self, call) -> str:
+        """The thread pool a product (``matmul``) or convolution ``call`` runs on."""
+        if call.op == "matmul" or self.conv2d(call) is None:
+            return self.thread_pool if self.matmuls else BLAS
+        return self.thread_pool
+
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-        if not (a.dtype == b.dtype == out.dtype and a.dtype in TORCH_DTYPES and a.ndim and b.ndim
+        if not (self.matmuls and a.dtype == b.dtype == out.dtype and a.dtype in TORCH_DTYPES and a.ndim and b.ndim
                 and out.flags.writeable and out.flags.c_contiguous):
             return self._numpy.matmul(a, b, out)
         self.torch.matmul(self._tensor(a), self._tensor(b), out=self.torch.from_numpy(out))
@@ -116,7 +132,7 @@ class TorchProducts:
         from dpl.backends import im2col
 
         top, left, bottom, right = im2col._pads(call.attrs.get("padding", 0))
-        if not im2col.takes(call) or (top, left) != (bottom, right):
+        if not self.convolutions or not im2col.takes(call) or (top, left) != (bottom, right):
             return None
         return self.convolution(call.attrs, dtypes.to_numpy(call.ty.dtype))
 

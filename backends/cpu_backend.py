@@ -28,7 +28,7 @@ import numpy as np
 from dpl.backends import blas, im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
-from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
+from dpl.backends.segments import NotSegmentable, Part, Product, is_product, segment, segment_runner
 from dpl.cache_dir import store_dir
 from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
@@ -217,19 +217,20 @@ class CpuBackend(Backend):
         bindings between products as one generated-C kernel: a product and its epilogue, a
         prologue and its product, attention's two products with the softmax between them."""
         steps = segment(function, _blas_product)
-        pool = self.products.thread_pool
-        # with NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
+        pools = {self.products.pool_of(s.call) for s in steps if isinstance(s, Product)}
+        # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
         # products, and an OpenMP team sharing their cores waits for the scheduler
         # (dpl.runtime.threads; measured: the Llama MLP's SiLU-times-up group 4.5 ms with two
-        # threads, 3.2 with one). torch's products on the kernels' own OpenMP team: one pool, all cores
-        threads = None if pool == OPENMP else 1
+        # threads, 3.2 with one). Products on the kernels' own OpenMP team (torch's, where it
+        # shares it): one pool, the parts keep every core
+        threads = None if pools <= {OPENMP} else 1
         # a part whose results only feed the next product keeps them in cache: no streaming
         kernels = [self._compile_kernel(s.function, threads=threads, stream_bytes=self.stream_bytes if s.feeds_result else None)
                    for s in steps if isinstance(s, Part)]
         run = segment_runner(function, steps, kernels, np, products=self._product)
         run.__qualname__ = f"cpu-blas+c:{function.name}"
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
-        run.thread_pools = frozenset({pool, OPENMP} if kernels else {pool})  # type: ignore[attr-defined]
+        run.thread_pools = frozenset(pools | {OPENMP} if kernels else pools)  # type: ignore[attr-defined]
         return run
 
     def _compile_flash(self, function, shapes):
