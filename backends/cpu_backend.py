@@ -30,6 +30,8 @@ from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, Product, is_product, segment, segment_runner
 from dpl.cache_dir import store_dir
+from dpl.ir.expr import Call, Var
+from dpl.ir.types import TensorType
 from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
 from dpl.runtime.threads import OPENMP
@@ -183,7 +185,8 @@ class CpuBackend(Backend):
         if self._products is None:
             return (f"products: {self.products_name} (not chosen yet: no product built)",)
         p = self._products
-        return (f"products: {p.name} ({p.library}, threads: {p.thread_pool}); {p.why}",)
+        pools = f"threads: products on {p.pool_of(_MATMUL)}, convolutions on {p.pool_of(_CONV)}"
+        return (f"products: {p.name} ({p.library}; {pools}); {p.why}",)
 
     def available(self) -> tuple[bool, str]:
         if shutil.which(self.cc) is None:
@@ -260,7 +263,7 @@ class CpuBackend(Backend):
         runner's own NumPy matmul)."""
         if call.op != "matmul":
             return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
-        return None if self.products.name == "numpy" else self.products.matmul
+        return self.products.matmul if getattr(self.products, "matmuls", False) else None
 
     def _compile_kernel(self, function, threads: int | None = None, stream_bytes: int | None | str = "default"):
         """The kernel IR's loops as C; ``threads`` caps its OpenMP team (default: all cores);
@@ -278,6 +281,16 @@ class CpuBackend(Backend):
             if lib.done():  # no pool: compiled now, and a compile error is raised here
                 lib = lib.result()
         return _c_runner(function.name, kernel, source, _Library(lib), threads)
+
+
+def _probe(op: str, weight: tuple[int, ...], attrs) -> Call:
+    """A small call of ``op``, for asking a provider which pool such calls run on."""
+    x, out = TensorType((1, 8, 8, 8), "float32"), TensorType((1, 8, 8, 8), "float32")
+    return Call(op, (Var("x", x), Var("w", TensorType(weight, "float32"))), attrs, out)
+
+
+_MATMUL = _probe("matmul", (8, 8), {})
+_CONV = _probe("nn.conv2d", (8, 8, 3, 3), {"padding": [1, 1, 1, 1]})
 
 
 def _blas_product(b) -> bool:
