@@ -15,6 +15,7 @@ runs on (see :mod:`dpl.runtime.threads`); and ``why``, how it was chosen (``exe.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import warnings
 from functools import lru_cache
@@ -83,21 +84,36 @@ class TorchProducts:
 
     def __init__(self, cc: str = "cc", why: str = "products='torch' asked for", matmuls: bool = True,
                  convolutions: bool = True):
-        try:
-            import torch
-        except ImportError:
-            raise BackendError("products='torch' needs torch (pip install -e '.[torch]')") from None
-        self.torch = torch
+        if importlib.util.find_spec("torch") is None:
+            raise BackendError("products='torch' needs torch (pip install -e '.[torch]')")
+        self.cc = cc
         self.why = why
         self.matmuls, self.convolutions = matmuls, convolutions
         self.name = "torch" if matmuls and convolutions else "numpy+torch conv" if convolutions else "torch+im2col"
         self.library = {"torch": "torch's MKL products and oneDNN convolutions",
                         "numpy+torch conv": "NumPy's BLAS products, torch's oneDNN convolutions",
                         "torch+im2col": "torch's MKL products, im2col convolutions"}[self.name]
-        # torch's threads are an OpenMP team the C kernels share, or a pool of its own
-        self.thread_pool = OPENMP if torch_shares_openmp(torch, cc) else TORCH
+        self._torch = None
+        self._pool: str | None = None
         self._kept: dict[int, tuple[np.ndarray, object]] = {}
         self._numpy = NumpyProducts()
+
+    @property
+    def torch(self):
+        """torch, imported at the first product or convolution it computes (a plan whose
+        products all stay with NumPy never imports it)."""
+        if self._torch is None:
+            import torch
+
+            self._torch = torch
+        return self._torch
+
+    @property
+    def thread_pool(self) -> str:
+        """torch's threads: the OpenMP team the C kernels share, or a pool of its own."""
+        if self._pool is None:
+            self._pool = OPENMP if torch_shares_openmp(self.torch, self.cc) else TORCH
+        return self._pool
 
     def _tensor(self, a: np.ndarray):
         if a.flags.writeable:

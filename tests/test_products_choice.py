@@ -3,6 +3,10 @@ measurement, measured once per machine and kept in the cache directory; torch on
 installed; the choice and why in ``exe.summary()``; numbers equal the interpreter either way."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -130,3 +134,40 @@ def test_an_unknown_products_name_is_a_located_error():
 
     with pytest.raises(dpl.DplError, match="unknown products library 'mkl'"):
         CpuBackend(products="mkl")
+
+
+def test_a_plan_without_torch_work_never_imports_torch(tmp_path):
+    """With convolutions chosen for torch and products for NumPy, a plan of products alone runs
+    without importing torch (seconds of start-up); ``import dpl`` never imports it."""
+    needs.package("torch")
+    needs.c_compiler()
+    script = textwrap.dedent("""
+        import json, sys
+        import numpy as np
+        import dpl
+        assert "torch" not in sys.modules, "import dpl imported torch"
+        from dpl.backends import products_choice
+        from dpl.backends.cpu_backend import CpuBackend, cpu_identity
+        from dpl.cache_dir import make_private_dirs, store_dir
+        folder = store_dir("products")
+        make_private_dirs(folder)
+        path = folder / f"{products_choice._key(cpu_identity())}.json"
+        path.write_text(json.dumps(dict(numpy_matmul=1.0, numpy_conv=1.0, torch_matmul=2.0, torch_conv=0.5)))
+        path.chmod(0o600)
+        mod = dpl.parse('''
+        func main(x: f32[16, 32], w: f32[32, 24]) -> f32[16, 24] {
+          m = matmul(x, w)
+          y = nn.relu(m)
+          return y
+        }''')
+        cpu = CpuBackend(cache_dir=sys.argv[1])
+        exe = dpl.build(mod, [cpu, "numpy"], config=dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0))
+        x, w = np.ones((16, 32), np.float32), np.ones((32, 24), np.float32)
+        assert np.allclose(exe(x, w), 32.0)
+        assert cpu.products.name == "numpy+torch conv", cpu.products.name
+        print("torch imported" if "torch" in sys.modules else "torch not imported")
+    """)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "kernels")], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch not imported"
