@@ -3,8 +3,8 @@
 installed and measures faster here (``products="auto"``, the default: :mod:`dpl.backends.products_choice`).
 
 The generated C is the same either way; only the products change hands. torch is imported only
-by :class:`TorchProducts` (and by the measurement, when torch is installed), never by
-``import dpl``.
+by :class:`TorchProducts`, at the first product or convolution it gives torch, and by the
+measurement when torch is installed; never by ``import dpl``.
 
 A provider is ``matmul(a, b, out)``: NumPy's ``matmul`` semantics (broadcast batches, 1-D
 operands), written into ``out`` (whose dtype is the result's), returning ``out``;

@@ -14,8 +14,8 @@ the representative product a near tie, torch's products made the GPT-2 block and
 decoder of bench/bench_models.py 5% and 9% slower, one thread, CPU time). The result is kept in
 dpl's cache directory (``~/.cache/dpl/products``, :mod:`dpl.cache_dir`), keyed by the CPU, the
 core count and the NumPy and torch versions, so a later build reads a small file and never
-measures again; within a process it is read once. torch is imported only to measure or when it
-won, never when it is absent or lost.
+measures again; within a process it is read once. torch is imported only to measure, or at the
+first product or convolution it won; never when it is absent or lost.
 
 On the 2-core AVX-512 bench host (AMD EPYC, load average 7-12), one thread, CPU ms: products NumPy
 1.61 vs torch 1.66-1.75 (NumPy kept), convolution im2col 3.3-3.6 vs torch 2.4-2.6 (torch taken).
