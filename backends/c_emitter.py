@@ -135,6 +135,10 @@ PARALLEL_MIN_WORK = 32768
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+class _LoopDependent(Exception):
+    """A loop extent that reads a loop variable: no iteration count before the nest."""
+
+
 class StatementEmitter:
     """Kernel IR statements as C-like scalar code, shared by every target. Loops come out as
     plain serial ``for`` loops; a target subclass overrides :meth:`loop` (and may add hooks
@@ -341,7 +345,10 @@ class CpuEmitter(StatementEmitter):
         """The ``if`` clause of the parallel region around the outer loop ``s``: none for a nest
         of at least ``PARALLEL_MIN_WORK`` iterations, `` if(0)`` below, a run-time test where
         an extent is symbolic."""
-        work = self.work([s])
+        try:
+            work = self.work([s])
+        except _LoopDependent:
+            return ""  # an extent that depends on a loop variable: parallel, as it always was
         if isinstance(work, int):
             return "" if work >= PARALLEL_MIN_WORK else " if(0)"
         return f" if(({work}) >= {PARALLEL_MIN_WORK})"
@@ -363,6 +370,8 @@ class CpuEmitter(StatementEmitter):
             for e in extents:
                 if isinstance(e, Const):
                     factor *= int(e.value)
+                elif free_vars(e) - set(self.kernel.dims):
+                    raise _LoopDependent
                 else:
                     names.append(f"({self.expr(e)})")
             if isinstance(inner, int):

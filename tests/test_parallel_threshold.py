@@ -53,3 +53,14 @@ def test_numbers_on_both_sides_of_the_threshold(tmp_path, rows):
     x, y = (rng.standard_normal((rows, 64)).astype(np.float32) for _ in range(2))
     np.testing.assert_allclose(exe(x, y), dpl.interpret(mod, x, y), rtol=1e-6, atol=1e-6)
     assert exe.plan(x, y).steps[0].kernel.__qualname__.startswith("cpu:")
+
+
+def test_an_extent_that_reads_a_loop_variable_keeps_the_parallel_loop():
+    """A triangular nest has no iteration count before it: parallel, as before, and it compiles."""
+    from dpl.kernel.ir import Buffer, Kernel, Load, Loop, Store, Var
+
+    i, j = Var("i"), Var("j")
+    body = Loop(i, Var("n"), (Loop(j, i, (Store("out", (i, j), Load("x", (i, j))),)),))
+    kernel = Kernel("tri", (Buffer("x", ("n", "n")),), (Buffer("out", ("n", "n")),), (body,))
+    src = emit_kernel(kernel, stream_bytes=None)
+    assert "#pragma omp parallel for schedule(static)\n" in src and "if((" not in src
