@@ -96,6 +96,7 @@ class TorchProducts:
         self._torch = None
         self._pool: str | None = None
         self._kept: dict[int, tuple[np.ndarray, object]] = {}
+        self._finite_kept: dict[int, tuple[np.ndarray, bool]] = {}
         self._numpy = NumpyProducts()
 
     @property
@@ -128,6 +129,19 @@ class TorchProducts:
             self._kept.pop(next(iter(self._kept)))
         self._kept[id(a)] = (a, t)  # the array is kept alive with its tensor, so its id is not reused
         return t
+
+    def _finite(self, w: np.ndarray) -> bool:
+        """Whether every value of ``w`` is finite; remembered for a read-only (constant) weight."""
+        if w.flags.writeable:
+            return bool(np.isfinite(w).all())
+        found = self._finite_kept.get(id(w))
+        if found is not None and found[0] is w:
+            return found[1]
+        if len(self._finite_kept) >= self.KEEP:
+            self._finite_kept.pop(next(iter(self._finite_kept)))
+        finite = bool(np.isfinite(w).all())
+        self._finite_kept[id(w)] = (w, finite)
+        return finite
 
     def pool_of(self, call) -> str:
         """The thread pool a product (``matmul``) or convolution ``call`` runs on."""
@@ -170,7 +184,14 @@ class TorchProducts:
 
         def run(x, w, out=None):
             x, w = np.ascontiguousarray(x, dtype), np.ascontiguousarray(w, dtype)
-            y = conv(self._tensor(x), self._tensor(w), None, stride, (top, left), dilation, groups)
+            xt, wt = self._tensor(x), self._tensor(w)
+            if (top or left) and not self._finite(w):
+                # oneDNN skips the padding, so a NaN or infinite weight never meets its zeros;
+                # the interpreter's 0 * inf = NaN there needs the zeros written out
+                xt = torch.nn.functional.pad(xt, (left, left, top, top))
+                y = conv(xt, wt, None, stride, 0, dilation, groups)
+            else:
+                y = conv(xt, wt, None, stride, (top, left), dilation, groups)
             if out is None:
                 return y.numpy()
             torch.from_numpy(out).copy_(y)

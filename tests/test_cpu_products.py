@@ -160,3 +160,17 @@ def test_convolutions_by_torch_equal_the_interpreter(torch_cpu, case):
     got, exe = run(torch_cpu, mod, args)
     np.testing.assert_allclose(got, dpl.interpret(mod, *args), rtol=1e-4, atol=1e-4)
     assert exe.plan(*args).steps[0].kernel.__qualname__.startswith("cpu-blas+c:")
+
+
+def test_a_torch_convolution_keeps_nan_where_padding_meets_a_nonfinite_weight(torch_cpu):
+    """oneDNN skips the padding; the interpreter multiplies it: 0 * inf and 0 * NaN are NaN there."""
+    from test_cpu_conv import args_for, conv_module
+
+    mod = conv_module((1, 2, 6, 6), (3, 2, 3, 3), dict(padding=[1, 1, 1, 1]))
+    x, w = args_for(mod)
+    w[0, 0, 0, 0], w[1, 1, 2, 2] = np.inf, np.nan
+    got, _ = run(torch_cpu, mod, [x, w])
+    want = dpl.interpret(mod, x, w)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
