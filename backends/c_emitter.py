@@ -126,7 +126,17 @@ _SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "mi
 # partial results with no rule for NaN); the local becomes NaN after the loop if the flag is set
 _NAN_FOLD = {"maximum": ">", "minimum": "<"}
 SIMD_MIN_TRIPS = 8  # a max/min reduction's innermost loop shorter than this stays scalar
+# a loop nest of fewer iterations than this runs on the calling thread alone: waking an OpenMP
+# team and meeting it at the closing barrier costs more than such a nest computes, and on a
+# busy machine a descheduled worker holds the barrier for a scheduler slice (an 8 x 8 add-relu
+# kernel took 41 us a call on a loaded 2-core host with a team of two). Symbolic extents: an
+# ``if`` clause decides at run time.
+PARALLEL_MIN_WORK = 32768
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _LoopDependent(Exception):
+    """A loop extent that reads a loop variable: no iteration count before the nest."""
 
 
 class StatementEmitter:
@@ -312,7 +322,7 @@ class CpuEmitter(StatementEmitter):
             return
         if outer and any(isinstance(x, Loop) and self.streamed(x) for x in walk(s.body)):
             # a parallel region of its own, so that each thread fences its streams
-            out.append(f"{pad}#pragma omp parallel")
+            out.append(f"{pad}#pragma omp parallel{self.parallel_if(s)}")
             out.append(f"{pad}{{")
             out.append(f"{pad}#pragma omp for schedule(static)")
             out.append(f"{pad}for (int64_t {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{")
@@ -322,10 +332,59 @@ class CpuEmitter(StatementEmitter):
             out.append(f"{pad}}}")
             return
         if outer:
-            out.append(f"{pad}#pragma omp parallel for schedule(static)")
+            cond = self.parallel_if(s)
+            if cond != " if(0)":
+                out.append(f"{pad}#pragma omp parallel for schedule(static){cond}")
+            elif innermost:  # the calling thread alone (no team to wake), in vectors
+                out.append(f"{pad}#pragma omp simd")
         elif innermost:
             out.append(f"{pad}#pragma omp simd")
         super().loop(s, indent, out, outer)
+
+    def parallel_if(self, s: Loop) -> str:
+        """The ``if`` clause of the parallel region around the outer loop ``s``: none for a nest
+        of at least ``PARALLEL_MIN_WORK`` iterations, `` if(0)`` below, a run-time test where
+        an extent is symbolic."""
+        try:
+            work = self.work([s])
+        except _LoopDependent:
+            return ""  # an extent that depends on a loop variable: parallel, as it always was
+        if isinstance(work, int):
+            return "" if work >= PARALLEL_MIN_WORK else " if(0)"
+        return f" if(({work}) >= {PARALLEL_MIN_WORK})"
+
+    def work(self, stmts) -> int | str:
+        """About how many innermost iterations ``stmts`` run: an int where every extent is known,
+        else a C expression (the sum over statements of the product of their loops' extents)."""
+        const, terms = 0, []
+        for st in stmts:
+            if isinstance(st, Loop):
+                extents, body = [st.extent], st.body
+            elif isinstance(st, Reduce):
+                extents, body = [a.extent for a in st.axes], st.body
+            else:
+                const += 1
+                continue
+            inner = self.work(body) if body else 1
+            factor, names = 1, []
+            for e in extents:
+                if isinstance(e, Const):
+                    factor *= int(e.value)
+                elif free_vars(e) - set(self.kernel.dims):
+                    raise _LoopDependent
+                else:
+                    names.append(f"({self.expr(e)})")
+            if isinstance(inner, int):
+                factor *= max(inner, 1)
+            else:
+                names.append(f"({inner})")
+            if names:
+                terms.append(" * ".join([str(factor), *names]))
+            else:
+                const += factor
+        if not terms:
+            return const
+        return " + ".join([str(const), *terms]) if const else " + ".join(terms)
 
     def simd_reduction(self, s: Reduce) -> str | None:
         """The OpenMP reduction operator of a reduction whose innermost loop is a SIMD

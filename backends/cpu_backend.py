@@ -28,8 +28,10 @@ import numpy as np
 from dpl.backends import blas, im2col
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
-from dpl.backends.segments import NotSegmentable, Part, is_product, segment, segment_runner
+from dpl.backends.segments import NotSegmentable, Part, Product, is_product, segment, segment_runner
 from dpl.cache_dir import store_dir
+from dpl.ir.expr import Call, Var
+from dpl.ir.types import TensorType
 from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
 from dpl.runtime.threads import OPENMP
@@ -153,10 +155,16 @@ class CpuBackend(Backend):
     dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
-                 stream_bytes: int | None = STREAM_BYTES, products: str = "numpy", cache_max_bytes: int = DEFAULT_MAX_BYTES,
+                 stream_bytes: int | None = STREAM_BYTES, products: str = "auto", cache_max_bytes: int = DEFAULT_MAX_BYTES,
                  attention: str = "auto"):
         self.cc = cc or os.environ.get("CC") or "cc"
-        self.products = blas.products(products)  # who computes matrix products: "numpy" or "torch"
+        # who computes matrix products and convolutions: "auto" (the fastest here, measured once
+        # and cached: backends/products_choice.py), "numpy" or "torch"; resolved at the first
+        # product a build meets, so a plan without products never imports torch or measures
+        if products not in blas.NAMES:
+            raise BackendError(f"unknown products library {products!r}", hint="products='auto' (default), 'numpy' or 'torch'")
+        self.products_name = products
+        self._products = None
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
@@ -164,6 +172,21 @@ class CpuBackend(Backend):
         if attention not in ("auto", "flash", "segments"):
             raise BackendError(f"CpuBackend(attention=...) takes 'auto', 'flash' or 'segments', got {attention!r}")
         self.attention = attention
+
+    @property
+    def products(self):
+        """The provider of matrix products and convolutions (backends/blas.py), chosen on first use."""
+        if self._products is None:
+            self._products = blas.products(self.products_name, self.cc)
+        return self._products
+
+    def notes(self) -> tuple[str, ...]:
+        """What ``exe.summary()`` says under this backend: who computes the products, and why."""
+        if self._products is None:
+            return (f"products: {self.products_name} (not chosen yet: no product built)",)
+        p = self._products
+        pools = f"threads: products on {p.pool_of(_MATMUL)}, convolutions on {p.pool_of(_CONV)}"
+        return (f"products: {p.name} ({p.library}; {pools}); {p.why}",)
 
     def available(self) -> tuple[bool, str]:
         if shutil.which(self.cc) is None:
@@ -192,22 +215,25 @@ class CpuBackend(Backend):
         return self._compile_kernel(function)
 
     def _compile_segments(self, function):
-        """Each matrix product (and each convolution, as one: backends/im2col.py) through NumPy's
-        BLAS, each run of the other bindings between products as one generated-C kernel: a
-        product and its epilogue, a prologue and its product, attention's two products with the
-        softmax between them."""
+        """Each matrix product (and each convolution: torch's, or im2col's product,
+        backends/im2col.py) by the products provider (backends/blas.py), each run of the other
+        bindings between products as one generated-C kernel: a product and its epilogue, a
+        prologue and its product, attention's two products with the softmax between them."""
         steps = segment(function, _blas_product)
-        # every part on one thread: BLAS's worker threads spin between products, and an OpenMP
-        # team sharing their cores waits for the scheduler (dpl.runtime.threads; measured: the
-        # Llama MLP's SiLU-times-up group 4.5 ms with two threads, 3.2 with one)
+        pools = {self.products.pool_of(s.call) for s in steps if isinstance(s, Product)}
+        # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
+        # products, and an OpenMP team sharing their cores waits for the scheduler
+        # (dpl.runtime.threads; measured: the Llama MLP's SiLU-times-up group 4.5 ms with two
+        # threads, 3.2 with one). Products on the kernels' own OpenMP team (torch's, where it
+        # shares it): one pool, the parts keep every core
+        threads = None if pools <= {OPENMP} else 1
         # a part whose results only feed the next product keeps them in cache: no streaming
-        kernels = [self._compile_kernel(s.function, threads=1, stream_bytes=self.stream_bytes if s.feeds_result else None)
+        kernels = [self._compile_kernel(s.function, threads=threads, stream_bytes=self.stream_bytes if s.feeds_result else None)
                    for s in steps if isinstance(s, Part)]
         run = segment_runner(function, steps, kernels, np, products=self._product)
         run.__qualname__ = f"cpu-blas+c:{function.name}"
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
-        pool = self.products.thread_pool
-        run.thread_pools = frozenset({pool, OPENMP} if kernels else {pool})  # type: ignore[attr-defined]
+        run.thread_pools = frozenset(pools | {OPENMP} if kernels else pools)  # type: ignore[attr-defined]
         return run
 
     def _compile_flash(self, function, shapes):
@@ -232,11 +258,12 @@ class CpuBackend(Backend):
         return fa.flash_runner(function.name, spec, source, lib, note=note), note
 
     def _product(self, call):
-        """How a product of the segments runs: a convolution by im2col and the provider's
-        matmul, a matmul by the provider (None: the segment runner's own NumPy matmul)."""
+        """How a product of the segments runs: a convolution by the provider's own (torch's
+        oneDNN) or im2col and the provider's matmul, a matmul by the provider (None: the segment
+        runner's own NumPy matmul)."""
         if call.op != "matmul":
-            return im2col.conv2d_product(call, self.products.matmul)
-        return None if self.products.name == "numpy" else self.products.matmul
+            return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
+        return self.products.matmul if getattr(self.products, "matmuls", False) else None
 
     def _compile_kernel(self, function, threads: int | None = None, stream_bytes: int | None | str = "default"):
         """The kernel IR's loops as C; ``threads`` caps its OpenMP team (default: all cores);
@@ -254,6 +281,16 @@ class CpuBackend(Backend):
             if lib.done():  # no pool: compiled now, and a compile error is raised here
                 lib = lib.result()
         return _c_runner(function.name, kernel, source, _Library(lib), threads)
+
+
+def _probe(op: str, weight: tuple[int, ...], attrs) -> Call:
+    """A small call of ``op``, for asking a provider which pool such calls run on."""
+    x, out = TensorType((1, 8, 8, 8), "float32"), TensorType((1, 8, 8, 8), "float32")
+    return Call(op, (Var("x", x), Var("w", TensorType(weight, "float32"))), attrs, out)
+
+
+_MATMUL = _probe("matmul", (8, 8), {})
+_CONV = _probe("nn.conv2d", (8, 8, 3, 3), {"padding": [1, 1, 1, 1]})
 
 
 def _blas_product(b) -> bool:

@@ -95,7 +95,9 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
                    products: Callable[[Call], Callable | None] | None = None) -> Callable:
     """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul`` or,
     when ``products(call)`` gives a function, by ``fn(a, b, out)`` (it writes ``out`` and returns
-    it), each part by its kernel (``kernels`` in the order of the parts)."""
+    it; a function marked ``returns_own`` is given ``out=None`` where the product is not a result
+    of the group, and returns an array of its own), each part by its kernel (``kernels`` in the
+    order of the parts)."""
     params, rets = list(function.params), list(vars_in(function.ret))
     parts = iter(kernels)
     plan = [(s, None if isinstance(s, Product) else next(parts)) for s in steps]
@@ -127,10 +129,14 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         a, b = (env[id(x)] if isinstance(x, Var) else constant(x) for x in step.args)
         dtype = dtypes.to_numpy(step.var.ty.dtype)
         target = direct.get(id(step.var))
+        fn = library.get(id(step))
+        if fn is not None and getattr(fn, "returns_own", False) and target is None:
+            env[id(step.var)] = fn(a, b, None)  # a library's own result array: no copy into scratch
+            return
         if target is None or not target.flags.c_contiguous:
             target = scratch(step.var, dims)
-        if id(step) in library:
-            env[id(step.var)] = library[id(step)](a, b, target)
+        if fn is not None:
+            env[id(step.var)] = fn(a, b, target)
         elif xp.result_type(a, b) == dtype:
             env[id(step.var)] = xp.matmul(a, b, out=target)
         else:

@@ -22,15 +22,18 @@ fuse_reductions=...)`` -> ``dpl.build(fused, "cpu")`` with the default FusionCon
 ``out=``. Its configurations: ``numpy`` (``dpl.build(mod, "numpy")`` of the unfused import: the
 interpreter-less plan, every op by NumPy), ``cpu FuseOps`` (``apply(mod)``: automatic fusion
 only), ``cpu +patterns`` (``["rewrites", "llm"]``) and ``cpu +patterns +fr`` (also
-``fuse_reductions=True``) and ``cpu +patterns, MKL`` (the same with the matrix products by
-torch's BLAS, ``CpuBackend(products="torch")``: the generated C is the same, the products are
-MKL's instead of NumPy's OpenBLAS; it shows how much of the gap to torch is the BLAS). Contenders: torch eager and torch.compile (inductor), under
+``fuse_reductions=True``), each with ``products="auto"`` (the default: NumPy's BLAS or torch,
+whichever measured faster on this machine, for products and for convolutions), and
+``cpu +patterns, OpenBLAS`` / ``cpu +patterns, MKL`` (every product and convolution by
+NumPy's OpenBLAS / by torch's MKL and oneDNN: the generated C is the same; it shows how much
+of the gap to torch is the BLAS). Contenders: torch eager and torch.compile (inductor), under
 ``torch.no_grad``. Every dpl output is checked against torch eager (``assert_allclose``) before
 it is timed. Every contender runs with all the cores of the machine (torch is told
-``os.cpu_count()``; dpl's OpenMP kernels and NumPy's BLAS take every core by default).
+``os.cpu_count()``; dpl's OpenMP kernels and NumPy's BLAS take every core by default), or with
+``--threads N`` on ``N`` (``torch.set_num_threads(N)``, ``dpl.build(..., threads=N)``).
 
 Two tables: the run times (best of >= 5 runs; ratio = contender / dpl's best configuration
-with NumPy's BLAS, the default, so > 1 means dpl is faster), and what it cost to get there
+other than the forced MKL one, so > 1 means dpl is faster), and what it cost to get there
 (import, apply, and build with a cold kernel cache, a fresh directory, and a warm one: the same
 directory, a new process-level cache; torch.compile's first call, with inductor's caches in a
 fresh directory). A last section lists, from the plan of ``cpu +patterns``, the groups the
@@ -215,13 +218,15 @@ def workloads():
 LLM = ["rewrites", "llm"]
 CONFIGS = {  # name -> (patterns, fuse_reductions, products); None: the unfused import on the NumPy backend
     "dpl numpy": None,
-    "dpl cpu FuseOps": ([], False, "numpy"),
-    "dpl cpu +patterns": (LLM, False, "numpy"),
-    "dpl cpu +patterns +fr": (LLM, True, "numpy"),
-    "dpl cpu +patterns, MKL": (LLM, False, "torch"),  # products by torch's BLAS (backends/blas.py)
+    "dpl cpu FuseOps": ([], False, "auto"),
+    "dpl cpu +patterns": (LLM, False, "auto"),  # products="auto", the default (backends/products_choice.py)
+    "dpl cpu +patterns +fr": (LLM, True, "auto"),
+    "dpl cpu +patterns, OpenBLAS": (LLM, False, "numpy"),  # every product and convolution by NumPy's BLAS
+    "dpl cpu +patterns, MKL": (LLM, False, "torch"),  # every product and convolution by torch (backends/blas.py)
     # kernel.attention as two BLAS products around a C softmax, not the flash kernel
-    "dpl cpu +patterns, segments attn": (LLM, False, "numpy", "segments"),
+    "dpl cpu +patterns, segments attn": (LLM, False, "auto", "segments"),
 }
+THREADS = None  # --threads: dpl's thread budget and torch's thread count (None: every core)
 
 
 def run_dpl(name, mod, inputs, expected, cache_dir, timings):
@@ -234,8 +239,10 @@ def run_dpl(name, mod, inputs, expected, cache_dir, timings):
         patterns, fuse_reductions, products, attention = (*config, "auto")[:4]
         fused, apply_ms = timed(lambda: dpl.apply(mod, patterns, fuse_reductions=fuse_reductions))
         cold_dir = tempfile.mkdtemp(dir=cache_dir)
-        _, cold_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products, attention=attention), "numpy"]))
-        exe, warm_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products, attention=attention), "numpy"]))
+        _, cold_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products, attention=attention), "numpy"],
+                                             threads=THREADS))
+        exe, warm_ms = timed(lambda: dpl.build(fused, [CpuBackend(cache_dir=cold_dir, products=products, attention=attention), "numpy"],
+                                               threads=THREADS))
         timings[name] = {"apply": apply_ms, "build cold": cold_ms, "build warm": warm_ms}
     out = np.empty(expected.shape, expected.dtype)
     exe(*inputs, out=out)
@@ -288,17 +295,21 @@ def main():
     parser.add_argument("workloads", nargs="*", help=f"any of {', '.join(workloads())} (default: all)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--profile", action="store_true", help="print dpl's summary and per-kernel profile")
+    parser.add_argument("--threads", type=int, help="threads for every contender (default: every core)")
     opts = parser.parse_args()
+    global THREADS
+    THREADS = opts.threads
     unknown = [w for w in opts.workloads if w not in workloads()]
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(workloads())}")
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch.export's pytree notices
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(opts.threads or os.cpu_count() or 1)
     rows = []
     with tempfile.TemporaryDirectory() as cache_dir:
         for key in opts.workloads or list(workloads()):
             rows.append(bench(key, not opts.no_compile, opts.profile, cache_dir))
-    print(f"{os.cpu_count()} threads for every contender; ms, best of >= 5 runs; ratio = contender / best dpl cpu configuration with NumPy's BLAS")
+    print(f"{opts.threads or os.cpu_count()} threads for every contender (load average {os.getloadavg()[0]:.1f}); ms, best of >= 5 runs; "
+          "ratio = contender / best dpl cpu configuration (products 'auto' or OpenBLAS)")
     print(f"{'workload':<32} {'contender':<24} {'ms':>9} {'ratio':>7}")
     for desc, res, _ in rows:
         base = min(ms for who, ms in res.items() if who.startswith("dpl cpu") and "MKL" not in who)

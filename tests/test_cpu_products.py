@@ -77,7 +77,24 @@ def test_products_by_torch_equal_the_interpreter(torch_cpu, case):
     tol = 1e-2 if case.startswith("float16") else 1e-5
     np.testing.assert_allclose(got.astype(np.float64), dpl.interpret(mod, *args).astype(np.float64), rtol=tol, atol=tol)
     pools = set().union(*(getattr(s.kernel, "thread_pools", ()) for s in exe.plan(*args).steps))
-    assert "torch" in pools
+    assert torch_cpu.products.thread_pool in pools and "blas" not in pools
+
+
+def test_torch_shares_the_kernels_openmp_team_when_it_says_so(torch_cpu):
+    """When the provider names the kernels' OpenMP pool, torch's libgomp and the kernels' are one
+    library in this process (threadpoolctl sees one OpenMP runtime), so the plan keeps its threads."""
+    from threadpoolctl import threadpool_info
+
+    text, shapes = CASES["epilogue"]
+    mod = dpl.parse(text)
+    args = [rand(*s) for s in shapes]
+    _, exe = run(torch_cpu, mod, args)
+    openmp = {i["filepath"] for i in threadpool_info() if i["user_api"] == "openmp"}
+    if torch_cpu.products.thread_pool == "openmp":
+        assert len(openmp) == 1
+        assert exe.plan(*args).threads_note is None  # nothing capped
+    else:
+        assert torch_cpu.products.thread_pool == "torch"
 
 
 def test_a_read_only_constant_weight_is_wrapped_once_without_a_warning(torch_cpu):
@@ -129,3 +146,31 @@ def test_float32_products_run_in_torch(torch_cpu, monkeypatch):
     args = [rand(*s) for s in shapes]
     run(torch_cpu, mod, args)
     assert len(calls) >= 2  # both products of the attention (each call of the plan)
+
+
+@pytest.mark.parametrize("case", ["3x3 same", "stride 2", "asymmetric padding", "dilation", "groups", "depthwise", "1x1"])
+def test_convolutions_by_torch_equal_the_interpreter(torch_cpu, case):
+    """torch's own convolution (symmetric padding) or im2col and torch's matmul (the rest), with
+    a bias-and-ReLU epilogue in the generated C, as a ResNet block's batch norm leaves it."""
+    from test_cpu_conv import CASES as CONV, args_for, conv_module
+
+    x, w, attrs = CONV[case]
+    mod = conv_module(x, w, attrs, epilogue=True)
+    args = args_for(mod)
+    got, exe = run(torch_cpu, mod, args)
+    np.testing.assert_allclose(got, dpl.interpret(mod, *args), rtol=1e-4, atol=1e-4)
+    assert exe.plan(*args).steps[0].kernel.__qualname__.startswith("cpu-blas+c:")
+
+
+def test_a_torch_convolution_keeps_nan_where_padding_meets_a_nonfinite_weight(torch_cpu):
+    """oneDNN skips the padding; the interpreter multiplies it: 0 * inf and 0 * NaN are NaN there."""
+    from test_cpu_conv import args_for, conv_module
+
+    mod = conv_module((1, 2, 6, 6), (3, 2, 3, 3), dict(padding=[1, 1, 1, 1]))
+    x, w = args_for(mod)
+    w[0, 0, 0, 0], w[1, 1, 2, 2] = np.inf, np.nan
+    got, _ = run(torch_cpu, mod, [x, w])
+    want = dpl.interpret(mod, x, w)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)

@@ -16,7 +16,7 @@ def cpu(tmp_path):
     from dpl.backends.cpu_backend import CpuBackend
 
     needs.c_compiler()
-    return CpuBackend(cache_dir=tmp_path)
+    return CpuBackend(cache_dir=tmp_path, products="numpy")  # the BLAS pool beside OpenMP: the rule under test
 
 
 FUSE_ALL = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0)
@@ -144,3 +144,21 @@ def test_blas_threads_through_threadpoolctl():
     with blas_threads(1):
         assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas")
     assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
+def test_a_budget_caps_torch_for_the_call_and_restores_it():
+    """torch's MKL products and oneDNN convolutions follow torch's own thread count (an OpenMP cap
+    alone does not bind MKL), so a budget sets it for the call and puts it back."""
+    torch = needs.package("torch")
+    from dpl.runtime.threads import budget_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with budget_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with budget_threads(None):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

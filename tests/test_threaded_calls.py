@@ -27,7 +27,7 @@ def cpu(tmp_path_factory):
     from dpl.backends.cpu_backend import CpuBackend
 
     needs.c_compiler()
-    return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"))
+    return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), products="numpy")  # im2col's per-thread workspaces
 
 
 # llama_mlp: products through BLAS with C segments between them (cpu), attention: a BLAS

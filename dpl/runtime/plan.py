@@ -48,7 +48,7 @@ from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
-from dpl.runtime.threads import blas_threads, one_pool_kernels
+from dpl.runtime.threads import budget_threads, one_pool_kernels
 from dpl.transform.graph import is_view, is_view_group
 
 
@@ -241,7 +241,7 @@ class Plan:
         try:
             if self.threads is None:  # no budget: not even the context manager's microsecond
                 return self._run(views, arrays, out, timer)
-            with blas_threads(self.threads):
+            with budget_threads(self.threads):
                 return self._run(views, arrays, out, timer)
         finally:
             self._give_back(views)
@@ -321,7 +321,7 @@ class Planner:
         note = "OpenMP kernels on one thread: the plan also calls BLAS" if mixed else None
         if self.threads is not None:
             note = f"{note}; " if note else ""
-            note += f"thread budget {self.threads}: BLAS and OpenMP kernels on at most {self.threads} thread(s)"
+            note += f"thread budget {self.threads}: BLAS, torch and OpenMP kernels on at most {self.threads} thread(s)"
         return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note, self.threads,
                     self.view_groups)
 

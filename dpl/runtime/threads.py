@@ -14,11 +14,19 @@ the calling thread alone (a team of one starts no workers, so nothing spins agai
 BLAS keeps every core, as the products are where such a plan spends its time. A plan that uses
 one pool keeps it whole.
 
-A thread budget (``dpl.build(..., threads=N)``) caps both: every OpenMP kernel at ``N`` threads
-(one when the plan mixes pools, as above) and the BLAS at ``N`` for the duration of each call,
-through threadpoolctl's handle on the loaded BLAS library (:func:`blas_threads`, a couple of
-microseconds per call; never environment variables, which a BLAS reads once at load). At
-``N = 1`` nothing spins against anything.
+torch's products and convolutions (``CpuBackend(products="torch")``, or ``"auto"`` where torch
+measures faster) run on torch's threads, and with the torch wheels for Linux those are the
+kernels' OpenMP team itself: torch's ``libgomp.so.1`` and the one GCC's ``-fopenmp`` kernels
+need are one library in the process, and MKL threads through it. Such a plan uses one pool
+(:data:`OPENMP`), so its OpenMP kernels (flash attention, the parts between products) keep
+every core. Where torch runs on another runtime its pool is :data:`TORCH`, a pool of its own.
+
+A thread budget (``dpl.build(..., threads=N)``) caps them all: every OpenMP kernel at ``N``
+threads (one when the plan mixes pools, as above), and the BLAS and torch at ``N`` for the
+duration of each call, through threadpoolctl's handle on the loaded BLAS library and
+``torch.set_num_threads`` (:func:`budget_threads`, a couple of microseconds per call; never
+environment variables, which a BLAS reads once at load). At ``N = 1`` nothing spins against
+anything.
 
 The protocol, for kernels that take part (others are left alone): ``kernel.thread_pools``, a
 frozenset of pool names (:data:`OPENMP`, :data:`BLAS`), and for kernels that can run on fewer
@@ -28,11 +36,13 @@ threads ``kernel.with_threads(n)``, the same kernel capped at ``n`` threads.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Callable, Iterable, Iterator
 
 OPENMP = "openmp"
 BLAS = "blas"
+TORCH = "torch"  # torch's intra-op threads, where they are not the kernels' OpenMP team (backends/blas.py)
 
 
 def pools_of(kernel: Callable) -> frozenset[str]:
@@ -86,3 +96,21 @@ def blas_threads(n: int | None) -> Iterator[None]:
     finally:
         for lib, before in saved:
             lib.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def budget_threads(n: int | None) -> Iterator[None]:
+    """A plan's thread budget for one call: the loaded BLAS libraries (:func:`blas_threads`) and,
+    when torch is loaded, torch's intra-op threads (which its MKL products and oneDNN
+    convolutions use; an OpenMP cap alone does not bind MKL, whose own setting wins: measured)
+    on at most ``n`` threads; restored after. ``torch.set_num_threads`` costs about 0.1 us."""
+    torch = sys.modules.get("torch") if n is not None else None
+    before = torch.get_num_threads() if torch is not None else None
+    if before is not None and before > n:
+        torch.set_num_threads(n)
+    try:
+        with blas_threads(n):
+            yield
+    finally:
+        if before is not None and before > n:
+            torch.set_num_threads(before)

@@ -1,0 +1,173 @@
+"""``CpuBackend(products="auto")`` (backends/products_choice.py): the fastest provider by
+measurement, measured once per machine and kept in the cache directory; torch only where it is
+installed; the choice and why in ``exe.summary()``; numbers equal the interpreter either way."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import needs
+
+import dpl
+from dpl.backends import blas, products_choice
+from dpl.backends.products_choice import Measured
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """The choice kept in a fresh directory, and no choice remembered by this process."""
+    monkeypatch.setattr(products_choice, "store_dir", lambda name: tmp_path / name)
+    monkeypatch.setattr(products_choice, "_chosen", {})
+    return tmp_path / "products"
+
+
+def kept(store, **times):
+    store.mkdir(mode=0o700, exist_ok=True)
+    from dpl.backends.cpu_backend import cpu_identity
+
+    path = store / f"{products_choice._key(cpu_identity())}.json"
+    path.write_text(json.dumps(times))
+    path.chmod(0o600)
+    return path
+
+
+def rand_array(*shape):
+    return np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+
+
+def no_measuring(*_):
+    raise AssertionError("measured again")
+
+
+def test_a_kept_choice_for_torch_gives_torch_without_measuring(store, monkeypatch):
+    needs.package("torch")
+    kept(store, numpy_matmul=2.0, numpy_conv=1.0, torch_matmul=1.5, torch_conv=0.8)
+    monkeypatch.setattr(products_choice, "measure", no_measuring)
+    chosen = blas.products("auto")
+    assert isinstance(chosen, blas.TorchProducts) and chosen.name == "torch"
+    assert "products by torch (128x512 @ 512x1024 torch 1.50 ms vs NumPy 2.00)" in chosen.why
+
+
+def test_a_kept_choice_for_numpy_gives_numpy(store, monkeypatch):
+    needs.package("torch")
+    kept(store, numpy_matmul=1.0, numpy_conv=1.0, torch_matmul=1.5, torch_conv=0.97)  # within the margin: a tie
+    monkeypatch.setattr(products_choice, "measure", no_measuring)
+    chosen = blas.products("auto")
+    assert isinstance(chosen, blas.NumpyProducts) and "products by NumPy" in chosen.why and "convolutions by im2col" in chosen.why
+
+
+def test_each_kind_goes_to_the_library_faster_at_it(store, monkeypatch):
+    needs.package("torch")
+    kept(store, numpy_matmul=1.0, numpy_conv=1.0, torch_matmul=1.5, torch_conv=0.8)
+    monkeypatch.setattr(products_choice, "measure", no_measuring)
+    chosen = blas.products("auto")
+    assert chosen.name == "numpy+torch conv" and not chosen.matmuls and chosen.convolutions
+    assert "products by NumPy" in chosen.why and "convolutions by torch" in chosen.why
+    from dpl.ir import FunctionBuilder
+
+    fb = FunctionBuilder("main")
+    x, w = fb.param("x", "f32", (4, 8)), fb.param("w", "f32", (8, 5))
+    fb.emit("matmul", x, w)
+    assert chosen.pool_of(fb.bindings[-1].value) == "blas"  # NumPy's BLAS: its own pool
+    out = np.empty((4, 5), np.float32)
+    x2, w2 = rand_array(4, 8), rand_array(8, 5)
+    np.testing.assert_allclose(chosen.matmul(x2, w2, out), x2 @ w2, rtol=1e-5)
+
+
+def test_the_first_choice_is_measured_and_kept_for_the_next_process(store, monkeypatch):
+    needs.package("torch")
+    first = blas.products("auto")
+    files = list(store.glob("*.json"))
+    assert len(files) == 1
+    times = json.loads(files[0].read_text())
+    assert set(times) == {"numpy_matmul", "numpy_conv", "torch_matmul", "torch_conv"}
+    assert all(t > 0 for t in times.values())
+    m = Measured(**times)
+    assert (first.name != "numpy") == (m.torch_matmuls or m.torch_convolutions)
+    monkeypatch.setattr(products_choice, "_chosen", {})  # a new process: read, not measured
+    monkeypatch.setattr(products_choice, "measure", no_measuring)
+    assert blas.products("auto").name == first.name
+
+
+def test_a_damaged_choice_is_measured_again(store, monkeypatch):
+    needs.package("torch")
+    kept(store, numpy_matmul="fast")
+    monkeypatch.setattr(products_choice, "measure", lambda cc: Measured(1.0, 1.0, 2.0, 2.0))
+    assert blas.products("auto").name == "numpy"
+
+
+def test_without_torch_auto_is_numpy_and_measures_nothing(store, monkeypatch):
+    monkeypatch.setattr(products_choice.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(products_choice, "measure", no_measuring)
+    chosen = blas.products("auto")
+    assert chosen.name == "numpy" and "torch is not installed" in chosen.why
+    assert not list(store.glob("*.json"))
+
+
+def test_the_summary_says_which_products_and_why(store, tmp_path):
+    needs.c_compiler()
+    from dpl.backends.cpu_backend import CpuBackend
+
+    mod = dpl.parse("""
+func main(x: f32[16, 32], w: f32[32, 24]) -> f32[16, 24] {
+  m = matmul(x, w)
+  y = nn.relu(m)
+  return y
+}""")
+    cpu = CpuBackend(cache_dir=tmp_path / "kernels")
+    assert "not chosen yet" in cpu.notes()[0]
+    exe = dpl.build(mod, [cpu, "numpy"], config=dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0))
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((16, 32), np.float32), rng.standard_normal((32, 24), np.float32)
+    np.testing.assert_allclose(exe(x, w), dpl.interpret(mod, x, w), rtol=1e-5, atol=1e-5)
+    summary = exe.summary()
+    assert f"products: {cpu.products.name} (" in summary and "auto, the faster of each measured here" in summary
+
+
+def test_an_unknown_products_name_is_a_located_error():
+    from dpl.backends.cpu_backend import CpuBackend
+
+    with pytest.raises(dpl.DplError, match="unknown products library 'mkl'"):
+        CpuBackend(products="mkl")
+
+
+def test_a_plan_without_torch_work_never_imports_torch(tmp_path):
+    """With convolutions chosen for torch and products for NumPy, a plan of products alone runs
+    without importing torch (seconds of start-up); ``import dpl`` never imports it."""
+    needs.package("torch")
+    needs.c_compiler()
+    script = textwrap.dedent("""
+        import json, sys
+        import numpy as np
+        import dpl
+        assert "torch" not in sys.modules, "import dpl imported torch"
+        from dpl.backends import products_choice
+        from dpl.backends.cpu_backend import CpuBackend, cpu_identity
+        from dpl.cache_dir import make_private_dirs, store_dir
+        folder = store_dir("products")
+        make_private_dirs(folder)
+        path = folder / f"{products_choice._key(cpu_identity())}.json"
+        path.write_text(json.dumps(dict(numpy_matmul=1.0, numpy_conv=1.0, torch_matmul=2.0, torch_conv=0.5)))
+        path.chmod(0o600)
+        mod = dpl.parse('''
+        func main(x: f32[16, 32], w: f32[32, 24]) -> f32[16, 24] {
+          m = matmul(x, w)
+          y = nn.relu(m)
+          return y
+        }''')
+        cpu = CpuBackend(cache_dir=sys.argv[1])
+        exe = dpl.build(mod, [cpu, "numpy"], config=dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0))
+        x, w = np.ones((16, 32), np.float32), np.ones((32, 24), np.float32)
+        assert np.allclose(exe(x, w), 32.0)
+        assert cpu.products.name == "numpy+torch conv", cpu.products.name
+        print("torch imported" if "torch" in sys.modules else "torch not imported")
+    """)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "kernels")], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch not imported"
