@@ -2,7 +2,10 @@
 
     rewrites (.dpl ``rewrite`` rules, to a fixed point)
       -> constant folding (bindings over bound weights computed once, as TVM's FoldConstant)
-      -> merged products (q/k/v, gate/up: one wider product over concatenated constant weights)
+      -> merged products (q/k/v, gate/up: one wider product over concatenated constant weights,
+         each branch a slice of it)
+      -> splits as slices (a split whose items are taken one by one: one strided_slice per item,
+         so each joins its consumer's group)
       -> FuseOpsByPattern (fusion patterns in priority order, Composite functions,
          optionally wrapped in Codegen functions)
       -> automatic fusion (FuseOps) of whatever no pattern claimed, views joining groups
@@ -56,8 +59,8 @@ def as_pattern_set(patterns: PatternsLike) -> PatternSet:
 
 def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, composites: bool = True,
           annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
-          fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, views: bool = True,
-          trace: Trace | None = None) -> Module:
+          fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, split_slices: bool = True,
+          views: bool = True, trace: Trace | None = None) -> Module:
     """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring).
     ``views`` (on here, off in ``fuse_ops`` itself): reshapes, squeezes and expand_dims move no
     data and never break an automatic group, symbolic shapes included; ``views=False`` gives
@@ -70,11 +73,12 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     with paused_collector():  # once around every pass, not only within each (see dpl.ir.collector)
         return _apply(mod, patterns, rewrites=rewrites, composites=composites, annotate_codegen=annotate_codegen,
                       fuse=fuse, bind_constants=bind_constants, allow_leaks=allow_leaks, fuse_reductions=fuse_reductions,
-                      fold=fold, merge_products=merge_products, views=views, trace=trace)
+                      fold=fold, merge_products=merge_products, split_slices=split_slices, views=views,
+                      trace=trace)
 
 
 def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks, fuse_reductions,
-           fold, merge_products, views, trace) -> Module:
+           fold, merge_products, split_slices, views, trace) -> Module:
     if trace is not None:
         trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:
@@ -96,6 +100,10 @@ def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_
         from dpl.transform.merge_products import merge_products as merge
 
         mod = merge(mod)
+    if split_slices:
+        from dpl.transform.split_slices import split_slices as as_slices
+
+        mod = as_slices(mod)
     if trace is not None:
         trace.rewritten = mod  # what the fusion passes start from
     if composites and patterns.patterns:
