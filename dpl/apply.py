@@ -60,13 +60,16 @@ def as_pattern_set(patterns: PatternsLike) -> PatternSet:
 def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, composites: bool = True,
           annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
           fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, split_slices: bool = True,
-          views: bool = True, multi_output: bool = True, trace: Trace | None = None) -> Module:
+          views: bool = True, multi_output: bool = True, rematerialize: bool = True,
+          trace: Trace | None = None) -> Module:
     """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring).
     ``views`` (on here, off in ``fuse_ops`` itself): reshapes, squeezes and expand_dims move no
     data and never break an automatic group, symbolic shapes included; ``views=False`` gives
     TVM's grouping exactly. ``multi_output`` (on here, off in ``fuse_ops``): a lone op at most
     injective joins the group that computes what it reads, as one more output of it (a
-    decoder's ``where`` over the attention mask); ``multi_output=False`` leaves it alone, as TVM."""
+    decoder's ``where`` over the attention mask); ``multi_output=False`` leaves it alone, as TVM.
+    ``rematerialize`` (on here, off in ``fuse_ops``): an op that reads no tensor (T5's
+    ``arange``), read by several groups, is computed in each of them."""
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
@@ -76,11 +79,11 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
         return _apply(mod, patterns, rewrites=rewrites, composites=composites, annotate_codegen=annotate_codegen,
                       fuse=fuse, bind_constants=bind_constants, allow_leaks=allow_leaks, fuse_reductions=fuse_reductions,
                       fold=fold, merge_products=merge_products, split_slices=split_slices, views=views,
-                      multi_output=multi_output, trace=trace)
+                      multi_output=multi_output, rematerialize=rematerialize, trace=trace)
 
 
 def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks, fuse_reductions,
-           fold, merge_products, split_slices, views, multi_output, trace) -> Module:
+           fold, merge_products, split_slices, views, multi_output, rematerialize, trace) -> Module:
     if trace is not None:
         trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:
@@ -118,7 +121,8 @@ def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_
             from dpl.transform.fuse_ops import fuse_ops
         except ImportError:
             raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
-        mod = fuse_ops(mod, fuse_reductions=fuse_reductions, views=views, multi_output=multi_output)
+        mod = fuse_ops(mod, fuse_reductions=fuse_reductions, views=views, multi_output=multi_output,
+                       rematerialize=rematerialize)
     if trace is not None:
         trace.result = mod
     return mod

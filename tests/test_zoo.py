@@ -111,12 +111,12 @@ def test_torch_import_matches_torch(imported):
 #   the position ids;
 # - BERT at a symbolic length: the slice and broadcast of the token-type ids between gathers,
 #   and the squeeze of the [CLS] row before the pooler's product;
-# - T5 at a symbolic length: the arange read by the position-bias and mask groups;
 # - ResNet: the max-pool and the average pool (their neighbours are convolutions' groups).
 # The merged products' splits and the masks' where() no longer stay alone: each branch of a
 # merged product is a slice that joins its consumer (llm's matmul_glu takes gate/up with their
-# product), and the mask's where is one more output of the mask's group (multi_output).
-COVERAGE_FLOOR = {"llama": 98, "qwen2": 99, "mistral": 98, "phi3": 98, "gpt2": 97, "opt": 97, "bert": 96, "t5": 96,
+# product), the mask's where is one more output of the mask's group (multi_output), and T5's
+# arange is computed inside each group that reads it (rematerialize).
+COVERAGE_FLOOR = {"llama": 98, "qwen2": 99, "mistral": 98, "phi3": 98, "gpt2": 97, "opt": 97, "bert": 96, "t5": 97,
                   "vit": 99, "resnet": 96}
 
 
