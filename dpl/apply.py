@@ -2,7 +2,10 @@
 
     rewrites (.dpl ``rewrite`` rules, to a fixed point)
       -> constant folding (bindings over bound weights computed once, as TVM's FoldConstant)
-      -> merged products (q/k/v, gate/up: one wider product over concatenated constant weights)
+      -> merged products (q/k/v, gate/up: one wider product over concatenated constant weights,
+         each branch a slice of it)
+      -> splits as slices (a split whose items are taken one by one: one strided_slice per item,
+         so each joins its consumer's group)
       -> FuseOpsByPattern (fusion patterns in priority order, Composite functions,
          optionally wrapped in Codegen functions)
       -> automatic fusion (FuseOps) of whatever no pattern claimed, views joining groups
@@ -56,12 +59,17 @@ def as_pattern_set(patterns: PatternsLike) -> PatternSet:
 
 def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, composites: bool = True,
           annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
-          fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, views: bool = True,
+          fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, split_slices: bool = True,
+          views: bool = True, multi_output: bool = True, rematerialize: bool = True,
           trace: Trace | None = None) -> Module:
     """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring).
     ``views`` (on here, off in ``fuse_ops`` itself): reshapes, squeezes and expand_dims move no
     data and never break an automatic group, symbolic shapes included; ``views=False`` gives
-    TVM's grouping exactly."""
+    TVM's grouping exactly. ``multi_output`` (on here, off in ``fuse_ops``): a lone op at most
+    injective joins the group that computes what it reads, as one more output of it (a
+    decoder's ``where`` over the attention mask); ``multi_output=False`` leaves it alone, as TVM.
+    ``rematerialize`` (on here, off in ``fuse_ops``): an op that reads no tensor (T5's
+    ``arange``), read by several groups, is computed in each of them."""
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
@@ -70,11 +78,12 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     with paused_collector():  # once around every pass, not only within each (see dpl.ir.collector)
         return _apply(mod, patterns, rewrites=rewrites, composites=composites, annotate_codegen=annotate_codegen,
                       fuse=fuse, bind_constants=bind_constants, allow_leaks=allow_leaks, fuse_reductions=fuse_reductions,
-                      fold=fold, merge_products=merge_products, views=views, trace=trace)
+                      fold=fold, merge_products=merge_products, split_slices=split_slices, views=views,
+                      multi_output=multi_output, rematerialize=rematerialize, trace=trace)
 
 
 def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks, fuse_reductions,
-           fold, merge_products, views, trace) -> Module:
+           fold, merge_products, split_slices, views, multi_output, rematerialize, trace) -> Module:
     if trace is not None:
         trace.source, trace.patterns = mod, patterns
     if rewrites and patterns.rewrites:
@@ -96,6 +105,10 @@ def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_
         from dpl.transform.merge_products import merge_products as merge
 
         mod = merge(mod)
+    if split_slices:
+        from dpl.transform.split_slices import split_slices as as_slices
+
+        mod = as_slices(mod)
     if trace is not None:
         trace.rewritten = mod  # what the fusion passes start from
     if composites and patterns.patterns:
@@ -108,7 +121,8 @@ def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_
             from dpl.transform.fuse_ops import fuse_ops
         except ImportError:
             raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
-        mod = fuse_ops(mod, fuse_reductions=fuse_reductions, views=views)
+        mod = fuse_ops(mod, fuse_reductions=fuse_reductions, views=views, multi_output=multi_output,
+                       rematerialize=rematerialize)
     if trace is not None:
         trace.result = mod
     return mod

@@ -352,6 +352,72 @@ def resnet_head(torch_spelling=True):
         pooled = fb.emit("mean", r, axis=[-2, -1], keepdims=True, name="pooled")
     return Module([fb.ret(r, pooled)])
 
+# -- merged products, splits, the mask (issue 16: nothing of these stays alone) ---------------------
+
+
+def _gate_up(act):
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, S, 64))
+    gate = fb.emit("matmul", x, _weight(64, 96), name="gate")
+    up = fb.emit("matmul", x, _weight(64, 96), name="up")
+    return Module([fb.ret(fb.emit("multiply", fb.emit(act, gate, name="act"), up, name="h"))])
+
+
+def llama_gate_up():
+    """Llama's MLP: gate and up read one hidden state (merged into one product, two slices)."""
+    return _gate_up("nn.silu")
+
+
+def gemma_gate_up():
+    """Gemma's MLP: the tanh GELU of the gate times up; kernel.gelu must not take the GELU."""
+    return _gate_up("nn.gelu_tanh")
+
+
+def o_proj_residual_norm():
+    """The attention output projection, the residual add and the next layer's RMSNorm; the sum
+    is read again by the next residual add."""
+    fb = FunctionBuilder("main")
+    a, x = fb.param("a", "f32", (B, S, 32)), fb.param("x", "f32", (B, S, 64))
+    s = fb.emit("add", x, fb.emit("matmul", a, _weight(32, 64), name="o_proj"), name="s")
+    n = fb.emit("nn.rms_norm", s, _weight(64), axes=[-1], epsilon=1e-6, name="normed")
+    return Module([fb.ret(fb.emit("add", fb.emit("matmul", n, _weight(64, 64), name="next"), s, name="out"))])
+
+
+def gpt2_split_qkv():
+    """GPT-2: c_attn's product and bias split into q, k and v, each viewed as heads."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (B, S, H * D))
+    qkv = fb.emit("add", fb.emit("matmul", x, _weight(H * D, 3 * H * D), name="mm"), _weight(3 * H * D), name="c_attn")
+    parts = fb.emit("split", qkv, indices_or_sections=[H * D, 2 * H * D], axis=2, name="parts")
+
+    def heads(i, name):
+        y = fb.item(parts, i, name=name)
+        return fb.emit("permute_dims", fb.emit("reshape", y, shape=[B, S, H, D], name=f"{name}_r"), axes=[0, 2, 1, 3], name=f"{name}_h")
+
+    q, k, v = heads(0, "q"), heads(1, "k"), heads(2, "v")
+    kt = fb.emit("permute_dims", k, axes=[0, 1, 3, 2], name="kt")
+    s = fb.emit("multiply", fb.emit("matmul", q, kt, name="scores"), 0.25, name="scaled")
+    return _finish(fb, s, v)
+
+
+def decoder_mask():
+    """A decoder's mask: the padding test, where() of it (read by two layers' attention) and the
+    guard of fully padded rows, which reads the test again."""
+    fb = FunctionBuilder("main")
+    q, v = (fb.param(n, "f32", (B, H, S, D)) for n in "qv")
+    kt = fb.param("kt", "f32", (B, H, D, S))
+    am = fb.param("attention_mask", "i64", (B, S))
+    keep = fb.emit("expand_dims", fb.emit("astype", am, dtype="bool", name="keep0"), axis=[1, 2], name="keep")
+    bias = fb.emit("where", keep, 0.0, -3.4028234663852886e38, name="bias")
+    ctx = q
+    for layer in range(2):
+        s = fb.emit("add", fb.emit("multiply", fb.emit("matmul", ctx, kt, name=f"s{layer}"), 0.25, name=f"z{layer}"), bias, name=f"m{layer}")
+        ctx = fb.emit("matmul", fb.emit("nn.softmax", s, name=f"p{layer}"), v, name=f"ctx{layer}")
+    guard = fb.emit("max", fb.emit("astype", keep, dtype="f32", name="keepf"), axis=[-1], keepdims=True, name="guard")
+    out = fb.emit("permute_dims", fb.emit("multiply", ctx, guard, name="guarded"), axes=[0, 2, 1, 3], name="out")
+    return Module([fb.ret(out)])
+
+
 CASES = {
     "attention_onnx_sdpa": (attention_onnx_sdpa, {"kernel.attention": 1}),
     "attention_onnx_sdpa_symbolic": (attention_onnx_sdpa_symbolic, {"kernel.attention": 1}),
@@ -384,6 +450,11 @@ CASES = {
     "resnet_shortcut_onnx": (lambda: resnet_projection_shortcut(False), {"kernel.conv2d_shortcut": 1}),
     "resnet_head_torch": (resnet_head, {"kernel.global_avg_pool": 1}),
     "resnet_head_onnx": (lambda: resnet_head(False), {"kernel.global_avg_pool": 1}),
+    "llama_gate_up": (llama_gate_up, {"kernel.matmul_glu": 1, "kernel.swiglu": 0}),
+    "gemma_gate_up": (gemma_gate_up, {"kernel.matmul_glu": 1, "kernel.gelu": 0}),
+    "o_proj_residual_norm": (o_proj_residual_norm, {"kernel.matmul_add_rms_norm": 1, "kernel.add_rms_norm": 0}),
+    "gpt2_split_qkv": (gpt2_split_qkv, {"kernel.attention": 1}),
+    "decoder_mask": (decoder_mask, {"kernel.attention": 1}),  # one function, called by both layers
     "reshape_changing_rows": (reshape_changing_rows, {"cublas.matmul_bias_act": 0, "cublas.matmul_bias": 1, "kernel.gelu": 1}),
 }
 
@@ -449,3 +520,16 @@ def test_spelling_builds_and_equals_the_interpreter(case, target, fused):
     if target == "cpu":
         summary = exe.summary()
         assert "fall-back" not in summary.split("plan for")[0], summary
+
+
+# what the merged products, the splits and the mask leave alone: nothing but the products no
+# epilogue follows (gpt2_split_qkv's bias add is the product's epilogue, its slices join the heads)
+ALONE = {"llama_gate_up": [], "gemma_gate_up": [], "o_proj_residual_norm": [], "gpt2_split_qkv": [], "decoder_mask": []}
+
+
+@pytest.mark.parametrize("case", sorted(ALONE))
+def test_merged_products_splits_and_masks_leave_nothing_alone(case):
+    trace = dpl.Trace()
+    dpl.apply(CASES[case][0](), ["rewrites", "llm"], trace=trace)
+    alone = [(a.op, a.detail) for a in trace.coverage()["main"].alone]
+    assert [op for op, _ in alone] == ALONE[case], alone

@@ -51,6 +51,25 @@ def swiglu_block():
     return fb.ret(fb.emit("multiply", up, act, name="h"))
 
 
+def merged_glu(act="nn.silu"):
+    """A merged gate/up product (dpl.apply's merge_products): one product, its halves as slices."""
+    fb = FunctionBuilder("main")
+    x, w = fb.param("x", "f32", ("n", 64)), fb.param("w", "f32", (64, 192))
+    p = fb.emit("matmul", x, w, name="gate_up")
+    gate = fb.emit("strided_slice", p, axes=[1], begin=[0], end=[96], name="gate")
+    up = fb.emit("strided_slice", p, axes=[1], begin=[96], end=[192], name="up")
+    return fb.ret(fb.emit("multiply", fb.emit(act, gate, name="act"), up, name="h"))
+
+
+def product_residual_rmsnorm():
+    fb = FunctionBuilder("main")
+    x, r, w = fb.param("x", "f32", ("n", 32)), fb.param("r", "f32", ("n", 64)), fb.param("w", "f32", (64,))
+    mm = fb.emit("matmul", x, fb.param("wo", "f32", (32, 64)), name="o_proj")
+    s = fb.emit("add", r, mm, name="s")
+    normed = fb.emit("nn.rms_norm", s, w, name="normed")
+    return fb.ret(fb.emit("add", normed, s, name="out"))
+
+
 def residual_rmsnorm(sum_used_later=False):
     fb = FunctionBuilder("main")
     x, r, w = fb.param("x", "f32", ("n", 64)), fb.param("r", "f32", ("n", 64)), fb.param("w", "f32", (64,))
@@ -84,7 +103,8 @@ CORPUS = {
     "mlp_tanh": mlp("tanh"), "mlp_nobias": mlp(bias=False), "mlp_bias": mlp(), "batched": batched(),
     "int_matmul": int_matmul(), "swiglu": swiglu_block(), "residual": residual_rmsnorm(),
     "residual_reused": residual_rmsnorm(True), "attention": attention(), "attention_nomask": attention(False, "divide"),
-    "gelus": gelus(),
+    "gelus": gelus(), "merged_swiglu": merged_glu(), "merged_geglu": merged_glu("nn.gelu_tanh"),
+    "product_residual": product_residual_rmsnorm(),
     # the spellings of real models (tests/test_model_spellings.py), before any rewrite
     **{f"model_{name}": make()["main"] for name, (make, _) in SPELLINGS.items()},
 }
@@ -160,6 +180,12 @@ def _twin_cublas():
 
 
 def _twin_llm():
+    merged = is_op("matmul")(wildcard(), wildcard()).optional(lambda t: is_op("add")(t, wildcard()))
+    half = is_op("strided_slice")(merged)
+    glu = is_op("multiply")(is_op("nn.silu")(half) | is_op("nn.gelu")(half) | is_op("nn.gelu_tanh")(half),
+                            is_op("strided_slice")(merged))
+    residual = is_op("add")(wildcard(), is_op("matmul")(wildcard(), wildcard()))
+    product_add_rms = is_op("nn.rms_norm")(residual, wildcard())
     gate, up = wildcard(), wildcard()
     swiglu = is_op("multiply")(is_op("nn.silu")(gate), up)
     a, b, w = wildcard(), wildcard(), wildcard()
@@ -181,6 +207,8 @@ def _twin_llm():
     top = is_op("max")(m).has_attr({"axis": [-1], "keepdims": True})
     safe = is_op("where")(is_op("greater")(top, is_const(-np.inf)), att, is_const(0.0))
     return [
+        FusionPattern("kernel.matmul_glu", glu),
+        FusionPattern("kernel.matmul_add_rms_norm", product_add_rms, outputs=(residual,)),
         FusionPattern("kernel.swiglu", swiglu),
         FusionPattern("kernel.add_rms_norm", add_rms),
         FusionPattern("kernel.rms_norm", rms),
@@ -254,6 +282,10 @@ def accepted_roots(library, module):
         ("cnn", "model_resnet_shortcut_onnx", {("kernel.conv2d_shortcut", "out")}),
         ("cnn", "model_resnet_head_onnx", {("kernel.global_avg_pool", "pooled")}),
         ("cnn", "model_gpt2_onnx_mlp", set()),
+        ("llm", "merged_swiglu", {("kernel.matmul_glu", "h"), ("kernel.swiglu", "h")}),
+        ("llm", "merged_geglu", {("kernel.matmul_glu", "h"), ("kernel.gelu", "act")}),
+        ("llm", "product_residual", {("kernel.matmul_add_rms_norm", "normed"), ("kernel.add_rms_norm", "normed"),
+                                     ("kernel.rms_norm", "normed")}),
     ],
 )
 def test_patterns_match_what_they_are_meant_for(library, module, expected):

@@ -100,12 +100,25 @@ def test_torch_import_matches_torch(imported):
 
 
 # The share of ops (opaque-by-nature ones left out) that run inside a composite or a fused group
-# after dpl.apply(mod, ["rewrites", "llm"]), as measured when this was written; a floor, so that
-# a change to the patterns or passes that leaves more ops alone is seen. What stays alone today:
-# the split of merged products, where() of the masks, the output projection's matmul (claimed
-# by `cublas`, not `llm`), the pooler's tanh, the slices of BERT's mask.
-COVERAGE_FLOOR = {"llama": 89, "qwen2": 90, "mistral": 89, "phi3": 91, "gpt2": 93, "opt": 93, "bert": 91, "t5": 89,
-                  "vit": 94, "resnet": 96}
+# after dpl.apply(mod, ["rewrites", "llm"]), as measured when this was written (SDPA and eager
+# attention alike); a floor, so that a change to the patterns or passes that leaves more ops
+# alone is seen. What stays alone today, and why:
+# - a q/k/v product without a bias (Llama, Qwen3, Mistral, Phi-3, Gemma, T5): its three slices
+#   go to three groups (rotary embeddings, heads), and a product takes only elementwise ops after
+#   it (TVM's rule); with a bias (Qwen2, GPT-2, BERT...) the bias add is its epilogue;
+# - Gemma's embedding scale (a multiply between the opaque gather and two norm composites);
+# - GPT-2 / OPT: the view of input_ids before the gather, and the sum of the token and position
+#   embeddings (between two gathers and a layer_norm composite); static GPT-2 also the views of
+#   the position ids;
+# - BERT at a symbolic length: the slice and broadcast of the token-type ids between gathers,
+#   and the squeeze of the [CLS] row before the pooler's product;
+# - ResNet: the max-pool and the average pool (their neighbours are convolutions' groups).
+# The merged products' splits and the masks' where() no longer stay alone: each branch of a
+# merged product is a slice that joins its consumer (llm's matmul_glu takes gate/up with their
+# product), the mask's where is one more output of the mask's group (multi_output), and T5's
+# arange is computed inside each group that reads it (rematerialize).
+COVERAGE_FLOOR = {"llama": 98, "qwen2": 99, "mistral": 98, "phi3": 98, "gpt2": 97, "opt": 97, "bert": 96, "t5": 97,
+                  "vit": 99, "resnet": 96}
 
 
 def test_coverage_of_the_zoo_stays_at_its_floor(imported):

@@ -432,7 +432,11 @@ class GraphImporter:
             if not hasattr(value, "ty"):
                 raise FrontendError(f"output {i} of the model is {value!r}, not a tensor; dpl functions return tensors")
             values.append(value)
-        fn = self.fb.ret(*values)
+        # torch.export keeps nodes whose value nothing reads (an unsqueeze of BERT's mask
+        # builder): they would run for nothing, so they go, as in the ONNX importer
+        from dpl.ir.simplify import remove_dead_bindings
+
+        fn = remove_dead_bindings(self.fb.ret(*values))
         return Module([fn]), dict(self.weights)
 
     # -- errors

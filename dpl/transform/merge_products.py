@@ -5,7 +5,11 @@ q/k/v projections and an MLP's gate/up products each read the normed hidden stat
 over the concatenated weight reads the input once and gives the matrix-product provider one
 wide problem instead of several narrow ones. A bias added to every branch is concatenated too,
 so the merged product keeps its epilogue (``matmul`` + ``add`` is still a
-``cublas.matmul_bias``); the branches then read their part of a ``split`` along the last axis.
+``cublas.matmul_bias``); each branch then reads its columns through a ``strided_slice`` of its
+own (not one ``split`` and its items): a slice is one more index map for its consumer, so it
+joins the branch's group (q's reshape, permute and rotary embedding) or its composite (SwiGLU
+over the two halves of a gate/up product), where a ``split`` whose three users go to three
+groups would stay alone, a kernel copying the product into three tensors.
 
 A group is the products of one function that share the input value, the ``out_dtype``, the
 weights' dtype and leading dimension (rank-2 constants), and whether each has a bias (a rank-1
@@ -23,7 +27,7 @@ import attrs
 import numpy as np
 
 from dpl.ir.collector import paused_collector
-from dpl.ir.expr import Binding, Call, Constant, Function, Module, TupleGetItem, Var
+from dpl.ir.expr import Binding, Call, Constant, Function, Module, Var
 from dpl.ir.traverse import leaves
 from dpl.ops.registry import make_call
 
@@ -126,7 +130,7 @@ def _fresh(taken: set[str], base: str) -> str:
 
 
 def _merged(func: Function, branches: list[_Branch], taken: set[str]) -> list[Binding]:
-    """The bindings that replace a group: the wide product (and bias), the split, one item per branch."""
+    """The bindings that replace a group: the wide product (and bias), one slice per branch."""
     bindings = func.bindings
     first = bindings[branches[0].index]
     x = first.value.args[0]
@@ -138,14 +142,14 @@ def _merged(func: Function, branches: list[_Branch], taken: set[str]) -> list[Bi
         bias = Constant(np.concatenate([br.bias.value for br in branches]), name=_fresh(taken, f"{stem}_bias"))
         add = make_call("add", [out[-1].var, bias], {})
         out.append(Binding(Var(_fresh(taken, f"{stem}_biased"), add.ty), add))
-    bounds = np.cumsum([br.weight.value.shape[1] for br in branches])[:-1]
-    split = make_call("split", [out[-1].var], {"indices_or_sections": tuple(int(n) for n in bounds), "axis": -1})
-    parts = Var(_fresh(taken, f"{stem}_parts"), split.ty)
-    out.append(Binding(parts, split))
-    for k, br in enumerate(branches):
+    whole, axis, start = out[-1].var, product.ty.ndim - 1, 0
+    for br in branches:
         var = bindings[br.result].var
-        item = TupleGetItem(parts, k)
-        if item.ty != var.ty:
-            raise AssertionError(f"merged product part {k} is {item.ty}, the branch was {var.ty}")
-        out.append(Binding(var, item))
+        width = int(br.weight.value.shape[1])
+        part = make_call("strided_slice", [whole], {"axes": (axis,), "begin": (start,), "end": (start + width,),
+                                                     "strides": (1,)})
+        if part.ty != var.ty:
+            raise AssertionError(f"merged product columns {start}:{start + width} are {part.ty}, the branch was {var.ty}")
+        out.append(Binding(var, part))
+        start += width
     return out
