@@ -8,7 +8,12 @@ Composite or Codegen function) call by call:
 - a call of a Primitive function is an **automatic** group (FuseOps, or row fusion);
 - a call of an op is an op **alone**, with its reason: a rule matched it but was refused (the
   rule and its reason, from the trace), it is opaque by nature (FuseOps never fuses kind
-  kOpaque), or no pattern matched and FuseOps found nothing to fuse it with.
+  kOpaque), it is a view the runtime aliases (a reshape, squeeze or expand_dims: no kernel, no
+  copy), or no pattern matched and FuseOps found nothing to fuse it with.
+
+``FunctionCoverage.fused_share`` is the figure the issue tracker and the zoo tests quote: the
+share of the ops that run (opaque ones and views left out) that run inside a composite or a
+fused group.
 
 ``runtime=`` (from :func:`dpl.viz.runtime.decide`) adds what the runtime heuristics decide for
 each group on this machine: fused kernel or op by op, and which rule said so.
@@ -24,9 +29,9 @@ import attrs
 from dpl.backends.registry import function_ops
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ops.registry import OpPatternKind
-from dpl.transform.graph import binding_kind
+from dpl.transform.graph import binding_kind, is_view
 
-ALONE_REASONS = ("refused", "opaque", "unmatched")
+ALONE_REASONS = ("refused", "opaque", "view", "unmatched")
 
 
 @attrs.frozen
@@ -104,6 +109,13 @@ class FunctionCoverage:
         return sum(len(g.ops) for g in self.groups if g.claim == "automatic")
 
     @property
+    def fused_share(self) -> float:
+        """Percent of the ops that run as kernels, opaque-by-nature ones left out, that run inside
+        a composite or a fused group (a lone view runs as nothing: it is left out too)."""
+        runs = self.total - sum(a.reason in ("opaque", "view") for a in self.alone)
+        return 100.0 * (self.in_composites + self.in_automatic) / runs if runs else 100.0
+
+    @property
     def fused_at_runtime(self) -> int | None:
         """Ops that run inside one kernel at run time (None without runtime decisions)."""
         if any(g.runtime is None for g in self.groups):
@@ -118,6 +130,7 @@ class FunctionCoverage:
                           "by_name": self.by_composite()},
             "automatic": {"ops": self.in_automatic, "share": _share(self.in_automatic, total)},
             "alone": {"ops": len(self.alone), "share": _share(len(self.alone), total)},
+            "fused_share": round(self.fused_share, 1),
             "fused_at_runtime": self.fused_at_runtime,
             "groups": [g.to_json() for g in self.groups],
             "alone_ops": [a.to_json() for a in self.alone],
@@ -168,6 +181,7 @@ def _table(f: FunctionCoverage) -> str:
         count = sum(a.reason == reason for a in f.alone)
         if count:
             row(f"  {_REASON_WORDS[reason]}", count)
+    lines.append(f"  {'fused share of the ops that run':<40} {'':>5}  {f.fused_share:5.1f}%  (opaque ops and views left out)")
     fused = f.fused_at_runtime
     if fused is not None:
         row("in one kernel at run time", fused)
@@ -196,6 +210,7 @@ def _table(f: FunctionCoverage) -> str:
 
 
 _REASON_WORDS = {"refused": "a rule matched, then refused", "opaque": "opaque by nature",
+                 "view": "a view: no kernel, no copy",
                  "unmatched": "no pattern, nothing to fuse with"}
 
 
@@ -362,6 +377,9 @@ def _lone(binding: str, call: Call, refusals, users: list[str] = ()) -> LoneOp:
     kind = binding_kind(call, views=True)
     if kind == OpPatternKind.OPAQUE:
         return LoneOp(binding, call.op, "opaque", "opaque by nature (kind kOpaque): automatic fusion never fuses it")
+    if is_view(call):
+        return LoneOp(binding, call.op, "view", "a view the runtime aliases: its input's buffer with another shape, "
+                                               "no kernel and no copy")
     near = f"; its users: {', '.join(users)}" if users else ""
     return LoneOp(binding, call.op, "unmatched",
                   f"no pattern matched it, and automatic fusion left it alone: {_KIND_RULES.get(kind, kind.name)}{near}")
