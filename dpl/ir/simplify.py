@@ -165,33 +165,66 @@ def _renamed(e: Expr, remap: Mapping[Var, Var]) -> Expr:
     return e if new is None else attrs.evolve(e, args=tuple(new))
 
 
+def _coarse_key(e: Expr) -> Any:
+    """A cheap key that values with equal :func:`value_key` share (a call's op and operands,
+    without its attributes and type): CSE computes full keys only where two values share it."""
+    if type(e) is not Call:
+        return value_key(e)
+    args = e.args
+    for a in args:
+        if type(a) is not Var:
+            args = tuple([a if type(a) is Var else value_key(a) for a in args])
+            break
+    return (e.op, args)
+
+
 def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Function:
     """``func`` with each repeated value bound once: a later ``y = v`` of an already bound
     ``v`` becomes ``y = x`` (the earlier variable), and later uses read ``x``.
 
-    ``keys`` caches :func:`value_key` by value object (``{id(value): (value, key)}``, the value
-    kept alive so its id stays its own): a caller simplifying one version of a function after
-    another passes the same dict, and the values the versions share are keyed once."""
-    first: dict[Any, Var] = {}
+    Values are first told apart by :func:`_coarse_key` (op and operands); the full
+    :func:`value_key` is computed only for values that share one, so a function without
+    repeats costs one cheap key per binding. ``keys`` caches full keys by value object
+    (``{id(value): (value, key)}``, the value kept alive so its id stays its own): a caller
+    simplifying one version of a function after another passes the same dict, and the values
+    the versions share are keyed once."""
+    first: dict[Any, tuple] = {}  # coarse key -> (var, value) of its first binding
+    shared: dict[Any, list] = {}  # coarse key met again -> [(full key, var)], first binding first
     remap: dict[Var, Var] = {}
     out: list[Binding] = []
     changed = False
     if keys is None:
         keys = {}
-    for b in func.bindings:
-        value = _renamed(b.value, remap) if remap else b.value
+
+    def full_key(value) -> Any:
         hit = keys.get(id(value))
         if hit is not None and hit[0] is value:
-            key = hit[1]
+            return hit[1]
+        key = value_key(value)
+        keys[id(value)] = (value, key)
+        return key
+
+    for b in func.bindings:
+        value = _renamed(b.value, remap) if remap else b.value
+        coarse = _coarse_key(value)
+        earlier = None
+        seen = first.get(coarse)
+        if seen is None:
+            first[coarse] = (b.var, value)
         else:
-            key = value_key(value)
-            keys[id(value)] = (value, key)
-        earlier = first.get(key)
+            bucket = shared.get(coarse)
+            if bucket is None:
+                bucket = shared[coarse] = [(full_key(seen[1]), seen[0])]
+            key = full_key(value)
+            for other, var in bucket:
+                if other == key:
+                    earlier = var
+                    break
+            else:
+                bucket.append((key, b.var))
         if earlier is not None:
             value = earlier
             remap[b.var] = earlier
-        else:
-            first[key] = b.var
         if value is not b.value:
             changed = True
             out.append(Binding(b.var, value))
