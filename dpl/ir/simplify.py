@@ -57,12 +57,15 @@ def canonicalize_bindings(func: Function) -> Function:
     trivial: dict[Var, Var] = {}
     constant: dict[Var, Constant] = {}
     for b in func.bindings:
-        value = _known_item(b.value, known)
+        value = b.value
+        if type(value) is Call:
+            continue  # the common case: nothing to fold, and no tuple item can look through it
+        value = _known_item(value, known)
         if isinstance(value, Var):
             trivial[b.var] = value
         elif isinstance(value, Constant):
             constant[b.var] = value
-        known[b.var] = value
+        known[b.var] = value  # only what a tuple item's lookup can go through (tuples, aliases)
     if not trivial and not constant:
         return func
     returned = _returned(func)

@@ -111,6 +111,10 @@ class NoMatch:
     __repr__ = __str__
 
 
+NO_REASON = NoMatch(None, None, "unrecorded", "the matcher was made with reasons=False, which records no reason")
+"""The failure of every match a ``Matcher(..., reasons=False)`` rejects."""
+
+
 # -- showing expressions in messages ------------------------------------------------------
 
 def show(e: Any, depth: int = 2) -> str:
@@ -206,9 +210,14 @@ class Matcher:
     One matcher serves many ``match`` calls: results of context-free sub-patterns are cached
     per (pattern node, expression), so matching every binding against a set of patterns costs
     time linear in the number of bindings.
+
+    ``reasons=False`` is for callers that only ask whether a pattern matches (the rewrite
+    driver, FuseOpsByPattern's candidate search): a failure is then the one falsy
+    :data:`NO_REASON`, and no failure object is built along the way. Matches are the same.
     """
 
-    def __init__(self, func: Function | None = None, bindings: Iterable[Binding] | None = None):
+    def __init__(self, func: Function | None = None, bindings: Iterable[Binding] | None = None, *, reasons: bool = True):
+        self.reasons = reasons
         self.var2val: dict[Var, Expr] = {}
         for b in (func.bindings if func is not None else bindings or ()):
             self.var2val[b.var] = b.value
@@ -253,7 +262,7 @@ class Matcher:
     # -- machinery ------------------------------------------------------------------------
     def fail(self, p, expr, kind: str, why, *args, causes=()) -> bool:
         """Record a failure; the reason is ``why(*args)``, built only when read."""
-        self.failure = NoMatch(p, expr, kind, why, causes, args)
+        self.failure = NoMatch(p, expr, kind, why, causes, args) if self.reasons else NO_REASON
         return False
 
     def mark(self) -> int:

@@ -130,7 +130,7 @@ def _ops_in(func: Function) -> set[str]:
 
 
 def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
-    matcher = Matcher(func)
+    matcher = Matcher(func, reasons=False)  # a failed match is skipped, its reason never read
     replaced: dict[Var, Expr] = {}
     by_op = None if index.anywhere else index.by_op  # then only calls of the indexed ops can match
     for b in func.bindings:

@@ -56,7 +56,7 @@ class FunctionView:
     @property
     def matcher(self) -> Matcher:
         if self._matcher is None:
-            self._matcher = Matcher(self.func)
+            self._matcher = Matcher(self.func, reasons=False)  # failed matches are skipped, unexplained
         return self._matcher
 
     def candidates(self, root: P.Pattern) -> list[int]:
