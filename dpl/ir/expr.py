@@ -100,6 +100,18 @@ class Call:
         return f"Call({op}, {len(self.args)} args)"
 
 
+def with_args(call: Call, args: tuple) -> Call:
+    """``call`` reading ``args`` instead: the same op, attributes and type. The attributes are
+    frozen already, so they are shared, not converted again as ``replace(call, args=...)``
+    would (passes that rebuild many calls, such as substitution, notice the difference)."""
+    new = object.__new__(Call)
+    object.__setattr__(new, "op", call.op)
+    object.__setattr__(new, "args", args if type(args) is tuple else tuple(args))
+    object.__setattr__(new, "attrs", call.attrs)
+    object.__setattr__(new, "ty", call.ty)
+    return new
+
+
 @attrs.frozen(eq=False)
 class Tuple:
     fields: tuple["Expr", ...] = attrs.field(converter=tuple)

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
-from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
+from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var, with_args
 from dpl.ir.traverse import substitute, vars_in
 from dpl.ir.types import TensorType
 
@@ -165,7 +165,7 @@ def _renamed(e: Expr, remap: Mapping[Var, Var]) -> Expr:
                 new[k] = image
         elif t is not Constant:
             return substitute(e, lambda v: remap.get(v, v))
-    return e if new is None else attrs.evolve(e, args=tuple(new))
+    return e if new is None else with_args(e, tuple(new))
 
 
 def _coarse_key(e: Expr) -> Any:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Mapping, Union
 
-import attrs
-
-from dpl.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
+from dpl.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var, with_args
 
 
 def leaves(e: Expr) -> Iterator[Var | Constant]:
@@ -43,7 +41,7 @@ def _substitute(e: Expr, replace: Callable[[Expr], Expr]) -> Expr:
         return replace(e)
     if isinstance(e, Call):
         args = tuple(_substitute(a, replace) for a in e.args)
-        return e if all(x is y for x, y in zip(args, e.args)) else attrs.evolve(e, args=args)
+        return e if all(x is y for x, y in zip(args, e.args)) else with_args(e, args)
     if isinstance(e, Tuple):
         fields = tuple(_substitute(f, replace) for f in e.fields)
         return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)

@@ -182,6 +182,13 @@ def _kind_name(e: Any) -> str:
             GlobalVar: "a function reference"}.get(type(e), type(e).__name__)
 
 
+def _cacheable(root: n.Pattern) -> set[int]:
+    """Ids of the composite nodes of ``root`` whose result can be cached per expression: those
+    whose result does not depend on the rest of the match (see :func:`_shared_or_symbolic`)."""
+    dependent = _shared_or_symbolic(root)
+    return {id(p) for p in root.walk() if type(p) in _CACHED_KINDS and id(p) not in dependent}
+
+
 def _shared_or_symbolic(root: n.Pattern) -> set[int]:
     """Ids of the nodes whose result depends on the rest of the match (they contain a node
     used twice in ``root``, or a symbolic dimension). The others can be cached per expression."""
@@ -222,8 +229,10 @@ class Matcher:
         for b in (func.bindings if func is not None else bindings or ()):
             self.var2val[b.var] = b.value
         self._cache: dict[tuple, Any] = {}
-        self._dependent: dict[int, tuple[n.Pattern, set[int]]] = {}
+        self._cacheable: dict[int, tuple[n.Pattern, set[int]]] = {}
         self.memo: dict = {}
+        # what the memo and the symbols gained, in order, for rollback: a pattern node (a memo
+        # key) or a symbolic dimension's name (a str, a key of ``syms``)
         self.log: list = []
         self.syms: dict[str, Any] = {}
         self.failure: NoMatch | None = None
@@ -232,10 +241,10 @@ class Matcher:
     def match(self, pattern: n.Pattern, expr: Expr) -> Match | NoMatch:
         if not isinstance(pattern, n.Pattern):
             raise n.PatternError(f"match: expected a pattern, got {type(pattern).__name__}")
-        entry = self._dependent.get(id(pattern))
+        entry = self._cacheable.get(id(pattern))
         if entry is None or entry[0] is not pattern:
-            entry = self._dependent[id(pattern)] = (pattern, _shared_or_symbolic(pattern))
-        self.dependent = entry[1]
+            entry = self._cacheable[id(pattern)] = (pattern, _cacheable(pattern))
+        self.cacheable = entry[1]
         self.memo.clear()
         self.log.clear()
         self.syms.clear()
@@ -269,13 +278,14 @@ class Matcher:
         return len(self.log)
 
     def rollback(self, mark: int) -> None:
-        while len(self.log) > mark:
-            kind, key = self.log.pop()
-            (self.memo if kind == "p" else self.syms).pop(key)
+        log = self.log
+        while len(log) > mark:
+            key = log.pop()
+            (self.syms if type(key) is str else self.memo).pop(key)
 
     def remember(self, p, e) -> None:
         self.memo[p] = e
-        self.log.append(("p", p))
+        self.log.append(p)
 
     def visit(self, p: n.Pattern, raw) -> bool:
         e = raw
@@ -290,42 +300,50 @@ class Matcher:
             if prev is e or (isinstance(e, str) and prev == e):
                 return True
             return self.fail(p, raw, "consistency", _why_repeated, self, prev, e)
-        if type(p) is n.CallPattern and type(p.op) is n.OpPattern:
+        kind = type(p)
+        if kind is n.WildcardPattern:  # the commonest leaf: matches anything, nothing to cache
+            memo[p] = e
+            self.log.append(p)
+            return True
+        if kind is n.CallPattern and type(p.op) is n.OpPattern:
             # the commonest failure, a call of another op (or no call), as _call reports it,
             # without the cache's bookkeeping
             if type(e) is not Call:
                 return self.fail(p, raw, "kind", _why_kind, "a call", e)
             if e.op != p.op.name:
                 return self.fail(p, raw, "op", _why_op, p.op.name, e.op)
-        cacheable = type(p) in _CACHED_KINDS and id(p) not in self.dependent
+        cacheable = id(p) in self.cacheable
         if cacheable:
             hit = self._cache.get((p, id(e)))
             if hit is not None and hit[0] is e:
                 if type(hit[1]) is NoMatch:
                     self.failure = hit[1]
                     return False
+                log = self.log
                 for q, v in hit[1]:
-                    self.remember(q, v)
+                    memo[q] = v
+                    log.append(q)
                 return True
         mark = len(self.log)
-        method = _DISPATCH.get(type(p))
+        method = _DISPATCH.get(kind)
         if method is None:
             raise n.PatternError(f"cannot match a {type(p).__name__}: not a pattern kind the matcher knows")
         ok = method(self, p, e, raw)
         if ok:
             memo[p] = e
-            self.log.append(("p", p))
+            self.log.append(p)
             if cacheable:
                 self._cache[(p, id(e))] = (e, tuple(self.memo_since(mark)))
         else:
-            self.rollback(mark)
+            if len(self.log) > mark:
+                self.rollback(mark)
             if cacheable:
                 self._cache[(p, id(e))] = (e, self.failure)
         return ok
 
     def memo_since(self, mark: int) -> Iterator[tuple]:
-        for kind, key in self.log[mark:]:
-            if kind == "p":
+        for key in self.log[mark:]:
+            if type(key) is not str:
                 yield key, self.memo[key]
 
     # -- one method per pattern kind --------------------------------------------------------
@@ -481,7 +499,7 @@ class Matcher:
             bound = self.syms.get(want, _MISSING)
             if bound is _MISSING:
                 self.syms[want] = got
-                self.log.append(("s", want))
+                self.log.append(want)
             elif bound != got:
                 self.rollback(mark)
                 return self.fail(p, raw, "consistency",

@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 
 from dpl.errors import DplError
 from dpl.ir.collector import paused_collector
-from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, replace
+from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, with_args
 from dpl.ir.simplify import remove_dead_bindings, simplify  # noqa: F401 (remove_dead_bindings: re-exported)
 from dpl.ir.structural import structural_equal
 from dpl.pattern import nodes as n
@@ -220,7 +220,7 @@ class _Rebuild:
                 return bound
         if isinstance(e, Call):
             args = tuple(self.normalize(a, owner, False) for a in e.args)
-            new = e if all(x is y for x, y in zip(args, e.args)) else replace(e, args=args)
+            new = e if all(x is y for x, y in zip(args, e.args)) else with_args(e, args)
         elif isinstance(e, Tuple):
             fields = tuple(self.normalize(f, owner, False) for f in e.fields)
             return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
