@@ -230,6 +230,7 @@ class Matcher:
             self.var2val[b.var] = b.value
         self._cache: dict[tuple, Any] = {}
         self._cacheable: dict[int, tuple[n.Pattern, set[int]]] = {}
+        self._arg_ops_of: dict[int, tuple] = {}  # id(call pattern) -> (it, its _arg_ops)
         self.memo: dict = {}
         # what the memo and the symbols gained, in order, for rollback: a pattern node (a memo
         # key) or a symbolic dimension's name (a str, a key of ``syms``)
@@ -403,18 +404,59 @@ class Matcher:
         if p.attrs and not self.check_attrs(p, e, raw, p.attrs):
             return False
         mark = len(self.log)
-        for q, a in zip(p.args, e.args):
-            if not self.visit(q, a):
-                break
-        else:
-            return True
-        if e.op in COMMUTATIVE_OPS and want == 2 and got == 2:
+        commutative = e.op in COMMUTATIVE_OPS and want == 2 and got == 2
+        straight, swapped = True, commutative
+        if not self.reasons:
+            # only the verdict is asked for: an order of the arguments in which some argument
+            # cannot be what its pattern's root must call is not tried at all
+            ops = self._arg_ops(p)
+            if ops is not None:
+                straight = self._could_match(ops, e.args)
+                swapped = commutative and self._could_match(ops, (e.args[1], e.args[0]))
+                if not straight and not swapped:
+                    self.failure = NO_REASON
+                    return False
+        if straight:
+            for q, a in zip(p.args, e.args):
+                if not self.visit(q, a):
+                    break
+            else:
+                return True
+        if swapped:
             first = self.failure
             self.rollback(mark)
             if self.visit(p.args[0], e.args[1]) and self.visit(p.args[1], e.args[0]):
                 return True
             self.failure = first  # report the failure of the arguments as written
         return False
+
+    def _arg_ops(self, p: n.CallPattern) -> tuple | None:
+        """Per argument of ``p``, the ops its pattern's root must call (None: anything may
+        match it); None when no argument says."""
+        hit = self._arg_ops_of.get(id(p))
+        if hit is not None and hit[0] is p:
+            return hit[1]
+        ops = tuple(n.root_ops(q) for q in p.args)
+        if all(o is None for o in ops):
+            ops = None
+        self._arg_ops_of[id(p)] = (p, ops)
+        return ops
+
+    def _could_match(self, ops: tuple, args) -> bool:
+        """Whether each argument (looked through) calls an op its pattern's root may call: a
+        necessary condition of matching, checked without visiting anything."""
+        var2val = self.var2val
+        for want, a in zip(ops, args):
+            if want is None:
+                continue
+            while type(a) is Var:
+                value = var2val.get(a)
+                if value is None:
+                    break
+                a = value
+            if type(a) is not Call or a.op not in want:
+                return False
+        return True
 
     def check_attrs(self, p, e, raw, constraints) -> bool:
         if not isinstance(e, Call):

@@ -212,15 +212,22 @@ class _Rebuild:
         return name
 
     def normalize(self, e: Expr, owner: Var, top: bool) -> Expr:
-        if isinstance(e, (Var, Constant, GlobalVar)):
+        kind = type(e)
+        if kind is Var or kind is Constant or kind is GlobalVar:
             return e
         if not top:
             bound = self.bound_value.get(id(e)) or self.fresh.get(id(e))
             if bound is not None and bound is not owner:
                 return bound
-        if isinstance(e, Call):
-            args = tuple(self.normalize(a, owner, False) for a in e.args)
-            new = e if all(x is y for x, y in zip(args, e.args)) else with_args(e, args)
+        if kind is Call:
+            args = e.args
+            for k, a in enumerate(args):
+                image = self.normalize(a, owner, False)
+                if image is not a:
+                    if args is e.args:
+                        args = list(args)
+                    args[k] = image
+            new = e if args is e.args else with_args(e, tuple(args))
         elif isinstance(e, Tuple):
             fields = tuple(self.normalize(f, owner, False) for f in e.fields)
             return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
@@ -238,14 +245,15 @@ class _Rebuild:
 
     def run(self, replaced: Mapping[Var, Expr]) -> Function:
         new: list[int] = []  # positions in ``out`` of the replaced and the fresh bindings
+        out = self.out
         for b in self.func.bindings:
             if b.var not in replaced:
-                self.out.append(b)
+                out.append(b)
                 continue
-            start = len(self.out)
+            start = len(out)
             value = self.normalize(replaced[b.var], b.var, True)
-            self.out.append(b if value is b.value else Binding(b.var, value))
-            new.extend(range(start, len(self.out)))
+            out.append(b if value is b.value else Binding(b.var, value))
+            new.extend(range(start, len(out)))
         out = self.out if _new_in_order(self.out, new) else _topological(self.out)
         return Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
 
@@ -257,10 +265,18 @@ def _new_in_order(bindings: list[Binding], new: list[int]) -> bool:
         return True
     position = {b.var: i for i, b in enumerate(bindings)}
     for i in new:
-        deps: list[Var] = []
-        _leaf_vars(bindings[i].value, deps)
-        if any(position.get(d, -1) >= i for d in deps):
-            return False
+        value = bindings[i].value
+        reads = value.args if type(value) is Call else (value,)
+        for a in reads:
+            t = type(a)
+            if t is Var:
+                if position.get(a, -1) >= i:
+                    return False
+            elif t is not Constant:
+                deps: list[Var] = []
+                _leaf_vars(a, deps)
+                if any(position.get(d, -1) >= i for d in deps):
+                    return False
     return True
 
 
