@@ -191,11 +191,10 @@ def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Functi
     (``{id(value): (value, key)}``, the value kept alive so its id stays its own): a caller
     simplifying one version of a function after another passes the same dict, and the values
     the versions share are keyed once."""
-    first: dict[Any, tuple] = {}  # coarse key -> (var, value) of its first binding
+    first: dict[Any, Any] = {}  # coarse key -> its first binding (or (var, value) when renamed)
     shared: dict[Any, list] = {}  # coarse key met again -> [(full key, var)], first binding first
     remap: dict[Var, Var] = {}
-    out: list[Binding] = []
-    changed = False
+    out: list[Binding] | None = None  # made at the first change
     if keys is None:
         keys = {}
 
@@ -207,17 +206,19 @@ def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Functi
         keys[id(value)] = (value, key)
         return key
 
-    for b in func.bindings:
+    bindings = func.bindings
+    for i, b in enumerate(bindings):
         value = _renamed(b.value, remap) if remap else b.value
         coarse = _coarse_key(value)
         earlier = None
         seen = first.get(coarse)
         if seen is None:
-            first[coarse] = (b.var, value)
+            first[coarse] = b if value is b.value else (b.var, value)
         else:
             bucket = shared.get(coarse)
             if bucket is None:
-                bucket = shared[coarse] = [(full_key(seen[1]), seen[0])]
+                seen_var, seen_value = (seen.var, seen.value) if type(seen) is Binding else seen
+                bucket = shared[coarse] = [(full_key(seen_value), seen_var)]
             key = full_key(value)
             for other, var in bucket:
                 if other == key:
@@ -229,11 +230,12 @@ def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Functi
             value = earlier
             remap[b.var] = earlier
         if value is not b.value:
-            changed = True
+            if out is None:
+                out = list(bindings[:i])
             out.append(Binding(b.var, value))
-        else:
+        elif out is not None:
             out.append(b)
-    if not changed:
+    if out is None:
         return func
     ret = substitute(func.ret, lambda v: remap.get(v, v))
     return attrs.evolve(func, bindings=tuple(out), ret=ret)

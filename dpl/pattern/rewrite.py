@@ -78,7 +78,7 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     required = n.required_ops(pattern)
     current = func
     for _ in range(max_iterations):
-        if required and not required <= _ops_of(current, keys):
+        if required and not _calls_all(current, required, keys):
             return current  # an op every match calls is called nowhere: no binding can match
         new = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
@@ -90,6 +90,22 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     raise RewriteNotConverged(
         f"rewrite_call did not converge after {max_iterations} rounds with pattern {_where(pattern)}",
         hint="the rewriter probably builds an expression its own pattern matches again")
+
+
+def _calls_all(func: Function, required: frozenset[str], cache: dict) -> bool:
+    """Whether ``func`` calls every op of ``required``. The bindings' own calls are read until
+    all are found (in a model of repeated layers, within the first layer); only a function
+    that lacks one is read whole (:func:`_ops_of`, calls nested in values included)."""
+    hit = cache.get(("ops", id(func)))
+    if hit is None or hit[0] is not func:
+        missing = set(required)
+        for b in func.bindings:
+            value = b.value
+            if type(value) is Call and value.op in missing:
+                missing.discard(value.op)
+                if not missing:
+                    return True
+    return required <= _ops_of(func, cache)
 
 
 def _ops_of(func: Function, cache: dict) -> set[str]:
