@@ -16,7 +16,7 @@ import attrs
 
 from dpl import dtypes
 from dpl.errors import ArityError, AttributeValueError, DplError, TypeInferenceError, UnknownAttributeError, UnknownOpError
-from dpl.ir.expr import Call, Constant, Expr, GlobalVar, Tuple, TupleGetItem, Var, freeze_attr_value
+from dpl.ir.expr import Call, Constant, Expr, GlobalVar, Tuple, TupleGetItem, Var, freeze_attr_value, frozen_call
 from dpl.ir.types import TensorType, TupleType, Type
 
 
@@ -205,9 +205,17 @@ def all_ops() -> dict[str, OpDef]:
     return dict(_REGISTRY)
 
 
+_loaded = False
+
+
 def _ensure_loaded() -> None:
-    # the op catalogues register themselves on import
-    from dpl.ops import elementwise, manipulation, nn, reduce  # noqa: F401
+    # the op catalogues register themselves on import (once: an import statement costs a
+    # call into importlib even when the module is loaded, and every make_call looks an op up)
+    global _loaded
+    if not _loaded:
+        from dpl.ops import elementwise, manipulation, nn, reduce  # noqa: F401
+
+        _loaded = True
 
 
 def describe(e: Expr) -> str:
@@ -238,8 +246,8 @@ def check_attrs(op: OpDef, given: Mapping[str, Any]) -> dict[str, Any]:
         elif spec.default is REQUIRED:
             raise AttributeValueError(f"op '{op.name}' needs attribute '{key}'")
         else:
-            out[key] = spec.default
-    return out
+            out[key] = freeze_attr_value(spec.default)
+    return out  # every value frozen (see dpl.ir.expr.frozen_call)
 
 
 def check_arity(op: OpDef, n: int) -> None:
@@ -256,7 +264,7 @@ def make_call(op: str, args: Sequence[Expr], attrs: Mapping[str, Any] | None = N
     check_arity(opdef, len(args))
     full = check_attrs(opdef, attrs or {})
     info = CallInfo(op, tuple(a.ty for a in args), full, tuple(describe(a) for a in args), _const_args(args))
-    return Call(op, args, full, opdef.infer(info))
+    return frozen_call(op, args, full, opdef.infer(info))
 
 
 def call_info(call: Call, names: bool = True) -> CallInfo:

@@ -93,45 +93,37 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
 
 
 def _calls_all(func: Function, required: frozenset[str], cache: dict) -> bool:
-    """Whether ``func`` calls every op of ``required``. The bindings' own calls are read until
-    all are found (in a model of repeated layers, within the first layer); only a function
-    that lacks one is read whole (:func:`_ops_of`, calls nested in values included)."""
-    hit = cache.get(("ops", id(func)))
-    if hit is None or hit[0] is not func:
-        missing = set(required)
-        for b in func.bindings:
-            value = b.value
-            if type(value) is Call and value.op in missing:
-                missing.discard(value.op)
-                if not missing:
-                    return True
-    return required <= _ops_of(func, cache)
-
-
-def _ops_of(func: Function, cache: dict) -> set[str]:
-    """:func:`_ops_in`, remembered in ``cache`` (shared by the rules of one pass) per function."""
+    """Whether ``func`` calls every op of ``required`` (calls nested in values included). The
+    bindings are read until all are found (in a model of repeated layers, within the first
+    layer); a function read whole leaves its op names in ``cache`` for the next rule."""
     hit = cache.get(("ops", id(func)))
     if hit is not None and hit[0] is func:
-        return hit[1]
-    ops = _ops_in(func)
-    cache[("ops", id(func))] = (func, ops)
-    return ops
-
-
-def _ops_in(func: Function) -> set[str]:
-    """The op names ``func`` calls, in binding values and calls nested in them."""
+        return required <= hit[1]
+    missing = set(required)
     ops: set[str] = set()
     nested: list = []
     for b in func.bindings:
         value = b.value
         if type(value) is Call:
-            if type(value.op) is str:
-                ops.add(value.op)
+            op = value.op
+            if op in missing:
+                missing.discard(op)
+                if not missing:
+                    return True
+            if type(op) is str:
+                ops.add(op)
             for a in value.args:
                 if type(a) is not Var and type(a) is not Constant:
                     nested.append(a)
         elif type(value) is not Var and type(value) is not Constant:
             nested.append(value)
+    _nested_ops(nested, ops)
+    cache[("ops", id(func))] = (func, ops)
+    return required <= ops
+
+
+def _nested_ops(nested: list, ops: set[str]) -> None:
+    """Adds the op names called in the expressions of ``nested`` (emptied) to ``ops``."""
     while nested:
         e = nested.pop()
         if isinstance(e, Call):
@@ -142,7 +134,6 @@ def _ops_in(func: Function) -> set[str]:
             nested.extend(e.fields)
         elif isinstance(e, TupleGetItem):
             nested.append(e.tuple_value)
-    return ops
 
 
 def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
