@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
@@ -286,7 +287,10 @@ def op_kind(call: Call) -> OpPatternKind:
 
 def call_function(gv: GlobalVar, args: Sequence[Expr], ret_type: Type) -> Call:
     """A call of a module function (its return type comes from the callee)."""
-    return Call(gv, tuple(args), {}, ret_type)
+    return frozen_call(gv, tuple(args), _NO_ATTRS, ret_type)
+
+
+_NO_ATTRS = MappingProxyType({})
 
 
 def is_tuple_type(ty: Type) -> bool:
