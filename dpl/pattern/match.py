@@ -67,6 +67,11 @@ class Match(Mapping):
     def values(self):
         return self._map.values()
 
+    def as_dict(self) -> Mapping:
+        """The pattern -> expression dict itself, read-only by convention (for hot loops that
+        look many patterns up)."""
+        return self._map
+
     def __bool__(self):
         return True
 

@@ -184,7 +184,8 @@ class _Partition:
     def consider(self, cand: Candidate) -> None:
         verdict = self.pattern.run_check(cand.context)
         if not verdict:
-            self.report(cand, False, f"check said no: {verdict.reason}")
+            if self.trace is not None:  # the reason is worded only for a trace
+                self.report(cand, False, f"check said no: {verdict.reason}")
             return
         absorbed: set[int] = set()
         for i in cand.members - {cand.root}:
@@ -192,8 +193,9 @@ class _Partition:
             if gid is None:
                 continue
             if not self.groups[gid] <= cand.members:
-                earlier = ", ".join(self.name(j) for j in sorted(self.groups[gid]))
-                self.report(cand, False, f"overlaps an earlier match of this pattern ({earlier}) without containing it")
+                if self.trace is not None:
+                    earlier = ", ".join(self.name(j) for j in sorted(self.groups[gid]))
+                    self.report(cand, False, f"overlaps an earlier match of this pattern ({earlier}) without containing it")
                 return
             absorbed.add(gid)
         taken = [r for r in cand.roots if r in self.group_of]
