@@ -123,6 +123,9 @@ def _sized(a: Any, b: Any, op: str) -> tuple[Any, Any]:
 
 
 def _norm(v: Any) -> Any:
+    t = type(v)
+    if t is int or t is str or t is bool or t is float:  # the common case: already plain
+        return v
     if isinstance(v, (list, tuple)):
         return tuple(_norm(x) for x in v)
     if isinstance(v, np.generic):
@@ -211,6 +214,9 @@ class PredicateCompiler:
             if is_name and not isinstance(arg, ast.PName):
                 return self.error(f"argument of '{p.fn}' must be a pattern name", p.span)
             args.append(self.compile(arg, as_name=is_name))
+        if len(args) == 1:  # rank(x), dtype(x), is_const(x): without a generator per call
+            (only,) = args
+            return lambda view: impl(view, only(view))
         return lambda view: impl(view, *(a(view) for a in args))
 
 
