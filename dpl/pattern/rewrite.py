@@ -139,8 +139,9 @@ def _nested_ops(nested: list, ops: set[str]) -> None:
 def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
     matcher = Matcher(func, reasons=False)  # a failed match is skipped, its reason never read
     replaced: dict[Var, Expr] = {}
+    at: list[int] = []  # the replaced bindings' positions
     by_op = None if index.anywhere else index.by_op  # then only calls of the indexed ops can match
-    for b in func.bindings:
+    for i, b in enumerate(func.bindings):
         value = b.value
         if by_op is not None:
             if type(value) is not Call or type(value.op) is not str or value.op not in by_op:
@@ -158,10 +159,11 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
                 continue  # "no match": try the next alternative
             _check_replacement(b.var, b.value, new, pattern)
             replaced[b.var] = new
+            at.append(i)
             break
     if not replaced:
         return func
-    return _rebuild(func, replaced)
+    return _rebuild(func, replaced, at)
 
 
 def _check_replacement(var: Var, old: Expr, new, pattern) -> None:
@@ -250,17 +252,24 @@ class _Rebuild:
         self.fresh[id(e)] = var
         return var
 
-    def run(self, replaced: Mapping[Var, Expr]) -> Function:
+    def run(self, replaced: Mapping[Var, Expr], at: list[int] | None = None) -> Function:
+        """``at``: the positions of the replaced bindings, in order, when the caller knows them
+        (the bindings between them are copied a slice at a time)."""
+        bindings = self.func.bindings
+        if at is None:
+            at = [i for i, b in enumerate(bindings) if b.var in replaced]
         new: list[int] = []  # positions in ``out`` of the replaced and the fresh bindings
         out = self.out
-        for b in self.func.bindings:
-            if b.var not in replaced:
-                out.append(b)
-                continue
+        done = 0
+        for i in at:
+            out.extend(bindings[done:i])
+            b = bindings[i]
             start = len(out)
             value = self.normalize(replaced[b.var], b.var, True)
             out.append(b if value is b.value else Binding(b.var, value))
             new.extend(range(start, len(out)))
+            done = i + 1
+        out.extend(bindings[done:])
         out = self.out if _new_in_order(self.out, new) else _topological(self.out)
         return Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
 
@@ -287,8 +296,8 @@ def _new_in_order(bindings: list[Binding], new: list[int]) -> bool:
     return True
 
 
-def _rebuild(func: Function, replaced: Mapping[Var, Expr]) -> Function:
-    return _Rebuild(func, replaced).run(replaced)
+def _rebuild(func: Function, replaced: Mapping[Var, Expr], at: list[int] | None = None) -> Function:
+    return _Rebuild(func, replaced).run(replaced, at)
 
 
 def _topological(bindings: list[Binding]) -> list[Binding]:
