@@ -31,17 +31,48 @@ from dpl.ir.types import TensorType
 
 def simplify(func: Function, keys: dict | None = None) -> Function:
     """``func`` after canonicalize / CSE / dead-binding removal, repeated to a fixed point.
-    ``keys`` (see :func:`eliminate_common_subexpr`) may be shared between calls."""
+    ``keys`` (see :func:`eliminate_common_subexpr`) may be shared between calls; the fixed
+    point is recorded there for :func:`simplify_changed`."""
+    if keys is None:
+        keys = {}
     current = func
     while True:
-        kept = eliminate_common_subexpr(canonicalize_bindings(current), keys)
+        kept, seen = _eliminate_common_subexpr(canonicalize_bindings(current), keys)
         new = remove_dead_bindings(kept)
         if kept is current:
             # canonicalize and CSE found nothing: removing bindings gives them nothing to find
             # (no trivial binding, constant or repeated value appears), and a second removal
             # removes nothing, so ``new`` is the fixed point
+            keys[("simplified", id(new))] = (new, seen)
             return new
         current = new
+
+
+def simplify_changed(base: Function, func: Function, changed: list[Binding], keys: dict) -> Function:
+    """``simplify(func, keys)`` for a ``func`` that is ``base`` with the bindings ``changed``
+    replaced or added, in less time when ``simplify`` made ``base`` (with these ``keys``).
+
+    ``base`` then has no trivial, constant or known-tuple-item binding and no two bindings
+    with one value; when every changed binding is a call whose op and operands no binding of
+    ``base`` (nor another changed one) has, canonicalize and CSE find nothing in ``func``
+    either, and the result is ``func`` without its dead bindings — what ``simplify`` returns,
+    without keying every binding again. Anything else runs ``simplify`` itself."""
+    hit = keys.get(("simplified", id(base)))
+    if hit is None or hit[0] is not base:
+        return simplify(func, keys)
+    seen = hit[1]  # the coarse CSE keys of base's bindings (and of bindings it had before)
+    mine: dict = {}
+    for b in changed:
+        if type(b.value) is not Call:
+            return simplify(func, keys)
+        coarse = _coarse_key(b.value)
+        if coarse in seen or coarse in mine:
+            return simplify(func, keys)  # perhaps a repeated value: CSE decides
+        mine[coarse] = b
+    new = remove_dead_bindings(func)
+    seen.update(mine)  # more keys than new's bindings have only sends a later call to simplify
+    keys[("simplified", id(new))] = (new, seen)
+    return new
 
 
 # -- CanonicalizeBindings ----------------------------------------------------------------------
@@ -191,6 +222,11 @@ def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Functi
     (``{id(value): (value, key)}``, the value kept alive so its id stays its own): a caller
     simplifying one version of a function after another passes the same dict, and the values
     the versions share are keyed once."""
+    return _eliminate_common_subexpr(func, keys)[0]
+
+
+def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Function, dict]:
+    """:func:`eliminate_common_subexpr`, and the coarse keys of the bindings it read."""
     first: dict[Any, Any] = {}  # coarse key -> its first binding (or (var, value) when renamed)
     shared: dict[Any, list] = {}  # coarse key met again -> [(full key, var)], first binding first
     remap: dict[Var, Var] = {}
@@ -236,9 +272,9 @@ def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Functi
         elif out is not None:
             out.append(b)
     if out is None:
-        return func
+        return func, first
     ret = substitute(func.ret, lambda v: remap.get(v, v))
-    return attrs.evolve(func, bindings=tuple(out), ret=ret)
+    return attrs.evolve(func, bindings=tuple(out), ret=ret), first
 
 
 # -- RemoveAllUnused ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 from dpl.errors import DplError
 from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, with_args
-from dpl.ir.simplify import remove_dead_bindings, simplify  # noqa: F401 (remove_dead_bindings: re-exported)
+from dpl.ir.simplify import remove_dead_bindings, simplify, simplify_changed  # noqa: F401 (remove_dead_bindings: re-exported)
 from dpl.ir.structural import structural_equal
 from dpl.pattern import nodes as n
 from dpl.pattern.context import GraphPattern, PatternContext, _as_graph, _leaf_vars, iter_graph_matches
@@ -80,10 +80,12 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     for _ in range(max_iterations):
         if required and not _calls_all(current, required, keys):
             return current  # an op every match calls is called nowhere: no binding can match
-        new = _round(pattern, alternatives, index, rewriter, current)
+        new, changed = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
             return current  # an equal rebuild is a fixed point too (Relax compares structurally)
-        new = simplify(new, keys)  # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused
+        # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused (what changed
+        # is looked at, when ``current`` is simplify's own result)
+        new = simplify_changed(current, new, changed, keys)
         if structural_equal(new, current, names=False):
             return current
         current = new
@@ -136,7 +138,8 @@ def _nested_ops(nested: list, ops: set[str]) -> None:
             nested.append(e.tuple_value)
 
 
-def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
+def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Function, list[Binding]]:
+    """One round: the rewritten function and its replaced and added bindings."""
     matcher = Matcher(func, reasons=False)  # a failed match is skipped, its reason never read
     replaced: dict[Var, Expr] = {}
     at: list[int] = []  # the replaced bindings' positions
@@ -162,8 +165,8 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
             at.append(i)
             break
     if not replaced:
-        return func
-    return _rebuild(func, replaced, at)
+        return func, []
+    return _Rebuild(func, replaced).run(replaced, at, changed=True)
 
 
 def _check_replacement(var: Var, old: Expr, new, pattern) -> None:
@@ -252,9 +255,10 @@ class _Rebuild:
         self.fresh[id(e)] = var
         return var
 
-    def run(self, replaced: Mapping[Var, Expr], at: list[int] | None = None) -> Function:
-        """``at``: the positions of the replaced bindings, in order, when the caller knows them
-        (the bindings between them are copied a slice at a time)."""
+    def run(self, replaced: Mapping[Var, Expr], at: list[int] | None = None, changed: bool = False):
+        """The new function; ``at``: the positions of the replaced bindings, in order, when the
+        caller knows them (the bindings between them are copied a slice at a time).
+        ``changed=True`` returns (the function, its replaced and added bindings)."""
         bindings = self.func.bindings
         if at is None:
             at = [i for i, b in enumerate(bindings) if b.var in replaced]
@@ -270,8 +274,10 @@ class _Rebuild:
             new.extend(range(start, len(out)))
             done = i + 1
         out.extend(bindings[done:])
+        made = [out[i] for i in new]
         out = self.out if _new_in_order(self.out, new) else _topological(self.out)
-        return Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
+        func = Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
+        return (func, made) if changed else func
 
 
 def _new_in_order(bindings: list[Binding], new: list[int]) -> bool:
