@@ -148,6 +148,9 @@ def show(e: Any, depth: int = 2) -> str:
 
 
 def attr_equal(a: Any, b: Any) -> bool:
+    t = type(a)
+    if t is type(b) and (t is int or t is str or t is bool):  # the common case
+        return a == b
     if isinstance(a, tuple) or isinstance(b, tuple):
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(attr_equal(x, y) for x, y in zip(a, b))
     if isinstance(a, bool) or isinstance(b, bool):
@@ -398,7 +401,8 @@ class Matcher:
                 return self.fail(p, raw, "op", _why_op, op.name, e.op)
             prev = self.memo.get(op, _MISSING)
             if prev is _MISSING:
-                self.remember(op, e.op)
+                self.memo[op] = e.op
+                self.log.append(op)
             elif prev != e.op:
                 return self.fail(op, e.op, "consistency", "this op pattern already matched {}".format, prev)
         elif not self.visit(op, e.op):
@@ -414,7 +418,8 @@ class Matcher:
         if not self.reasons:
             # only the verdict is asked for: an order of the arguments in which some argument
             # cannot be what its pattern's root must call is not tried at all
-            ops = self._arg_ops(p)
+            hit = self._arg_ops_of.get(id(p))
+            ops = hit[1] if hit is not None and hit[0] is p else self._arg_ops(p)
             if ops is not None:
                 straight = self._could_match(ops, e.args)
                 swapped = commutative and self._could_match(ops, (e.args[1], e.args[0]))
@@ -437,10 +442,7 @@ class Matcher:
 
     def _arg_ops(self, p: n.CallPattern) -> tuple | None:
         """Per argument of ``p``, the ops its pattern's root must call (None: anything may
-        match it); None when no argument says."""
-        hit = self._arg_ops_of.get(id(p))
-        if hit is not None and hit[0] is p:
-            return hit[1]
+        match it); None when no argument says. (Remembered per pattern node.)"""
         ops = tuple(n.root_ops(q) for q in p.args)
         if all(o is None for o in ops):
             ops = None
