@@ -3,7 +3,7 @@ definition of each for every pass)."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Union
+from typing import Callable, Iterator, Mapping, Sequence, Union
 
 from dpl.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var, with_args
 
@@ -20,6 +20,19 @@ def leaves(e: Expr) -> Iterator[Var | Constant]:
             yield from leaves(f)
     elif isinstance(e, TupleGetItem):
         yield from leaves(e.tuple_value)
+
+
+def read_leaves(value) -> Sequence:
+    """The leaves ``value`` reads (as :func:`leaves`), without a generator for the common case
+    of a call whose arguments are all variables and constants."""
+    if type(value) is Call:
+        args = value.args
+        for a in args:
+            t = type(a)
+            if t is not Var and t is not Constant:
+                return tuple(leaves(value))
+        return args
+    return tuple(leaves(value))
 
 
 def vars_in(e: Expr) -> Iterator[Var]:

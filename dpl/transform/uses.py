@@ -11,24 +11,11 @@ and variable sit, and which variables the function returns. :class:`VarUsages` i
 from __future__ import annotations
 
 import collections.abc
-from typing import Iterator, Sequence
+from typing import Iterator
 
 from dpl.ir.expr import Call, Constant, Function, Var
-from dpl.ir.traverse import leaves
+from dpl.ir.traverse import leaves, read_leaves  # noqa: F401 (read_leaves: used from here too)
 from dpl.pattern.fusion import FUNCTION_RETURN
-
-
-def read_leaves(value) -> Sequence:
-    """The leaves ``value`` reads (as :func:`leaves`), without a generator for the common case
-    of a call whose arguments are all variables and constants."""
-    if type(value) is Call:
-        args = value.args
-        for a in args:
-            t = type(a)
-            if t is not Var and t is not Constant:
-                return tuple(leaves(value))
-        return args
-    return tuple(leaves(value))
 
 
 class FunctionUses:
