@@ -184,12 +184,14 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
     last = [max(group.members, default=-1) for group in groups]
     if all((last[owner[u]] if u in owner else u) > last[g] for g, readers in enumerate(outside) for u in readers):
         out: list[Binding] = []
-        for i, b in enumerate(bindings):
-            g = owner.get(i)
-            if g is None:
-                out.append(b)
-            elif last[g] == i:
+        done = 0
+        for i in sorted(owner):  # the bindings between groups' members are copied a slice at a time
+            out.extend(bindings[done:i])
+            g = owner[i]
+            if last[g] == i:
                 out.extend(calls[g])
+            done = i + 1
+        out.extend(bindings[done:])
         return attrs.evolve(func, bindings=tuple(out))
     return attrs.evolve(func, bindings=tuple(_reordered(func, uses, owner, calls)))
 
