@@ -143,24 +143,31 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
     matcher = Matcher(func, reasons=False)  # a failed match is skipped, its reason never read
     replaced: dict[Var, Expr] = {}
     at: list[int] = []  # the replaced bindings' positions
-    by_op = None if index.anywhere else index.by_op  # then only calls of the indexed ops can match
+    # without root-less alternatives only calls of the indexed ops can match: their
+    # alternatives, in order, per op
+    by_op = None if index.anywhere else {op: [p for _, p in ps] for op, ps in index.by_op.items()}
     for i, b in enumerate(func.bindings):
         value = b.value
         if by_op is not None:
-            if type(value) is not Call or type(value.op) is not str or value.op not in by_op:
+            if type(value) is not Call:
+                continue
+            alts = by_op.get(value.op)
+            if alts is None:
                 continue
         elif isinstance(value, Var):
             continue  # an alias: its value is matched (and rewritten) at its own binding
-        for alt in index.candidates(b.value):
-            m = matcher.match(alt, b.value)
+        else:
+            alts = index.candidates(value)
+        for alt in alts:
+            m = matcher.match(alt, value)
             if not m:
                 continue
             if alt is not pattern:
-                m._map[pattern] = b.value  # TVM also maps the top-level | to the value
-            new = rewriter(b.value, m)
-            if new is None or new is b.value:
+                m._map[pattern] = value  # TVM also maps the top-level | to the value
+            new = rewriter(value, m)
+            if new is None or new is value:
                 continue  # "no match": try the next alternative
-            _check_replacement(b.var, b.value, new, pattern)
+            _check_replacement(b.var, value, new, pattern)
             replaced[b.var] = new
             at.append(i)
             break
