@@ -217,3 +217,22 @@ def test_simplify_after_a_round_equals_simplify(monkeypatch, name, build, shortc
     got = simplify_changed(base, func, [new], keys)
     assert dpl.ir.structural_equal(got, simplify(func), names=True)
     assert (not full) == shortcut
+
+
+def test_simplify_records_the_ops_its_result_calls():
+    """The rewrite driver's required-ops test reads them instead of scanning the function."""
+    from dpl.pattern.rewrite import _calls_all
+
+    text = """
+    func main(x: f32[4, 4]) -> f32[4, 4] {
+      a = exp(x)
+      b = exp(x)
+      dead = tanh(a)
+      c = add(a, sqrt(b))
+      return c
+    }
+    """
+    keys: dict = {}
+    out = simplify(dpl.parse(text)["main"], keys)
+    assert keys[("ops", id(out))] == (out, {"exp", "add", "sqrt"})
+    assert _calls_all(out, frozenset({"sqrt", "exp"}), keys) and not _calls_all(out, frozenset({"tanh"}), keys)

@@ -38,12 +38,13 @@ def simplify(func: Function, keys: dict | None = None) -> Function:
     current = func
     while True:
         kept, seen = _eliminate_common_subexpr(canonicalize_bindings(current), keys)
-        new = remove_dead_bindings(kept)
+        ops: set[str] = set()
+        new = remove_dead_bindings(kept, ops)
         if kept is current:
             # canonicalize and CSE found nothing: removing bindings gives them nothing to find
             # (no trivial binding, constant or repeated value appears), and a second removal
             # removes nothing, so ``new`` is the fixed point
-            keys[("simplified", id(new))] = (new, seen)
+            _record(keys, new, seen, ops)
             return new
         current = new
 
@@ -69,10 +70,20 @@ def simplify_changed(base: Function, func: Function, changed: list[Binding], key
         if coarse in seen or coarse in mine:
             return simplify(func, keys)  # perhaps a repeated value: CSE decides
         mine[coarse] = b
-    new = remove_dead_bindings(func)
+    ops: set[str] = set()
+    new = remove_dead_bindings(func, ops)
     seen.update(mine)  # more keys than new's bindings have only sends a later call to simplify
-    keys[("simplified", id(new))] = (new, seen)
+    _record(keys, new, seen, ops)
     return new
+
+
+def _record(keys: dict, func: Function, seen: dict, ops: set[str]) -> None:
+    """What ``keys`` remembers of a fixed point of :func:`simplify`: the coarse CSE keys its
+    bindings had (for :func:`simplify_changed`) and the op names it calls (``("ops", id)``,
+    read by the rewrite driver's required-ops test), each entry holding the function so that
+    its id stays its own."""
+    keys[("simplified", id(func))] = (func, seen)
+    keys[("ops", id(func))] = (func, ops)
 
 
 # -- CanonicalizeBindings ----------------------------------------------------------------------
@@ -280,8 +291,9 @@ def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Functi
 # -- RemoveAllUnused ---------------------------------------------------------------------------
 
 
-def remove_dead_bindings(func: Function) -> Function:
-    """``func`` without the bindings nothing (transitively) returned uses."""
+def remove_dead_bindings(func: Function, ops: set[str] | None = None) -> Function:
+    """``func`` without the bindings nothing (transitively) returned uses. ``ops``, when
+    given, receives the op names the result calls (calls nested in values included)."""
     live: set = set(vars_in(func.ret))
     keep: list[Binding] = []
     for b in reversed(func.bindings):
@@ -290,14 +302,33 @@ def remove_dead_bindings(func: Function) -> Function:
         keep.append(b)
         value = b.value
         if type(value) is Call:
+            if ops is not None and type(value.op) is str:
+                ops.add(value.op)
             for a in value.args:
                 t = type(a)
                 if t is Var:
                     live.add(a)
                 elif t is not Constant:
                     live.update(vars_in(a))
+                    if ops is not None:
+                        _nested_ops(a, ops)
         else:
             live.update(vars_in(value))
+            if ops is not None:
+                _nested_ops(value, ops)
     if len(keep) == len(func.bindings):
         return func
     return attrs.evolve(func, bindings=tuple(reversed(keep)))
+
+
+def _nested_ops(e: Expr, ops: set[str]) -> None:
+    if type(e) is Call:
+        if type(e.op) is str:
+            ops.add(e.op)
+        for a in e.args:
+            _nested_ops(a, ops)
+    elif type(e) is Tuple:
+        for f in e.fields:
+            _nested_ops(f, ops)
+    elif type(e) is TupleGetItem:
+        _nested_ops(e.tuple_value, ops)

@@ -97,7 +97,8 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
 def _calls_all(func: Function, required: frozenset[str], cache: dict) -> bool:
     """Whether ``func`` calls every op of ``required`` (calls nested in values included). The
     bindings are read until all are found (in a model of repeated layers, within the first
-    layer); a function read whole leaves its op names in ``cache`` for the next rule."""
+    layer); a function read whole leaves its op names in ``cache`` for the next rule, as
+    :func:`dpl.ir.simplify.simplify` does for what it returns."""
     hit = cache.get(("ops", id(func)))
     if hit is not None and hit[0] is func:
         return required <= hit[1]
