@@ -22,7 +22,7 @@ import attrs
 
 from dpl.errors import DplError
 from dpl.ir.collector import paused_collector
-from dpl.ir.expr import Call, Function, GlobalVar, Module, Var
+from dpl.ir.expr import Call, Function, GlobalVar, Module, Var, frozen_call
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern  # noqa: F401 (FUNCTION_RETURN: documented here)
 from dpl.pattern.match import Matcher
@@ -352,7 +352,7 @@ def annotate_codegen_functions(mod: Module, callers: Sequence[str]) -> Module:
                     body = [Binding(out, call_function(GlobalVar(v.op.name), params, comp.ret_type))]
                     functions[wname] = Function(wname, params, body, out, {"Codegen": prefix, "global_symbol": wname})
                     wrappers[v.op.name] = GlobalVar(wname)
-                new_bindings.append(Binding(b.var, Call(wrappers[v.op.name], v.args, v.attrs, v.ty)))
+                new_bindings.append(Binding(b.var, frozen_call(wrappers[v.op.name], v.args, v.attrs, v.ty)))
                 changed = True
             else:
                 new_bindings.append(b)
