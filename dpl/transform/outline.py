@@ -163,7 +163,7 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
         readers = sorted({u for i in members for u in users[i] if owner.get(u) != g})
         for u in readers:
             for leaf in read_leaves(bindings[u].value):
-                j = uses.index_of.get(id(leaf))
+                j = uses.index_of.get(leaf)
                 if j is not None and owner.get(j) == g and leaf not in outs:
                     outs.append(leaf)
         outputs.append(outs)
