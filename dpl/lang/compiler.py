@@ -113,11 +113,11 @@ class Rule:
         roots = P.root_ops(self.pattern)
         return "|".join(sorted(roots)) if roots else "*"
 
-    def view(self, match: Mapping[P.Pattern, Expr], users=None) -> MatchView:
+    def view(self, match: Mapping[P.Pattern, Expr], users=None, users_from=None) -> MatchView:
         if isinstance(match, Match):
             match = match.as_dict()  # its dict's lookups, not the Mapping protocol's per name
         exprs = {name: match[pat] for name, pat in self.names.items() if pat in match}
-        return MatchView(exprs, users)
+        return MatchView(exprs, users, users_from)
 
     def check(self, view: MatchView) -> tuple[bool, str | None]:
         """Run the ``where`` predicates and the hooks: (accepted, reason when not)."""
@@ -183,7 +183,7 @@ def fusion_pattern(rule: Rule) -> FusionPattern:
     """A ``pattern`` rule as TVM's FusionPattern; its check runs the where clauses and hooks."""
 
     def check(ctx) -> bool | NoMatch:
-        failure = rule.first_failure(rule.view(ctx.match, _users_from(ctx)))
+        failure = rule.first_failure(rule.view(ctx.match, users_from=lambda: _users_from(ctx)))
         return True if failure is None else NoMatch(rule.pattern, ctx.matched_expr, "check", failure)
 
     has_check = bool(rule.predicates or rule.hooks)

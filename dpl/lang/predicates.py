@@ -32,9 +32,12 @@ class MatchView:
     """What a predicate sees: the expression each pattern name matched and, when the caller
     knows the function, who uses each value (``users(expr)`` -> binding vars)."""
 
-    def __init__(self, exprs: Mapping[str, Expr], users: Callable[[Expr], list] | None = None):
+    def __init__(self, exprs: Mapping[str, Expr], users: Callable[[Expr], list] | None = None,
+                 users_from: Callable[[], Callable[[Expr], list]] | None = None):
+        """``users_from()`` makes ``users`` when a predicate first asks (most never do)."""
         self.exprs = exprs
         self._users = users
+        self._users_from = users_from
 
     def expr(self, name: str) -> Expr:
         if name not in self.exprs:
@@ -43,6 +46,8 @@ class MatchView:
 
     def users(self, e: Expr) -> list:
         """The values of the bindings that use ``e`` (the function's return is not a use)."""
+        if self._users is None and self._users_from is not None:
+            self._users = self._users_from()
         if self._users is None:
             raise _Unknown("uses are not known here (only fusion patterns see the function's uses)")
         return self._users(e)
