@@ -556,21 +556,27 @@ class Matcher:
                                  want, bound, axis, ty, got)
         return self.visit(p.inner, raw)
 
+    # (a failed visit has rolled back what it added itself: the rollbacks below are guards)
     def _or(self, p: n.OrPattern, e, raw):
-        mark = self.mark()
+        mark = len(self.log)
         if self.visit(p.left, raw):
             return True
         first = self.failure
-        self.rollback(mark)
+        if len(self.log) > mark:
+            self.rollback(mark)
         if self.visit(p.right, raw):
             return True
+        if not self.reasons:
+            self.failure = NO_REASON
+            return False
         return self.fail(p, raw, "alternatives", "no alternative matches", causes=(first, self.failure))
 
     def _optional(self, p: n.OptionalPattern, e, raw):
-        mark = self.mark()
+        mark = len(self.log)
         if self.visit(p.outer, raw):
             return True
-        self.rollback(mark)
+        if len(self.log) > mark:
+            self.rollback(mark)
         return self.visit(p.inner, raw)
 
     def _and(self, p: n.AndPattern, e, raw):
