@@ -58,3 +58,21 @@ def test_a_matcher_without_reasons_finds_the_same_matches():
             assert not m or dict(m.items()) == dict(reference.items())
             found += bool(m)
     assert found >= 6  # rms_norm, silu, softmax, matmuls, attention...
+
+
+def test_a_failure_without_reasons_is_cached_as_a_failure():
+    """Only the swapped order of a commutative call is tried, and fails: the failure (not
+    nothing) is what the cache keeps for the next pattern that meets the call."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (4,))
+    e = fb.emit("exp", x)
+    m = fb.emit("multiply", fb.emit("abs", x), e)  # abs(x) * exp(x)
+    f = fb.ret(fb.emit("add", m, x))
+    # abs(x) * exp(x) against exp(_) * abs(exp(_)): as written the first argument cannot be an
+    # exp, so only the swapped order is tried, and it fails inside abs(...)
+    inner = is_op("multiply")(is_op("exp")(wildcard()), is_op("abs")(is_op("exp")(wildcard())))
+    matcher = dpl.pattern.Matcher(f, reasons=False)
+    for _ in range(2):  # the second time from the cache
+        assert not matcher.match(is_op("add")(inner, wildcard()), f.bindings[-1].value)
+        result = matcher.match(inner, f.bindings[-2].value)
+        assert not result and isinstance(result, dpl.pattern.NoMatch)

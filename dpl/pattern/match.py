@@ -414,30 +414,28 @@ class Matcher:
             return False
         mark = len(self.log)
         commutative = e.op in COMMUTATIVE_OPS and want == 2 and got == 2
-        straight, swapped = True, commutative
+        ops = None
         if not self.reasons:
             # only the verdict is asked for: an order of the arguments in which some argument
             # cannot be what its pattern's root must call is not tried at all
             hit = self._arg_ops_of.get(id(p))
             ops = hit[1] if hit is not None and hit[0] is p else self._arg_ops(p)
-            if ops is not None:
-                straight = self._could_match(ops, e.args)
-                swapped = commutative and self._could_match(ops, (e.args[1], e.args[0]))
-                if not straight and not swapped:
-                    self.failure = NO_REASON
-                    return False
+        straight = ops is None or self._could_match(ops, e.args)
         if straight:
             for q, a in zip(p.args, e.args):
                 if not self.visit(q, a):
                     break
             else:
                 return True
-        if swapped:
-            first = self.failure
-            self.rollback(mark)
+        if commutative and (ops is None or self._could_match(ops, (e.args[1], e.args[0]))):
+            first = self.failure if straight else NO_REASON
+            if len(self.log) > mark:
+                self.rollback(mark)
             if self.visit(p.args[0], e.args[1]) and self.visit(p.args[1], e.args[0]):
                 return True
             self.failure = first  # report the failure of the arguments as written
+        elif ops is not None:
+            self.failure = NO_REASON
         return False
 
     def _arg_ops(self, p: n.CallPattern) -> tuple | None:
