@@ -53,10 +53,13 @@ class AttrSpec:
         if value is None and (self.optional or self.default is None):
             return None
 
+        value = freeze_attr_value(value)
+        if type(value) is float and self.kind == "float":  # the common case (epsilon=...)
+            return value
+
         def bad(expected: str):
             return AttributeValueError(f"op '{op}': attribute '{key}' must be {expected}, got {value!r}")
 
-        value = freeze_attr_value(value)
         if _beyond_int64(value):
             raise bad("within the 64-bit integer range")
         kind = self.kind
@@ -112,8 +115,11 @@ class AttrSpec:
 
 def _beyond_int64(value: Any) -> bool:
     """An integer (or one in a list) that no dtype holds: the kernels index with int64."""
-    if isinstance(value, tuple):
-        return any(_beyond_int64(v) for v in value)
+    if type(value) is tuple:
+        for v in value:
+            if _beyond_int64(v):
+                return True
+        return False
     return isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63
 
 
