@@ -256,7 +256,15 @@ def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Functi
     bindings = func.bindings
     for i, b in enumerate(bindings):
         value = _renamed(b.value, remap) if remap else b.value
-        coarse = _coarse_key(value)
+        if type(value) is Call:  # _coarse_key's common case, inline: a call of variables
+            for a in value.args:
+                if type(a) is not Var:
+                    coarse = _coarse_key(value)
+                    break
+            else:
+                coarse = (value.op, value.args)
+        else:
+            coarse = _coarse_key(value)
         earlier = None
         seen = first.get(coarse)
         if seen is None:

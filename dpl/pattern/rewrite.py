@@ -180,7 +180,7 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
 def _check_replacement(var: Var, old: Expr, new, pattern) -> None:
     if not isinstance(new, (Var, Constant, Call, Tuple, TupleGetItem)):
         raise RewriteError(f"the rewriter of {_where(pattern)} returned {type(new).__name__} for {var.name}, not an expression")
-    if new.ty != old.ty:
+    if new.ty is not old.ty and new.ty != old.ty:
         raise RewriteTypeError(
             f"the rewriter of {_where(pattern)} replaced {var.name}: {old.ty} with a value of type {new.ty}",
             hint="a replacement must have the type of the value it replaces")
