@@ -270,7 +270,7 @@ def make_call(op: str, args: Sequence[Expr], attrs: Mapping[str, Any] | None = N
     args = tuple(args)
     check_arity(opdef, len(args))
     full = check_attrs(opdef, attrs or {})
-    info = CallInfo(op, tuple(a.ty for a in args), full, tuple(describe(a) for a in args), _const_args(args))
+    info = CallInfo(op, tuple([a.ty for a in args]), full, tuple([describe(a) for a in args]), _const_args(args))
     return frozen_call(op, args, full, opdef.infer(info))
 
 
@@ -281,7 +281,7 @@ def call_info(call: Call, names: bool = True) -> CallInfo:
 
 
 def _const_args(args: Sequence[Expr]) -> tuple[bool, ...]:
-    return tuple(isinstance(a, Constant) for a in args)
+    return tuple([type(a) is Constant for a in args])
 
 
 def op_kind(call: Call) -> OpPatternKind:
