@@ -11,6 +11,7 @@ import pytest
 import dpl
 from dpl.ir.expr import Constant
 from dpl.ir.simplify import eliminate_common_subexpr, simplify
+from dpl.ops.registry import make_call
 from dpl.pattern import FUNCTION_RETURN, is_const, is_op, rewrite_call, wildcard
 from dpl.pattern.match import _same_constant
 from dpl.pattern.nodes import required_ops
@@ -178,3 +179,60 @@ def test_passes_restore_the_collector():
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+
+BASE = """
+func main(x: f32[4, 4], w: f32[4, 4]) -> f32[4, 4] {
+  a = exp(x)
+  b = add(a, w)
+  c = multiply(b, x)
+  d = subtract(c, a)
+  return d
+}
+"""
+
+
+@pytest.mark.parametrize("name, build, shortcut", [
+    ("c", lambda v: make_call("tanh", [v["a"]]), True),  # nothing repeats, b dies: the shortcut
+    ("c", lambda v: make_call("exp", [v["x"]]), False),  # repeats a: CSE must run
+    ("c", lambda v: v["a"], False),  # a trivial binding: canonicalize must run
+    ("d", lambda v: make_call("add", [v["a"], v["w"]]), False),  # repeats b, and c dies
+])
+def test_simplify_after_a_round_equals_simplify(monkeypatch, name, build, shortcut):
+    """A rewrite round's result is simplified by looking at what it changed only when that
+    gives what simplify gives (base is simplify's own result, the changed bindings are calls
+    of values nothing else computes)."""
+    import dpl.ir.simplify as simplify_module
+    from dpl.ir.expr import Binding, replace
+    from dpl.ir.simplify import simplify_changed
+
+    keys: dict = {}
+    base = simplify(dpl.parse(BASE)["main"], keys)
+    names = {b.var.name: b.var for b in base.bindings} | {p.name: p for p in base.params}
+    new = Binding(names[name], build(names))
+    func = replace(base, bindings=tuple(new if b.var.name == name else b for b in base.bindings))
+    full = []
+    monkeypatch.setattr(simplify_module, "simplify", lambda f, k=None: full.append(f) or simplify(f, k))
+    got = simplify_changed(base, func, [new], keys)
+    assert dpl.ir.structural_equal(got, simplify(func), names=True)
+    assert (not full) == shortcut
+
+
+def test_simplify_records_the_ops_its_result_calls():
+    """The rewrite driver's required-ops test reads them instead of scanning the function."""
+    from dpl.pattern.rewrite import _calls_all
+
+    text = """
+    func main(x: f32[4, 4]) -> f32[4, 4] {
+      a = exp(x)
+      b = exp(x)
+      dead = tanh(a)
+      c = add(a, sqrt(b))
+      return c
+    }
+    """
+    keys: dict = {}
+    out = simplify(dpl.parse(text)["main"], keys)
+    assert keys[("ops", id(out))] == (out, {"exp", "add", "sqrt"})
+    assert _calls_all(out, frozenset({"sqrt", "exp"}), keys) and not _calls_all(out, frozenset({"tanh"}), keys)

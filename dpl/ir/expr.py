@@ -100,6 +100,25 @@ class Call:
         return f"Call({op}, {len(self.args)} args)"
 
 
+def with_args(call: Call, args: tuple) -> Call:
+    """``call`` reading ``args`` instead: the same op, attributes and type. The attributes are
+    frozen already, so they are shared, not converted again as ``replace(call, args=...)``
+    would (passes that rebuild many calls, such as substitution, notice the difference)."""
+    return frozen_call(call.op, args, call.attrs, call.ty)
+
+
+def frozen_call(op, args: tuple, attrs: Mapping[str, Any], ty) -> Call:
+    """``Call(op, args, attrs, ty)`` for attributes that are frozen already (a call's own, or
+    what :func:`dpl.ops.registry.check_attrs` returns, every value frozen): they are wrapped,
+    not converted again."""
+    new = object.__new__(Call)
+    object.__setattr__(new, "op", op)
+    object.__setattr__(new, "args", args if type(args) is tuple else tuple(args))
+    object.__setattr__(new, "attrs", attrs if type(attrs) is MappingProxyType else MappingProxyType(attrs))
+    object.__setattr__(new, "ty", ty)
+    return new
+
+
 @attrs.frozen(eq=False)
 class Tuple:
     fields: tuple["Expr", ...] = attrs.field(converter=tuple)

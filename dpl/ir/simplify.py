@@ -24,24 +24,66 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
-from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
+from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var, with_args
 from dpl.ir.traverse import substitute, vars_in
 from dpl.ir.types import TensorType
 
 
 def simplify(func: Function, keys: dict | None = None) -> Function:
     """``func`` after canonicalize / CSE / dead-binding removal, repeated to a fixed point.
-    ``keys`` (see :func:`eliminate_common_subexpr`) may be shared between calls."""
+    ``keys`` (see :func:`eliminate_common_subexpr`) may be shared between calls; the fixed
+    point is recorded there for :func:`simplify_changed`."""
+    if keys is None:
+        keys = {}
     current = func
     while True:
-        kept = eliminate_common_subexpr(canonicalize_bindings(current), keys)
-        new = remove_dead_bindings(kept)
+        kept, seen = _eliminate_common_subexpr(canonicalize_bindings(current), keys)
+        ops: set[str] = set()
+        new = remove_dead_bindings(kept, ops)
         if kept is current:
             # canonicalize and CSE found nothing: removing bindings gives them nothing to find
             # (no trivial binding, constant or repeated value appears), and a second removal
             # removes nothing, so ``new`` is the fixed point
+            _record(keys, new, seen, ops)
             return new
         current = new
+
+
+def simplify_changed(base: Function, func: Function, changed: list[Binding], keys: dict) -> Function:
+    """``simplify(func, keys)`` for a ``func`` that is ``base`` with the bindings ``changed``
+    replaced or added, in less time when ``simplify`` made ``base`` (with these ``keys``).
+
+    ``base`` then has no trivial, constant or known-tuple-item binding and no two bindings
+    with one value; when every changed binding is a call whose op and operands no binding of
+    ``base`` (nor another changed one) has, canonicalize and CSE find nothing in ``func``
+    either, and the result is ``func`` without its dead bindings — what ``simplify`` returns,
+    without keying every binding again. Anything else runs ``simplify`` itself."""
+    hit = keys.get(("simplified", id(base)))
+    if hit is None or hit[0] is not base:
+        return simplify(func, keys)
+    seen = hit[1]  # the coarse CSE keys of base's bindings (and of bindings it had before)
+    mine: dict = {}
+    for b in changed:
+        if type(b.value) is not Call:
+            return simplify(func, keys)
+        coarse = _coarse_key(b.value)
+        if coarse in seen or coarse in mine:
+            return simplify(func, keys)  # perhaps a repeated value: CSE decides
+        mine[coarse] = b
+    ops: set[str] = set()
+    new = remove_dead_bindings(func, ops)
+    seen.update(mine)  # more keys than new's bindings have only sends a later call to simplify
+    _record(keys, new, seen, ops)
+    return new
+
+
+def _record(keys: dict, func: Function, seen: dict, ops: set[str]) -> None:
+    """What ``keys`` remembers of a fixed point of :func:`simplify`: the coarse CSE keys its
+    bindings had (for :func:`simplify_changed`) and the op names it calls (``("ops", id)``,
+    read by the rewrite driver's required-ops test), each entry holding the function so that
+    its id stays its own."""
+    keys[("simplified", id(func))] = (func, seen)
+    keys[("ops", id(func))] = (func, ops)
 
 
 # -- CanonicalizeBindings ----------------------------------------------------------------------
@@ -57,12 +99,15 @@ def canonicalize_bindings(func: Function) -> Function:
     trivial: dict[Var, Var] = {}
     constant: dict[Var, Constant] = {}
     for b in func.bindings:
-        value = _known_item(b.value, known)
+        value = b.value
+        if type(value) is Call:
+            continue  # the common case: nothing to fold, and no tuple item can look through it
+        value = _known_item(value, known)
         if isinstance(value, Var):
             trivial[b.var] = value
         elif isinstance(value, Constant):
             constant[b.var] = value
-        known[b.var] = value
+        known[b.var] = value  # only what a tuple item's lookup can go through (tuples, aliases)
     if not trivial and not constant:
         return func
     returned = _returned(func)
@@ -162,52 +207,101 @@ def _renamed(e: Expr, remap: Mapping[Var, Var]) -> Expr:
                 new[k] = image
         elif t is not Constant:
             return substitute(e, lambda v: remap.get(v, v))
-    return e if new is None else attrs.evolve(e, args=tuple(new))
+    return e if new is None else with_args(e, tuple(new))
+
+
+def _coarse_key(e: Expr) -> Any:
+    """A cheap key that values with equal :func:`value_key` share (a call's op and operands,
+    without its attributes and type): CSE computes full keys only where two values share it."""
+    if type(e) is not Call:
+        return value_key(e)
+    args = e.args
+    for a in args:
+        if type(a) is not Var:
+            args = tuple([a if type(a) is Var else value_key(a) for a in args])
+            break
+    return (e.op, args)
 
 
 def eliminate_common_subexpr(func: Function, keys: dict | None = None) -> Function:
     """``func`` with each repeated value bound once: a later ``y = v`` of an already bound
     ``v`` becomes ``y = x`` (the earlier variable), and later uses read ``x``.
 
-    ``keys`` caches :func:`value_key` by value object (``{id(value): (value, key)}``, the value
-    kept alive so its id stays its own): a caller simplifying one version of a function after
-    another passes the same dict, and the values the versions share are keyed once."""
-    first: dict[Any, Var] = {}
+    Values are first told apart by :func:`_coarse_key` (op and operands); the full
+    :func:`value_key` is computed only for values that share one, so a function without
+    repeats costs one cheap key per binding. ``keys`` caches full keys by value object
+    (``{id(value): (value, key)}``, the value kept alive so its id stays its own): a caller
+    simplifying one version of a function after another passes the same dict, and the values
+    the versions share are keyed once."""
+    return _eliminate_common_subexpr(func, keys)[0]
+
+
+def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Function, dict]:
+    """:func:`eliminate_common_subexpr`, and the coarse keys of the bindings it read."""
+    first: dict[Any, Any] = {}  # coarse key -> its first binding (or (var, value) when renamed)
+    shared: dict[Any, list] = {}  # coarse key met again -> [(full key, var)], first binding first
     remap: dict[Var, Var] = {}
-    out: list[Binding] = []
-    changed = False
+    out: list[Binding] | None = None  # made at the first change
     if keys is None:
         keys = {}
-    for b in func.bindings:
-        value = _renamed(b.value, remap) if remap else b.value
+
+    def full_key(value) -> Any:
         hit = keys.get(id(value))
         if hit is not None and hit[0] is value:
-            key = hit[1]
+            return hit[1]
+        key = value_key(value)
+        keys[id(value)] = (value, key)
+        return key
+
+    bindings = func.bindings
+    for i, b in enumerate(bindings):
+        value = _renamed(b.value, remap) if remap else b.value
+        if type(value) is Call:  # _coarse_key's common case, inline: a call of variables
+            for a in value.args:
+                if type(a) is not Var:
+                    coarse = _coarse_key(value)
+                    break
+            else:
+                coarse = (value.op, value.args)
         else:
-            key = value_key(value)
-            keys[id(value)] = (value, key)
-        earlier = first.get(key)
+            coarse = _coarse_key(value)
+        earlier = None
+        seen = first.get(coarse)
+        if seen is None:
+            first[coarse] = b if value is b.value else (b.var, value)
+        else:
+            bucket = shared.get(coarse)
+            if bucket is None:
+                seen_var, seen_value = (seen.var, seen.value) if type(seen) is Binding else seen
+                bucket = shared[coarse] = [(full_key(seen_value), seen_var)]
+            key = full_key(value)
+            for other, var in bucket:
+                if other == key:
+                    earlier = var
+                    break
+            else:
+                bucket.append((key, b.var))
         if earlier is not None:
             value = earlier
             remap[b.var] = earlier
-        else:
-            first[key] = b.var
         if value is not b.value:
-            changed = True
+            if out is None:
+                out = list(bindings[:i])
             out.append(Binding(b.var, value))
-        else:
+        elif out is not None:
             out.append(b)
-    if not changed:
-        return func
+    if out is None:
+        return func, first
     ret = substitute(func.ret, lambda v: remap.get(v, v))
-    return attrs.evolve(func, bindings=tuple(out), ret=ret)
+    return attrs.evolve(func, bindings=tuple(out), ret=ret), first
 
 
 # -- RemoveAllUnused ---------------------------------------------------------------------------
 
 
-def remove_dead_bindings(func: Function) -> Function:
-    """``func`` without the bindings nothing (transitively) returned uses."""
+def remove_dead_bindings(func: Function, ops: set[str] | None = None) -> Function:
+    """``func`` without the bindings nothing (transitively) returned uses. ``ops``, when
+    given, receives the op names the result calls (calls nested in values included)."""
     live: set = set(vars_in(func.ret))
     keep: list[Binding] = []
     for b in reversed(func.bindings):
@@ -216,14 +310,33 @@ def remove_dead_bindings(func: Function) -> Function:
         keep.append(b)
         value = b.value
         if type(value) is Call:
+            if ops is not None and type(value.op) is str:
+                ops.add(value.op)
             for a in value.args:
                 t = type(a)
                 if t is Var:
                     live.add(a)
                 elif t is not Constant:
                     live.update(vars_in(a))
+                    if ops is not None:
+                        _nested_ops(a, ops)
         else:
             live.update(vars_in(value))
+            if ops is not None:
+                _nested_ops(value, ops)
     if len(keep) == len(func.bindings):
         return func
     return attrs.evolve(func, bindings=tuple(reversed(keep)))
+
+
+def _nested_ops(e: Expr, ops: set[str]) -> None:
+    if type(e) is Call:
+        if type(e.op) is str:
+            ops.add(e.op)
+        for a in e.args:
+            _nested_ops(a, ops)
+    elif type(e) is Tuple:
+        for f in e.fields:
+            _nested_ops(f, ops)
+    elif type(e) is TupleGetItem:
+        _nested_ops(e.tuple_value, ops)

@@ -3,11 +3,9 @@ definition of each for every pass)."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Union
+from typing import Callable, Iterator, Mapping, Sequence, Union
 
-import attrs
-
-from dpl.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
+from dpl.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var, with_args
 
 
 def leaves(e: Expr) -> Iterator[Var | Constant]:
@@ -22,6 +20,19 @@ def leaves(e: Expr) -> Iterator[Var | Constant]:
             yield from leaves(f)
     elif isinstance(e, TupleGetItem):
         yield from leaves(e.tuple_value)
+
+
+def read_leaves(value) -> Sequence:
+    """The leaves ``value`` reads (as :func:`leaves`), without a generator for the common case
+    of a call whose arguments are all variables and constants."""
+    if type(value) is Call:
+        args = value.args
+        for a in args:
+            t = type(a)
+            if t is not Var and t is not Constant:
+                return tuple(leaves(value))
+        return args
+    return tuple(leaves(value))
 
 
 def vars_in(e: Expr) -> Iterator[Var]:
@@ -43,7 +54,7 @@ def _substitute(e: Expr, replace: Callable[[Expr], Expr]) -> Expr:
         return replace(e)
     if isinstance(e, Call):
         args = tuple(_substitute(a, replace) for a in e.args)
-        return e if all(x is y for x, y in zip(args, e.args)) else attrs.evolve(e, args=args)
+        return e if all(x is y for x, y in zip(args, e.args)) else with_args(e, args)
     if isinstance(e, Tuple):
         fields = tuple(_substitute(f, replace) for f in e.fields)
         return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)

@@ -17,7 +17,7 @@ def _shape(value) -> tuple[Dim, ...]:
     return tuple(d if isinstance(d, str) else int(d) for d in value)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # types key many dicts (CSE, shared functions): hashed once
 class TensorType:
     shape: tuple[Dim, ...] = attrs.field(converter=_shape)
     dtype: str = attrs.field(converter=dtypes.canonical)
@@ -59,7 +59,7 @@ def _check_shape(shape: tuple[Dim, ...], dtype: str) -> None:
 _SURELY_SMALL = min(MAX_TENSOR_ELEMENTS, MAX_TENSOR_BYTES // 8)  # within both limits, whatever the dtype
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class TupleType:
     fields: tuple["Type", ...] = attrs.field(converter=tuple)
 

@@ -31,7 +31,7 @@ from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, compile_
 from dpl.ops.registry import REQUIRED, get_op, make_call
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FusionPattern, PatternSet, RewriteRule
-from dpl.pattern.match import NoMatch
+from dpl.pattern.match import Match, NoMatch
 
 
 class LangError(DplError):
@@ -113,26 +113,42 @@ class Rule:
         roots = P.root_ops(self.pattern)
         return "|".join(sorted(roots)) if roots else "*"
 
-    def view(self, match: Mapping[P.Pattern, Expr], users=None) -> MatchView:
+    def view(self, match: Mapping[P.Pattern, Expr], users=None, users_from=None) -> MatchView:
+        if isinstance(match, Match):
+            match = match.as_dict()  # its dict's lookups, not the Mapping protocol's per name
         exprs = {name: match[pat] for name, pat in self.names.items() if pat in match}
-        return MatchView(exprs, users)
+        return MatchView(exprs, users, users_from)
 
     def check(self, view: MatchView) -> tuple[bool, str | None]:
         """Run the ``where`` predicates and the hooks: (accepted, reason when not)."""
+        failure = self.first_failure(view)
+        return (True, None) if failure is None else (False, failure())
+
+    def first_failure(self, view: MatchView) -> Callable[[], str] | None:
+        """Run the ``where`` predicates and the hooks: None when all hold, else a function
+        that words the first failure (called only by whoever reports it: most rejections of a
+        large module are never read)."""
         for pred, span in self.predicates:
             ok, why = evaluate(pred, view)
             if not ok:
-                where = getattr(pred, "text", None) or (span.source_line.strip() if span.source_line else "where clause")
-                values = pred.values(view) if hasattr(pred, "values") else ""
-                return False, (f"{span}: '{where}' does not hold" + (f" ({why})" if why else "")
-                               + (f": {values}" if values else ""))
+                return lambda: _predicate_failure(pred, span, why, view)
         for name, hook in self.hooks:
             answer = hook(view)
             if not answer:
-                reason = getattr(answer, "reason", None)
-                reason = reason() if callable(reason) else reason
-                return False, f"check hook '{name}' said no" + (f": {reason}" if reason else "")
-        return True, None
+                return lambda: _hook_failure(name, answer)
+        return None
+
+
+def _predicate_failure(pred, span: Span, why: str | None, view: MatchView) -> str:
+    where = getattr(pred, "text", None) or (span.source_line.strip() if span.source_line else "where clause")
+    values = pred.values(view) if hasattr(pred, "values") else ""
+    return f"{span}: '{where}' does not hold" + (f" ({why})" if why else "") + (f": {values}" if values else "")
+
+
+def _hook_failure(name: str, answer) -> str:
+    reason = getattr(answer, "reason", None)
+    reason = reason() if callable(reason) else reason
+    return f"check hook '{name}' said no" + (f": {reason}" if reason else "")
 
 
 @attrs.frozen
@@ -167,8 +183,8 @@ def fusion_pattern(rule: Rule) -> FusionPattern:
     """A ``pattern`` rule as TVM's FusionPattern; its check runs the where clauses and hooks."""
 
     def check(ctx) -> bool | NoMatch:
-        ok, why = rule.check(rule.view(ctx.match, _users_from(ctx)))
-        return True if ok else NoMatch(rule.pattern, ctx.matched_expr, "check", why)
+        failure = rule.first_failure(rule.view(ctx.match, users_from=lambda: _users_from(ctx)))
+        return True if failure is None else NoMatch(rule.pattern, ctx.matched_expr, "check", failure)
 
     has_check = bool(rule.predicates or rule.hooks)
     return FusionPattern(rule.name, rule.pattern, rule.annotations, check if has_check else None, outputs=rule.outputs,
@@ -181,8 +197,7 @@ def rewrite_rule(rule: Rule) -> RewriteRule:
 
     def rewriter(value: Expr, match) -> Expr | None:
         view = rule.view(match)
-        ok, _ = rule.check(view)
-        if not ok:
+        if rule.first_failure(view) is not None:
             return None
         try:
             new = rule.replacement(view, lambda e: e)

@@ -32,9 +32,12 @@ class MatchView:
     """What a predicate sees: the expression each pattern name matched and, when the caller
     knows the function, who uses each value (``users(expr)`` -> binding vars)."""
 
-    def __init__(self, exprs: Mapping[str, Expr], users: Callable[[Expr], list] | None = None):
+    def __init__(self, exprs: Mapping[str, Expr], users: Callable[[Expr], list] | None = None,
+                 users_from: Callable[[], Callable[[Expr], list]] | None = None):
+        """``users_from()`` makes ``users`` when a predicate first asks (most never do)."""
         self.exprs = exprs
         self._users = users
+        self._users_from = users_from
 
     def expr(self, name: str) -> Expr:
         if name not in self.exprs:
@@ -43,6 +46,8 @@ class MatchView:
 
     def users(self, e: Expr) -> list:
         """The values of the bindings that use ``e`` (the function's return is not a use)."""
+        if self._users is None and self._users_from is not None:
+            self._users = self._users_from()
         if self._users is None:
             raise _Unknown("uses are not known here (only fusion patterns see the function's uses)")
         return self._users(e)
@@ -123,6 +128,9 @@ def _sized(a: Any, b: Any, op: str) -> tuple[Any, Any]:
 
 
 def _norm(v: Any) -> Any:
+    t = type(v)
+    if t is int or t is str or t is bool or t is float:  # the common case: already plain
+        return v
     if isinstance(v, (list, tuple)):
         return tuple(_norm(x) for x in v)
     if isinstance(v, np.generic):
@@ -211,6 +219,9 @@ class PredicateCompiler:
             if is_name and not isinstance(arg, ast.PName):
                 return self.error(f"argument of '{p.fn}' must be a pattern name", p.span)
             args.append(self.compile(arg, as_name=is_name))
+        if len(args) == 1:  # rank(x), dtype(x), is_const(x): without a generator per call
+            (only,) = args
+            return lambda view: impl(view, only(view))
         return lambda view: impl(view, *(a(view) for a in args))
 
 

@@ -55,7 +55,7 @@ def normalize_axis(info: CallInfo, axis: int, ndim: int, what: str = "axis") -> 
 def normalize_axes(info: CallInfo, axes, ndim: int) -> tuple[int, ...]:
     if axes is None:
         return tuple(range(ndim))
-    out = tuple(normalize_axis(info, a, ndim) for a in axes)
+    out = tuple([normalize_axis(info, a, ndim) for a in axes])
     if len(set(out)) != len(out):
         raise info.error(f"repeated axis in {list(axes)}")
     return out

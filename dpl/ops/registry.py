@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import difflib
 import enum
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
 from dpl import dtypes
 from dpl.errors import ArityError, AttributeValueError, DplError, TypeInferenceError, UnknownAttributeError, UnknownOpError
-from dpl.ir.expr import Call, Constant, Expr, GlobalVar, Tuple, TupleGetItem, Var, freeze_attr_value
+from dpl.ir.expr import Call, Constant, Expr, GlobalVar, Tuple, TupleGetItem, Var, freeze_attr_value, frozen_call
 from dpl.ir.types import TensorType, TupleType, Type
 
 
@@ -52,10 +53,13 @@ class AttrSpec:
         if value is None and (self.optional or self.default is None):
             return None
 
+        value = freeze_attr_value(value)
+        if type(value) is float and self.kind == "float":  # the common case (epsilon=...)
+            return value
+
         def bad(expected: str):
             return AttributeValueError(f"op '{op}': attribute '{key}' must be {expected}, got {value!r}")
 
-        value = freeze_attr_value(value)
         if _beyond_int64(value):
             raise bad("within the 64-bit integer range")
         kind = self.kind
@@ -111,8 +115,11 @@ class AttrSpec:
 
 def _beyond_int64(value: Any) -> bool:
     """An integer (or one in a list) that no dtype holds: the kernels index with int64."""
-    if isinstance(value, tuple):
-        return any(_beyond_int64(v) for v in value)
+    if type(value) is tuple:
+        for v in value:
+            if _beyond_int64(v):
+                return True
+        return False
     return isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63
 
 
@@ -205,9 +212,17 @@ def all_ops() -> dict[str, OpDef]:
     return dict(_REGISTRY)
 
 
+_loaded = False
+
+
 def _ensure_loaded() -> None:
-    # the op catalogues register themselves on import
-    from dpl.ops import elementwise, manipulation, nn, reduce  # noqa: F401
+    # the op catalogues register themselves on import (once: an import statement costs a
+    # call into importlib even when the module is loaded, and every make_call looks an op up)
+    global _loaded
+    if not _loaded:
+        from dpl.ops import elementwise, manipulation, nn, reduce  # noqa: F401
+
+        _loaded = True
 
 
 def describe(e: Expr) -> str:
@@ -238,8 +253,8 @@ def check_attrs(op: OpDef, given: Mapping[str, Any]) -> dict[str, Any]:
         elif spec.default is REQUIRED:
             raise AttributeValueError(f"op '{op.name}' needs attribute '{key}'")
         else:
-            out[key] = spec.default
-    return out
+            out[key] = freeze_attr_value(spec.default)
+    return out  # every value frozen (see dpl.ir.expr.frozen_call)
 
 
 def check_arity(op: OpDef, n: int) -> None:
@@ -255,8 +270,8 @@ def make_call(op: str, args: Sequence[Expr], attrs: Mapping[str, Any] | None = N
     args = tuple(args)
     check_arity(opdef, len(args))
     full = check_attrs(opdef, attrs or {})
-    info = CallInfo(op, tuple(a.ty for a in args), full, tuple(describe(a) for a in args), _const_args(args))
-    return Call(op, args, full, opdef.infer(info))
+    info = CallInfo(op, tuple([a.ty for a in args]), full, tuple([describe(a) for a in args]), _const_args(args))
+    return frozen_call(op, args, full, opdef.infer(info))
 
 
 def call_info(call: Call, names: bool = True) -> CallInfo:
@@ -266,7 +281,7 @@ def call_info(call: Call, names: bool = True) -> CallInfo:
 
 
 def _const_args(args: Sequence[Expr]) -> tuple[bool, ...]:
-    return tuple(isinstance(a, Constant) for a in args)
+    return tuple([type(a) is Constant for a in args])
 
 
 def op_kind(call: Call) -> OpPatternKind:
@@ -278,7 +293,10 @@ def op_kind(call: Call) -> OpPatternKind:
 
 def call_function(gv: GlobalVar, args: Sequence[Expr], ret_type: Type) -> Call:
     """A call of a module function (its return type comes from the callee)."""
-    return Call(gv, tuple(args), {}, ret_type)
+    return frozen_call(gv, tuple(args), _NO_ATTRS, ret_type)
+
+
+_NO_ATTRS = MappingProxyType({})
 
 
 def is_tuple_type(ty: Type) -> bool:

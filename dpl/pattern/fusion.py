@@ -151,6 +151,8 @@ class FusionPattern:
 
     def annotated(self, m: Match) -> dict[str, Expr]:
         """Each annotation present in the match -> the expression it bound."""
+        if isinstance(m, Match):
+            m = m.as_dict()
         return {key: m[p] for key, p in self.annotation_patterns.items() if p in m}
 
     def run_check(self, ctx: CheckContext) -> Match | NoMatch:

@@ -67,6 +67,11 @@ class Match(Mapping):
     def values(self):
         return self._map.values()
 
+    def as_dict(self) -> Mapping:
+        """The pattern -> expression dict itself, read-only by convention (for hot loops that
+        look many patterns up)."""
+        return self._map
+
     def __bool__(self):
         return True
 
@@ -111,6 +116,10 @@ class NoMatch:
     __repr__ = __str__
 
 
+NO_REASON = NoMatch(None, None, "unrecorded", "the matcher was made with reasons=False, which records no reason")
+"""The failure of every match a ``Matcher(..., reasons=False)`` rejects."""
+
+
 # -- showing expressions in messages ------------------------------------------------------
 
 def show(e: Any, depth: int = 2) -> str:
@@ -139,6 +148,9 @@ def show(e: Any, depth: int = 2) -> str:
 
 
 def attr_equal(a: Any, b: Any) -> bool:
+    t = type(a)
+    if t is type(b) and (t is int or t is str or t is bool):  # the common case
+        return a == b
     if isinstance(a, tuple) or isinstance(b, tuple):
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(attr_equal(x, y) for x, y in zip(a, b))
     if isinstance(a, bool) or isinstance(b, bool):
@@ -178,6 +190,13 @@ def _kind_name(e: Any) -> str:
             GlobalVar: "a function reference"}.get(type(e), type(e).__name__)
 
 
+def _cacheable(root: n.Pattern) -> set[int]:
+    """Ids of the composite nodes of ``root`` whose result can be cached per expression: those
+    whose result does not depend on the rest of the match (see :func:`_shared_or_symbolic`)."""
+    dependent = _shared_or_symbolic(root)
+    return {id(p) for p in root.walk() if type(p) in _CACHED_KINDS and id(p) not in dependent}
+
+
 def _shared_or_symbolic(root: n.Pattern) -> set[int]:
     """Ids of the nodes whose result depends on the rest of the match (they contain a node
     used twice in ``root``, or a symbolic dimension). The others can be cached per expression."""
@@ -206,15 +225,23 @@ class Matcher:
     One matcher serves many ``match`` calls: results of context-free sub-patterns are cached
     per (pattern node, expression), so matching every binding against a set of patterns costs
     time linear in the number of bindings.
+
+    ``reasons=False`` is for callers that only ask whether a pattern matches (the rewrite
+    driver, FuseOpsByPattern's candidate search): a failure is then the one falsy
+    :data:`NO_REASON`, and no failure object is built along the way. Matches are the same.
     """
 
-    def __init__(self, func: Function | None = None, bindings: Iterable[Binding] | None = None):
+    def __init__(self, func: Function | None = None, bindings: Iterable[Binding] | None = None, *, reasons: bool = True):
+        self.reasons = reasons
         self.var2val: dict[Var, Expr] = {}
         for b in (func.bindings if func is not None else bindings or ()):
             self.var2val[b.var] = b.value
         self._cache: dict[tuple, Any] = {}
-        self._dependent: dict[int, tuple[n.Pattern, set[int]]] = {}
+        self._cacheable: dict[int, tuple[n.Pattern, set[int]]] = {}
+        self._arg_ops_of: dict[int, tuple] = {}  # id(call pattern) -> (it, its _arg_ops)
         self.memo: dict = {}
+        # what the memo and the symbols gained, in order, for rollback: a pattern node (a memo
+        # key) or a symbolic dimension's name (a str, a key of ``syms``)
         self.log: list = []
         self.syms: dict[str, Any] = {}
         self.failure: NoMatch | None = None
@@ -223,10 +250,10 @@ class Matcher:
     def match(self, pattern: n.Pattern, expr: Expr) -> Match | NoMatch:
         if not isinstance(pattern, n.Pattern):
             raise n.PatternError(f"match: expected a pattern, got {type(pattern).__name__}")
-        entry = self._dependent.get(id(pattern))
+        entry = self._cacheable.get(id(pattern))
         if entry is None or entry[0] is not pattern:
-            entry = self._dependent[id(pattern)] = (pattern, _shared_or_symbolic(pattern))
-        self.dependent = entry[1]
+            entry = self._cacheable[id(pattern)] = (pattern, _cacheable(pattern))
+        self.cacheable = entry[1]
         self.memo.clear()
         self.log.clear()
         self.syms.clear()
@@ -253,20 +280,21 @@ class Matcher:
     # -- machinery ------------------------------------------------------------------------
     def fail(self, p, expr, kind: str, why, *args, causes=()) -> bool:
         """Record a failure; the reason is ``why(*args)``, built only when read."""
-        self.failure = NoMatch(p, expr, kind, why, causes, args)
+        self.failure = NoMatch(p, expr, kind, why, causes, args) if self.reasons else NO_REASON
         return False
 
     def mark(self) -> int:
         return len(self.log)
 
     def rollback(self, mark: int) -> None:
-        while len(self.log) > mark:
-            kind, key = self.log.pop()
-            (self.memo if kind == "p" else self.syms).pop(key)
+        log = self.log
+        while len(log) > mark:
+            key = log.pop()
+            (self.syms if type(key) is str else self.memo).pop(key)
 
     def remember(self, p, e) -> None:
         self.memo[p] = e
-        self.log.append(("p", p))
+        self.log.append(p)
 
     def visit(self, p: n.Pattern, raw) -> bool:
         e = raw
@@ -281,42 +309,50 @@ class Matcher:
             if prev is e or (isinstance(e, str) and prev == e):
                 return True
             return self.fail(p, raw, "consistency", _why_repeated, self, prev, e)
-        if type(p) is n.CallPattern and type(p.op) is n.OpPattern:
+        kind = type(p)
+        if kind is n.WildcardPattern:  # the commonest leaf: matches anything, nothing to cache
+            memo[p] = e
+            self.log.append(p)
+            return True
+        if kind is n.CallPattern and type(p.op) is n.OpPattern:
             # the commonest failure, a call of another op (or no call), as _call reports it,
             # without the cache's bookkeeping
             if type(e) is not Call:
                 return self.fail(p, raw, "kind", _why_kind, "a call", e)
             if e.op != p.op.name:
                 return self.fail(p, raw, "op", _why_op, p.op.name, e.op)
-        cacheable = type(p) in _CACHED_KINDS and id(p) not in self.dependent
+        cacheable = id(p) in self.cacheable
         if cacheable:
             hit = self._cache.get((p, id(e)))
             if hit is not None and hit[0] is e:
                 if type(hit[1]) is NoMatch:
                     self.failure = hit[1]
                     return False
+                log = self.log
                 for q, v in hit[1]:
-                    self.remember(q, v)
+                    memo[q] = v
+                    log.append(q)
                 return True
         mark = len(self.log)
-        method = _DISPATCH.get(type(p))
+        method = _DISPATCH.get(kind)
         if method is None:
             raise n.PatternError(f"cannot match a {type(p).__name__}: not a pattern kind the matcher knows")
         ok = method(self, p, e, raw)
         if ok:
             memo[p] = e
-            self.log.append(("p", p))
+            self.log.append(p)
             if cacheable:
                 self._cache[(p, id(e))] = (e, tuple(self.memo_since(mark)))
         else:
-            self.rollback(mark)
+            if len(self.log) > mark:
+                self.rollback(mark)
             if cacheable:
                 self._cache[(p, id(e))] = (e, self.failure)
         return ok
 
     def memo_since(self, mark: int) -> Iterator[tuple]:
-        for kind, key in self.log[mark:]:
-            if kind == "p":
+        for key in self.log[mark:]:
+            if type(key) is not str:
                 yield key, self.memo[key]
 
     # -- one method per pattern kind --------------------------------------------------------
@@ -365,7 +401,8 @@ class Matcher:
                 return self.fail(p, raw, "op", _why_op, op.name, e.op)
             prev = self.memo.get(op, _MISSING)
             if prev is _MISSING:
-                self.remember(op, e.op)
+                self.memo[op] = e.op
+                self.log.append(op)
             elif prev != e.op:
                 return self.fail(op, e.op, "consistency", "this op pattern already matched {}".format, prev)
         elif not self.visit(op, e.op):
@@ -376,18 +413,55 @@ class Matcher:
         if p.attrs and not self.check_attrs(p, e, raw, p.attrs):
             return False
         mark = len(self.log)
-        for q, a in zip(p.args, e.args):
-            if not self.visit(q, a):
-                break
-        else:
-            return True
-        if e.op in COMMUTATIVE_OPS and want == 2 and got == 2:
-            first = self.failure
-            self.rollback(mark)
+        commutative = e.op in COMMUTATIVE_OPS and want == 2 and got == 2
+        ops = None
+        if not self.reasons:
+            # only the verdict is asked for: an order of the arguments in which some argument
+            # cannot be what its pattern's root must call is not tried at all
+            hit = self._arg_ops_of.get(id(p))
+            ops = hit[1] if hit is not None and hit[0] is p else self._arg_ops(p)
+        straight = ops is None or self._could_match(ops, e.args)
+        if straight:
+            for q, a in zip(p.args, e.args):
+                if not self.visit(q, a):
+                    break
+            else:
+                return True
+        if commutative and (ops is None or self._could_match(ops, (e.args[1], e.args[0]))):
+            first = self.failure if straight else NO_REASON
+            if len(self.log) > mark:
+                self.rollback(mark)
             if self.visit(p.args[0], e.args[1]) and self.visit(p.args[1], e.args[0]):
                 return True
             self.failure = first  # report the failure of the arguments as written
+        elif ops is not None:
+            self.failure = NO_REASON
         return False
+
+    def _arg_ops(self, p: n.CallPattern) -> tuple | None:
+        """Per argument of ``p``, the ops its pattern's root must call (None: anything may
+        match it); None when no argument says. (Remembered per pattern node.)"""
+        ops = tuple(n.root_ops(q) for q in p.args)
+        if all(o is None for o in ops):
+            ops = None
+        self._arg_ops_of[id(p)] = (p, ops)
+        return ops
+
+    def _could_match(self, ops: tuple, args) -> bool:
+        """Whether each argument (looked through) calls an op its pattern's root may call: a
+        necessary condition of matching, checked without visiting anything."""
+        var2val = self.var2val
+        for want, a in zip(ops, args):
+            if want is None:
+                continue
+            while type(a) is Var:
+                value = var2val.get(a)
+                if value is None:
+                    break
+                a = value
+            if type(a) is not Call or a.op not in want:
+                return False
+        return True
 
     def check_attrs(self, p, e, raw, constraints) -> bool:
         if not isinstance(e, Call):
@@ -472,7 +546,7 @@ class Matcher:
             bound = self.syms.get(want, _MISSING)
             if bound is _MISSING:
                 self.syms[want] = got
-                self.log.append(("s", want))
+                self.log.append(want)
             elif bound != got:
                 self.rollback(mark)
                 return self.fail(p, raw, "consistency",
@@ -480,21 +554,27 @@ class Matcher:
                                  want, bound, axis, ty, got)
         return self.visit(p.inner, raw)
 
+    # (a failed visit has rolled back what it added itself: the rollbacks below are guards)
     def _or(self, p: n.OrPattern, e, raw):
-        mark = self.mark()
+        mark = len(self.log)
         if self.visit(p.left, raw):
             return True
         first = self.failure
-        self.rollback(mark)
+        if len(self.log) > mark:
+            self.rollback(mark)
         if self.visit(p.right, raw):
             return True
+        if not self.reasons:
+            self.failure = NO_REASON
+            return False
         return self.fail(p, raw, "alternatives", "no alternative matches", causes=(first, self.failure))
 
     def _optional(self, p: n.OptionalPattern, e, raw):
-        mark = self.mark()
+        mark = len(self.log)
         if self.visit(p.outer, raw):
             return True
-        self.rollback(mark)
+        if len(self.log) > mark:
+            self.rollback(mark)
         return self.visit(p.inner, raw)
 
     def _and(self, p: n.AndPattern, e, raw):

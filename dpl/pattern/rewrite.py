@@ -25,8 +25,8 @@ from typing import Callable, Mapping
 
 from dpl.errors import DplError
 from dpl.ir.collector import paused_collector
-from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, replace
-from dpl.ir.simplify import remove_dead_bindings, simplify  # noqa: F401 (remove_dead_bindings: re-exported)
+from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, with_args
+from dpl.ir.simplify import remove_dead_bindings, simplify, simplify_changed  # noqa: F401 (remove_dead_bindings: re-exported)
 from dpl.ir.structural import structural_equal
 from dpl.pattern import nodes as n
 from dpl.pattern.context import GraphPattern, PatternContext, _as_graph, _leaf_vars, iter_graph_matches
@@ -78,12 +78,14 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     required = n.required_ops(pattern)
     current = func
     for _ in range(max_iterations):
-        if required and not required <= _ops_of(current, keys):
+        if required and not _calls_all(current, required, keys):
             return current  # an op every match calls is called nowhere: no binding can match
-        new = _round(pattern, alternatives, index, rewriter, current)
+        new, changed = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
             return current  # an equal rebuild is a fixed point too (Relax compares structurally)
-        new = simplify(new, keys)  # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused
+        # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused (what changed
+        # is looked at, when ``current`` is simplify's own result)
+        new = simplify_changed(current, new, changed, keys)
         if structural_equal(new, current, names=False):
             return current
         current = new
@@ -92,30 +94,39 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
         hint="the rewriter probably builds an expression its own pattern matches again")
 
 
-def _ops_of(func: Function, cache: dict) -> set[str]:
-    """:func:`_ops_in`, remembered in ``cache`` (shared by the rules of one pass) per function."""
+def _calls_all(func: Function, required: frozenset[str], cache: dict) -> bool:
+    """Whether ``func`` calls every op of ``required`` (calls nested in values included). The
+    bindings are read until all are found (in a model of repeated layers, within the first
+    layer); a function read whole leaves its op names in ``cache`` for the next rule, as
+    :func:`dpl.ir.simplify.simplify` does for what it returns."""
     hit = cache.get(("ops", id(func)))
     if hit is not None and hit[0] is func:
-        return hit[1]
-    ops = _ops_in(func)
-    cache[("ops", id(func))] = (func, ops)
-    return ops
-
-
-def _ops_in(func: Function) -> set[str]:
-    """The op names ``func`` calls, in binding values and calls nested in them."""
+        return required <= hit[1]
+    missing = set(required)
     ops: set[str] = set()
     nested: list = []
     for b in func.bindings:
         value = b.value
         if type(value) is Call:
-            if type(value.op) is str:
-                ops.add(value.op)
+            op = value.op
+            if op in missing:
+                missing.discard(op)
+                if not missing:
+                    return True
+            if type(op) is str:
+                ops.add(op)
             for a in value.args:
                 if type(a) is not Var and type(a) is not Constant:
                     nested.append(a)
         elif type(value) is not Var and type(value) is not Constant:
             nested.append(value)
+    _nested_ops(nested, ops)
+    cache[("ops", id(func))] = (func, ops)
+    return required <= ops
+
+
+def _nested_ops(nested: list, ops: set[str]) -> None:
+    """Adds the op names called in the expressions of ``nested`` (emptied) to ``ops``."""
     while nested:
         e = nested.pop()
         if isinstance(e, Call):
@@ -126,41 +137,50 @@ def _ops_in(func: Function) -> set[str]:
             nested.extend(e.fields)
         elif isinstance(e, TupleGetItem):
             nested.append(e.tuple_value)
-    return ops
 
 
-def _round(pattern, alternatives, index, rewriter, func: Function) -> Function:
-    matcher = Matcher(func)
+def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Function, list[Binding]]:
+    """One round: the rewritten function and its replaced and added bindings."""
+    matcher = Matcher(func, reasons=False)  # a failed match is skipped, its reason never read
     replaced: dict[Var, Expr] = {}
-    by_op = None if index.anywhere else index.by_op  # then only calls of the indexed ops can match
-    for b in func.bindings:
+    at: list[int] = []  # the replaced bindings' positions
+    # without root-less alternatives only calls of the indexed ops can match: their
+    # alternatives, in order, per op
+    by_op = None if index.anywhere else {op: [p for _, p in ps] for op, ps in index.by_op.items()}
+    for i, b in enumerate(func.bindings):
         value = b.value
         if by_op is not None:
-            if type(value) is not Call or type(value.op) is not str or value.op not in by_op:
+            if type(value) is not Call:
+                continue
+            alts = by_op.get(value.op)
+            if alts is None:
                 continue
         elif isinstance(value, Var):
             continue  # an alias: its value is matched (and rewritten) at its own binding
-        for alt in index.candidates(b.value):
-            m = matcher.match(alt, b.value)
+        else:
+            alts = index.candidates(value)
+        for alt in alts:
+            m = matcher.match(alt, value)
             if not m:
                 continue
             if alt is not pattern:
-                m._map[pattern] = b.value  # TVM also maps the top-level | to the value
-            new = rewriter(b.value, m)
-            if new is None or new is b.value:
+                m._map[pattern] = value  # TVM also maps the top-level | to the value
+            new = rewriter(value, m)
+            if new is None or new is value:
                 continue  # "no match": try the next alternative
-            _check_replacement(b.var, b.value, new, pattern)
+            _check_replacement(b.var, value, new, pattern)
             replaced[b.var] = new
+            at.append(i)
             break
     if not replaced:
-        return func
-    return _rebuild(func, replaced)
+        return func, []
+    return _Rebuild(func, replaced).run(replaced, at, changed=True)
 
 
 def _check_replacement(var: Var, old: Expr, new, pattern) -> None:
     if not isinstance(new, (Var, Constant, Call, Tuple, TupleGetItem)):
         raise RewriteError(f"the rewriter of {_where(pattern)} returned {type(new).__name__} for {var.name}, not an expression")
-    if new.ty != old.ty:
+    if new.ty is not old.ty and new.ty != old.ty:
         raise RewriteTypeError(
             f"the rewriter of {_where(pattern)} replaced {var.name}: {old.ty} with a value of type {new.ty}",
             hint="a replacement must have the type of the value it replaces")
@@ -212,15 +232,22 @@ class _Rebuild:
         return name
 
     def normalize(self, e: Expr, owner: Var, top: bool) -> Expr:
-        if isinstance(e, (Var, Constant, GlobalVar)):
+        kind = type(e)
+        if kind is Var or kind is Constant or kind is GlobalVar:
             return e
         if not top:
             bound = self.bound_value.get(id(e)) or self.fresh.get(id(e))
             if bound is not None and bound is not owner:
                 return bound
-        if isinstance(e, Call):
-            args = tuple(self.normalize(a, owner, False) for a in e.args)
-            new = e if all(x is y for x, y in zip(args, e.args)) else replace(e, args=args)
+        if kind is Call:
+            args = e.args
+            for k, a in enumerate(args):
+                image = self.normalize(a, owner, False)
+                if image is not a:
+                    if args is e.args:
+                        args = list(args)
+                    args[k] = image
+            new = e if args is e.args else with_args(e, tuple(args))
         elif isinstance(e, Tuple):
             fields = tuple(self.normalize(f, owner, False) for f in e.fields)
             return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
@@ -236,18 +263,29 @@ class _Rebuild:
         self.fresh[id(e)] = var
         return var
 
-    def run(self, replaced: Mapping[Var, Expr]) -> Function:
+    def run(self, replaced: Mapping[Var, Expr], at: list[int] | None = None, changed: bool = False):
+        """The new function; ``at``: the positions of the replaced bindings, in order, when the
+        caller knows them (the bindings between them are copied a slice at a time).
+        ``changed=True`` returns (the function, its replaced and added bindings)."""
+        bindings = self.func.bindings
+        if at is None:
+            at = [i for i, b in enumerate(bindings) if b.var in replaced]
         new: list[int] = []  # positions in ``out`` of the replaced and the fresh bindings
-        for b in self.func.bindings:
-            if b.var not in replaced:
-                self.out.append(b)
-                continue
-            start = len(self.out)
+        out = self.out
+        done = 0
+        for i in at:
+            out.extend(bindings[done:i])
+            b = bindings[i]
+            start = len(out)
             value = self.normalize(replaced[b.var], b.var, True)
-            self.out.append(b if value is b.value else Binding(b.var, value))
-            new.extend(range(start, len(self.out)))
+            out.append(b if value is b.value else Binding(b.var, value))
+            new.extend(range(start, len(out)))
+            done = i + 1
+        out.extend(bindings[done:])
+        made = [out[i] for i in new]
         out = self.out if _new_in_order(self.out, new) else _topological(self.out)
-        return Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
+        func = Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
+        return (func, made) if changed else func
 
 
 def _new_in_order(bindings: list[Binding], new: list[int]) -> bool:
@@ -257,15 +295,23 @@ def _new_in_order(bindings: list[Binding], new: list[int]) -> bool:
         return True
     position = {b.var: i for i, b in enumerate(bindings)}
     for i in new:
-        deps: list[Var] = []
-        _leaf_vars(bindings[i].value, deps)
-        if any(position.get(d, -1) >= i for d in deps):
-            return False
+        value = bindings[i].value
+        reads = value.args if type(value) is Call else (value,)
+        for a in reads:
+            t = type(a)
+            if t is Var:
+                if position.get(a, -1) >= i:
+                    return False
+            elif t is not Constant:
+                deps: list[Var] = []
+                _leaf_vars(a, deps)
+                if any(position.get(d, -1) >= i for d in deps):
+                    return False
     return True
 
 
-def _rebuild(func: Function, replaced: Mapping[Var, Expr]) -> Function:
-    return _Rebuild(func, replaced).run(replaced)
+def _rebuild(func: Function, replaced: Mapping[Var, Expr], at: list[int] | None = None) -> Function:
+    return _Rebuild(func, replaced).run(replaced, at)
 
 
 def _topological(bindings: list[Binding]) -> list[Binding]:

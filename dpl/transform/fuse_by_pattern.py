@@ -22,7 +22,7 @@ import attrs
 
 from dpl.errors import DplError
 from dpl.ir.collector import paused_collector
-from dpl.ir.expr import Call, Function, GlobalVar, Module, Var
+from dpl.ir.expr import Call, Function, GlobalVar, Module, Var, frozen_call
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern  # noqa: F401 (FUNCTION_RETURN: documented here)
 from dpl.pattern.match import Matcher
@@ -56,7 +56,7 @@ class FunctionView:
     @property
     def matcher(self) -> Matcher:
         if self._matcher is None:
-            self._matcher = Matcher(self.func)
+            self._matcher = Matcher(self.func, reasons=False)  # failed matches are skipped, unexplained
         return self._matcher
 
     def candidates(self, root: P.Pattern) -> list[int]:
@@ -184,7 +184,8 @@ class _Partition:
     def consider(self, cand: Candidate) -> None:
         verdict = self.pattern.run_check(cand.context)
         if not verdict:
-            self.report(cand, False, f"check said no: {verdict.reason}")
+            if self.trace is not None:  # the reason is worded only for a trace
+                self.report(cand, False, f"check said no: {verdict.reason}")
             return
         absorbed: set[int] = set()
         for i in cand.members - {cand.root}:
@@ -192,8 +193,9 @@ class _Partition:
             if gid is None:
                 continue
             if not self.groups[gid] <= cand.members:
-                earlier = ", ".join(self.name(j) for j in sorted(self.groups[gid]))
-                self.report(cand, False, f"overlaps an earlier match of this pattern ({earlier}) without containing it")
+                if self.trace is not None:
+                    earlier = ", ".join(self.name(j) for j in sorted(self.groups[gid]))
+                    self.report(cand, False, f"overlaps an earlier match of this pattern ({earlier}) without containing it")
                 return
             absorbed.add(gid)
         taken = [r for r in cand.roots if r in self.group_of]
@@ -350,7 +352,7 @@ def annotate_codegen_functions(mod: Module, callers: Sequence[str]) -> Module:
                     body = [Binding(out, call_function(GlobalVar(v.op.name), params, comp.ret_type))]
                     functions[wname] = Function(wname, params, body, out, {"Codegen": prefix, "global_symbol": wname})
                     wrappers[v.op.name] = GlobalVar(wname)
-                new_bindings.append(Binding(b.var, Call(wrappers[v.op.name], v.args, v.attrs, v.ty)))
+                new_bindings.append(Binding(b.var, frozen_call(wrappers[v.op.name], v.args, v.attrs, v.ty)))
                 changed = True
             else:
                 new_bindings.append(b)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 
 from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
-from dpl.ir.traverse import leaves
+from dpl.ir.traverse import read_leaves
 from dpl.ops.registry import OpPatternKind, op_kind
 
 
@@ -80,7 +80,7 @@ def build_graph(func: Function, views: bool = False) -> list[Node]:
     for i, b in enumerate(func.bindings):
         kind = binding_kind(b.value, views)
         sources = []
-        for leaf in leaves(b.value):
+        for leaf in read_leaves(b.value):
             if id(leaf) not in by_ref:  # a constant met for the first time: never fused
                 add(leaf, OpPatternKind.OPAQUE, False)
             sources.append(by_ref[id(leaf)])

@@ -80,19 +80,26 @@ def merge_function(func: Function) -> Function:
 
 
 def _groups(func: Function) -> list[list[_Branch]]:
+    products = []  # products of a constant matrix: the only ones that merge
+    for i, b in enumerate(func.bindings):
+        v = b.value
+        if not (type(v) is Call and v.op == "matmul" and len(v.args) == 2):
+            continue
+        x, w = v.args
+        if isinstance(w, Constant) and w.value.ndim == 2 and isinstance(x, (Var, Constant)):
+            products.append(i)
+    if len(products) < 2:
+        return []  # nothing to merge: the users need not be indexed
     users: dict[int, list[int]] = {}
     for i, b in enumerate(func.bindings):
         for leaf in set(map(id, leaves(b.value))):
             users.setdefault(leaf, []).append(i)
     returned = {id(v) for v in leaves(func.ret)}
     by_key: dict[tuple, list[_Branch]] = {}
-    for i, b in enumerate(func.bindings):
+    for i in products:
+        b = func.bindings[i]
         v = b.value
-        if not (isinstance(v, Call) and v.op == "matmul" and len(v.args) == 2):
-            continue
         x, w = v.args
-        if not (isinstance(w, Constant) and w.value.ndim == 2 and isinstance(x, (Var, Constant))):
-            continue
         branch = _with_bias(func, i, w, users.get(id(b.var), []), id(b.var) in returned)
         key = (id(x), v.attrs.get("out_dtype"), str(w.value.dtype), w.value.shape[0], branch.bias is not None,
                None if branch.bias is None else str(branch.bias.value.dtype))

@@ -26,7 +26,7 @@ def normalize(mod: Module) -> Module:
 def normalize_function(func: Function) -> Function:
     """``func`` with each nested call, and each tuple item used as an operand, bound to a
     variable of its own just before the binding that uses it."""
-    if all(_flat(b.value, top=True) for b in func.bindings) and _leaf_or_tuple(func.ret):
+    if _is_flat(func):
         return func
     taken = {p.name for p in func.params} | {b.var.name for b in func.bindings}
     out: list[Binding] = []
@@ -65,6 +65,20 @@ def normalize_function(func: Function) -> Function:
         out.append(b if new is b.value else Binding(b.var, new))
     ret = operand(func.ret, "ret")
     return attrs.evolve(func, bindings=tuple(out), ret=ret)
+
+
+def _is_flat(func: Function) -> bool:
+    """Whether ``func`` is normal already (the common case, a call of leaves, read inline)."""
+    for b in func.bindings:
+        value = b.value
+        if type(value) is Call:
+            for a in value.args:
+                t = type(a)
+                if t is not Var and t is not Constant and t is not GlobalVar and not (t is Tuple and _leaf_or_tuple(a)):
+                    return False
+        elif not _flat(value, top=True):
+            return False
+    return _leaf_or_tuple(func.ret)
 
 
 def _leaf_or_tuple(e) -> bool:

@@ -69,8 +69,13 @@ def _structure_key(fn_attrs, param_types, slot: dict[int, int], body, ret) -> tu
     parameters stand for (by id), ``body`` is its (variable, value) pairs, in order."""
 
     def ref(e: Expr):
-        if isinstance(e, Var):
+        t = type(e)
+        if t is Var:
             return ("v", slot[id(e)])
+        if t is Call:
+            op = e.op if type(e.op) is str else ("@", e.op.name)
+            attrs_key = tuple([(k, _value_key(v)) for k, v in e.attrs.items()]) if e.attrs else ()
+            return ("call", op, e.ty, attrs_key, tuple([ref(a) for a in e.args]))
         if isinstance(e, Constant):
             if id(e) in slot:  # a constant the function takes as a parameter
                 return ("v", slot[id(e)])
@@ -158,7 +163,7 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
         readers = sorted({u for i in members for u in users[i] if owner.get(u) != g})
         for u in readers:
             for leaf in read_leaves(bindings[u].value):
-                j = uses.index_of.get(id(leaf))
+                j = uses.index_of.get(leaf)
                 if j is not None and owner.get(j) == g and leaf not in outs:
                     outs.append(leaf)
         outputs.append(outs)
@@ -179,12 +184,14 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
     last = [max(group.members, default=-1) for group in groups]
     if all((last[owner[u]] if u in owner else u) > last[g] for g, readers in enumerate(outside) for u in readers):
         out: list[Binding] = []
-        for i, b in enumerate(bindings):
-            g = owner.get(i)
-            if g is None:
-                out.append(b)
-            elif last[g] == i:
+        done = 0
+        for i in sorted(owner):  # the bindings between groups' members are copied a slice at a time
+            out.extend(bindings[done:i])
+            g = owner[i]
+            if last[g] == i:
                 out.extend(calls[g])
+            done = i + 1
+        out.extend(bindings[done:])
         return attrs.evolve(func, bindings=tuple(out))
     return attrs.evolve(func, bindings=tuple(_reordered(func, uses, owner, calls)))
 
@@ -250,6 +257,8 @@ def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
     """TVM splits a tuple parameter that the group only reads items of into one parameter per
     item, and the items are taken in the caller: a tuple item of a value from outside the group
     stays outside it."""
+    if not any(type(bindings[i].value) is TupleGetItem for i in group.members):
+        return group
     inside = {id(bindings[i].var) for i in group.members}
     keep = tuple(i for i in group.members
                  if not (isinstance(bindings[i].value, TupleGetItem) and isinstance(bindings[i].value.tuple_value, Var)
@@ -260,30 +269,35 @@ def _without_outer_items(bindings: Sequence[Binding], group: Group) -> Group:
 def _make_call(members: list[Binding], outputs: list[Var], group_attrs, table: FunctionTable, lift_scalars: bool,
                lift_constants: bool, taken: "_Names") -> list[Binding]:
     defined = {id(b.var) for b in members}
-    params: list[Var] = []
-    args: list[Expr] = []
-    renamed: dict[int, Expr] = {}
+    args: list[Expr] = []  # what the function's parameters stand for, in order of first use
+    taken_args: set[int] = set()
     for b in members:
-        for leaf in leaves(b.value):
-            if id(leaf) in defined or id(leaf) in renamed:
+        for leaf in read_leaves(b.value):
+            if id(leaf) in defined or id(leaf) in taken_args:
                 continue
-            if isinstance(leaf, Constant):
-                if not (lift_scalars if leaf.is_scalar else lift_constants):
-                    continue
-                p = Var(f"param_{sum(isinstance(a, Constant) for a in args)}", leaf.ty)
-            else:
-                p = Var(leaf.name, leaf.ty)
-            renamed[id(leaf)] = p
-            params.append(p)
+            if type(leaf) is Constant and not (lift_scalars if leaf.is_scalar else lift_constants):
+                continue
+            taken_args.add(id(leaf))
             args.append(leaf)
     fn_attrs = _frozen_mapping({"Primitive": True, **group_attrs})
     # the key of the function this group becomes, read off the group itself: a group equal to
     # one outlined before (most of them, in a model of repeated layers) builds nothing
     slot = {id(a): i for i, a in enumerate(args)}
     ret_parts = outputs[0] if len(outputs) == 1 else Tuple(tuple(outputs))
-    key = _structure_key(fn_attrs, [p.ty for p in params], slot, [(b.var, b.value) for b in members], ret_parts)
+    key = _structure_key(fn_attrs, [a.ty for a in args], slot, [(b.var, b.value) for b in members], ret_parts)
     name = table.name_of(key)
     if name is None:
+        params: list[Var] = []
+        renamed: dict[int, Expr] = {}
+        lifted = 0
+        for a in args:
+            if type(a) is Constant:
+                p = Var(f"param_{lifted}", a.ty)
+                lifted += 1
+            else:
+                p = Var(a.name, a.ty)
+            renamed[id(a)] = p
+            params.append(p)
         inner: list[Binding] = []
         for b in members:
             var = Var(b.var.name, b.var.ty)

@@ -113,7 +113,7 @@ class Partitioner:
                 continue
             visited.add(node.index)
             total += self.groups[node.index].num_nodes
-            stack.extend(out for out, _ in node.outputs)
+            stack.extend([out for out, _ in node.outputs])
         return total
 
     # -- the rules -------------------------------------------------------------------------------

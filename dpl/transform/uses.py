@@ -11,24 +11,11 @@ and variable sit, and which variables the function returns. :class:`VarUsages` i
 from __future__ import annotations
 
 import collections.abc
-from typing import Iterator, Sequence
+from typing import Iterator
 
 from dpl.ir.expr import Call, Constant, Function, Var
-from dpl.ir.traverse import leaves
+from dpl.ir.traverse import leaves, read_leaves  # noqa: F401 (read_leaves: used from here too)
 from dpl.pattern.fusion import FUNCTION_RETURN
-
-
-def read_leaves(value) -> Sequence:
-    """The leaves ``value`` reads (as :func:`leaves`), without a generator for the common case
-    of a call whose arguments are all variables and constants."""
-    if type(value) is Call:
-        args = value.args
-        for a in args:
-            t = type(a)
-            if t is not Var and t is not Constant:
-                return tuple(leaves(value))
-        return args
-    return tuple(leaves(value))
 
 
 class FunctionUses:
@@ -39,7 +26,7 @@ class FunctionUses:
     def __init__(self, func: Function):
         self.func = func
         bindings = func.bindings
-        index_of = {id(b.var): i for i, b in enumerate(bindings)}
+        index_of = {b.var: i for i, b in enumerate(bindings)}
         users: list[list[int]] = [[] for _ in bindings]
         # variables that are not bindings' (parameters, and free ones): id -> (var, users)
         other: dict[int, tuple[Var, list[int]]] = {id(p): (p, []) for p in func.params}
@@ -68,7 +55,7 @@ class FunctionUses:
             for leaf in read:
                 if type(leaf) is not Var:
                     continue
-                j = get(id(leaf))
+                j = get(leaf)
                 if j is not None:
                     lst = users[j]
                 else:
@@ -78,7 +65,7 @@ class FunctionUses:
                     lst = entry[1]
                 if not lst or lst[-1] != i:
                     lst.append(i)
-        self.index_of = index_of  # id(binding var) -> binding index
+        self.index_of = index_of  # binding var -> binding index
         self._position: dict[int, int] | None = None
         self.users = users  # binding index -> indices of the bindings that read its variable
         self.other_users = other  # id(param or free var) -> (var, user indices)
@@ -125,7 +112,7 @@ class VarUsages(collections.abc.Mapping):
 
     def _users(self, var) -> list[int] | None:
         uses = self._uses
-        i = uses.index_of.get(id(var))
+        i = uses.index_of.get(var)
         if i is not None and uses.func.bindings[i].var is var:
             return uses.users[i]
         entry = uses.other_users.get(id(var))
