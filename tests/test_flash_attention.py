@@ -217,7 +217,7 @@ def test_the_build_records_the_path_it_took(tmp_path, mode):
     check(dpl.interpret(mod, *args), exe(*args))
     summary = exe.summary()
     assert ("flash attention" in summary) == (mode == "flash"), summary
-    assert (f"segments (attention='segments'" in summary) == (mode == "segments"), summary
+    assert ("segments (attention='segments'" in summary) == (mode == "segments"), summary
 
 
 @pytest.mark.parametrize("keys", [64, 256])

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import dpl
-from dpl.ir import Constant, FunctionBuilder, Module, const
+from dpl.ir import FunctionBuilder, Module, const
 from dpl.transform.fold_constants import fold_constants
 
 RNG = np.random.default_rng(0)

@@ -5,7 +5,7 @@ import pytest
 
 import dpl
 from dpl.errors import DplError
-from dpl.ir import FunctionBuilder, Module, const
+from dpl.ir import FunctionBuilder, const
 from dpl.lang import check_hook, load_rules, parse_patterns, parse_rules
 from dpl.lang.matching import find_matches
 

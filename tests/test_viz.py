@@ -151,4 +151,4 @@ def test_repeated_layers_collapse_and_the_rest_stays():
     assert collapse_repeats(before) is not None
     page = drawing.html()
     assert 'id="collapse" checked' in page and "x11 more like the layer above" in page
-    assert all(f"fused" in n.name for n in after.nodes if n.claim in ("automatic", "fallback", "composite"))
+    assert all("fused" in n.name for n in after.nodes if n.claim in ("automatic", "fallback", "composite"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-import dpl
 from dpl.ir import Call, Constant, GlobalVar, Tuple, TupleGetItem, Var
 
 # dpl ops whose Relax spelling differs (the rest: same name under relax.op, same keywords)
@@ -29,7 +28,6 @@ def _relax_op(name):
 
 def to_relax(func):
     """A Relax IRModule holding ``func`` as ``main``, binding for binding, names kept."""
-    import tvm
     from tvm import relax
     from tvm.script import relax as R
 

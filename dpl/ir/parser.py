@@ -21,7 +21,7 @@ from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Modu
 from dpl.ir.printer import DECORATORS, DEFAULT_LITERAL_DTYPE
 from dpl.ir.types import TensorType, TupleType, Type
 from dpl.limits import MAX_CALL_DEPTH, LimitError, check_int_digits
-from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, open_grammar, syntax_error, unescape_string
+from dpl.syntax import Source as _Source, check_nesting, int_token, open_grammar, syntax_error, unescape_string
 from dpl.ops.registry import call_function, make_call
 
 

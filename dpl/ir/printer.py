@@ -22,7 +22,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
-from dpl.ir.types import TensorType, TupleType, Type
+from dpl.ir.types import Type
 from dpl.syntax import escape_string
 
 # a literal's dtype when no ':dtype' suffix is written

@@ -19,7 +19,6 @@ back). A group needs at least two bindings; anything used outside it becomes an 
 from __future__ import annotations
 
 import heapq
-from typing import Iterable
 
 import attrs
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from dpl.errors import DplError
 from dpl.lang.compiler import CompiledFile, DplErrors, LangError, Rule, compile_file, pattern_set

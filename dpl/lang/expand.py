@@ -17,7 +17,7 @@ import attrs
 
 from dpl.errors import DplError, Span
 from dpl.lang import ast
-from dpl.limits import MAX_MACRO_NODES, MAX_NESTING, MAX_VARIANTS, LimitError
+from dpl.limits import MAX_MACRO_NODES, MAX_NESTING, MAX_VARIANTS, LimitError  # noqa: F401 (MAX_VARIANTS: re-exported)
 from dpl.ops.registry import lookup
 
 

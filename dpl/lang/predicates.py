@@ -14,7 +14,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError, Span
-from dpl.ir.expr import Call, Constant, Expr, Function, Var
+from dpl.ir.expr import Call, Constant, Expr, Var
 from dpl.ir.types import TensorType
 from dpl.lang import ast
 from dpl.limits import MAX_WHERE_LIST, LimitError

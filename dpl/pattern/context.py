@@ -33,7 +33,7 @@ from typing import Iterator
 
 import attrs
 
-from dpl.ir.expr import Call, Expr, Function, Tuple, TupleGetItem, Var
+from dpl.ir.expr import Expr, Function, Var
 from dpl.ir.traverse import vars_in
 from dpl.pattern import nodes as n
 from dpl.pattern.match import Matcher, NoMatch

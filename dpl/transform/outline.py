@@ -17,7 +17,7 @@ Given a function and disjoint groups of its bindings, each group becomes a funct
 from __future__ import annotations
 
 import heapq
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import attrs
 
