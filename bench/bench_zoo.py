@@ -36,18 +36,18 @@ dpl/compile (< 1: dpl is faster), and dpl's time at N threads over its time at 1
 17 asks for <= 1). dpl's fall-backs (``exe.fallbacks``) are listed after the
 tables. The host is shared: quote the load average beside the numbers (printed at the top).
 
-Measured (issue 17, item 8) on the shared 2-core bench host at load average 7-9, torch 2.13.0
-CPU, the defaults (the whole table, and why its two-thread rows mean nothing on that host, is in
-docs/architecture.md, "The zoo benchmark"); one thread, ms:
+Measured (issue 17, item 8) on the shared 2-core bench host at load average 1-3.6, torch 2.13.0
+CPU, the defaults (the whole table, two threads included, is in docs/architecture.md, "The zoo
+benchmark"); one thread, ms:
 
     model    shape          dpl    eager  compile  dpl/eager  dpl/comp
-    llama    1x128        16.91    21.91    17.51       0.77      0.97
-    llama    1x512        71.20    81.27    66.77       0.88      1.07
-    llama    8x128       139.67   147.23   129.40       0.95      1.08
-    gpt2     1x512        87.89   144.55    90.93       0.61      0.97
-    bert     1x512        54.42    48.59    46.57       1.12      1.17
-    vit      8x3x224x224 131.26   132.33   124.03       0.99      1.06
-    resnet   8x3x224x224 119.58   238.25    71.25       0.50      1.68
+    llama    1x128         5.29     6.22     5.26       0.85      1.01
+    llama    1x512        23.65    24.56    22.27       0.96      1.06
+    llama    8x128        35.79    36.77    32.87       0.97      1.09
+    gpt2     1x512        39.59    62.90    40.65       0.63      0.97
+    bert     1x512        25.68    22.67    21.33       1.13      1.20
+    vit      8x3x224x224  65.73    60.61    60.11       1.08      1.09
+    resnet   8x3x224x224  54.86   113.90    33.49       0.48      1.64
 """
 
 from __future__ import annotations
