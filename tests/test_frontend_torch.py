@@ -603,3 +603,20 @@ def test_the_table_lists_the_ops_it_translates():
 def test_import_dpl_does_not_import_torch():
     code = "import sys, dpl; dpl.from_torch; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_range_indices_of_one_element_select_as_transformers_masks_at_batch_one(batch):
+    """``mask[batch_idx, None-free ranges...]`` as transformers' mask functions index: at batch 1
+    the batch range has one element and varies along no axis of the index shape."""
+    class Masked(nn.Module):
+        def forward(self, x, padding):
+            b, h, q, k = (torch.arange(n) for n in x.shape)
+            keep = padding.bool()[b[:, None, None, None], k[None, None, None, :]]  # (B, 1, 1, K)
+            picked = x[b[:, None, None, None], h[None, :, None, None], q[None, None, :, None], k[None, None, None, :]]
+            return torch.where(keep, picked, -1.0)
+
+    x, padding = torch.randn(batch, 2, 4, 5), (torch.rand(batch, 5) > 0.3).long()
+    model = Masked().eval()
+    mod = dpl.from_torch(model, (x, padding))
+    assert_matches_torch(dpl.interpret(mod, x.numpy(), padding.numpy()), model(x, padding))

@@ -40,9 +40,9 @@ class Arch:
         model = getattr(transformers, self.model)(config).eval()
         return model
 
-    def inputs(self, length: int, seed: int = 0, mask: bool = False) -> dict:
-        """The stock call's arguments: ``length`` tokens (or a batch of ``length`` images), with a
-        left-padded attention_mask when ``mask``."""
+    def inputs(self, length: int, seed: int = 0, mask: bool = False, batch: int = 2) -> dict:
+        """The stock call's arguments: ``batch`` rows of ``length`` tokens (or a batch of
+        ``length`` images), with an attention_mask when ``mask`` whose odd rows are left-padded."""
         import torch
 
         g = torch.Generator().manual_seed(seed)
@@ -50,11 +50,11 @@ class Arch:
             size = self.kwargs.get("image_size", 32)
             channels = self.kwargs.get("num_channels", 3)
             return {"pixel_values": torch.randn(length, channels, size, size, generator=g)}
-        ids = torch.randint(0, VOCAB, (2, length), generator=g)
+        ids = torch.randint(0, VOCAB, (batch, length), generator=g)
         if not mask:
             return {"input_ids": ids}
-        attention = torch.ones(2, length, dtype=torch.long)
-        attention[1, : length // 3] = 0  # the second row is left-padded
+        attention = torch.ones(batch, length, dtype=torch.long)
+        attention[1::2, : length // 3] = 0  # every second row is left-padded
         return {"input_ids": ids, "attention_mask": attention}
 
     def dynamic_shapes(self, inputs: dict) -> dict:

@@ -828,8 +828,10 @@ def _index(cx, self, indices):
     order = sorted(range(k), key=lambda j: (placed[j][0] is None, placed[j][0] if placed[j][0] is not None else 0))
     x = cx.permute(x, order + list(range(k, x.ty.ndim)))
     targets = [placed[j][0] for j in order]
-    if any(t is None for t in targets):
-        raise FrontendError("an index of one element is not supported with other tensor indices")
+    ones = [i for i, t in enumerate(targets) if t is None]  # one-element indices (batch 1): sorted last, axes of 1
+    if ones:
+        x = cx.call("squeeze", x, axis=ones)
+        targets = [t for t in targets if t is not None]
     missing = [i for i in range(rank) if i not in targets]
     if missing:
         x = cx.call("expand_dims", x, axis=missing)

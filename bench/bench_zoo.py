@@ -1,0 +1,349 @@
+"""The model zoo (tests/zoo.py) end to end: dpl against torch eager and torch.compile, one
+process per model and thread count, at 1 and 2 threads.
+
+    python bench/bench_zoo.py                          # the ten required architectures, 1 and 2 threads
+    python bench/bench_zoo.py --models llama,resnet --threads 1 --shapes 1x128
+    python bench/bench_zoo.py --hidden 512 --layers 4  # bigger models
+    python bench/bench_zoo.py --smoke                  # the zoo's own tiny configs, one small shape
+    python bench/bench_zoo.py --json out.json          # also every number, as JSON
+
+Each architecture is the zoo's (a Hugging Face transformers model from its config, random seeded
+weights, ``sdpa`` attention, called the stock way: ``model(input_ids, attention_mask=...)`` with
+every second row left-padded, or ``model(pixel_values)``), resized to ``--hidden`` (default 256:
+every width of the zoo's hidden-64 config scaled by hidden / 64, heads unchanged) and
+``--layers`` (default 2), as in issue 17's figures. Text models run at each ``--shapes`` entry
+BATCHxSEQ (default 1x128, 1x512, 8x128); ResNet and ViT at the batches those entries name (1
+and 8) on 224x224 images (ViT with 16x16 patches: 196 tokens). ``--smoke`` keeps the zoo's tiny
+configs and its 32x32 images at one shape (1x16) with few repeats: a check that the bench runs.
+
+Per model, in a fresh process for each thread count (so that neither inductor's caches nor a
+thread pool leaks from one model into the next), and per shape:
+
+- dpl: ``dpl.from_torch(model, (), inputs)`` (a static import at the shape) ->
+  ``dpl.apply(mod, ["rewrites", "llm", "cublas"])`` -> ``dpl.build(fused, target, threads=N)``
+  where the target is ``"cpu"``'s backends with the C kernel cache in a fresh directory (build
+  cold: the C compiles; build warm: the same again, kernels from that directory). The timed call
+  is the plain one users write, ``exe(*arrays)``, fresh outputs each time.
+- torch eager: ``model(**inputs)`` under ``torch.no_grad``, ``torch.set_num_threads(N)``.
+- torch.compile: ``torch.compile(model, dynamic=False)`` (inductor, caches in a fresh directory;
+  its first call is its build), recompiled at each shape.
+
+dpl's outputs are checked against torch eager first (max abs error printed; ``!`` marks one
+outside rtol 1e-3 / atol 1e-4, which is then reported on stderr). The runs are interleaved (dpl,
+eager, compile, dpl, ...), each sample long enough to be timed (>= 20 ms of calls), and the
+tables give the medians of ``--repeat`` samples per contender and the ratios dpl/eager and
+dpl/compile (< 1: dpl is faster), and dpl's time at N threads over its time at 1 (dpl/1thr; issue
+17 asks for <= 1). dpl's fall-backs (``exe.fallbacks``) are listed after the
+tables. The host is shared: quote the load average beside the numbers (printed at the top).
+
+Measured (issue 17, item 8) on the shared 2-core bench host at load average 1-3.6, torch 2.13.0
+CPU, the defaults (the whole table, two threads included, is in docs/architecture.md, "The zoo
+benchmark"); one thread, ms:
+
+    model    shape          dpl    eager  compile  dpl/eager  dpl/comp
+    llama    1x128         5.29     6.22     5.26       0.85      1.01
+    llama    1x512        23.65    24.56    22.27       0.96      1.06
+    llama    8x128        35.79    36.77    32.87       0.97      1.09
+    gpt2     1x512        39.59    62.90    40.65       0.63      0.97
+    bert     1x512        25.68    22.67    21.33       1.13      1.20
+    vit      8x3x224x224  65.73    60.61    60.11       1.08      1.09
+    resnet   8x3x224x224  54.86   113.90    33.49       0.48      1.64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from zoo import ARCHS, torch_outputs  # noqa: E402
+
+MODELS = ["llama", "qwen2", "mistral", "phi3", "gpt2", "opt", "bert", "t5", "vit", "resnet"]
+PATTERNS = ["rewrites", "llm", "cublas"]
+SHAPES = "1x128,1x512,8x128"
+SMOKE_SHAPES = "1x16"
+RTOL, ATOL = 1e-3, 1e-4
+SAMPLE_S = 0.02  # each timed sample runs the call this long at least
+
+# the zoo's config keys (hidden 64), by what they measure
+WIDTHS = {"hidden_size", "intermediate_size", "n_embd", "ffn_dim", "word_embed_proj_dim", "d_model", "d_kv", "d_ff",
+          "head_dim", "dim", "hidden_dim", "embedding_size", "hidden_sizes"}
+DEPTHS = {"num_hidden_layers", "n_layer", "num_layers", "n_layers"}
+POSITIONS = {"max_position_embeddings", "n_positions"}
+
+
+def resized(arch, hidden: int, layers: int, max_seq: int, image: int):
+    """The zoo's architecture with every width scaled by ``hidden`` / 64, ``layers`` layers,
+    room for ``max_seq`` positions and (vision) ``image``-pixel images; heads unchanged."""
+    scale = hidden / 64
+    kwargs = {}
+    for key, value in arch.kwargs.items():
+        if key in WIDTHS and value is not None:
+            value = [round(v * scale) for v in value] if isinstance(value, list) else round(value * scale)
+        elif key in DEPTHS:
+            value = layers
+        elif key in POSITIONS:
+            value = max(value, max_seq + 2)  # RoBERTa-style models offset positions by the padding id
+        kwargs[key] = value
+    if arch.vision:
+        kwargs["image_size"] = image
+        if "patch_size" in kwargs:
+            kwargs["patch_size"] = 16
+    return attrs.evolve(arch, kwargs=kwargs)
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for item in text.split(","):
+        try:
+            batch, seq = (int(x) for x in item.strip().lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"bench_zoo: --shapes takes BATCHxSEQ entries separated by commas, got {item!r}") from None
+        shapes.append((batch, seq))
+    return shapes
+
+
+def model_shapes(arch, shapes) -> list[tuple[str, dict]]:
+    """(label, stock inputs) per shape: BxS for text, the distinct batches for images."""
+    if not arch.vision:
+        return [(f"{b}x{s}", arch.inputs(s, mask=arch.mask, batch=b)) for b, s in shapes]
+    size = arch.kwargs.get("image_size", 32)
+    return [(f"{b}x3x{size}x{size}", arch.inputs(b)) for b in sorted({b for b, _ in shapes})]
+
+
+# -- one process: one model, one thread count --------------------------------------------------------
+
+
+def timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, (time.perf_counter() - start) * 1e3
+
+
+def interleaved(contenders: dict, repeat: int) -> dict[str, float]:
+    """Median ms per call of each contender, sampled in turn ``repeat`` times; a sample runs as
+    many calls as take ``SAMPLE_S``."""
+    counts = {}
+    for name, fn in contenders.items():
+        fn()
+        _, ms = timed(fn)
+        counts[name] = max(1, math.ceil(SAMPLE_S * 1e3 / max(ms, 1e-3)))
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeat):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            for _ in range(counts[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) * 1e3 / counts[name])
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def max_errors(got, want) -> tuple[float, bool]:
+    """The largest absolute difference over all outputs, and whether they all agree."""
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    if len(got) != len(want):
+        return math.inf, False
+    err, ok = 0.0, True
+    for g, w in zip(got, want):
+        g = np.asarray(g)
+        if g.shape != w.shape:
+            return math.inf, False
+        err = max(err, float(np.max(np.abs(g.astype(np.float64) - w))) if w.size else 0.0)
+        ok = ok and bool(np.allclose(g, w, rtol=RTOL, atol=ATOL))
+    return err, ok
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, threads, repeat, compile_too, cache_root):
+    """One row: dpl's costs and check, then the interleaved runs."""
+    row = {"model": arch.name, "shape": label, "threads": threads}
+    want = torch_outputs(model, inputs)
+    arrays = [v.numpy() for v in inputs.values()]
+    contenders = {}
+    try:
+        stage = "import"
+        mod, row["import_ms"] = timed(lambda: dpl.from_torch(model, (), inputs))
+        stage = "apply"
+        fused, row["apply_ms"] = timed(lambda: dpl.apply(mod, PATTERNS))
+        stage = "build"
+        cache_dir = tempfile.mkdtemp(dir=cache_root)
+
+        def build():
+            return dpl.build(fused, [CpuBackend(cache_dir=cache_dir), "numpy"], threads=threads, progress=False)
+
+        _, row["build_cold_ms"] = timed(build)
+        exe, row["build_warm_ms"] = timed(build)
+        row["fallbacks"] = [str(f) for f in exe.fallbacks]
+        stage = "run"
+        row["max_err"], row["ok"] = max_errors(exe(*arrays), want)
+        contenders["dpl"] = lambda: exe(*arrays)
+    except Exception as err:  # a failing stage is a finding: record it, time torch anyway
+        row["dpl_error"] = f"{stage}: {first_line(err)}"
+    contenders["eager"] = lambda: model(**inputs)
+    if compile_too:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, dynamic=False)
+        try:
+            _, row["compile_first_ms"] = timed(lambda: compiled(**inputs))
+            contenders["compile"] = lambda: compiled(**inputs)
+        except Exception as err:  # inductor needs a working C++ toolchain; report, do not crash
+            row["compile_error"] = first_line(err)
+    row.update({f"{name}_ms": ms for name, ms in interleaved(contenders, repeat).items()})
+    return row
+
+
+def child(opts) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="bench_zoo_inductor_") as inductor_dir:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_dir)  # cold, as bench_models.py times it
+        return child_rows(opts)
+
+
+def child_rows(opts) -> list[dict]:
+    import torch
+
+    import dpl
+    from dpl.backends.cpu_backend import CpuBackend
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(opts.threads)
+    shapes = parse_shapes(opts.shapes)
+    arch = ARCHS[opts.child]
+    if not opts.smoke:
+        arch = resized(arch, opts.hidden, opts.layers, max(s for _, s in shapes), opts.image)
+    model = arch.build("sdpa")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_zoo_kernels_") as cache_root, torch.no_grad():
+        for label, inputs in model_shapes(arch, shapes):
+            rows.append(bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, opts.threads, opts.repeat,
+                                    not opts.no_compile, cache_root))
+    return rows
+
+
+# -- the driver: a process per model and thread count, then the tables ---------------------------------
+
+
+def run_child(model: str, threads: int, opts) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="bench_zoo_") as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [sys.executable, __file__, "--child", model, "--threads", str(threads), "--shapes", opts.shapes,
+               "--repeat", str(opts.repeat), "--hidden", str(opts.hidden), "--layers", str(opts.layers),
+               "--image", str(opts.image), "--json", str(out)]
+        cmd += ["--smoke"] * opts.smoke + ["--no-compile"] * opts.no_compile
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0 or not out.exists():
+            tail = proc.stdout.strip().splitlines()[-1:] or [""]
+            return [{"model": model, "threads": threads, "shape": "-", "dpl_error": f"process exited {proc.returncode}: {tail[0]}"}]
+        return json.loads(out.read_text())
+
+
+def cell(row, key, fmt):
+    return format(row[key], fmt) if isinstance(row.get(key), (int, float)) else "-"
+
+
+def ratio(row, a, b):
+    return f"{row[a] / row[b]:.2f}" if row.get(a) and row.get(b) else "-"
+
+
+def print_tables(rows, out=sys.stdout):
+    one = {(r["model"], r["shape"]): r for r in rows if r["threads"] == 1}
+    print(f"{'model':8} {'shape':14} {'thr':>3} {'dpl ms':>9} {'eager ms':>9} {'compile ms':>10} {'dpl/eager':>9} "
+          f"{'dpl/comp':>8} {'max err':>9} {'dpl/1thr':>8}", file=out)
+    for r in rows:
+        err = "-" if "max_err" not in r else f"{r['max_err']:.1e}{'' if r['ok'] else '!'}"
+        base = one.get((r["model"], r["shape"]), {}) if r["threads"] != 1 else {}
+        scaling = f"{r['dpl_ms'] / base['dpl_ms']:.2f}" if r.get("dpl_ms") and base.get("dpl_ms") else ""
+        print(f"{r['model']:8} {r['shape']:14} {r['threads']:3d} {cell(r, 'dpl_ms', '9.2f'):>9} {cell(r, 'eager_ms', '9.2f'):>9} "
+              f"{cell(r, 'compile_ms', '10.2f'):>10} {ratio(r, 'dpl_ms', 'eager_ms'):>9} {ratio(r, 'dpl_ms', 'compile_ms'):>8} {err:>9} "
+              f"{scaling:>8}", file=out)
+    print("\nwhat it costs to get there, ms (dpl's import, apply, build with a fresh kernel cache and again warm;"
+          " torch.compile's first call)", file=out)
+    print(f"{'model':8} {'shape':14} {'thr':>3} {'import':>8} {'apply':>8} {'build cold':>10} {'build warm':>10} {'compile 1st':>11}", file=out)
+    for r in rows:
+        print(f"{r['model']:8} {r['shape']:14} {r['threads']:3d} {cell(r, 'import_ms', '8.0f'):>8} {cell(r, 'apply_ms', '8.0f'):>8} "
+              f"{cell(r, 'build_cold_ms', '10.0f'):>10} {cell(r, 'build_warm_ms', '10.1f'):>10} {cell(r, 'compile_first_ms', '11.0f'):>11}",
+              file=out)
+    notes = sorted({f"{r['model']} {r['shape']} threads {r['threads']}: {k}: {r[k]}" for r in rows
+                    for k in ("dpl_error", "compile_error") if k in r})
+    by_fallback: dict[str, list[str]] = {}
+    for r in rows:
+        for f in r.get("fallbacks", ()):
+            if r["model"] not in by_fallback.setdefault(f, []):
+                by_fallback[f].append(r["model"])
+    falls = [f"{f}  [{', '.join(models)}]" for f, models in sorted(by_fallback.items())]
+    bad = sorted({f"{r['model']} {r['shape']} threads {r['threads']}: max err {r['max_err']:.2e}" for r in rows if r.get("ok") is False})
+    print("\ndpl's fall-backs, failures and mismatches:", file=out)
+    for line in notes + falls + bad or ["none"]:
+        print(f"  {line}", file=out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"zoo architectures, comma-separated (default: {','.join(MODELS)})")
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated (default: 1,2)")
+    parser.add_argument("--shapes", default=None, help=f"BATCHxSEQ entries (default: {SHAPES}; --smoke: {SMOKE_SHAPES})")
+    parser.add_argument("--repeat", type=int, default=None, help="interleaved samples per contender (default: 10; --smoke: 3)")
+    parser.add_argument("--hidden", type=int, default=256, help="hidden size the zoo's configs are scaled to (default: 256)")
+    parser.add_argument("--layers", type=int, default=2, help="layers (default: 2)")
+    parser.add_argument("--image", type=int, default=224, help="image size of ResNet and ViT (default: 224)")
+    parser.add_argument("--smoke", action="store_true", help="the zoo's tiny configs at one small shape, few repeats")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--json", help="write every row to this file")
+    parser.add_argument("--tables", metavar="JSON", help="print the tables of an earlier run's --json file and stop")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one model, in this process
+    opts = parser.parse_args(argv)
+    opts.shapes = opts.shapes or (SMOKE_SHAPES if opts.smoke else SHAPES)
+    opts.repeat = opts.repeat or (3 if opts.smoke else 10)
+    parse_shapes(opts.shapes)
+    if opts.tables:
+        rows = json.loads(Path(opts.tables).read_text())["rows"]
+        order = list(dict.fromkeys(r["model"] for r in rows))
+        print_tables(sorted(rows, key=lambda r: (order.index(r["model"]), r["shape"], r["threads"])))
+        return
+    if opts.child:
+        opts.threads = int(opts.threads)
+        rows = child(opts)
+        Path(opts.json).write_text(json.dumps(rows))
+        return
+    models = [m.strip() for m in opts.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in ARCHS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; the zoo has {', '.join(ARCHS)}")
+    try:
+        threads = [int(t) for t in opts.threads.split(",")]
+    except ValueError:
+        parser.error(f"--threads takes integers separated by commas, got {opts.threads!r}")
+    size = "the zoo's configs" if opts.smoke else f"hidden {opts.hidden}, {opts.layers} layers, images {opts.image}"
+    print(f"bench_zoo: {size}; shapes {opts.shapes}; median of {opts.repeat} interleaved samples; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
+    rows = []
+    for model in models:
+        for t in threads:
+            start = time.perf_counter()
+            rows.extend(run_child(model, t, opts))
+            print(f"  {model} at {t} thread(s): {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+            if opts.json:  # after every model: a long run that stops early keeps what it measured
+                options = {k: v for k, v in vars(opts).items() if k not in ("child", "tables")}
+                Path(opts.json).write_text(json.dumps({"options": options, "rows": rows}, indent=1))
+    rows.sort(key=lambda r: (models.index(r["model"]), r["shape"], r["threads"]))
+    print_tables(rows)
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
