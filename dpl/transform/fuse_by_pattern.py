@@ -26,7 +26,7 @@ from dpl.ir.expr import Call, Function, GlobalVar, Module, Var, frozen_call
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern  # noqa: F401 (FUNCTION_RETURN: documented here)
 from dpl.pattern.match import Matcher
-from dpl.transform.outline import FunctionTable, Group, outline
+from dpl.transform.outline import FunctionTable, Group, outline_with_uses
 from dpl.transform.uses import FunctionUses
 
 
@@ -47,9 +47,9 @@ class FunctionView:
     matcher (whose cache serves every pattern) and the index behind the check contexts'
     bindings-seen-so-far views. Built once per version, never per pattern or per match."""
 
-    def __init__(self, func: Function):
+    def __init__(self, func: Function, uses: FunctionUses | None = None):
         self.func = func
-        self.uses = FunctionUses(func)
+        self.uses = uses if uses is not None and uses.func is func else FunctionUses(func)
         self.bound = BoundSoFar.index(func.bindings)
         self._matcher: Matcher | None = None
 
@@ -315,7 +315,10 @@ def _fuse(mod: Module, patterns: Sequence[FusionPattern], names: list[str], bind
                 continue  # no binding calls an op the pattern's root could match
             groups = _Partition(view, pattern, allow_leaks, trace).run()
             if groups:
-                table.functions[name] = outline(func, groups, table, lift_constants=not bind_constants, uses=view.uses)
+                func, uses = outline_with_uses(func, groups, table, lift_constants=not bind_constants, uses=view.uses)
+                table.functions[name] = func
+                if uses is not None:  # the next pattern asks about the outlined function: no rescan
+                    views[name] = FunctionView(func, uses)
                 changed = True
         if changed:
             mod = table.module()

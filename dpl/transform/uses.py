@@ -74,6 +74,85 @@ class FunctionUses:
         self.calls = calls  # indices of the bindings whose value is a call
         self._usages: VarUsages | None = None
 
+    def outlined(self, func: Function, new_of: list[int], owner: dict[int, int], at: list[int], made: list[list]) -> "FunctionUses":
+        """The use index of ``func``, which is this index's function with groups outlined in
+        place (:func:`dpl.transform.outline.outline`'s order-keeping case), derived from this
+        one without reading the bindings that stayed: ``new_of`` maps each old binding index
+        to its new one (-1 for a group member), ``owner`` each member to its group, ``at`` each
+        group to the new index of its first new binding (-1 for a dropped dead group), and
+        ``made`` holds each group's new bindings (its call, then any tuple items). Equal to
+        ``FunctionUses(func)``; the work beyond one remap of the index lists is proportional
+        to the groups."""
+        old_bindings = self.func.bindings
+        reader = list(new_of)  # old reader index -> new reader index (-1: gone)
+        for i, g in owner.items():
+            reader[i] = at[g]
+        # the lists a member read from (they lose it, or gain its group's call, out of order)
+        index_of = self.index_of
+        dirty: set[int] = set()
+        dirty_other: set[int] = set()
+        for i in owner:
+            for leaf in read_leaves(old_bindings[i].value):
+                if type(leaf) is Var:
+                    j = index_of.get(leaf)
+                    if j is not None:
+                        dirty.add(j)
+                    else:
+                        dirty_other.add(id(leaf))
+
+        def fixed(lst: list[int], drop: int = -1) -> list[int]:
+            return sorted({u for u in lst if u != -1 and u != drop})
+
+        users: list = [None] * len(func.bindings)
+        for j, lst in enumerate(self.users):
+            k = new_of[j]
+            if k < 0:
+                continue
+            mapped = [reader[u] for u in lst]
+            users[k] = fixed(mapped) if j in dirty else mapped
+        new_index_of = {v: new_of[i] for v, i in index_of.items() if new_of[i] >= 0}
+        calls = [new_of[i] for i in self.calls if new_of[i] >= 0]
+        for g, bs in enumerate(made):
+            k0 = at[g]
+            if k0 < 0:
+                continue
+            calls.append(k0)
+            for d, b in enumerate(bs):
+                k = k0 + d
+                new_index_of[b.var] = k
+                j = index_of.get(b.var)
+                if j is not None:  # a group output, read outside the group (or returned)
+                    users[k] = fixed([reader[u] for u in self.users[j]], drop=k0)
+                else:  # the tuple of a multi-output call: read by its items
+                    users[k] = list(range(k0 + 1, k0 + len(bs)))
+        calls.sort()
+        other = {}
+        params = {id(p) for p in func.params}
+        for key, (var, lst) in self.other_users.items():
+            if key in dirty_other:
+                mapped = fixed([reader[u] for u in lst])
+                if not mapped and key not in params:
+                    continue  # a free variable only a dropped dead group read
+            else:
+                mapped = [reader[u] for u in lst]
+            other[key] = (var, mapped)
+        by_op = {}
+        for op, bucket in self.by_op.items():
+            kept = [new_of[i] for i in bucket if new_of[i] >= 0]
+            if kept:
+                by_op[op] = kept
+        new = FunctionUses.__new__(FunctionUses)
+        new.func = func
+        new.index_of = new_index_of
+        new._position = None
+        new.users = users
+        new.other_users = other
+        new.returned = self.returned  # the returned variables stay bound (a member's, as an output)
+        new.by_op = by_op
+        new.calls = calls
+        new._usages = None
+        return new
+
     @property
     def position(self) -> dict[int, int]:
         """id(binding value) -> binding index."""
