@@ -231,11 +231,15 @@ class Matcher:
     :data:`NO_REASON`, and no failure object is built along the way. Matches are the same.
     """
 
-    def __init__(self, func: Function | None = None, bindings: Iterable[Binding] | None = None, *, reasons: bool = True):
+    def __init__(self, func: Function | None = None, bindings: Iterable[Binding] | None = None, *, reasons: bool = True,
+                 var2val: dict | None = None):
         self.reasons = reasons
-        self.var2val: dict[Var, Expr] = {}
-        for b in (func.bindings if func is not None else bindings or ()):
-            self.var2val[b.var] = b.value
+        if var2val is not None:  # the caller's {var: value} of the bindings (FuseOpsByPattern derives it)
+            self.var2val: dict[Var, Expr] = var2val
+        else:
+            self.var2val = {}
+            for b in (func.bindings if func is not None else bindings or ()):
+                self.var2val[b.var] = b.value
         self._cache: dict[tuple, Any] = {}
         self._cacheable: dict[int, tuple[n.Pattern, set[int]]] = {}
         self._arg_ops_of: dict[int, tuple] = {}  # id(call pattern) -> (it, its _arg_ops)

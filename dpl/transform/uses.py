@@ -21,7 +21,7 @@ from dpl.pattern.fusion import FUNCTION_RETURN
 class FunctionUses:
     """The use index of one function (see the module docstring). Read-only once built."""
 
-    __slots__ = ("func", "index_of", "_position", "users", "other_users", "returned", "by_op", "calls", "_usages")
+    __slots__ = ("func", "index_of", "_position", "users", "other_users", "returned", "by_op", "calls", "_usages", "change")
 
     def __init__(self, func: Function):
         self.func = func
@@ -73,6 +73,8 @@ class FunctionUses:
         self.by_op = by_op  # op name -> indices of the bindings that call it
         self.calls = calls  # indices of the bindings whose value is a call
         self._usages: VarUsages | None = None
+        # (variables no longer bound, new bindings) when derived by ``outlined``, else None
+        self.change: tuple[list[Var], list] | None = None
 
     def outlined(self, func: Function, new_of: list[int], owner: dict[int, int], at: list[int], made: list[list]) -> "FunctionUses":
         """The use index of ``func``, which is this index's function with groups outlined in
@@ -151,6 +153,14 @@ class FunctionUses:
         new.by_op = by_op
         new.calls = calls
         new._usages = None
+        if self._position is not None:
+            position = {k: new_of[i] for k, i in self._position.items() if new_of[i] >= 0}
+            for g, bs in enumerate(made):
+                for d, b in enumerate(bs):
+                    position[id(b.value)] = at[g] + d
+            new._position = position
+        new.change = ([old_bindings[i].var for i in owner if old_bindings[i].var not in new_index_of],
+                      [b for bs in made for b in bs])
         return new
 
     @property
