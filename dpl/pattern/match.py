@@ -203,14 +203,17 @@ def _shared_or_symbolic(root: n.Pattern) -> set[int]:
     uses: dict[int, int] = {}
     order: list[n.Pattern] = []  # post-order: every node after all of its children
 
-    def count(p):
+    # iterative (a recursive closure is a reference cycle, left to the cyclic collector per call)
+    stack: list[tuple[n.Pattern, bool]] = [(root, False)]
+    while stack:
+        p, done = stack.pop()
+        if done:
+            order.append(p)
+            continue
         uses[id(p)] = uses.get(id(p), 0) + 1
         if uses[id(p)] == 1:
-            for c in p.children():
-                count(c)
-            order.append(p)
-
-    count(root)
+            stack.append((p, True))
+            stack.extend((c, False) for c in reversed(tuple(p.children())))
     dependent: set[int] = set()
     for p in order:
         if uses[id(p)] > 1 or (isinstance(p, n.ShapePattern) and any(isinstance(d, str) for d in p.shape)) \

@@ -67,33 +67,35 @@ def function_key(fn: Function) -> tuple:
 def _structure_key(fn_attrs, param_types, slot: dict[int, int], body, ret) -> tuple:
     """:func:`function_key` of a function given in parts: ``slot`` numbers what the
     parameters stand for (by id), ``body`` is its (variable, value) pairs, in order."""
-
-    def ref(e: Expr):
-        t = type(e)
-        if t is Var:
-            return ("v", slot[id(e)])
-        if t is Call:
-            op = e.op if type(e.op) is str else ("@", e.op.name)
-            attrs_key = tuple([(k, _value_key(v)) for k, v in e.attrs.items()]) if e.attrs else ()
-            return ("call", op, e.ty, attrs_key, tuple([ref(a) for a in e.args]))
-        if isinstance(e, Constant):
-            if id(e) in slot:  # a constant the function takes as a parameter
-                return ("v", slot[id(e)])
-            return ("c", e.ty, e.value.tobytes())
-        if isinstance(e, Tuple):
-            return ("t", tuple(ref(f) for f in e.fields))
-        if isinstance(e, TupleGetItem):
-            return ("i", ref(e.tuple_value), e.index)
-        if isinstance(e, GlobalVar):
-            return ("g", e.name)
-        op = e.op if isinstance(e.op, str) else ("@", e.op.name)
-        return ("call", op, e.ty, tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(ref(a) for a in e.args))
-
     out = []
     for var, value in body:
-        out.append(ref(value))
+        out.append(_ref(value, slot))
         slot[id(var)] = len(slot)
-    return (tuple((k, _value_key(v)) for k, v in fn_attrs.items()), tuple(param_types), tuple(out), ref(ret))
+    return (tuple((k, _value_key(v)) for k, v in fn_attrs.items()), tuple(param_types), tuple(out), _ref(ret, slot))
+
+
+def _ref(e: Expr, slot: dict[int, int]):
+    """The structure key of ``e`` (a module-level function: a recursive closure would be a
+    reference cycle per outlined group, left to the cyclic collector)."""
+    t = type(e)
+    if t is Var:
+        return ("v", slot[id(e)])
+    if t is Call:
+        op = e.op if type(e.op) is str else ("@", e.op.name)
+        attrs_key = tuple([(k, _value_key(v)) for k, v in e.attrs.items()]) if e.attrs else ()
+        return ("call", op, e.ty, attrs_key, tuple([_ref(a, slot) for a in e.args]))
+    if isinstance(e, Constant):
+        if id(e) in slot:  # a constant the function takes as a parameter
+            return ("v", slot[id(e)])
+        return ("c", e.ty, e.value.tobytes())
+    if isinstance(e, Tuple):
+        return ("t", tuple(_ref(f, slot) for f in e.fields))
+    if isinstance(e, TupleGetItem):
+        return ("i", _ref(e.tuple_value, slot), e.index)
+    if isinstance(e, GlobalVar):
+        return ("g", e.name)
+    op = e.op if isinstance(e.op, str) else ("@", e.op.name)
+    return ("call", op, e.ty, tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(_ref(a, slot) for a in e.args))
 
 
 class FunctionTable:

@@ -191,20 +191,22 @@ class VarUsages(collections.abc.Mapping):
     """``{var: the variables of the bindings that use it}`` for every parameter and binding of
     a function, in program order, a returned variable also listing
     :data:`dpl.pattern.fusion.FUNCTION_RETURN` (last): TVM's ``var_usages``, read lazily
-    from a :class:`FunctionUses`."""
+    from a :class:`FunctionUses`. It holds the index's parts, not the index (which caches it):
+    no reference cycle, so that a dropped index is freed at once with its per-binding lists
+    instead of waiting, for every one of them, for the cyclic collector."""
 
-    __slots__ = ("_uses", "_cache")
+    __slots__ = ("_func", "_index_of", "_users", "_other", "_returned", "_cache")
 
     def __init__(self, uses: FunctionUses):
-        self._uses = uses
-        self._cache: dict[int, tuple[Var, ...]] = {}
+        self._func, self._index_of, self._users = uses.func, uses.index_of, uses.users
+        self._other, self._returned = uses.other_users, uses.returned
+        self._cache: dict[int, tuple[Var, tuple[Var, ...]]] = {}
 
-    def _users(self, var) -> list[int] | None:
-        uses = self._uses
-        i = uses.index_of.get(var)
-        if i is not None and uses.func.bindings[i].var is var:
-            return uses.users[i]
-        entry = uses.other_users.get(id(var))
+    def _users_of(self, var) -> list[int] | None:
+        i = self._index_of.get(var)
+        if i is not None and self._func.bindings[i].var is var:
+            return self._users[i]
+        entry = self._other.get(id(var))
         if entry is not None and entry[0] is var:
             return entry[1]
         return None
@@ -213,28 +215,28 @@ class VarUsages(collections.abc.Mapping):
         hit = self._cache.get(id(var))
         if hit is not None and hit[0] is var:
             return hit[1]
-        found = self._users(var)
+        found = self._users_of(var)
         if found is None:
             raise KeyError(var)
-        bindings = self._uses.func.bindings
+        bindings = self._func.bindings
         out = tuple(bindings[u].var for u in found)
-        if id(var) in self._uses.returned:
+        if id(var) in self._returned:
             out += (FUNCTION_RETURN,)
         self._cache[id(var)] = (var, out)
         return out
 
     def __contains__(self, var) -> bool:
-        return self._users(var) is not None
+        return self._users_of(var) is not None
 
     def __iter__(self) -> Iterator[Var]:
-        uses = self._uses
-        yield from uses.func.params
-        for b in uses.func.bindings:
+        func = self._func
+        yield from func.params
+        for b in func.bindings:
             yield b.var
-        params = {id(p) for p in uses.func.params}
-        for key, (var, _) in uses.other_users.items():
+        params = {id(p) for p in func.params}
+        for key, (var, _) in self._other.items():
             if key not in params:
                 yield var
 
     def __len__(self) -> int:
-        return len(self._uses.func.bindings) + len(self._uses.other_users)
+        return len(self._func.bindings) + len(self._other)
