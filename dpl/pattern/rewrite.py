@@ -144,7 +144,6 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
     matcher = Matcher(func, reasons=False)  # a failed match is skipped, its reason never read
     replaced: dict[Var, Expr] = {}
     at: list[int] = []  # the replaced bindings' positions
-    reached: list[set[int]] = []  # per replaced binding: ids of the variables its match reached
     # without root-less alternatives only calls of the indexed ops can match: their
     # alternatives, in order, per op
     by_op = None if index.anywhere else {op: [p for _, p in ps] for op, ps in index.by_op.items()}
@@ -172,12 +171,10 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
             _check_replacement(b.var, value, new, pattern)
             replaced[b.var] = new
             at.append(i)
-            # the variables the match went through: all bound before i (the order holds in func)
-            reached.append({id(e) for e in m._map.values() if type(e) is Var})
             break
     if not replaced:
         return func, []
-    return _Rebuild(func, replaced).run(replaced, at, changed=True, reached=reached)
+    return _Rebuild(func, replaced).run(replaced, at, changed=True)
 
 
 def _check_replacement(var: Var, old: Expr, new, pattern) -> None:
@@ -266,60 +263,29 @@ class _Rebuild:
         self.fresh[id(e)] = var
         return var
 
-    def run(self, replaced: Mapping[Var, Expr], at: list[int] | None = None, changed: bool = False,
-            reached: list[set[int]] | None = None):
+    def run(self, replaced: Mapping[Var, Expr], at: list[int] | None = None, changed: bool = False):
         """The new function; ``at``: the positions of the replaced bindings, in order, when the
         caller knows them (the bindings between them are copied a slice at a time).
-        ``changed=True`` returns (the function, its replaced and added bindings). ``reached``
-        (with ``at``): per replaced binding, the ids of variables known to be bound before it
-        (what its match went through): when the new bindings read only those, the parameters
-        and each other, the order holds without a map of every binding's position."""
+        ``changed=True`` returns (the function, its replaced and added bindings)."""
         bindings = self.func.bindings
         if at is None:
             at = [i for i, b in enumerate(bindings) if b.var in replaced]
         new: list[int] = []  # positions in ``out`` of the replaced and the fresh bindings
         out = self.out
         done = 0
-        known = reached is not None
-        params = {id(p) for p in self.func.params} if known else None
-        for k, i in enumerate(at):
+        for i in at:
             out.extend(bindings[done:i])
             b = bindings[i]
             start = len(out)
             value = self.normalize(replaced[b.var], b.var, True)
             out.append(b if value is b.value else Binding(b.var, value))
             new.extend(range(start, len(out)))
-            if known:
-                known = _reads_known(out, start, reached[k], params)
             done = i + 1
         out.extend(bindings[done:])
         made = [out[i] for i in new]
-        out = self.out if known or _new_in_order(self.out, new) else _topological(self.out)
+        out = self.out if _new_in_order(self.out, new) else _topological(self.out)
         func = Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
         return (func, made) if changed else func
-
-
-def _reads_known(out: list[Binding], start: int, before: set[int], params: set[int]) -> bool:
-    """Whether the bindings ``out[start:]`` read only variables of ``before`` (bound before
-    them), parameters, and variables bound among them earlier."""
-    local: set[int] = set()
-    for b in out[start:]:
-        value = b.value
-        reads = value.args if type(value) is Call else (value,)
-        for a in reads:
-            t = type(a)
-            if t is Var:
-                deps = (a,)
-            elif t is Constant:
-                continue
-            else:
-                deps = []
-                _leaf_vars(a, deps)
-            for d in deps:
-                if id(d) not in before and id(d) not in local and id(d) not in params:
-                    return False
-        local.add(id(b.var))
-    return True
 
 
 def _new_in_order(bindings: list[Binding], new: list[int]) -> bool:
