@@ -15,7 +15,7 @@ from dpl.ops.registry import make_call
 from dpl.pattern import FUNCTION_RETURN, is_const, is_op, rewrite_call, wildcard
 from dpl.pattern.match import _same_constant
 from dpl.pattern.nodes import required_ops
-from dpl.transform.outline import CycleError, FunctionTable, Group, outline
+from dpl.transform.outline import CycleError, FunctionTable, Group, outline, outline_with_uses
 from dpl.transform.uses import FunctionUses
 
 TEXT = """
@@ -93,6 +93,49 @@ func main(x: f32[4], y: f32[4]) -> f32[4] {
     np.testing.assert_allclose(dpl.interpret(table.module().with_function(kept), *args), want, rtol=1e-6)
     with pytest.raises(CycleError):  # a is read by b, which d reads: {a, d} cannot be one call
         outline(func, [Group((0, 3), {})], FunctionTable(dpl.Module([func])), lift_constants=True)
+
+
+def same_index(got: FunctionUses, func):
+    want = FunctionUses(func)
+    assert got.func is func
+    assert got.index_of == want.index_of and got.users == want.users and got.other_users == want.other_users
+    assert got.by_op == want.by_op and got.calls == want.calls and got.returned == want.returned
+    assert dict(got.var_usages.items()) == brute_force_usages(func)
+
+
+@pytest.mark.parametrize("groups", [
+    [(0, 1)],  # one output (b), read by c and d
+    [(0, 1), (3, 4)],  # two groups, the second reads the first's output
+    [(1, 2)],  # two outputs (b read by d, c returned): a tuple and its items
+    [(0,), (2, 3)],  # a single binding; a group with a returned output (c)
+])
+def test_the_outlined_use_index_is_derived_not_rescanned(groups):
+    func = dpl.parse("""
+func main(x: f32[4], y: f32[4]) -> (f32[4], f32[4]) {
+  a = exp(x)
+  b = add(a, y)
+  c = tanh(b)
+  d = multiply(b, c)
+  e = add(d, y)
+  return (e, c)
+}""")["main"]
+    table = FunctionTable(dpl.Module([func]))
+    out, uses = outline_with_uses(func, [Group(g, {}) for g in groups], table, lift_constants=True, uses=FunctionUses(func))
+    assert uses is not None and out.bindings != func.bindings
+    same_index(uses, out)
+
+
+def test_a_dead_group_leaves_the_derived_index_exact():
+    func = dpl.parse("""
+func main(x: f32[4], y: f32[4]) -> f32[4] {
+  a = exp(x)
+  b = tanh(y)
+  c = add(a, x)
+  return c
+}""")["main"]
+    out, uses = outline_with_uses(func, [Group((1,), {})], FunctionTable(dpl.Module([func])), lift_constants=True)
+    assert [b.var.name for b in out.bindings] == ["a", "c"]  # b, read by nobody, is dropped
+    same_index(uses, out)
 
 
 def test_equal_groups_share_one_function_named_by_a_counter():
@@ -180,6 +223,42 @@ def test_passes_restore_the_collector():
     finally:
         gc.enable()
 
+
+LAYER = """
+func main(x: f32[8, 16], g: f32[16], w: f32[16, 16]) -> f32[8, 16] {
+  a = astype(x, dtype="float32")
+  b = power(a, 2.0)
+  c = mean(b, axis=[-1], keepdims=true)
+  d = add(c, 1e-6)
+  e = rsqrt(d)
+  f = multiply(a, e)
+  n = multiply(g, f)
+  m = matmul(n, w)
+  s = sigmoid(m)
+  t = multiply(m, s)
+  u = matmul(t, w)
+  v = add(u, x)
+  return v
+}
+"""
+
+
+def test_apply_leaves_no_cyclic_garbage():
+    """Everything apply drops is freed by reference counting as it goes: nothing (use index,
+    closure) is left for the cyclic collector, whose sweep of a large module's garbage cost
+    more per binding the larger the module."""
+    from dpl.apply import as_pattern_set
+
+    mod, patterns = dpl.parse(LAYER), as_pattern_set(["rewrites", "llm", "cublas"])
+    dpl.apply(mod, patterns)
+    gc.collect()
+    gc.disable()
+    try:
+        out = dpl.apply(mod, patterns)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    assert any("Composite" in f.attrs for f in out.functions.values())  # the patterns did match
 
 
 BASE = """

@@ -203,14 +203,17 @@ def _shared_or_symbolic(root: n.Pattern) -> set[int]:
     uses: dict[int, int] = {}
     order: list[n.Pattern] = []  # post-order: every node after all of its children
 
-    def count(p):
+    # iterative (a recursive closure is a reference cycle, left to the cyclic collector per call)
+    stack: list[tuple[n.Pattern, bool]] = [(root, False)]
+    while stack:
+        p, done = stack.pop()
+        if done:
+            order.append(p)
+            continue
         uses[id(p)] = uses.get(id(p), 0) + 1
         if uses[id(p)] == 1:
-            for c in p.children():
-                count(c)
-            order.append(p)
-
-    count(root)
+            stack.append((p, True))
+            stack.extend((c, False) for c in reversed(tuple(p.children())))
     dependent: set[int] = set()
     for p in order:
         if uses[id(p)] > 1 or (isinstance(p, n.ShapePattern) and any(isinstance(d, str) for d in p.shape)) \
@@ -231,11 +234,15 @@ class Matcher:
     :data:`NO_REASON`, and no failure object is built along the way. Matches are the same.
     """
 
-    def __init__(self, func: Function | None = None, bindings: Iterable[Binding] | None = None, *, reasons: bool = True):
+    def __init__(self, func: Function | None = None, bindings: Iterable[Binding] | None = None, *, reasons: bool = True,
+                 var2val: dict | None = None):
         self.reasons = reasons
-        self.var2val: dict[Var, Expr] = {}
-        for b in (func.bindings if func is not None else bindings or ()):
-            self.var2val[b.var] = b.value
+        if var2val is not None:  # the caller's {var: value} of the bindings (FuseOpsByPattern derives it)
+            self.var2val: dict[Var, Expr] = var2val
+        else:
+            self.var2val = {}
+            for b in (func.bindings if func is not None else bindings or ()):
+                self.var2val[b.var] = b.value
         self._cache: dict[tuple, Any] = {}
         self._cacheable: dict[int, tuple[n.Pattern, set[int]]] = {}
         self._arg_ops_of: dict[int, tuple] = {}  # id(call pattern) -> (it, its _arg_ops)

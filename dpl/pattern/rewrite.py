@@ -141,7 +141,11 @@ def _nested_ops(nested: list, ops: set[str]) -> None:
 
 def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Function, list[Binding]]:
     """One round: the rewritten function and its replaced and added bindings."""
-    matcher = Matcher(func, reasons=False)  # a failed match is skipped, its reason never read
+    # {var: value} filled as the walk goes: a match at a binding looks only through the
+    # bindings before it (a function defines every variable before its use), so the matcher
+    # needs no walk of its own over the function
+    bound: dict[Var, Expr] = {}
+    matcher = Matcher(reasons=False, var2val=bound)  # a failed match is skipped, its reason never read
     replaced: dict[Var, Expr] = {}
     at: list[int] = []  # the replaced bindings' positions
     # without root-less alternatives only calls of the indexed ops can match: their
@@ -149,6 +153,7 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
     by_op = None if index.anywhere else {op: [p for _, p in ps] for op, ps in index.by_op.items()}
     for i, b in enumerate(func.bindings):
         value = b.value
+        bound[b.var] = value
         if by_op is not None:
             if type(value) is not Call:
                 continue

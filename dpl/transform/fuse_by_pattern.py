@@ -26,7 +26,7 @@ from dpl.ir.expr import Call, Function, GlobalVar, Module, Var, frozen_call
 from dpl.pattern import nodes as P
 from dpl.pattern.fusion import FUNCTION_RETURN, BoundSoFar, CheckContext, FusionPattern  # noqa: F401 (FUNCTION_RETURN: documented here)
 from dpl.pattern.match import Matcher
-from dpl.transform.outline import FunctionTable, Group, outline
+from dpl.transform.outline import FunctionTable, Group, outline_with_uses
 from dpl.transform.uses import FunctionUses
 
 
@@ -47,16 +47,29 @@ class FunctionView:
     matcher (whose cache serves every pattern) and the index behind the check contexts'
     bindings-seen-so-far views. Built once per version, never per pattern or per match."""
 
-    def __init__(self, func: Function):
+    def __init__(self, func: Function, uses: FunctionUses | None = None, previous: "FunctionView | None" = None):
         self.func = func
-        self.uses = FunctionUses(func)
+        self.uses = uses if uses is not None and uses.func is func else FunctionUses(func)
         self.bound = BoundSoFar.index(func.bindings)
         self._matcher: Matcher | None = None
+        # the view of the function this one was outlined from, whose matcher's {var: value}
+        # this one's is derived from (its cache is not: outlined values match differently)
+        self._previous = previous if self.uses.change is not None else None
 
     @property
     def matcher(self) -> Matcher:
         if self._matcher is None:
-            self._matcher = Matcher(self.func, reasons=False)  # failed matches are skipped, unexplained
+            var2val = None
+            previous = self._previous
+            if previous is not None and previous._matcher is not None:
+                var2val = dict(previous._matcher.var2val)
+                gone, made = self.uses.change
+                for v in gone:
+                    del var2val[v]
+                for b in made:
+                    var2val[b.var] = b.value
+            self._previous = None
+            self._matcher = Matcher(self.func, reasons=False, var2val=var2val)  # failed matches are skipped, unexplained
         return self._matcher
 
     def candidates(self, root: P.Pattern) -> list[int]:
@@ -315,7 +328,10 @@ def _fuse(mod: Module, patterns: Sequence[FusionPattern], names: list[str], bind
                 continue  # no binding calls an op the pattern's root could match
             groups = _Partition(view, pattern, allow_leaks, trace).run()
             if groups:
-                table.functions[name] = outline(func, groups, table, lift_constants=not bind_constants, uses=view.uses)
+                func, uses = outline_with_uses(func, groups, table, lift_constants=not bind_constants, uses=view.uses)
+                table.functions[name] = func
+                if uses is not None:  # the next pattern asks about the outlined function: no rescan
+                    views[name] = FunctionView(func, uses, previous=view)
                 changed = True
         if changed:
             mod = table.module()

@@ -67,33 +67,35 @@ def function_key(fn: Function) -> tuple:
 def _structure_key(fn_attrs, param_types, slot: dict[int, int], body, ret) -> tuple:
     """:func:`function_key` of a function given in parts: ``slot`` numbers what the
     parameters stand for (by id), ``body`` is its (variable, value) pairs, in order."""
-
-    def ref(e: Expr):
-        t = type(e)
-        if t is Var:
-            return ("v", slot[id(e)])
-        if t is Call:
-            op = e.op if type(e.op) is str else ("@", e.op.name)
-            attrs_key = tuple([(k, _value_key(v)) for k, v in e.attrs.items()]) if e.attrs else ()
-            return ("call", op, e.ty, attrs_key, tuple([ref(a) for a in e.args]))
-        if isinstance(e, Constant):
-            if id(e) in slot:  # a constant the function takes as a parameter
-                return ("v", slot[id(e)])
-            return ("c", e.ty, e.value.tobytes())
-        if isinstance(e, Tuple):
-            return ("t", tuple(ref(f) for f in e.fields))
-        if isinstance(e, TupleGetItem):
-            return ("i", ref(e.tuple_value), e.index)
-        if isinstance(e, GlobalVar):
-            return ("g", e.name)
-        op = e.op if isinstance(e.op, str) else ("@", e.op.name)
-        return ("call", op, e.ty, tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(ref(a) for a in e.args))
-
     out = []
     for var, value in body:
-        out.append(ref(value))
+        out.append(_ref(value, slot))
         slot[id(var)] = len(slot)
-    return (tuple((k, _value_key(v)) for k, v in fn_attrs.items()), tuple(param_types), tuple(out), ref(ret))
+    return (tuple((k, _value_key(v)) for k, v in fn_attrs.items()), tuple(param_types), tuple(out), _ref(ret, slot))
+
+
+def _ref(e: Expr, slot: dict[int, int]):
+    """The structure key of ``e`` (a module-level function: a recursive closure would be a
+    reference cycle per outlined group, left to the cyclic collector)."""
+    t = type(e)
+    if t is Var:
+        return ("v", slot[id(e)])
+    if t is Call:
+        op = e.op if type(e.op) is str else ("@", e.op.name)
+        attrs_key = tuple([(k, _value_key(v)) for k, v in e.attrs.items()]) if e.attrs else ()
+        return ("call", op, e.ty, attrs_key, tuple([_ref(a, slot) for a in e.args]))
+    if isinstance(e, Constant):
+        if id(e) in slot:  # a constant the function takes as a parameter
+            return ("v", slot[id(e)])
+        return ("c", e.ty, e.value.tobytes())
+    if isinstance(e, Tuple):
+        return ("t", tuple(_ref(f, slot) for f in e.fields))
+    if isinstance(e, TupleGetItem):
+        return ("i", _ref(e.tuple_value, slot), e.index)
+    if isinstance(e, GlobalVar):
+        return ("g", e.name)
+    op = e.op if isinstance(e.op, str) else ("@", e.op.name)
+    return ("call", op, e.ty, tuple((k, _value_key(v)) for k, v in e.attrs.items()), tuple(_ref(a, slot) for a in e.args))
 
 
 class FunctionTable:
@@ -140,8 +142,17 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
     """``func`` with every group replaced by a call of a new (or shared) function in ``table``.
     ``uses`` is ``func``'s use index when the caller has one (it is made here otherwise): the
     work beyond one pass over the bindings is proportional to the groups and their users."""
+    return outline_with_uses(func, groups, table, lift_constants=lift_constants, lift_scalars=lift_scalars, uses=uses)[0]
+
+
+def outline_with_uses(func: Function, groups: Sequence[Group], table: FunctionTable, *, lift_constants: bool,
+                      lift_scalars: bool = True, uses: FunctionUses | None = None) -> tuple[Function, FunctionUses | None]:
+    """:func:`outline`, and the result's use index when it keeps the original order (derived
+    from ``uses`` by :meth:`FunctionUses.outlined`, without rescanning the function), else
+    ``None``: a caller that goes on asking about the result (FuseOpsByPattern's next pattern)
+    then builds no index of its own."""
     if not groups:
-        return func
+        return func, uses
     if uses is None or uses.func is not func:
         uses = FunctionUses(func)
     bindings = func.bindings
@@ -184,16 +195,22 @@ def outline(func: Function, groups: Sequence[Group], table: FunctionTable, *, li
     last = [max(group.members, default=-1) for group in groups]
     if all((last[owner[u]] if u in owner else u) > last[g] for g, readers in enumerate(outside) for u in readers):
         out: list[Binding] = []
+        new_of = [-1] * len(bindings)  # old binding index -> new one (-1: a group member)
+        at = [-1] * len(groups)  # group -> new index of its call (-1: a dead group, dropped)
         done = 0
         for i in sorted(owner):  # the bindings between groups' members are copied a slice at a time
+            new_of[done:i] = range(len(out), len(out) + i - done)
             out.extend(bindings[done:i])
             g = owner[i]
-            if last[g] == i:
+            if last[g] == i and calls[g]:
+                at[g] = len(out)
                 out.extend(calls[g])
             done = i + 1
+        new_of[done:] = range(len(out), len(out) + len(bindings) - done)
         out.extend(bindings[done:])
-        return attrs.evolve(func, bindings=tuple(out))
-    return attrs.evolve(func, bindings=tuple(_reordered(func, uses, owner, calls)))
+        result = attrs.evolve(func, bindings=tuple(out))
+        return result, uses.outlined(result, new_of, owner, at, [calls[g] for g in range(len(groups))])
+    return attrs.evolve(func, bindings=tuple(_reordered(func, uses, owner, calls))), None
 
 
 def _reordered(func: Function, uses: FunctionUses, owner: dict[int, int], calls: dict[int, list[Binding]]) -> list[Binding]:
