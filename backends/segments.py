@@ -49,9 +49,12 @@ def is_product(b: Binding) -> bool:
     return isinstance(b.value, Call) and b.value.op == "matmul"
 
 
-def segment(function: Function, is_product: Callable[[Binding], bool] = is_product) -> list[Product | Part]:
+def segment(function: Function, is_product: Callable[[Binding], bool] = is_product,
+            starts_part: Callable[[Binding], bool] | None = None) -> list[Product | Part]:
     """The group's bindings as products and the parts between them, in order. ``is_product``
-    says which bindings a library computes (a backend may add its own: the CPU's convolutions)."""
+    says which bindings a library computes (a backend may add its own: the CPU's convolutions);
+    ``starts_part`` which bindings begin a new part, the values before them written out (a pool:
+    generated C would recompute its input's epilogue for every window)."""
     params = list(function.params)
     known = {d for p in params for d in p.ty.shape if isinstance(d, str)}
     rets = list(vars_in(function.ret))
@@ -71,7 +74,7 @@ def segment(function: Function, is_product: Callable[[Binding], bool] = is_produ
             after, i = True, i + 1
             continue
         j = i
-        while j < len(bindings) and not is_product(bindings[j]):
+        while j < len(bindings) and not is_product(bindings[j]) and not (j > i and starts_part and starts_part(bindings[j])):
             j += 1
         run = bindings[i:j]
         later = {id(v) for b in bindings[j:] for v in vars_in(b.value)} | {id(v) for v in rets}

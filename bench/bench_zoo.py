@@ -20,8 +20,7 @@ Per model, in a fresh process for each thread count (so that neither inductor's 
 thread pool leaks from one model into the next), and per shape:
 
 - dpl: ``dpl.from_torch(model, (), inputs)`` (a static import at the shape) ->
-  ``dpl.apply(mod, ["rewrites", "llm", "cublas"])`` (not ``cnn``: its stem composite is slower
-  on the CPU today, see patterns/cnn.dpl) -> ``dpl.build(fused, target, threads=N)``
+  ``dpl.apply(mod, ["rewrites", "llm", "cublas", "cnn"])`` (every shipped library) -> ``dpl.build(fused, target, threads=N)``
   where the target is ``"cpu"``'s backends with the C kernel cache in a fresh directory (build
   cold: the C compiles; build warm: the same again, kernels from that directory). The timed call
   is the plain one users write, ``exe(*arrays)``, fresh outputs each time.
@@ -72,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from zoo import ARCHS, torch_outputs  # noqa: E402
 
 MODELS = ["llama", "qwen2", "mistral", "phi3", "gpt2", "opt", "bert", "t5", "vit", "resnet"]
-PATTERNS = ["rewrites", "llm", "cublas"]  # not cnn: its ResNet stem composite is slower on the CPU (patterns/cnn.dpl)
+PATTERNS = ["rewrites", "llm", "cublas", "cnn"]
 SHAPES = "1x128,1x512,8x128"
 SMOKE_SHAPES = "1x16"
 RTOL, ATOL = 1e-3, 1e-4
