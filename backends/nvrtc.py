@@ -7,6 +7,7 @@ CUDA emitter writes compiles; the CuPy backend compiles through CuPy's own NVRTC
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 from functools import lru_cache
@@ -72,22 +73,8 @@ def _check(status: int, what: str, log: str = "") -> None:
 def compile_ptx(source: str, name: str = "kernel.cu", arch: str = DEFAULT_ARCH, options: tuple[str, ...] = ()) -> str:
     """The PTX of ``source`` for virtual architecture ``arch``; an NvrtcError with NVRTC's log
     when it does not compile (warnings alone do not fail)."""
-    lib = library()
-    prog = ctypes.c_void_p()
-    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None), "nvrtcCreateProgram")
-    try:
-        opts = [f"--gpu-architecture={arch}", "--std=c++17", *options]
-        argv = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
-        status = lib.nvrtcCompileProgram(prog, len(opts), argv)
-        if status != 0:
-            _check(status, f"NVRTC compiling '{name}'", _log(lib, prog))
-        size = ctypes.c_size_t()
-        _check(lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
-        ptx = ctypes.create_string_buffer(size.value)
-        _check(lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
-        return ptx.value.decode()
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    with _program(source, name, arch, options, f"NVRTC compiling '{name}'") as (lib, prog, _):
+        return _output(lib, prog, lib.nvrtcGetPTXSize, lib.nvrtcGetPTX, "nvrtcGetPTX").value.decode()
 
 
 def compile_cubin(source: str, name: str = "kernel.cu", arch: str = "sm_90", options: tuple[str, ...] = ()) -> tuple[bytes, str]:
@@ -97,6 +84,14 @@ def compile_cubin(source: str, name: str = "kernel.cu", arch: str = "sm_90", opt
     With ``--ptxas-options=-v`` among ``options`` the log holds ptxas's resource usage."""
     if not arch.startswith("sm_"):
         raise NvrtcError(f"a CUBIN needs a real architecture (sm_XY), got {arch!r}")
+    with _program(source, name, arch, options, f"NVRTC compiling '{name}' for {arch}") as (lib, prog, log):
+        return _output(lib, prog, lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN, "nvrtcGetCUBIN").raw, log
+
+
+@contextlib.contextmanager
+def _program(source: str, name: str, arch: str, options: tuple[str, ...], what: str):
+    """(library, compiled program, its log), the program destroyed on leaving; an NvrtcError
+    saying ``what`` failed, with the log, when it does not compile."""
     lib = library()
     prog = ctypes.c_void_p()
     _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None), "nvrtcCreateProgram")
@@ -106,14 +101,18 @@ def compile_cubin(source: str, name: str = "kernel.cu", arch: str = "sm_90", opt
         status = lib.nvrtcCompileProgram(prog, len(opts), argv)
         log = _log(lib, prog)
         if status != 0:
-            _check(status, f"NVRTC compiling '{name}' for {arch}", log)
-        size = ctypes.c_size_t()
-        _check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
-        cubin = ctypes.create_string_buffer(size.value)
-        _check(lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin.raw, log
+            _check(status, what, log)
+        yield lib, prog, log
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _output(lib, prog, get_size, get, what: str):
+    size = ctypes.c_size_t()
+    _check(get_size(prog, ctypes.byref(size)), f"{what}Size")
+    out = ctypes.create_string_buffer(size.value)
+    _check(get(prog, out), what)
+    return out
 
 
 def _log(lib, prog) -> str:
