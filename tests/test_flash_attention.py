@@ -165,16 +165,21 @@ def test_divided_and_tensor_scales(backend, scale):
     check(dpl.interpret(mod, *args), run_flash(backend, mod, args))
 
 
-def test_symbolic_lengths(backend):
-    mod = dpl.parse("""
-func main(q: f32[4, n, 16], k: f32[4, 16, m], v: f32[4, m, 16], mask: f32[n, m]) -> f32[4, n, 16] {
+def symbolic_attention(heads: int, keys: str):
+    """Masked attention over ``n`` queries and ``keys`` keys (both symbolic), scale 0.25."""
+    return dpl.parse(f"""
+func main(q: f32[{heads}, n, 16], k: f32[{heads}, 16, {keys}], v: f32[{heads}, {keys}, 16], mask: f32[n, {keys}]) -> f32[{heads}, n, 16] {{
   s = matmul(q, k)
   z = multiply(s, 0.25)
   w = add(z, mask)
   p = nn.softmax(w)
   o = matmul(p, v)
   return o
-}""")
+}}""")
+
+
+def test_symbolic_lengths(backend):
+    mod = symbolic_attention(4, "m")
     fused, fn = composite(mod)
     kernel = backend.compile(fn, module=fused)
     for n, m in [(5, 70), (33, 3)]:
@@ -342,15 +347,7 @@ def test_calls_from_several_threads_at_once(tmp_path):
     from dpl.backends.cpu_backend import CpuBackend
 
     needs.c_compiler()
-    mod = dpl.parse("""
-func main(q: f32[2, n, 16], k: f32[2, 16, n], v: f32[2, n, 16], mask: f32[n, n]) -> f32[2, n, 16] {
-  s = matmul(q, k)
-  z = multiply(s, 0.25)
-  w = add(z, mask)
-  p = nn.softmax(w)
-  o = matmul(p, v)
-  return o
-}""")
+    mod = symbolic_attention(2, "n")
     exe = dpl.build(dpl.apply(mod, ["llm"]), [CpuBackend(cache_dir=tmp_path, attention="flash"), "numpy"],
                     config=dpl.FusionConfig(fallback_on_error=False))
 
