@@ -34,6 +34,7 @@ from dpl.ir.expr import Call, Var
 from dpl.ir.types import TensorType
 from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
+from dpl.runtime.heap import keep_mapped
 from dpl.runtime.threads import OPENMP
 
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
@@ -177,6 +178,7 @@ class CpuBackend(Backend):
     def products(self):
         """The provider of matrix products and convolutions (backends/blas.py), chosen on first use."""
         if self._products is None:
+            self._heap = keep_mapped()  # before any measurement: torch's convolutions allocate per call
             self._products = blas.products(self.products_name, self.cc)
         return self._products
 
@@ -186,7 +188,7 @@ class CpuBackend(Backend):
             return (f"products: {self.products_name} (not chosen yet: no product built)",)
         p = self._products
         pools = f"threads: products on {p.pool_of(_MATMUL)}, convolutions on {p.pool_of(_CONV)}"
-        return (f"products: {p.name} ({p.library}; {pools}); {p.why}",)
+        return (f"products: {p.name} ({p.library}; {pools}); {p.why}", self._heap)
 
     def available(self) -> tuple[bool, str]:
         if shutil.which(self.cc) is None:

@@ -11,6 +11,7 @@ import pytest
 import needs
 
 import dpl
+from dpl.backends import blas
 from dpl.backends.blas import NumpyProducts, products
 from dpl.ir import FunctionBuilder, Module, const
 
@@ -174,3 +175,16 @@ def test_a_torch_convolution_keeps_nan_where_padding_meets_a_nonfinite_weight(to
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_a_1x1_convolution_is_a_product_not_a_onednn_convolution():
+    """A 1x1 window (strided or not) goes to im2col and the provider's matmul, which beats
+    oneDNN's reorder-then-convolve; a wider window goes to torch's convolution."""
+    needs.package("torch")
+    from test_cpu_conv import conv_module
+
+    torch = blas.TorchProducts()
+    conv = lambda x, w, attrs: conv_module(x, w, attrs)["main"].bindings[0].value  # noqa: E731
+    assert torch.conv2d(conv((1, 16, 8, 8), (8, 16, 1, 1), {})) is None
+    assert torch.conv2d(conv((1, 16, 8, 8), (8, 16, 1, 1), dict(strides=[2, 2]))) is None
+    assert callable(torch.conv2d(conv((1, 16, 8, 8), (8, 16, 3, 3), dict(padding=[1, 1, 1, 1]))))
