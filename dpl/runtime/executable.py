@@ -75,7 +75,8 @@ class Executable(Compiler):
     """
 
     def __init__(self, module: Module, target: Any = "cpu", config: FusionConfig | None = None, *, entry: str = "main",
-                 cache: KernelCache | None = None, progress: TextIO | bool | None = True, threads: int | None = None):
+                 cache: KernelCache | None = None, progress: TextIO | bool | None = True, threads: int | None = None,
+                 adapt_threads: bool = True):
         if not isinstance(module, Module):
             raise DplError(f"build takes a Module, got {type(module).__name__}")
         if entry not in module.functions:
@@ -87,6 +88,7 @@ class Executable(Compiler):
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise DplError(f"threads must be a positive integer or None, got {threads!r}")
         self.threads = threads  # the thread budget of every call (dpl.runtime.threads)
+        self.adapt_threads = adapt_threads  # a call may take one thread where that is faster (dpl.runtime.thread_choice)
         self.progress = terminal_stderr() if progress is True else (progress or None)  # where build progress is drawn
         self.scheduler = FusionScheduler(self.config, cache=cache)
         self.fallbacks: list[Fallback] = []
@@ -169,7 +171,7 @@ class Executable(Compiler):
         builds in turn (each failure then falls back where it arises)."""
         kept, fallbacks = self.scheduler.cache.keys(), len(self.fallbacks)
         with parallel_builds(progress=self.progress) as pool:
-            plan = Planner(self.module, self.entry, self, self.threads).plan(specs)
+            plan = Planner(self.module, self.entry, self, self.threads, self.adapt_threads).plan(specs)
             failed = pool.wait()
         if not failed:
             return plan
@@ -177,7 +179,7 @@ class Executable(Compiler):
         self.scheduler.cache.keep_only(kept)
         del self.fallbacks[fallbacks:]
         with serial_builds():
-            return Planner(self.module, self.entry, self, self.threads).plan(specs)
+            return Planner(self.module, self.entry, self, self.threads, self.adapt_threads).plan(specs)
 
     def _flat_inputs(self, arrays) -> list[np.ndarray]:
         params = self.entry.params
@@ -283,6 +285,8 @@ class Executable(Compiler):
                 lines.append(f"  {self._resident.note(plan)}")
             if plan.threads_note:
                 lines.append(f"  {plan.threads_note}")
+            if plan.thread_choice is not None:
+                lines.append(f"  {plan.thread_choice.describe()}")
             for name in dict.fromkeys(plan.view_groups):
                 lines.append(f"  group {name}: views only, no kernel")
             for name, shapes_, group in plan.decisions:
@@ -357,12 +361,15 @@ def _called_functions(module: Module, fn: Function) -> list[str]:
 
 
 def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = None, entry: str = "main", cache: KernelCache | None = None,
-          progress: TextIO | bool | None = True, threads: int | None = None) -> Executable:
+          progress: TextIO | bool | None = True, threads: int | None = None, adapt_threads: bool = True) -> Executable:
     """Build ``mod`` for ``target``: ``"cpu"``, ``"numpy"``, ``"cuda"``, a backend name, a
     Backend, comma-separated names (``"mylib,cpu"``), or a list of them tried in order. A
     function carrying a codegen prefix goes first to the backend registered for that prefix,
     whatever the target. ``progress``: where the C compiles draw their progress line (True: on
     stderr when it is a terminal; None or False: nowhere). ``threads``: the thread budget of
     every call, for the BLAS and the OpenMP kernels alike (None: each pool's own default;
-    :mod:`dpl.runtime.threads`)."""
-    return Executable(mod, target, config, entry=entry, cache=cache, progress=progress, threads=threads)
+    :mod:`dpl.runtime.threads`). ``adapt_threads``: where the budget allows several threads,
+    each call runs on them or on one, whichever recent calls found faster (a loaded machine
+    makes more threads far slower; :mod:`dpl.runtime.thread_choice`); False: always the budget."""
+    return Executable(mod, target, config, entry=entry, cache=cache, progress=progress, threads=threads,
+                      adapt_threads=adapt_threads)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any, Callable, Protocol, Sequence
 
 import attrs
@@ -48,7 +49,8 @@ from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
-from dpl.runtime.threads import budget_threads, one_pool_kernels
+from dpl.runtime.thread_choice import ThreadChoice
+from dpl.runtime.threads import available_cores, budget_threads, one_pool_kernels
 from dpl.transform.graph import is_view, is_view_group
 
 
@@ -108,7 +110,8 @@ class Plan:
 
     def __init__(self, signature, buffers: list[Buffer], steps: list[Step], inputs: list[int], result,
                  output_ids: list[int | None], out_specs: list, copies: list[tuple[int, int]], decisions,
-                 threads_note: str | None = None, threads: int | None = None, view_groups: Sequence[str] = ()):
+                 threads_note: str | None = None, threads: int | None = None, view_groups: Sequence[str] = (),
+                 single_steps: list[Step] | None = None):
         self.signature = signature
         self.buffers = buffers
         self.steps = steps
@@ -120,6 +123,9 @@ class Plan:
         self.decisions = decisions  # (function name, ScheduledGroup)
         self.threads_note = threads_note  # why the plan caps its kernels' threads (dpl.runtime.threads)
         self.threads = threads  # the thread budget of its BLAS calls (None: the BLAS's own setting)
+        # the same steps on one thread, and which of the two a call takes (dpl.runtime.thread_choice)
+        self.single_steps = single_steps
+        self.thread_choice = ThreadChoice(threads) if single_steps is not None else None
         self.output_pool = OutputPool(out_specs)
         self.view_groups = tuple(view_groups)  # Primitive groups of views only, run as views
         self._plan_views()
@@ -239,18 +245,30 @@ class Plan:
     def run(self, arrays: Sequence[np.ndarray], out: Sequence[np.ndarray] | None = None, timer=None) -> Any:
         views = self._borrow()
         try:
-            if self.threads is None:  # no budget: not even the context manager's microsecond
-                return self._run(views, arrays, out, timer)
-            with budget_threads(self.threads):
-                return self._run(views, arrays, out, timer)
+            choice = self.thread_choice
+            if choice is None:
+                return self._on(self.threads, self.steps, views, arrays, out, timer)
+            threads = choice.pick()
+            steps = self.single_steps if threads == 1 else self.steps
+            start = time.perf_counter()
+            result = self._on(threads, steps, views, arrays, out, timer)
+            if timer is None:  # a profile's timing is not a call's
+                choice.record(threads, time.perf_counter() - start)
+            return result
         finally:
             self._give_back(views)
 
-    def _run(self, views: list[Any], arrays, out, timer) -> Any:
+    def _on(self, threads, steps, views, arrays, out, timer) -> Any:
+        if threads is None:  # no budget: not even the context manager's microsecond
+            return self._run(steps, views, arrays, out, timer)
+        with budget_threads(threads):
+            return self._run(steps, views, arrays, out, timer)
+
+    def _run(self, steps, views: list[Any], arrays, out, timer) -> Any:
         bufs = list(views)
         outs = list(out) if out is not None else self.output_pool.take()
         late = self.bind(bufs, arrays, outs)
-        for step in self.steps:
+        for step in steps:
             ins = [bufs[b] for b in step.inputs]
             dst = [bufs[b] for b in step.outputs]
             if timer is None:
@@ -273,9 +291,11 @@ def _nest(shape, outs):
 class Planner:
     """Walks the entry function at concrete input shapes and produces a :class:`Plan`."""
 
-    def __init__(self, module: Module, entry: Function, compiler: Compiler, threads: int | None = None):
+    def __init__(self, module: Module, entry: Function, compiler: Compiler, threads: int | None = None,
+                 adapt_threads: bool = True):
         self.module, self.entry, self.compiler = module, entry, compiler
         self.threads = threads  # the thread budget of the plan's kernels (None: each pool's own)
+        self.adapt_threads = adapt_threads  # let each call take one thread where that is faster
         self.buffers: list[Buffer] = []
         self.steps: list[Step] = []
         self.decisions: list = []
@@ -317,13 +337,17 @@ class Planner:
         positions = _positions(result, iter(range(len(flat))))
         capped = one_pool_kernels((s.kernel for s in self.steps), self.threads)
         steps = [attrs.evolve(s, kernel=capped.get(id(s.kernel), s.kernel)) for s in self.steps]
+        single_steps = None
+        if self.adapt_threads and self.threads != 1 and available_cores() > 1:
+            single = one_pool_kernels((s.kernel for s in self.steps), 1)
+            single_steps = [attrs.evolve(s, kernel=single.get(id(s.kernel), s.kernel)) for s in self.steps]
         mixed = any(getattr(k, "threads", None) == 1 for k in capped.values()) and self.threads != 1
         note = "OpenMP kernels on one thread: the plan also calls BLAS" if mixed else None
         if self.threads is not None:
             note = f"{note}; " if note else ""
             note += f"thread budget {self.threads}: BLAS, torch and OpenMP kernels on at most {self.threads} thread(s)"
         return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note, self.threads,
-                    self.view_groups)
+                    self.view_groups, single_steps)
 
     # -- the walk -------------------------------------------------------------------------------
     def _new(self, shape, dtype, kind, value=None) -> int:

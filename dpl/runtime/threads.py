@@ -36,6 +36,7 @@ threads ``kernel.with_threads(n)``, the same kernel capped at ``n`` threads.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from typing import Callable, Iterable, Iterator
@@ -43,6 +44,14 @@ from typing import Callable, Iterable, Iterator
 OPENMP = "openmp"
 BLAS = "blas"
 TORCH = "torch"  # torch's intra-op threads, where they are not the kernels' OpenMP team (backends/blas.py)
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def pools_of(kernel: Callable) -> frozenset[str]:

@@ -1,0 +1,104 @@
+"""dpl.runtime.thread_choice: a plan whose budget allows several threads runs each call on them
+or on one, whichever its recent calls found faster; the numbers are the same either way."""
+
+import numpy as np
+import pytest
+
+import needs
+
+import dpl
+from dpl.runtime import thread_choice as tc
+from dpl.runtime.thread_choice import ThreadChoice
+
+
+def feed(choice, times: dict, calls: int) -> list:
+    """``calls`` calls, each on the count ``choice`` picks, taking ``times[count]`` seconds."""
+    picked = []
+    for _ in range(calls):
+        n = choice.pick()
+        picked.append(n)
+        choice.record(n, times[n])
+    return picked
+
+
+def test_the_first_call_is_a_warm_up_then_both_counts_take_turns():
+    choice = ThreadChoice(2)
+    assert feed(choice, {2: 0.010, 1: 0.012}, 1) == [2]
+    assert "no call timed yet" in choice.describe()
+    picked = feed(choice, {2: 0.010, 1: 0.012}, 2 * tc.SAMPLES)
+    assert sorted(picked) == [1] * tc.SAMPLES + [2] * tc.SAMPLES
+    assert picked[:2] in ([2, 1], [1, 2])  # turns, not one count's samples in a row
+
+
+def test_the_faster_count_runs_and_the_slower_is_retried_for_a_small_share_of_the_time():
+    choice = ThreadChoice(2)
+    times = {2: 0.001, 1: 0.004}
+    picked = feed(choice, times, 1 + 2 * tc.SAMPLES + 2000)[1 + 2 * tc.SAMPLES:]
+    tries = picked.count(1)
+    assert picked.count(2) > 1900 and tries >= 1
+    assert tries * times[1] <= 1.5 * tc.PROBE_SHARE * sum(times[n] for n in picked)
+    assert "2 thread(s) now, the faster" in choice.describe()
+
+
+def test_a_hopeless_count_gets_one_call_not_its_full_turns():
+    """A loaded machine: two threads 60 times slower (measured: 5.5 ms against 318-322)."""
+    choice = ThreadChoice(2)
+    times = {2: 0.300, 1: 0.005}
+    picked = feed(choice, times, 1 + 1 + tc.SAMPLES + 200)
+    assert picked[0] == 2  # the warm-up
+    assert picked[1:].count(2) == 1  # its one timed call, then retries only after 0.3 / PROBE_SHARE s
+    assert choice.describe().startswith("threads: 1 thread(s) now")
+
+
+def test_when_the_load_goes_the_choice_comes_back():
+    choice = ThreadChoice(None)
+    feed(choice, {None: 0.050, 1: 0.005}, 200)
+    assert choice.pick() == 1
+    picked = feed(choice, {None: 0.002, 1: 0.005}, 3000)
+    assert picked[-100:] == [None] * 100
+    assert "each pool's own threads now" in choice.describe()
+
+
+@pytest.fixture
+def cpu(tmp_path):
+    from dpl.backends.cpu_backend import CpuBackend
+
+    needs.c_compiler()
+    return CpuBackend(cache_dir=tmp_path, products="numpy")
+
+
+MODULE = dpl.parse("""
+func main(x: f32[64, 96], w: f32[96, 80], s: f32[256, 256]) -> (f32[64, 80], f32[256, 256]) {
+  m = matmul(x, w)
+  z = nn.silu(m)
+  a = nn.relu(s)
+  b = exp(a)
+  return (z, b)
+}""")
+
+
+def test_either_count_computes_the_same_numbers(cpu, monkeypatch):
+    fused = dpl.apply(MODULE)
+    config = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0)
+    exe = dpl.build(fused, [cpu, "numpy"], config=config, threads=2)
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal(tuple(p.ty.shape)).astype(np.float32) for p in MODULE["main"].params]
+    want = dpl.interpret(MODULE, *args)
+    plan = exe.plan(*args)
+    if plan.thread_choice is None:
+        pytest.skip("one core here: nothing to choose between")
+    single = [s.kernel for s in plan.single_steps if hasattr(s.kernel, "with_threads")]
+    assert single and all(k.threads == 1 for k in single)
+    for n in (2, 1, 2):
+        monkeypatch.setattr(plan.thread_choice, "pick", lambda n=n: n)
+        for got, w in zip(exe(*args), want):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
+    assert "threads: 2 thread(s) or 1" in exe.summary() or "now, the faster" in exe.summary()
+
+
+def test_one_thread_or_adapt_threads_false_means_no_choice(cpu):
+    for kwargs in (dict(threads=1), dict(threads=2, adapt_threads=False)):
+        exe = dpl.build(dpl.apply(MODULE), [cpu, "numpy"], **kwargs)
+        args = [np.ones(tuple(p.ty.shape), np.float32) for p in MODULE["main"].params]
+        assert exe.plan(*args).thread_choice is None
+        assert "whichever its calls find faster" not in exe.summary() and "now, the faster" not in exe.summary()
