@@ -35,6 +35,7 @@ from dpl.ir.types import TensorType
 from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
 from dpl.runtime.heap import keep_mapped
+from dpl.runtime.timed_choice import RacedKernel
 from dpl.runtime.threads import OPENMP
 
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
@@ -205,7 +206,7 @@ class CpuBackend(Backend):
         if function.attrs.get("Composite") == "kernel.attention":
             flash, note = self._compile_flash(function, shapes)
             if flash is not None:
-                return flash
+                return self._race_segments(function, flash, note) if self.attention == "auto" else flash
         if any(_blas_product(b) for b in function.bindings):
             try:
                 run = self._compile_segments(function)
@@ -237,6 +238,16 @@ class CpuBackend(Backend):
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
         run.thread_pools = frozenset(pools | {OPENMP} if kernels else pools)  # type: ignore[attr-defined]
         return run
+
+    def _race_segments(self, function, flash, note: str):
+        """Flash and segments both, each call on the one recent calls found faster: the flash
+        kernel skips the tiles a causal mask hides, the segments' products win where the mask
+        hides nothing, and no build sees the mask's values (dpl.runtime.timed_choice)."""
+        try:
+            segments = self._compile_segments(function)
+        except NotSegmentable:
+            return flash
+        return RacedKernel(flash, segments, ("flash", "segments"), "attention", f"both built; the build's rule: {note}")
 
     def _compile_flash(self, function, shapes):
         """A kernel.attention composite as one flash-style kernel (backends/flash_attention.py),

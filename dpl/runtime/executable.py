@@ -88,7 +88,7 @@ class Executable(Compiler):
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise DplError(f"threads must be a positive integer or None, got {threads!r}")
         self.threads = threads  # the thread budget of every call (dpl.runtime.threads)
-        self.adapt_threads = adapt_threads  # a call may take one thread where that is faster (dpl.runtime.thread_choice)
+        self.adapt_threads = adapt_threads  # a call may take one thread where that is faster (dpl.runtime.timed_choice)
         self.progress = terminal_stderr() if progress is True else (progress or None)  # where build progress is drawn
         self.scheduler = FusionScheduler(self.config, cache=cache)
         self.fallbacks: list[Fallback] = []
@@ -370,6 +370,6 @@ def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = Non
     every call, for the BLAS and the OpenMP kernels alike (None: each pool's own default;
     :mod:`dpl.runtime.threads`). ``adapt_threads``: where the budget allows several threads,
     each call runs on them or on one, whichever recent calls found faster (a loaded machine
-    makes more threads far slower; :mod:`dpl.runtime.thread_choice`); False: always the budget."""
+    makes more threads far slower; :mod:`dpl.runtime.timed_choice`); False: always the budget."""
     return Executable(mod, target, config, entry=entry, cache=cache, progress=progress, threads=threads,
                       adapt_threads=adapt_threads)

@@ -49,7 +49,7 @@ from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
-from dpl.runtime.thread_choice import ThreadChoice
+from dpl.runtime.timed_choice import thread_choice
 from dpl.runtime.threads import available_cores, budget_threads, one_pool_kernels
 from dpl.transform.graph import is_view, is_view_group
 
@@ -123,9 +123,9 @@ class Plan:
         self.decisions = decisions  # (function name, ScheduledGroup)
         self.threads_note = threads_note  # why the plan caps its kernels' threads (dpl.runtime.threads)
         self.threads = threads  # the thread budget of its BLAS calls (None: the BLAS's own setting)
-        # the same steps on one thread, and which of the two a call takes (dpl.runtime.thread_choice)
+        # the same steps on one thread, and which of the two a call takes (dpl.runtime.timed_choice)
         self.single_steps = single_steps
-        self.thread_choice = ThreadChoice(threads) if single_steps is not None else None
+        self.thread_choice = thread_choice(threads) if single_steps is not None else None
         self.output_pool = OutputPool(out_specs)
         self.view_groups = tuple(view_groups)  # Primitive groups of views only, run as views
         self._plan_views()

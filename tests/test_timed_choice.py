@@ -1,4 +1,4 @@
-"""dpl.runtime.thread_choice: a plan whose budget allows several threads runs each call on them
+"""dpl.runtime.timed_choice: a plan whose budget allows several threads runs each call on them
 or on one, whichever its recent calls found faster; the numbers are the same either way."""
 
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 import needs
 
 import dpl
-from dpl.runtime import thread_choice as tc
-from dpl.runtime.thread_choice import ThreadChoice
+from dpl.runtime import timed_choice as tc
+from dpl.runtime.timed_choice import thread_choice
 
 
 def feed(choice, times: dict, calls: int) -> list:
@@ -22,7 +22,7 @@ def feed(choice, times: dict, calls: int) -> list:
 
 
 def test_the_first_call_is_a_warm_up_then_both_counts_take_turns():
-    choice = ThreadChoice(2)
+    choice = thread_choice(2)
     assert feed(choice, {2: 0.010, 1: 0.012}, 1) == [2]
     assert "no call timed yet" in choice.describe()
     picked = feed(choice, {2: 0.010, 1: 0.012}, 2 * tc.SAMPLES)
@@ -31,7 +31,7 @@ def test_the_first_call_is_a_warm_up_then_both_counts_take_turns():
 
 
 def test_the_faster_count_runs_and_the_slower_is_retried_for_a_small_share_of_the_time():
-    choice = ThreadChoice(2)
+    choice = thread_choice(2)
     times = {2: 0.001, 1: 0.004}
     picked = feed(choice, times, 1 + 2 * tc.SAMPLES + 2000)[1 + 2 * tc.SAMPLES:]
     tries = picked.count(1)
@@ -42,7 +42,7 @@ def test_the_faster_count_runs_and_the_slower_is_retried_for_a_small_share_of_th
 
 def test_a_hopeless_count_gets_one_call_not_its_full_turns():
     """A loaded machine: two threads 60 times slower (measured: 5.5 ms against 318-322)."""
-    choice = ThreadChoice(2)
+    choice = thread_choice(2)
     times = {2: 0.300, 1: 0.005}
     picked = feed(choice, times, 1 + 1 + tc.SAMPLES + 200)
     assert picked[0] == 2  # the warm-up
@@ -51,12 +51,59 @@ def test_a_hopeless_count_gets_one_call_not_its_full_turns():
 
 
 def test_when_the_load_goes_the_choice_comes_back():
-    choice = ThreadChoice(None)
+    choice = thread_choice(None)
     feed(choice, {None: 0.050, 1: 0.005}, 200)
     assert choice.pick() == 1
     picked = feed(choice, {None: 0.002, 1: 0.005}, 3000)
     assert picked[-100:] == [None] * 100
     assert "each pool's own threads now" in choice.describe()
+
+
+def test_a_raced_kernel_runs_the_faster_of_two_that_compute_the_same():
+    import time
+
+    calls = []
+
+    def quick(ins, outs):
+        calls.append("quick")
+        np.add(ins[0], 1, out=outs[0])
+
+    def slow(ins, outs):
+        calls.append("slow")
+        time.sleep(0.002)
+        np.add(ins[0], 1, out=outs[0])
+
+    kernel = tc.RacedKernel(slow, quick, ("slow", "quick"), "attention", "a test")
+    x, out = np.arange(4.0), np.empty(4)
+    for _ in range(40):
+        out[:] = 0
+        kernel([x], [out])
+        np.testing.assert_array_equal(out, x + 1)
+    assert calls[0] == "slow" and calls[-20:] == ["quick"] * 20
+    assert kernel.note == f"attention: quick now, the faster (median of recent calls: {kernel.choice.describe().split('(median of recent calls: ')[1]} (a test)"
+
+
+def test_a_raced_kernel_caps_the_kernels_that_can_be_capped():
+    def flash(ins, outs):
+        pass
+
+    flash.threads, flash.thread_pools = None, frozenset({"openmp"})
+    flash.with_threads = lambda n: capped_flash if n == 1 else flash
+
+    def capped_flash(ins, outs):
+        pass
+
+    capped_flash.threads = 1
+
+    def segments(ins, outs):
+        pass
+
+    segments.thread_pools = frozenset({"blas", "openmp"})
+    kernel = tc.RacedKernel(flash, segments, ("flash", "segments"), "attention", "why")
+    assert kernel.thread_pools == {"blas", "openmp"} and kernel.threads is None
+    one = kernel.with_threads(1)
+    assert one.kernels == (capped_flash, segments) and one.threads == 1 and one.note.endswith("(why)")
+    assert kernel.with_threads(None) is kernel
 
 
 @pytest.fixture

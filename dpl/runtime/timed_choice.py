@@ -1,0 +1,138 @@
+"""Two ways to run the same call, chosen by timing the calls: whichever recent calls found
+faster runs, and the other is tried again now and then.
+
+Used for how many threads a plan's call runs on (its budget, or one) and for which kernel a
+CPU attention runs (flash or segments, ``backends/cpu_backend.py``).
+
+More threads are not always faster. On a machine where another process holds a core, every
+OpenMP barrier and every BLAS hand-off waits for a thread the scheduler is not running: on the
+2-core bench host with one core busy, the 2-layer Llama at 1x128 took 5.5 ms on one thread and
+318-322 ms on two, dpl and torch eager alike. And a small model's kernels can be too short to
+pay for waking a second thread. So a plan whose budget allows several threads times its calls
+and runs each on the thread count whose recent calls were faster, trying the other again now
+and then, as the load on the machine changes.
+
+Which attention kernel is faster depends on the mask's values, which no build sees: the flash
+kernel skips the tiles a causal mask hides and the segments' BLAS products win where nothing is
+hidden (BERT at 1x512, padding mask: 25.0 ms with flash against 23.1 with segments; the causal
+Llama at 1x512: 24.0 against 24.7).
+
+The rule (:class:`TimedChoice`): the first call is a warm-up and not counted; then the
+two options take turns until each has :data:`SAMPLES` calls (one call is enough for an option
+:data:`HOPELESS` times slower than the other's best); after that every call runs on the option
+with the lower median of its last :data:`WINDOW` calls, and the other is tried again once the
+calls since its last try have taken 1 / :data:`PROBE_SHARE` times its median, so trying costs at
+most about that share of the time (an option 60 times slower is retried after 30 s of calls of
+the faster one).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+
+SAMPLES = 3  # timed calls of each option before choosing
+WINDOW = 5  # recent calls an option's median is taken over
+HOPELESS = 4.0  # a first call this many times the other's best ends that count's turns early
+PROBE_SHARE = 0.02  # the share of the time retrying the slower option may cost
+
+
+class TimedChoice:
+    """Chooses between two ``options`` by the timed calls :meth:`record` is given; ``names``
+    says them in :meth:`describe`. Thread-safe."""
+
+    def __init__(self, options: tuple, names: tuple[str, str], what: str):
+        self.options = tuple(options)
+        self.names = dict(zip(self.options, names))
+        self.what = what  # what is chosen, for describe: "threads", "attention"
+        self._times = {o: deque(maxlen=WINDOW) for o in self.options}
+        self._warm = False
+        self._since_probe = 0.0  # seconds of calls on the chosen count since the other's last try
+        self._lock = threading.Lock()
+
+    def _median(self, option) -> float:
+        return statistics.median(self._times[option])
+
+    def _settled(self, option) -> bool:
+        times, other = self._times[option], self._times[self._other(option)]
+        return len(times) >= SAMPLES or bool(times and other and min(times) > HOPELESS * min(other))
+
+    def _other(self, option):
+        return self.options[1] if option == self.options[0] else self.options[0]
+
+    def pick(self):
+        """The option the next call runs on."""
+        with self._lock:
+            if not self._warm:
+                return self.options[0]
+            learning = [o for o in self.options if not self._settled(o)]
+            if learning:
+                return min(learning, key=lambda o: len(self._times[o]))
+            best = min(self.options, key=self._median)
+            other = self._other(best)
+            return other if self._since_probe * PROBE_SHARE >= self._median(other) else best
+
+    def record(self, option, seconds: float) -> None:
+        """A call on ``option`` took ``seconds``."""
+        with self._lock:
+            if not self._warm:
+                self._warm = True  # the first call pays for first touches: not a sample
+                return
+            settled = all(self._settled(o) for o in self.options)
+            best = min(self.options, key=self._median) if settled else None
+            self._times[option].append(seconds)
+            if best is not None:
+                self._since_probe = self._since_probe + seconds if option == best else 0.0
+
+    def describe(self) -> str:
+        """What it has seen, for ``exe.summary()``."""
+        with self._lock:
+            a, b = (self.names[o] for o in self.options)
+            seen = [f"{self.names[o]} {1e3 * self._median(o):.3g} ms" for o in self.options if self._times[o]]
+            if not seen:
+                return f"{self.what}: {a} or {b}, whichever its calls find faster (no call timed yet)"
+            if not all(self._settled(o) for o in self.options):
+                return f"{self.what}: {a} or {b}, still timing (median of recent calls: {', '.join(seen)})"
+            best = self.names[min(self.options, key=self._median)]
+            return f"{self.what}: {best} now, the faster (median of recent calls: {', '.join(seen)})"
+
+
+def thread_choice(many: int | None) -> TimedChoice:
+    """A plan's thread budget ``many`` (an int > 1, or None: each pool's own threads) or one thread."""
+    return TimedChoice((many, 1), ("each pool's own threads" if many is None else f"{many} thread(s)", "1 thread(s)"), "threads")
+
+
+class RacedKernel:
+    """A kernel (``run(inputs, outputs)``) that is either of two kernels computing the same
+    thing, each call on the one a :class:`TimedChoice` picks. It keeps the kernel protocol of
+    :mod:`dpl.runtime.threads` (``thread_pools``, ``threads``, ``with_threads``), and its
+    ``note`` says what was chosen (``exe.summary()``)."""
+
+    def __init__(self, first, second, names: tuple[str, str], what: str, why: str):
+        self.kernels = (first, second)
+        self.choice = TimedChoice((0, 1), names, what)
+        self.why = why
+        self.__qualname__ = f"{getattr(first, '__qualname__', 'kernel')} | {getattr(second, '__qualname__', 'kernel')}"
+        self.source = "\n".join(getattr(k, "source", "") for k in self.kernels)
+        self.thread_pools = frozenset().union(*(getattr(k, "thread_pools", ()) for k in self.kernels))
+        self.threads = next((k.threads for k in self.kernels if hasattr(k, "threads")), None)
+
+    def __call__(self, inputs, outputs) -> None:
+        which = self.choice.pick()
+        start = time.perf_counter()
+        self.kernels[which](inputs, outputs)
+        self.choice.record(which, time.perf_counter() - start)
+
+    @property
+    def note(self) -> str:
+        return f"{self.choice.describe()} ({self.why})"
+
+    def with_threads(self, n: int | None) -> "RacedKernel":
+        """Both kernels on at most ``n`` threads (those that can be capped), timed afresh."""
+        capped = [k.with_threads(n) if hasattr(k, "with_threads") else k for k in self.kernels]
+        if all(c is k for c, k in zip(capped, self.kernels)):
+            return self
+        a, b = self.choice.names.values()
+        return RacedKernel(*capped, (a, b), self.choice.what, self.why)
