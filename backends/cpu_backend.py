@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpl.backends import blas, im2col
+from dpl.backends import blas, im2col, max_pool
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, Product, is_product, segment, segment_runner
@@ -223,7 +223,7 @@ class CpuBackend(Backend):
         bindings between products as one generated-C kernel: a product and its epilogue, a
         prologue and its product, attention's two products with the softmax between them."""
         steps = segment(function, _blas_product, starts_part=_pool)
-        pools = {self.products.pool_of(s.call) for s in steps if isinstance(s, Product)}
+        pools = {OPENMP if max_pool.takes(s.call) else self.products.pool_of(s.call) for s in steps if isinstance(s, Product)}
         # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
         # products, and an OpenMP team sharing their cores waits for the scheduler
         # (dpl.runtime.threads; measured: the Llama MLP's SiLU-times-up group 4.5 ms with two
@@ -233,7 +233,14 @@ class CpuBackend(Backend):
         # a part whose results only feed the next product keeps them in cache: no streaming
         kernels = [self._compile_kernel(s.function, threads=threads, stream_bytes=self.stream_bytes if s.feeds_result else None)
                    for s in steps if isinstance(s, Part)]
-        run = segment_runner(function, steps, kernels, np, products=self._product)
+        pooling = {}
+        for s in steps:  # max pools by their C routine, compiled once per dtype
+            if isinstance(s, Product) and max_pool.takes(s.call):
+                try:
+                    pooling[id(s.call)] = max_pool.runner(s.call, self.cache.load(max_pool.source(s.call.ty.dtype)), threads)
+                except CompileError:
+                    raise NotSegmentable from None  # the kernel IR's loops run the group
+        run = segment_runner(function, steps, kernels, np, products=lambda call: pooling.get(id(call)) or self._product(call))
         run.__qualname__ = f"cpu-blas+c:{function.name}"
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
         run.thread_pools = frozenset(pools | {OPENMP} if kernels else pools)  # type: ignore[attr-defined]
@@ -317,8 +324,9 @@ def _pool(b) -> bool:
 
 
 def _blas_product(b) -> bool:
-    """A binding NumPy's BLAS computes: a matrix product, or a convolution as one (im2col)."""
-    return is_product(b) or im2col.takes(b.value)
+    """A binding a library computes: a matrix product, a convolution (torch's, or im2col's
+    product), a max pool (backends/max_pool.py)."""
+    return is_product(b) or im2col.takes(b.value) or max_pool.takes(b.value)
 
 
 class _Library:

@@ -129,18 +129,20 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         return found
 
     def product(step: Product, env, dims, direct):
-        a, b = (env[id(x)] if isinstance(x, Var) else constant(x) for x in step.args)
+        operands = [env[id(x)] if isinstance(x, Var) else constant(x) for x in step.args]
         dtype = dtypes.to_numpy(step.var.ty.dtype)
         target = direct.get(id(step.var))
         fn = library.get(id(step))
         if fn is not None and getattr(fn, "returns_own", False) and target is None:
-            env[id(step.var)] = fn(a, b, None)  # a library's own result array: no copy into scratch
+            env[id(step.var)] = fn(*operands, None)  # a library's own result array: no copy into scratch
             return
         if target is None or not target.flags.c_contiguous:
             target = scratch(step.var, dims)
         if fn is not None:
-            env[id(step.var)] = fn(a, b, target)
-        elif xp.result_type(a, b) == dtype:
+            env[id(step.var)] = fn(*operands, target)
+            return
+        a, b = operands
+        if xp.result_type(a, b) == dtype:
             env[id(step.var)] = xp.matmul(a, b, out=target)
         else:
             env[id(step.var)] = xp.matmul(a, b).astype(dtype, copy=False)

@@ -85,27 +85,34 @@ def test_intermediates_alive_together_have_their_own_buffers(tmp_path):
         np.testing.assert_allclose(out, dpl.interpret(group, *args), rtol=1e-5, atol=1e-5)
 
 
-def test_a_pool_begins_its_own_part_with_its_input_written_out():
-    """conv -> batch-norm-like epilogue -> relu -> max pool: the CPU's segments end the epilogue's
-    part before the pool (generated C would recompute the epilogue for every window), and the
-    numbers are the interpreter's."""
+@pytest.mark.parametrize("pool", ["nn.avg_pool2d", "nn.max_pool2d"])
+def test_a_pool_begins_its_own_part_with_its_input_written_out(pool):
+    """conv -> batch-norm-like epilogue -> relu -> pool: the CPU's segments end the epilogue's
+    part before the pool (generated C would recompute the epilogue for every window; a float
+    max pool is a library step of its own, backends/max_pool.py), and the numbers are the
+    interpreter's."""
     from dpl.backends.cpu_backend import CpuBackend, _blas_product, _pool
-    from dpl.backends.segments import Part, segment
+    from dpl.backends.segments import Part, Product, segment
 
     needs.c_compiler()
-    mod = dpl.parse("""
-func main(x: f32[1, 3, 20, 20], w: f32[8, 3, 3, 3], s: f32[1, 8, 1, 1]) -> f32[1, 8, 8, 8] {
+    mod = dpl.parse(f"""
+func main(x: f32[1, 3, 20, 20], w: f32[8, 3, 3, 3], s: f32[1, 8, 1, 1]) -> f32[1, 8, 8, 8] {{
   c = nn.conv2d(x, w)
   m = multiply(c, s)
   r = nn.relu(m)
-  p = nn.max_pool2d(r, pool_size=[3, 3], strides=[2, 2])
+  p = {pool}(r, pool_size=[3, 3], strides=[2, 2])
   return p
-}""")
+}}""")
     fn = mod["main"]
-    parts = [s for s in segment(fn, _blas_product, starts_part=_pool) if isinstance(s, Part)]
-    assert [[b.value.op for b in p.function.bindings] for p in parts] == [["multiply", "nn.relu"], ["nn.max_pool2d"]]
-    assert [[b.value.op for b in p.function.bindings] for p in segment(fn, _blas_product) if isinstance(p, Part)] == [
-        ["multiply", "nn.relu", "nn.max_pool2d"]]
+    steps = segment(fn, _blas_product, starts_part=_pool)
+    parts = [s for s in steps if isinstance(s, Part)]
+    if pool == "nn.max_pool2d":
+        assert [[b.value.op for b in p.function.bindings] for p in parts] == [["multiply", "nn.relu"]]
+        assert isinstance(steps[-1], Product) and steps[-1].call.op == pool
+    else:
+        assert [[b.value.op for b in p.function.bindings] for p in parts] == [["multiply", "nn.relu"], [pool]]
+        assert [[b.value.op for b in p.function.bindings] for p in segment(fn, _blas_product) if isinstance(p, Part)] == [
+            ["multiply", "nn.relu", pool]]
     rng = np.random.default_rng(3)
     args = [rng.standard_normal(p.ty.shape).astype(np.float32) for p in fn.params]
     run = CpuBackend(products="numpy").compile(fn, module=mod)
