@@ -149,3 +149,14 @@ def test_one_thread_or_adapt_threads_false_means_no_choice(cpu):
         args = [np.ones(tuple(p.ty.shape), np.float32) for p in MODULE["main"].params]
         assert exe.plan(*args).thread_choice is None
         assert "whichever its calls find faster" not in exe.summary() and "now, the faster" not in exe.summary()
+
+
+def test_a_profile_times_the_plans_own_steps_whatever_the_choice(cpu, monkeypatch):
+    exe = dpl.build(dpl.apply(MODULE), [cpu, "numpy"], threads=2)
+    args = [np.random.default_rng(1).standard_normal(tuple(p.ty.shape)).astype(np.float32) for p in MODULE["main"].params]
+    plan = exe.plan(*args)
+    if plan.thread_choice is None:
+        pytest.skip("one core here: nothing to choose between")
+    monkeypatch.setattr(plan.thread_choice, "pick", lambda: 1)
+    report = exe.profile(*args, repeat=2)
+    assert len(report.rows) == len(plan.steps)
