@@ -357,19 +357,28 @@ def _c_runner(name, kernel, source, library: _Library, threads):
     constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
     dim_names = kernel.dims
     n_params = len(kernel.params)
+    # (position among inputs and outputs, axis, dim) of each symbolic dim: none at static shapes
+    symbolic = [(i, k, d) for i, buf in enumerate((*kernel.params, *kernel.outputs)) for k, d in enumerate(buf.shape)
+                if isinstance(d, str)]
+    no_dims = (ctypes.c_int64 * 1)(0)
+    requires = bool(kernel.requires)
 
     def run(inputs, outputs):
         inputs = [np.ascontiguousarray(a) for a in inputs]
-        bound: dict[str, int] = {}
-        for buf, arr in zip((*kernel.params, *kernel.outputs), (*inputs, *outputs)):
-            for d, size in zip(buf.shape, arr.shape):
-                if isinstance(d, str):
-                    bound.setdefault(d, int(size))
-        kernel.check_requires(bound)
+        if symbolic or dim_names:
+            arrays_ = (*inputs, *outputs)
+            bound: dict[str, int] = {}
+            for i, k, d in symbolic:
+                bound.setdefault(d, int(arrays_[i].shape[k]))
+            kernel.check_requires(bound)
+            dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
+        else:
+            if requires:
+                kernel.check_requires({})
+            dims = no_dims
         targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
         arrays = [*inputs[:n_params], *constants, *targets]
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
         entry, set_threads, get_threads = library.resolve()
         if not threads or set_threads is None:
             entry(ptrs, dims)

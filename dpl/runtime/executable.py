@@ -155,7 +155,7 @@ class Executable(Compiler):
 
     # -- plans ----------------------------------------------------------------------------------
     def _plan_for(self, specs) -> Plan:
-        signature = tuple((tuple(s), str(np.dtype(d))) for s, d in specs)
+        signature = tuple((tuple(s), np.dtype(d)) for s, d in specs)  # dtype objects: str() of one costs microseconds
         plan = self._plans.get(signature)
         if plan is not None:
             return plan

@@ -37,6 +37,7 @@ class OutputPool:
 
     def __init__(self, specs: Sequence[tuple[tuple[int, ...], np.dtype]]):
         self.specs = [(tuple(s), np.dtype(d)) for s, d in specs]
+        self._nbytes = [int(np.prod(s, dtype=np.int64)) * d.itemsize for s, d in self.specs]
         self._buffers: list[list[np.ndarray]] = [[] for _ in self.specs]
         self._lock = threading.Lock()
         self.reused = 0  # how many outputs came from the pool (for tests and reports)
@@ -48,17 +49,12 @@ class OutputPool:
 
     def _take(self, pos: int) -> np.ndarray:
         shape, dtype = self.specs[pos]
-        buffers = self._buffers[pos]
+        n, buffers = self._nbytes[pos], self._buffers[pos]
         for i in range(len(buffers)):
             if _refs(buffers, i) <= _FREE_REFS:
                 self.reused += 1
-                return _view(buffers[i], shape, dtype)
-        raw = np.empty(max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize), np.uint8)
+                return buffers[i][:n].view(dtype).reshape(shape)
+        raw = np.empty(max(1, n), np.uint8)
         if len(buffers) < KEEP:
             buffers.append(raw)
-        return _view(raw, shape, dtype)
-
-
-def _view(raw: np.ndarray, shape, dtype) -> np.ndarray:
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return raw[:n].view(dtype).reshape(shape)
+        return raw[:n].view(dtype).reshape(shape)
