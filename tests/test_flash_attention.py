@@ -234,7 +234,9 @@ def test_auto_takes_flash_from_min_keys(tmp_path, keys):
     needs.c_compiler()
     mod = attention_module((2, 4, 16), (2, 16, keys), (2, keys, 16), (4, keys))
     backend = CpuBackend(cache_dir=tmp_path)
-    exe = dpl.build(dpl.apply(mod, ["llm"]), [backend, "numpy"], config=dpl.FusionConfig(fallback_on_error=False))
+    # one thread: every call meets the same attention kernel (a plan choosing its thread count
+    # keeps a one-thread copy of its kernels, timed apart)
+    exe = dpl.build(dpl.apply(mod, ["llm"]), [backend, "numpy"], config=dpl.FusionConfig(fallback_on_error=False), threads=1)
     args = inputs(mod, 10)
     want = dpl.interpret(mod, *args)
     for _ in range(2 + 2 * timed_choice.SAMPLES):  # from flash keys on, every call of both kernels' turns

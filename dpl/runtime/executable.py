@@ -291,7 +291,8 @@ class Executable(Compiler):
                 lines.append(f"  group {name}: views only, no kernel")
             for name, shapes_, group in plan.decisions:
                 lines.append(f"  group {name} at {' '.join(map(str, (list(s) for s in shapes_)))}: {group}")
-            for step in plan.steps:  # what a backend chose inside a kernel (flash or segments attention)
+            in_use = plan.single_steps if plan.thread_choice is not None and plan.thread_choice.current() == 1 else plan.steps
+            for step in in_use:  # what a backend chose inside a kernel (flash or segments attention)
                 note = getattr(step.kernel, "note", None)
                 if note:
                     lines.append(f"  {step.label} ({step.function}) on {step.backend}: {note}")

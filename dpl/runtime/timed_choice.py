@@ -86,6 +86,13 @@ class TimedChoice:
             if best is not None:
                 self._since_probe = self._since_probe + seconds if option == best else 0.0
 
+    def current(self):
+        """The option calls run on now (the first until both are timed)."""
+        with self._lock:
+            if not all(self._settled(o) for o in self.options):
+                return self.options[0]
+            return min(self.options, key=self._median)
+
     def describe(self) -> str:
         """What it has seen, for ``exe.summary()``."""
         with self._lock:
