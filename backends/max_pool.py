@@ -42,6 +42,23 @@ static int64_t dpl_hi(int64_t size, int64_t span, int64_t pad, int64_t stride) {
   return last < 0 ? 0 : last / stride + 1;
 }
 
+/* columns [from, to) of an output row, each window column tested against the input's edges;
+   whether a NaN was met */
+static int dpl_edge(const T *restrict xr, T *restrict yr, int64_t from, int64_t to, int64_t W, int64_t KW,
+                    int64_t SW, int64_t DW, int64_t PL) {
+  int nan = 0;
+  for (int64_t ox = from; ox < to; ++ox) {
+    for (int64_t kx = 0; kx < KW; ++kx) {
+      const int64_t ix = ox * SW + kx * DW - PL;
+      if (ix < 0 || ix >= W) continue;
+      const T v = xr[ix];
+      yr[ox] = v > yr[ox] ? v : yr[ox];
+      nan |= v != v;
+    }
+  }
+  return nan;
+}
+
 /* the columns whose windows stay inside the input: no test, in vectors; literal strides and
    window widths let the compiler load by shuffles, not gathers */
 #define DPL_INTERIOR(S, K, D) \
@@ -77,28 +94,12 @@ void dpl_kernel(const T *restrict x, T *restrict y, const int64_t *d) {
         const int64_t iy = oy * SH + ky * DH - PT;
         if (iy < 0 || iy >= H) continue;
         const T *restrict xr = xp + iy * W;
-        for (int64_t ox = 0; ox < lo; ++ox) {
-          for (int64_t kx = 0; kx < KW; ++kx) {
-            const int64_t ix = ox * SW + kx * DW - PL;
-            if (ix < 0 || ix >= W) continue;
-            const T v = xr[ix];
-            yr[ox] = v > yr[ox] ? v : yr[ox];
-            nan |= v != v;
-          }
-        }
+        nan |= dpl_edge(xr, yr, 0, lo, W, KW, SW, DW, PL);
         if (DW == 1 && KW == 3 && SW == 2) DPL_INTERIOR(2, 3, 1)
         else if (DW == 1 && KW == 3 && SW == 1) DPL_INTERIOR(1, 3, 1)
         else if (DW == 1 && KW == 2 && SW == 2) DPL_INTERIOR(2, 2, 1)
         else DPL_INTERIOR(SW, KW, DW)
-        for (int64_t ox = hi; ox < OW; ++ox) {
-          for (int64_t kx = 0; kx < KW; ++kx) {
-            const int64_t ix = ox * SW + kx * DW - PL;
-            if (ix < 0 || ix >= W) continue;
-            const T v = xr[ix];
-            yr[ox] = v > yr[ox] ? v : yr[ox];
-            nan |= v != v;
-          }
-        }
+        nan |= dpl_edge(xr, yr, hi, OW, W, KW, SW, DW, PL);
       }
       if (nan) {  /* the outputs whose window holds a NaN are NaN */
         for (int64_t ox = 0; ox < OW; ++ox) {
