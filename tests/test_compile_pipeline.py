@@ -287,16 +287,56 @@ def test_simplify_after_a_round_equals_simplify(monkeypatch, name, build, shortc
     from dpl.ir.expr import Binding, replace
     from dpl.ir.simplify import simplify_changed
 
-    keys: dict = {}
-    base = simplify(dpl.parse(BASE)["main"], keys)
-    names = {b.var.name: b.var for b in base.bindings} | {p.name: p for p in base.params}
-    new = Binding(names[name], build(names))
-    func = replace(base, bindings=tuple(new if b.var.name == name else b for b in base.bindings))
     full = []
     monkeypatch.setattr(simplify_module, "simplify", lambda f, k=None: full.append(f) or simplify(f, k))
-    got = simplify_changed(base, func, [new], keys)
+    for counted in (False, True):  # dead bindings found by a walk, or from base's read counts
+        keys: dict = {}
+        base = simplify(dpl.parse(BASE)["main"], keys)
+        names = {b.var.name: b.var for b in base.bindings} | {p.name: p for p in base.params}
+        new = Binding(names[name], build(names))
+        func = replace(base, bindings=tuple(new if b.var.name == name else b for b in base.bindings))
+        old = [b for b in base.bindings if b.var.name == name] if counted else None
+        got = simplify_changed(base, func, [new], keys, old, {b.var: b.value for b in base.bindings})
+        assert dpl.ir.structural_equal(got, simplify(func), names=True)
+        assert (not full) == shortcut
+    if shortcut:  # the counts go on: a second change of the result, from the recorded ones
+        names = {b.var.name: b.var for b in got.bindings} | {p.name: p for p in got.params}
+        again = Binding(names["d"], make_call("exp", [names["c"]]))
+        func2 = replace(got, bindings=tuple(again if b.var.name == "d" else b for b in got.bindings))
+        old2 = [b for b in got.bindings if b.var.name == "d"]
+        got2 = simplify_changed(got, func2, [again], keys, old2, {b.var: b.value for b in got.bindings})
+        assert dpl.ir.structural_equal(got2, simplify(func2), names=True)
+        assert [b.var.name for b in got2.bindings] == ["a", "c", "d"]  # a lost a read, and c still reads it
+        assert not full
+
+
+CHAIN = """
+func main(x: f32[4], y: f32[4]) -> (f32[4], f32[4]) {
+  a = exp(x)
+  b = tanh(a)
+  c = sqrt(b)
+  u = add(a, y)
+  d = multiply(c, u)
+  e = sigmoid(a)
+  return (d, e)
+}
+"""
+
+
+def test_a_change_that_leaves_a_chain_unread_drops_all_of_it():
+    from dpl.ir.expr import Binding, replace
+    from dpl.ir.simplify import simplify_changed
+
+    keys: dict = {}
+    base = simplify(dpl.parse(CHAIN)["main"], keys)
+    v = {b.var.name: b.var for b in base.bindings} | {p.name: p for p in base.params}
+    new = Binding(v["d"], make_call("nn.silu", [v["u"]]))  # c, then b, lose their last reader; a is still read
+    func = replace(base, bindings=tuple(new if b.var is v["d"] else b for b in base.bindings))
+    got = simplify_changed(base, func, [new], keys, [b for b in base.bindings if b.var is v["d"]],
+                           {b.var: b.value for b in base.bindings})
+    assert [b.var.name for b in got.bindings] == ["a", "u", "d", "e"]
     assert dpl.ir.structural_equal(got, simplify(func), names=True)
-    assert (not full) == shortcut
+    assert keys[("ops", id(got))][1] == {"exp", "add", "nn.silu", "sigmoid"}
 
 
 def test_simplify_records_the_ops_its_result_calls():

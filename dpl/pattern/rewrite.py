@@ -80,12 +80,12 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     for _ in range(max_iterations):
         if required and not _calls_all(current, required, keys):
             return current  # an op every match calls is called nowhere: no binding can match
-        new, changed = _round(pattern, alternatives, index, rewriter, current)
+        new, changed, removed, values = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
             return current  # an equal rebuild is a fixed point too (Relax compares structurally)
         # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused (what changed
         # is looked at, when ``current`` is simplify's own result)
-        new = simplify_changed(current, new, changed, keys)
+        new = simplify_changed(current, new, changed, keys, removed, values)
         if structural_equal(new, current, names=False):
             return current
         current = new
@@ -139,8 +139,9 @@ def _nested_ops(nested: list, ops: set[str]) -> None:
             nested.append(e.tuple_value)
 
 
-def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Function, list[Binding]]:
-    """One round: the rewritten function and its replaced and added bindings."""
+def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Function, list[Binding], list[Binding], dict]:
+    """One round: the rewritten function, its replacing and added bindings, the bindings they
+    replaced, and {var: value} of ``func``'s bindings."""
     # {var: value} filled as the walk goes: a match at a binding looks only through the
     # bindings before it (a function defines every variable before its use), so the matcher
     # needs no walk of its own over the function
@@ -195,9 +196,10 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
                     unseen.append(leaf)  # it reads itself: the rebuild's full check reports the cycle
             break
     if not replaced:
-        return func, []
+        return func, [], [], bound
     rebuild = _Rebuild(func, replaced, near, bound, in_order=not any(v in bound for v in unseen))
-    return rebuild.run(replaced, at, changed=True)
+    new, made = rebuild.run(replaced, at, changed=True)
+    return new, made, [func.bindings[i] for i in at], bound
 
 
 def _bound_in_match(e: Expr, root: Expr, m: Match, bound: Mapping[Var, Expr]) -> Var | None:
