@@ -265,6 +265,7 @@ def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Functi
         return key
 
     bindings = func.bindings
+    first_get = first.get  # bound once: the loop below is the pass's cost
     for i, b in enumerate(bindings):
         value = _renamed(b.value, remap) if remap else b.value
         if type(value) is Call:  # _coarse_key's common case, inline: a call of variables
@@ -277,7 +278,7 @@ def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Functi
         else:
             coarse = _coarse_key(value)
         earlier = None
-        seen = first.get(coarse)
+        seen = first_get(coarse)
         if seen is None:
             first[coarse] = b if value is b.value else (b.var, value)
         else:
@@ -352,8 +353,9 @@ def _live(func: Function) -> tuple[Function, dict, dict[str, int]]:
     """``func`` without its dead bindings, how often each variable is read there (by
     bindings and the return) and how often each op is called."""
     reads: dict = {}
+    get = reads.get  # bound once: the loop below is the pass's cost
     for v in vars_in(func.ret):
-        reads[v] = reads.get(v, 0) + 1
+        reads[v] = get(v, 0) + 1
     ops: dict[str, int] = {}
     keep: list[Binding] = []
     for b in reversed(func.bindings):
@@ -368,10 +370,10 @@ def _live(func: Function) -> tuple[Function, dict, dict[str, int]]:
             for a in value.args:
                 t = type(a)
                 if t is Var:
-                    reads[a] = reads.get(a, 0) + 1
+                    reads[a] = get(a, 0) + 1
                 elif t is not Constant:
                     for v in vars_in(a):
-                        reads[v] = reads.get(v, 0) + 1
+                        reads[v] = get(v, 0) + 1
                     _count_ops(a, ops, 1)
         else:
             _tally(value, reads, ops, 1)

@@ -160,13 +160,14 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
     # without root-less alternatives only calls of the indexed ops can match: their
     # alternatives, in order, per op
     by_op = None if index.anywhere else {op: [p for _, p in ps] for op, ps in index.by_op.items()}
+    alts_of = by_op.get if by_op is not None else None  # bound once: the walk is the round's cost
     for i, b in enumerate(func.bindings):
         value = b.value
         bound[b.var] = value
-        if by_op is not None:
+        if alts_of is not None:
             if type(value) is not Call:
                 continue
-            alts = by_op.get(value.op)
+            alts = alts_of(value.op)
             if alts is None:
                 continue
         elif isinstance(value, Var):
@@ -205,7 +206,11 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
 def _bound_in_match(e: Expr, root: Expr, m: Match, bound: Mapping[Var, Expr]) -> Var | None:
     """A variable whose binding's value is ``e``, among those that ``root`` (a matched value)
     and the values its match bound read (the matcher looks through variables to values)."""
-    for c in (root, *m._map.values()):
+    get = bound.get
+    for a in root.args if type(root) is Call else ():
+        if type(a) is Var and get(a) is e:
+            return a
+    for c in m._map.values():
         kind = type(c)
         if kind is Call:
             kids = c.args
@@ -216,8 +221,17 @@ def _bound_in_match(e: Expr, root: Expr, m: Match, bound: Mapping[Var, Expr]) ->
         else:
             continue
         for a in kids:
-            if type(a) is Var and bound.get(a) is e:
+            if type(a) is Var and get(a) is e:
                 return a
+    return _bound_in_match_slow(e, root, get)
+
+
+def _bound_in_match_slow(e: Expr, root: Expr, get) -> Var | None:
+    """:func:`_bound_in_match` for a root that is not a call (a tuple or a tuple item)."""
+    kids = root.fields if type(root) is Tuple else (root.tuple_value,) if type(root) is TupleGetItem else ()
+    for a in kids:
+        if type(a) is Var and get(a) is e:
+            return a
     return None
 
 
