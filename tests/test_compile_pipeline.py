@@ -98,7 +98,8 @@ func main(x: f32[4], y: f32[4]) -> f32[4] {
 def same_index(got: FunctionUses, func):
     want = FunctionUses(func)
     assert got.func is func
-    assert got.index_of == want.index_of and got.users == want.users and got.other_users == want.other_users
+    assert got.index_of == want.index_of and list(got.users) == want.users and got.other_users == want.other_users
+    assert got.position == want.position
     assert got.by_op == want.by_op and got.calls == want.calls and got.returned == want.returned
     assert dict(got.var_usages.items()) == brute_force_usages(func)
 
@@ -286,16 +287,56 @@ def test_simplify_after_a_round_equals_simplify(monkeypatch, name, build, shortc
     from dpl.ir.expr import Binding, replace
     from dpl.ir.simplify import simplify_changed
 
-    keys: dict = {}
-    base = simplify(dpl.parse(BASE)["main"], keys)
-    names = {b.var.name: b.var for b in base.bindings} | {p.name: p for p in base.params}
-    new = Binding(names[name], build(names))
-    func = replace(base, bindings=tuple(new if b.var.name == name else b for b in base.bindings))
     full = []
     monkeypatch.setattr(simplify_module, "simplify", lambda f, k=None: full.append(f) or simplify(f, k))
-    got = simplify_changed(base, func, [new], keys)
+    for counted in (False, True):  # dead bindings found by a walk, or from base's read counts
+        keys: dict = {}
+        base = simplify(dpl.parse(BASE)["main"], keys)
+        names = {b.var.name: b.var for b in base.bindings} | {p.name: p for p in base.params}
+        new = Binding(names[name], build(names))
+        func = replace(base, bindings=tuple(new if b.var.name == name else b for b in base.bindings))
+        old = [b for b in base.bindings if b.var.name == name] if counted else None
+        got = simplify_changed(base, func, [new], keys, old, {b.var: b.value for b in base.bindings})
+        assert dpl.ir.structural_equal(got, simplify(func), names=True)
+        assert (not full) == shortcut
+    if shortcut:  # the counts go on: a second change of the result, from the recorded ones
+        names = {b.var.name: b.var for b in got.bindings} | {p.name: p for p in got.params}
+        again = Binding(names["d"], make_call("exp", [names["c"]]))
+        func2 = replace(got, bindings=tuple(again if b.var.name == "d" else b for b in got.bindings))
+        old2 = [b for b in got.bindings if b.var.name == "d"]
+        got2 = simplify_changed(got, func2, [again], keys, old2, {b.var: b.value for b in got.bindings})
+        assert dpl.ir.structural_equal(got2, simplify(func2), names=True)
+        assert [b.var.name for b in got2.bindings] == ["a", "c", "d"]  # a lost a read, and c still reads it
+        assert not full
+
+
+CHAIN = """
+func main(x: f32[4], y: f32[4]) -> (f32[4], f32[4]) {
+  a = exp(x)
+  b = tanh(a)
+  c = sqrt(b)
+  u = add(a, y)
+  d = multiply(c, u)
+  e = sigmoid(a)
+  return (d, e)
+}
+"""
+
+
+def test_a_change_that_leaves_a_chain_unread_drops_all_of_it():
+    from dpl.ir.expr import Binding, replace
+    from dpl.ir.simplify import simplify_changed
+
+    keys: dict = {}
+    base = simplify(dpl.parse(CHAIN)["main"], keys)
+    v = {b.var.name: b.var for b in base.bindings} | {p.name: p for p in base.params}
+    new = Binding(v["d"], make_call("nn.silu", [v["u"]]))  # c, then b, lose their last reader; a is still read
+    func = replace(base, bindings=tuple(new if b.var is v["d"] else b for b in base.bindings))
+    got = simplify_changed(base, func, [new], keys, [b for b in base.bindings if b.var is v["d"]],
+                           {b.var: b.value for b in base.bindings})
+    assert [b.var.name for b in got.bindings] == ["a", "u", "d", "e"]
     assert dpl.ir.structural_equal(got, simplify(func), names=True)
-    assert (not full) == shortcut
+    assert keys[("ops", id(got))][1] == {"exp", "add", "nn.silu", "sigmoid"}
 
 
 def test_simplify_records_the_ops_its_result_calls():
@@ -315,3 +356,63 @@ def test_simplify_records_the_ops_its_result_calls():
     out = simplify(dpl.parse(text)["main"], keys)
     assert keys[("ops", id(out))] == (out, {"exp", "add", "sqrt"})
     assert _calls_all(out, frozenset({"sqrt", "exp"}), keys) and not _calls_all(out, frozenset({"tanh"}), keys)
+
+
+REBUILD = """
+func main(x: f32[4], y: f32[4]) -> f32[4] {
+  a = tanh(x)
+  s = sigmoid(a)
+  m = multiply(a, s)
+  b = exp(y)
+  c = add(m, b)
+  return c
+}
+"""
+
+
+def rewritten_both_ways(func, rewriter, monkeypatch):
+    """rewrite_call's result, and the same with every nested value looked up in the map of all
+    bindings and the order checked over all positions (the rebuild before rounds told it what
+    their matches read)."""
+    import dpl.pattern.rewrite as rewrite
+
+    x = wildcard()
+    pattern = is_op("multiply")(x, is_op("sigmoid")(x))
+    fast = rewrite_call(pattern, rewriter, func)
+    real = rewrite._Rebuild.__init__
+    monkeypatch.setattr(rewrite._Rebuild, "__init__", lambda self, f, r, *a, **k: real(self, f, r))
+    return fast, rewrite_call(pattern, rewriter, func)
+
+
+@pytest.mark.parametrize("case", ["matched value", "new nested call", "later binding"])
+def test_a_round_rebuilds_from_what_its_matches_read(case, monkeypatch):
+    from dpl.ir.printer import print_function
+
+    func = dpl.parse(REBUILD)["main"]
+    later = func.bindings[3].var  # b, bound after m
+
+    def rewriter(value, match):
+        a = next(e for e in match.values() if type(e) is dpl.ir.Call and e.op == "tanh")  # x's value: a's
+        if case == "matched value":  # nests a's value: read as a, no new binding
+            return make_call("nn.silu", [a])
+        if case == "new nested call":  # a call of its own: a new binding before the replacement
+            return make_call("nn.silu", [make_call("negative", [a])])
+        return make_call("add", [a, later])  # reads b: b moves before m
+
+    fast, full = rewritten_both_ways(func, rewriter, monkeypatch)
+    assert print_function(fast) == print_function(full)
+    want = {"matched value": ["a", "m", "b", "c"], "new nested call": ["a", "m_0", "m", "b", "c"],
+            "later binding": ["a", "b", "m", "c"]}[case]
+    assert [b.var.name for b in fast.bindings] == want
+    args = [np.random.default_rng(1).standard_normal(4).astype("float32") for _ in range(2)]
+    dpl.interpret(dpl.Module([fast]), *args)  # a well-ordered function
+
+
+def test_a_replacement_that_reads_its_own_variable_is_a_cycle():
+    from dpl.pattern import RewriteError
+
+    func = dpl.parse(REBUILD)["main"]
+    m = next(b for b in func.bindings if b.var.name == "m").var
+    x = wildcard()
+    with pytest.raises(RewriteError, match="depend on itself"):
+        rewrite_call(is_op("multiply")(x, is_op("sigmoid")(x)), lambda v, mt: make_call("add", [mt[x], m]), func)

@@ -38,18 +38,18 @@ def simplify(func: Function, keys: dict | None = None) -> Function:
     current = func
     while True:
         kept, seen = _eliminate_common_subexpr(canonicalize_bindings(current), keys)
-        ops: set[str] = set()
-        new = remove_dead_bindings(kept, ops)
+        new, reads, ops = _live(kept)
         if kept is current:
             # canonicalize and CSE found nothing: removing bindings gives them nothing to find
             # (no trivial binding, constant or repeated value appears), and a second removal
             # removes nothing, so ``new`` is the fixed point
-            _record(keys, new, seen, ops)
+            _record(keys, new, seen, reads, ops)
             return new
         current = new
 
 
-def simplify_changed(base: Function, func: Function, changed: list[Binding], keys: dict) -> Function:
+def simplify_changed(base: Function, func: Function, changed: list[Binding], keys: dict,
+                     removed: list[Binding] | None = None, values: Mapping[Var, Expr] | None = None) -> Function:
     """``simplify(func, keys)`` for a ``func`` that is ``base`` with the bindings ``changed``
     replaced or added, in less time when ``simplify`` made ``base`` (with these ``keys``).
 
@@ -57,7 +57,13 @@ def simplify_changed(base: Function, func: Function, changed: list[Binding], key
     with one value; when every changed binding is a call whose op and operands no binding of
     ``base`` (nor another changed one) has, canonicalize and CSE find nothing in ``func``
     either, and the result is ``func`` without its dead bindings — what ``simplify`` returns,
-    without keying every binding again. Anything else runs ``simplify`` itself."""
+    without keying every binding again. Anything else runs ``simplify`` itself.
+
+    ``removed`` (the bindings of ``base`` that ``changed`` replaced) and ``values`` (``{var:
+    value}`` of base's bindings) let the dead bindings be found from base's read counts: a
+    binding dies when the reads it lost leave it none (``base`` has no dead binding and is
+    acyclic, so counting finds exactly what a walk from the return would), without walking
+    the function."""
     hit = keys.get(("simplified", id(base)))
     if hit is None or hit[0] is not base:
         return simplify(func, keys)
@@ -70,20 +76,25 @@ def simplify_changed(base: Function, func: Function, changed: list[Binding], key
         if coarse in seen or coarse in mine:
             return simplify(func, keys)  # perhaps a repeated value: CSE decides
         mine[coarse] = b
-    ops: set[str] = set()
-    new = remove_dead_bindings(func, ops)
+    counted = keys.get(("reads", id(base)))
+    if removed is None or values is None or counted is None or counted[0] is not base:
+        new, reads, ops = _live(func)
+    else:
+        new, reads, ops = _live_after(func, counted[1], counted[2], removed, changed, values)
     seen.update(mine)  # more keys than new's bindings have only sends a later call to simplify
-    _record(keys, new, seen, ops)
+    _record(keys, new, seen, reads, ops)
     return new
 
 
-def _record(keys: dict, func: Function, seen: dict, ops: set[str]) -> None:
+def _record(keys: dict, func: Function, seen: dict, reads: dict, ops: dict[str, int]) -> None:
     """What ``keys`` remembers of a fixed point of :func:`simplify`: the coarse CSE keys its
-    bindings had (for :func:`simplify_changed`) and the op names it calls (``("ops", id)``,
-    read by the rewrite driver's required-ops test), each entry holding the function so that
-    its id stays its own."""
+    bindings had (for :func:`simplify_changed`), how often each variable is read and each op
+    called (``("reads", id)``, for the next :func:`simplify_changed`) and the op names it
+    calls (``("ops", id)``, read by the rewrite driver's required-ops test), each entry
+    holding the function so that its id stays its own."""
     keys[("simplified", id(func))] = (func, seen)
-    keys[("ops", id(func))] = (func, ops)
+    keys[("reads", id(func))] = (func, reads, ops)
+    keys[("ops", id(func))] = (func, {op for op, k in ops.items() if k})
 
 
 # -- CanonicalizeBindings ----------------------------------------------------------------------
@@ -254,6 +265,7 @@ def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Functi
         return key
 
     bindings = func.bindings
+    first_get = first.get  # bound once: the loop below is the pass's cost
     for i, b in enumerate(bindings):
         value = _renamed(b.value, remap) if remap else b.value
         if type(value) is Call:  # _coarse_key's common case, inline: a call of variables
@@ -266,7 +278,7 @@ def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Functi
         else:
             coarse = _coarse_key(value)
         earlier = None
-        seen = first.get(coarse)
+        seen = first_get(coarse)
         if seen is None:
             first[coarse] = b if value is b.value else (b.var, value)
         else:
@@ -297,6 +309,108 @@ def _eliminate_common_subexpr(func: Function, keys: dict | None) -> tuple[Functi
 
 
 # -- RemoveAllUnused ---------------------------------------------------------------------------
+
+
+def _tally(value: Expr, reads: dict, ops: dict[str, int], step: int) -> list[Var]:
+    """Adds ``step`` to the read count of each variable ``value`` reads and to the call count
+    of each op it calls (nested calls included); the variables, repeats included."""
+    if type(value) is Call:
+        op = value.op
+        if type(op) is str:
+            ops[op] = ops.get(op, 0) + step
+        read = value.args
+        for a in read:
+            t = type(a)
+            if t is not Var and t is not Constant:
+                read = list(vars_in(value))
+                for arg in value.args:
+                    if type(arg) is not Var and type(arg) is not Constant:
+                        _count_ops(arg, ops, step)
+                break
+    else:
+        read = list(vars_in(value))
+        _count_ops(value, ops, step)
+    for a in read:
+        if type(a) is Var:
+            reads[a] = reads.get(a, 0) + step
+    return read
+
+
+def _count_ops(e: Expr, ops: dict[str, int], step: int) -> None:
+    if type(e) is Call:
+        if type(e.op) is str:
+            ops[e.op] = ops.get(e.op, 0) + step
+        for a in e.args:
+            _count_ops(a, ops, step)
+    elif type(e) is Tuple:
+        for f in e.fields:
+            _count_ops(f, ops, step)
+    elif type(e) is TupleGetItem:
+        _count_ops(e.tuple_value, ops, step)
+
+
+def _live(func: Function) -> tuple[Function, dict, dict[str, int]]:
+    """``func`` without its dead bindings, how often each variable is read there (by
+    bindings and the return) and how often each op is called."""
+    reads: dict = {}
+    get = reads.get  # bound once: the loop below is the pass's cost
+    for v in vars_in(func.ret):
+        reads[v] = get(v, 0) + 1
+    ops: dict[str, int] = {}
+    keep: list[Binding] = []
+    for b in reversed(func.bindings):
+        if b.var not in reads:
+            continue
+        keep.append(b)
+        value = b.value
+        if type(value) is Call:  # _tally's common case, inline: a call of variables and constants
+            op = value.op
+            if type(op) is str:
+                ops[op] = ops.get(op, 0) + 1
+            for a in value.args:
+                t = type(a)
+                if t is Var:
+                    reads[a] = get(a, 0) + 1
+                elif t is not Constant:
+                    for v in vars_in(a):
+                        reads[v] = get(v, 0) + 1
+                    _count_ops(a, ops, 1)
+        else:
+            _tally(value, reads, ops, 1)
+    if len(keep) == len(func.bindings):
+        return func, reads, ops
+    return attrs.evolve(func, bindings=tuple(reversed(keep))), reads, ops
+
+
+def _live_after(func: Function, base_reads: dict, base_ops: dict[str, int], removed: list[Binding],
+                changed: list[Binding], values: Mapping[Var, Expr]) -> tuple[Function, dict, dict[str, int]]:
+    """:func:`_live` of ``func``, base with ``removed`` replaced by ``changed`` (see
+    :func:`simplify_changed`), from base's counts: the reads ``removed`` lose, those
+    ``changed`` gain, then every binding left unread is dropped, and what it read loses a read."""
+    reads, ops = dict(base_reads), dict(base_ops)
+    candidates: list[Var] = []
+    for b in removed:
+        candidates.extend(_tally(b.value, reads, ops, -1))
+    now = {}
+    for b in changed:
+        _tally(b.value, reads, ops, 1)
+        now[b.var] = b.value
+    dead: set = set()
+    while candidates:
+        v = candidates.pop()
+        if type(v) is not Var or v in dead or reads.get(v, 0) != 0:
+            continue
+        value = now.get(v)
+        if value is None:
+            value = values.get(v)
+            if value is None:
+                continue  # a parameter
+        dead.add(v)
+        reads.pop(v, None)
+        candidates.extend(_tally(value, reads, ops, -1))
+    if not dead:
+        return func, reads, ops
+    return attrs.evolve(func, bindings=tuple([b for b in func.bindings if b.var not in dead])), reads, ops
 
 
 def remove_dead_bindings(func: Function, ops: set[str] | None = None) -> Function:

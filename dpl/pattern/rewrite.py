@@ -80,12 +80,12 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
     for _ in range(max_iterations):
         if required and not _calls_all(current, required, keys):
             return current  # an op every match calls is called nowhere: no binding can match
-        new, changed = _round(pattern, alternatives, index, rewriter, current)
+        new, changed, removed, values = _round(pattern, alternatives, index, rewriter, current)
         if new is current or structural_equal(new, current, names=False):
             return current  # an equal rebuild is a fixed point too (Relax compares structurally)
         # Relax: CanonicalizeBindings, EliminateCommonSubexpr, RemoveAllUnused (what changed
         # is looked at, when ``current`` is simplify's own result)
-        new = simplify_changed(current, new, changed, keys)
+        new = simplify_changed(current, new, changed, keys, removed, values)
         if structural_equal(new, current, names=False):
             return current
         current = new
@@ -139,8 +139,9 @@ def _nested_ops(nested: list, ops: set[str]) -> None:
             nested.append(e.tuple_value)
 
 
-def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Function, list[Binding]]:
-    """One round: the rewritten function and its replaced and added bindings."""
+def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Function, list[Binding], list[Binding], dict]:
+    """One round: the rewritten function, its replacing and added bindings, the bindings they
+    replaced, and {var: value} of ``func``'s bindings."""
     # {var: value} filled as the walk goes: a match at a binding looks only through the
     # bindings before it (a function defines every variable before its use), so the matcher
     # needs no walk of its own over the function
@@ -148,16 +149,25 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
     matcher = Matcher(reasons=False, var2val=bound)  # a failed match is skipped, its reason never read
     replaced: dict[Var, Expr] = {}
     at: list[int] = []  # the replaced bindings' positions
+    # per replaced variable, its value and match: what a replacement built from the match
+    # nests is looked up among the bindings the match read, without mapping every binding
+    near: dict[Var, tuple[Expr, Match]] = {}
+    # each replacement reads, directly, only variables bound before it or parameters (checked
+    # here, where ``bound`` holds exactly the bindings up to the replaced one), except perhaps
+    # ``unseen``: variables no binding before it binds, each a parameter unless bound later
+    params = None
+    unseen: list[Var] = []
     # without root-less alternatives only calls of the indexed ops can match: their
     # alternatives, in order, per op
     by_op = None if index.anywhere else {op: [p for _, p in ps] for op, ps in index.by_op.items()}
+    alts_of = by_op.get if by_op is not None else None  # bound once: the walk is the round's cost
     for i, b in enumerate(func.bindings):
         value = b.value
         bound[b.var] = value
-        if by_op is not None:
+        if alts_of is not None:
             if type(value) is not Call:
                 continue
-            alts = by_op.get(value.op)
+            alts = alts_of(value.op)
             if alts is None:
                 continue
         elif isinstance(value, Var):
@@ -176,10 +186,71 @@ def _round(pattern, alternatives, index, rewriter, func: Function) -> tuple[Func
             _check_replacement(b.var, value, new, pattern)
             replaced[b.var] = new
             at.append(i)
+            near[b.var] = (value, m)
+            for leaf in _replacement_leaves(new):
+                if leaf not in bound:
+                    if params is None:
+                        params = set(func.params)
+                    if leaf not in params:
+                        unseen.append(leaf)
+                elif leaf is b.var:
+                    unseen.append(leaf)  # it reads itself: the rebuild's full check reports the cycle
             break
     if not replaced:
-        return func, []
-    return _Rebuild(func, replaced).run(replaced, at, changed=True)
+        return func, [], [], bound
+    rebuild = _Rebuild(func, replaced, near, bound, in_order=not any(v in bound for v in unseen))
+    new, made = rebuild.run(replaced, at, changed=True)
+    return new, made, [func.bindings[i] for i in at], bound
+
+
+def _bound_in_match(e: Expr, root: Expr, m: Match, bound: Mapping[Var, Expr]) -> Var | None:
+    """A variable whose binding's value is ``e``, among those that ``root`` (a matched value)
+    and the values its match bound read (the matcher looks through variables to values)."""
+    get = bound.get
+    for a in root.args if type(root) is Call else ():
+        if type(a) is Var and get(a) is e:
+            return a
+    for c in m._map.values():
+        kind = type(c)
+        if kind is Call:
+            kids = c.args
+        elif kind is Tuple:
+            kids = c.fields
+        elif kind is TupleGetItem:
+            kids = (c.tuple_value,)
+        else:
+            continue
+        for a in kids:
+            if type(a) is Var and get(a) is e:
+                return a
+    return _bound_in_match_slow(e, root, get)
+
+
+def _bound_in_match_slow(e: Expr, root: Expr, get) -> Var | None:
+    """:func:`_bound_in_match` for a root that is not a call (a tuple or a tuple item)."""
+    kids = root.fields if type(root) is Tuple else (root.tuple_value,) if type(root) is TupleGetItem else ()
+    for a in kids:
+        if type(a) is Var and get(a) is e:
+            return a
+    return None
+
+
+def _replacement_leaves(e: Expr) -> list[Var]:
+    """The variables in ``e`` (a replacement), repeats included."""
+    out: list[Var] = []
+    stack = [e]
+    while stack:
+        e = stack.pop()
+        kind = type(e)
+        if kind is Var:
+            out.append(e)
+        elif kind is Call:
+            stack.extend(e.args)
+        elif kind is Tuple:
+            stack.extend(e.fields)
+        elif kind is TupleGetItem:
+            stack.append(e.tuple_value)
+    return out
 
 
 def _check_replacement(var: Var, old: Expr, new, pattern) -> None:
@@ -204,15 +275,46 @@ def _per_function(mod: Module, fn) -> Module:
 
 
 class _Rebuild:
-    """Builds a new function from ``func`` with some binding values replaced."""
+    """Builds a new function from ``func`` with some binding values replaced.
 
-    def __init__(self, func: Function, replaced: Mapping[Var, Expr]):
+    ``near`` (from a rewrite round): per replaced variable, the value it had and its match;
+    with ``bound``, the round's {var: value} of every binding, a replacement's nested
+    expression is looked up among the bindings the match read (and among the replacements)
+    before every binding's value is mapped. ``in_order``: the round found that each
+    replacement reads directly only variables bound before it; the rebuild then knows its
+    result is in order unless a nested expression is found elsewhere."""
+
+    def __init__(self, func: Function, replaced: Mapping[Var, Expr], near: Mapping[Var, tuple[Expr, Match]] | None = None,
+                 bound: Mapping[Var, Expr] | None = None, in_order: bool = False):
         self.func = func
         self._taken: set[str] | None = None  # every name of the function, made when first needed
         self.replaced = replaced
         self._bound_value: dict[int, Var] | None = None  # made when a replacement nests an expression
         self.out: list[Binding] = []
         self.fresh: dict[int, Var] = {}
+        self.near = near
+        self.bound = bound
+        self.in_order = in_order and near is not None
+        self._near_here: tuple[Expr, Match] | None = None  # near's entry for the binding being rebuilt
+        self._replacements: dict[int, Var] | None = None  # id(replacement) -> its variable
+
+    def nested(self, e: Expr) -> Var | None:
+        """The variable bound to ``e`` (a replacement's nested expression), if any: what
+        :attr:`bound_value` holds for it, read from the match's bindings where they have it."""
+        if self.near is None:
+            return self.bound_value.get(id(e))
+        if self._replacements is None:
+            self._replacements = {id(v): k for k, v in self.replaced.items()}
+        var = self._replacements.get(id(e))  # a replacement's own variable comes first, as in bound_value
+        if var is None:
+            if self._near_here is not None:
+                var = _bound_in_match(e, *self._near_here, self.bound)
+                if var is not None:
+                    return var  # read by the match of a later binding: bound before it
+            var = self.bound_value.get(id(e))
+        if var is not None:
+            self.in_order = False  # a variable bound anywhere: the order is checked in full
+        return var
 
     @property
     def bound_value(self) -> dict[int, Var]:
@@ -241,7 +343,7 @@ class _Rebuild:
         if kind is Var or kind is Constant or kind is GlobalVar:
             return e
         if not top:
-            bound = self.bound_value.get(id(e)) or self.fresh.get(id(e))
+            bound = self.nested(e) or self.fresh.get(id(e))
             if bound is not None and bound is not owner:
                 return bound
         if kind is Call:
@@ -282,13 +384,17 @@ class _Rebuild:
             out.extend(bindings[done:i])
             b = bindings[i]
             start = len(out)
+            if self.near is not None:
+                self._near_here = self.near.get(b.var)
             value = self.normalize(replaced[b.var], b.var, True)
             out.append(b if value is b.value else Binding(b.var, value))
             new.extend(range(start, len(out)))
             done = i + 1
         out.extend(bindings[done:])
         made = [out[i] for i in new]
-        out = self.out if _new_in_order(self.out, new) else _topological(self.out)
+        # in order when the round and the nested lookups say so (what a replacement reads:
+        # variables bound before it, parameters, its match's bindings, new bindings before it)
+        out = self.out if self.in_order or _new_in_order(self.out, new) else _topological(self.out)
         func = Function(self.func.name, self.func.params, out, self.func.ret, self.func.attrs)
         return (func, made) if changed else func
 

@@ -62,7 +62,10 @@ class FunctionView:
             var2val = None
             previous = self._previous
             if previous is not None and previous._matcher is not None:
-                var2val = dict(previous._matcher.var2val)
+                # taken over, not copied: the previous view's matcher is dropped with it (its
+                # function is outlined; nothing matches against it again)
+                var2val = previous._matcher.var2val
+                previous._matcher = None
                 gone, made = self.uses.change
                 for v in gone:
                     del var2val[v]

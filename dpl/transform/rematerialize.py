@@ -19,24 +19,32 @@ from dpl.ir.traverse import leaves, substitute
 from dpl.ops.registry import OpPatternKind, op_kind
 
 
-def _cheap_source(value) -> bool:
-    if not (isinstance(value, Call) and isinstance(value.op, str)):
+def _reads_no_tensor(value) -> bool:
+    """A call of an op whose leaves are all scalar constants (the first test of a source; a
+    binding reading a variable, nearly every one, fails at that argument)."""
+    if type(value) is not Call or type(value.op) is not str:
         return False
-    if any(not (isinstance(leaf, Constant) and leaf.value.ndim == 0) for leaf in leaves(value)):
-        return False
-    return op_kind(value) <= OpPatternKind.INJECTIVE
+    for a in value.args:
+        if type(a) is Var:
+            return False
+    return all(isinstance(leaf, Constant) and leaf.value.ndim == 0 for leaf in leaves(value))
 
 
 def copy_sources(func: Function) -> tuple[Function, list[list[int]]]:
     """``func`` with each cheap source read by two or more bindings copied once per reader, and
-    the binding indices of each source's copies (``func`` itself and ``[]`` when there is none)."""
+    the binding indices of each source's copies (``func`` itself and ``[]`` when there is none).
+    The readers are indexed only when some binding reads no tensor (most functions have none)."""
+    bindings = func.bindings
+    maybe = [i for i, b in enumerate(bindings) if _reads_no_tensor(b.value)]
+    if not maybe:
+        return func, []
     returned = {id(v) for v in leaves(func.ret)}
     readers: dict[int, list[int]] = {}
-    for i, b in enumerate(func.bindings):
+    for i, b in enumerate(bindings):
         for key in {id(leaf) for leaf in leaves(b.value)}:
             readers.setdefault(key, []).append(i)
-    sources = {i for i, b in enumerate(func.bindings)
-               if id(b.var) not in returned and len(readers.get(id(b.var), ())) > 1 and _cheap_source(b.value)}
+    sources = {i for i in maybe if id(bindings[i].var) not in returned and len(readers.get(id(bindings[i].var), ())) > 1
+               and op_kind(bindings[i].value) <= OpPatternKind.INJECTIVE}
     if not sources:
         return func, []
     taken = {p.name for p in func.params} | {b.var.name for b in func.bindings}

@@ -106,14 +106,15 @@ class FunctionUses:
             return sorted({u for u in lst if u != -1 and u != drop})
 
         users: list = [None] * len(func.bindings)
-        for j, lst in enumerate(self.users):
+        for k, lst in zip(new_of, self.users):
+            if k >= 0:
+                users[k] = [reader[u] for u in lst]
+        for j in dirty:
             k = new_of[j]
-            if k < 0:
-                continue
-            mapped = [reader[u] for u in lst]
-            users[k] = fixed(mapped) if j in dirty else mapped
-        new_index_of = {v: new_of[i] for v, i in index_of.items() if new_of[i] >= 0}
-        calls = [new_of[i] for i in self.calls if new_of[i] >= 0]
+            if k >= 0:
+                users[k] = fixed(users[k])
+        new_index_of = {v: k for v, i in index_of.items() if (k := new_of[i]) >= 0}
+        calls = [k for i in self.calls if (k := new_of[i]) >= 0]
         for g, bs in enumerate(made):
             k0 = at[g]
             if k0 < 0:
@@ -140,7 +141,7 @@ class FunctionUses:
             other[key] = (var, mapped)
         by_op = {}
         for op, bucket in self.by_op.items():
-            kept = [new_of[i] for i in bucket if new_of[i] >= 0]
+            kept = [k for i in bucket if (k := new_of[i]) >= 0]
             if kept:
                 by_op[op] = kept
         new = FunctionUses.__new__(FunctionUses)
@@ -154,7 +155,7 @@ class FunctionUses:
         new.calls = calls
         new._usages = None
         if self._position is not None:
-            position = {k: new_of[i] for k, i in self._position.items() if new_of[i] >= 0}
+            position = {key: k for key, i in self._position.items() if (k := new_of[i]) >= 0}
             for g, bs in enumerate(made):
                 for d, b in enumerate(bs):
                     position[id(b.value)] = at[g] + d
