@@ -76,7 +76,9 @@ def simplify_changed(base: Function, func: Function, changed: list[Binding], key
         if coarse in seen or coarse in mine:
             return simplify(func, keys)  # perhaps a repeated value: CSE decides
         mine[coarse] = b
-    counted = keys.get(("reads", id(base)))
+    # base's counts are taken over (base is not simplified again; a caller that does so
+    # anyway finds no counts and walks)
+    counted = keys.pop(("reads", id(base)), None)
     if removed is None or values is None or counted is None or counted[0] is not base:
         new, reads, ops = _live(func)
     else:
@@ -385,9 +387,10 @@ def _live(func: Function) -> tuple[Function, dict, dict[str, int]]:
 def _live_after(func: Function, base_reads: dict, base_ops: dict[str, int], removed: list[Binding],
                 changed: list[Binding], values: Mapping[Var, Expr]) -> tuple[Function, dict, dict[str, int]]:
     """:func:`_live` of ``func``, base with ``removed`` replaced by ``changed`` (see
-    :func:`simplify_changed`), from base's counts: the reads ``removed`` lose, those
-    ``changed`` gain, then every binding left unread is dropped, and what it read loses a read."""
-    reads, ops = dict(base_reads), dict(base_ops)
+    :func:`simplify_changed`), from base's counts (updated in place: they become func's): the
+    reads ``removed`` lose, those ``changed`` gain, then every binding left unread is dropped,
+    and what it read loses a read."""
+    reads, ops = base_reads, base_ops
     candidates: list[Var] = []
     for b in removed:
         candidates.extend(_tally(b.value, reads, ops, -1))

@@ -94,13 +94,19 @@ class Candidate:
 MAX_ROOT_COMBINATIONS = 100_000
 
 
+_MEMBER_KINDS = (P.CallPattern, P.TupleGetItemPattern)  # what a group takes in (never a wildcard's value)
+
+
 def _members(m, position, func, first: dict) -> tuple[set[int], dict]:
     members, matched = set(), dict(first)
+    where = position.get
+    bindings = func.bindings
     for p, e in m.items():
-        if isinstance(p, (P.CallPattern, P.TupleGetItemPattern)) and id(e) in position:
-            j = position[id(e)]
-            members.add(j)
-            matched[func.bindings[j].var] = e
+        if isinstance(p, _MEMBER_KINDS):
+            j = where(id(e))
+            if j is not None:
+                members.add(j)
+                matched[bindings[j].var] = e
     return members, matched
 
 
