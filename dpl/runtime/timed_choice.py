@@ -21,9 +21,12 @@ The rule (:class:`TimedChoice`): the first call is a warm-up and not counted; th
 two options take turns until each has :data:`SAMPLES` calls (one call is enough for an option
 :data:`HOPELESS` times slower than the other's best); after that every call runs on the option
 with the lower median of its last :data:`WINDOW` calls, and the other is tried again once the
-calls since its last try have taken 1 / :data:`PROBE_SHARE` times its median, so trying costs at
-most about that share of the time (an option 60 times slower is retried after 30 s of calls of
-the faster one).
+calls since its last try have taken 1 / :data:`PROBE_SHARE` times what a try costs beyond a call
+of the faster one (its median's excess, at least :data:`TIE` of the faster one's median), so
+retrying costs at most about that share of the time: an option 60 times slower (300 ms against
+5) is retried after about 15 s of calls of the faster one, two about as fast every few calls, so
+a choice made under a passing load comes back soon (the zoo benchmark's two-thread runs kept one
+thread when its first timings met torch's spinning threads and retries waited on the median).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from collections import deque
 SAMPLES = 3  # timed calls of each option before choosing
 WINDOW = 5  # recent calls an option's median is taken over
 HOPELESS = 4.0  # a first call this many times the other's best ends that count's turns early
-PROBE_SHARE = 0.02  # the share of the time retrying the slower option may cost
+PROBE_SHARE = 0.02  # the share of the time retrying the slower option may cost beyond the faster's
+TIE = 0.1  # the least extra a retry is counted at, as a share of the faster option's call
 
 
 class TimedChoice:
@@ -72,7 +76,10 @@ class TimedChoice:
                 return min(learning, key=lambda o: len(self._times[o]))
             best = min(self.options, key=self._median)
             other = self._other(best)
-            return other if self._since_probe * PROBE_SHARE >= self._median(other) else best
+            # what a retry costs beyond a call on the best: its extra time, at least a tenth of
+            # a call (two options about as fast are retried every few calls)
+            extra = max(self._median(other) - self._median(best), TIE * self._median(best))
+            return other if self._since_probe * PROBE_SHARE >= extra else best
 
     def record(self, option, seconds: float) -> None:
         """A call on ``option`` took ``seconds``."""
