@@ -6,8 +6,8 @@ CPU attention runs (flash or segments, ``backends/cpu_backend.py``).
 
 More threads are not always faster. On a machine where another process holds a core, every
 OpenMP barrier and every BLAS hand-off waits for a thread the scheduler is not running: on the
-2-core bench host with one core busy, the 2-layer Llama at 1x128 took 5.5 ms on one thread and
-318-322 ms on two, dpl and torch eager alike. And a small model's kernels can be too short to
+2-core bench host with one core busy, the 2-layer Llama at 1x128 took 10.9 ms on one thread and
+322 ms on two (torch eager: 8.8 and 318). And a small model's kernels can be too short to
 pay for waking a second thread. So a plan whose budget allows several threads times its calls
 and runs each on the thread count whose recent calls were faster, trying the other again now
 and then, as the load on the machine changes.
