@@ -38,7 +38,7 @@ from collections import deque
 
 SAMPLES = 3  # timed calls of each option before choosing
 WINDOW = 5  # recent calls an option's median is taken over
-HOPELESS = 4.0  # a first call this many times the other's best ends that count's turns early
+HOPELESS = 4.0  # a first call this many times the other's best ends that option's turns early
 PROBE_SHARE = 0.02  # the share of the time retrying the slower option may cost beyond the faster's
 TIE = 0.1  # the least extra a retry is counted at, as a share of the faster option's call
 
@@ -53,7 +53,7 @@ class TimedChoice:
         self.what = what  # what is chosen, for describe: "threads", "attention"
         self._times = {o: deque(maxlen=WINDOW) for o in self.options}
         self._warm = False
-        self._since_probe = 0.0  # seconds of calls on the chosen count since the other's last try
+        self._since_probe = 0.0  # seconds of calls on the faster option since the other's last try
         self._lock = threading.Lock()
 
     def _median(self, option) -> float:
