@@ -36,7 +36,7 @@ from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
 from dpl.runtime.heap import keep_mapped
 from dpl.runtime.timed_choice import RacedKernel
-from dpl.runtime.threads import OPENMP
+from dpl.runtime.threads import OPENMP, openmp_kernel
 
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
 FAST_FLAGS = ["-march=native", "-fopenmp", "-fno-math-errno"]  # each kept only if the compiler takes it
@@ -393,9 +393,4 @@ def _c_runner(name, kernel, source, library: _Library, threads):
             if o is not t:
                 np.copyto(o, t)
 
-    run.__qualname__ = f"cpu:{name}"
-    run.source = source  # type: ignore[attr-defined]
-    run.threads = threads  # type: ignore[attr-defined]
-    run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
-    run.with_threads = lambda n: run if n == threads else _c_runner(name, kernel, source, library, n)  # type: ignore[attr-defined]
-    return run
+    return openmp_kernel(run, f"cpu:{name}", source, threads, lambda n: _c_runner(name, kernel, source, library, n))

@@ -38,7 +38,7 @@ from dpl.backends.c_emitter import PRELUDE, VECTOR_MATH
 from dpl.kernel.attention import Attention, Const, Param
 from dpl.kernel.ir import Const as KConst
 from dpl.kernel.ir import to_c
-from dpl.runtime.threads import OPENMP
+from dpl.runtime.threads import openmp_kernel
 
 ROWS = 8  # query rows per task: the key tile is read once for all of them
 KEYS = 64  # keys per tile: the tile's scores (ROWS x KEYS) stay in L1
@@ -351,13 +351,8 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
         if target is not out:
             np.copyto(out, target)
 
-    run.__qualname__ = f"cpu-flash:{name}"
-    run.source = source  # type: ignore[attr-defined]
-    run.threads = threads  # type: ignore[attr-defined]
-    run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
     run.note = note  # type: ignore[attr-defined]  # the path and why, for exe.summary()
-    run.with_threads = lambda n: run if n == threads else flash_runner(name, spec, source, lib, n, note)  # type: ignore[attr-defined]
-    return run
+    return openmp_kernel(run, f"cpu-flash:{name}", source, threads, lambda n: flash_runner(name, spec, source, lib, n, note))
 
 
 # "auto" takes the flash kernel from this many keys on (see choose). Measured, 16 heads x S x 64,

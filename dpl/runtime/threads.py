@@ -46,6 +46,19 @@ BLAS = "blas"
 TORCH = "torch"  # torch's intra-op threads, where they are not the kernels' OpenMP team (backends/blas.py)
 
 
+def openmp_kernel(run: Callable, qualname: str, source: str, threads: int | None,
+                  remake: Callable[[int | None], Callable]) -> Callable:
+    """``run`` marked as an OpenMP kernel of the protocol above: its name and C source, the cap
+    it was built with (None: the runtime's default team), and ``with_threads(n)`` giving the same
+    kernel capped at ``n`` threads (``remake(n)``; itself where nothing changes)."""
+    run.__qualname__ = qualname
+    run.source = source  # type: ignore[attr-defined]
+    run.threads = threads  # type: ignore[attr-defined]
+    run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
+    run.with_threads = lambda n: run if n == threads else remake(n)  # type: ignore[attr-defined]
+    return run
+
+
 def available_cores() -> int:
     """The cores this process may run on."""
     try:
