@@ -31,25 +31,3 @@ def test_the_users_malloc_settings_win():
 
 def test_it_can_be_turned_off():
     assert said(DPL_KEEP_MAPPED="0") == "freed memory: left to the C library (DPL_KEEP_MAPPED=0)"
-
-
-def test_the_summary_says_what_was_done(tmp_path):
-    import needs
-    import numpy as np
-
-    import dpl
-
-    needs.c_compiler()
-    from dpl.backends.cpu_backend import CpuBackend
-
-    mod = dpl.parse("""
-func main(x: f32[16, 32], w: f32[32, 24]) -> f32[16, 24] {
-  m = matmul(x, w)
-  y = nn.relu(m)
-  return y
-}""")
-    exe = dpl.build(mod, [CpuBackend(cache_dir=tmp_path, products="numpy"), "numpy"])
-    rng = np.random.default_rng(0)
-    x, w = rng.standard_normal((16, 32), np.float32), rng.standard_normal((32, 24), np.float32)
-    np.testing.assert_allclose(exe(x, w), dpl.interpret(mod, x, w), rtol=1e-5, atol=1e-5)
-    assert heap.keep_mapped() in exe.summary()

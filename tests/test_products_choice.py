@@ -127,6 +127,9 @@ func main(x: f32[16, 32], w: f32[32, 24]) -> f32[16, 24] {
     np.testing.assert_allclose(exe(x, w), dpl.interpret(mod, x, w), rtol=1e-5, atol=1e-5)
     summary = exe.summary()
     assert f"products: {cpu.products.name} (" in summary and "auto, the faster of each measured here" in summary
+    from dpl.runtime import heap
+
+    assert heap.keep_mapped() in summary  # what was done with freed memory (dpl/runtime/heap.py)
 
 
 def test_an_unknown_products_name_is_a_located_error():

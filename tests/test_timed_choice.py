@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import needs
+from test_runtime_threads import MIXED as MODULE  # products and C kernels: two pools
 
 import dpl
 from dpl.runtime import timed_choice as tc
@@ -125,14 +126,6 @@ def cpu(tmp_path):
     return CpuBackend(cache_dir=tmp_path, products="numpy")
 
 
-MODULE = dpl.parse("""
-func main(x: f32[64, 96], w: f32[96, 80], s: f32[256, 256]) -> (f32[64, 80], f32[256, 256]) {
-  m = matmul(x, w)
-  z = nn.silu(m)
-  a = nn.relu(s)
-  b = exp(a)
-  return (z, b)
-}""")
 
 
 def test_either_count_computes_the_same_numbers(cpu, monkeypatch):
