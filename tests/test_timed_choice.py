@@ -8,6 +8,7 @@ import needs
 from test_runtime_threads import MIXED as MODULE  # products and C kernels: two pools
 
 import dpl
+from dpl.runtime import plan as plan_module
 from dpl.runtime import timed_choice as tc
 from dpl.runtime.timed_choice import thread_choice
 
@@ -129,6 +130,7 @@ def cpu(tmp_path):
 
 
 def test_either_count_computes_the_same_numbers(cpu, monkeypatch):
+    monkeypatch.setattr(plan_module, "available_cores", lambda: 2)  # as on any machine of several cores
     fused = dpl.apply(MODULE)
     config = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0)
     exe = dpl.build(fused, [cpu, "numpy"], config=config, threads=2)
@@ -136,8 +138,7 @@ def test_either_count_computes_the_same_numbers(cpu, monkeypatch):
     args = [rng.standard_normal(tuple(p.ty.shape)).astype(np.float32) for p in MODULE["main"].params]
     want = dpl.interpret(MODULE, *args)
     plan = exe.plan(*args)
-    if plan.thread_choice is None:
-        pytest.skip("one core here: nothing to choose between")
+    assert plan.thread_choice is not None
     single = [s.kernel for s in plan.single_steps if hasattr(s.kernel, "with_threads")]
     assert single and all(k.threads == 1 for k in single)
     for n in (2, 1, 2):
@@ -147,8 +148,11 @@ def test_either_count_computes_the_same_numbers(cpu, monkeypatch):
     assert "threads: 2 thread(s) or 1" in exe.summary() or "now, the faster" in exe.summary()
 
 
-def test_one_thread_or_adapt_threads_false_means_no_choice(cpu):
-    for kwargs in (dict(threads=1), dict(threads=2, adapt_threads=False)):
+def test_one_thread_one_core_or_adapt_threads_false_means_no_choice(cpu, monkeypatch):
+    cores = {"n": 2}
+    monkeypatch.setattr(plan_module, "available_cores", lambda: cores["n"])
+    for n, kwargs in ((2, dict(threads=1)), (2, dict(threads=2, adapt_threads=False)), (1, dict(threads=None))):
+        cores["n"] = n
         exe = dpl.build(dpl.apply(MODULE), [cpu, "numpy"], **kwargs)
         args = [np.ones(tuple(p.ty.shape), np.float32) for p in MODULE["main"].params]
         assert exe.plan(*args).thread_choice is None
@@ -156,11 +160,11 @@ def test_one_thread_or_adapt_threads_false_means_no_choice(cpu):
 
 
 def test_a_profile_times_the_plans_own_steps_whatever_the_choice(cpu, monkeypatch):
+    monkeypatch.setattr(plan_module, "available_cores", lambda: 2)
     exe = dpl.build(dpl.apply(MODULE), [cpu, "numpy"], threads=2)
     args = [np.random.default_rng(1).standard_normal(tuple(p.ty.shape)).astype(np.float32) for p in MODULE["main"].params]
     plan = exe.plan(*args)
-    if plan.thread_choice is None:
-        pytest.skip("one core here: nothing to choose between")
+    assert plan.thread_choice is not None
     monkeypatch.setattr(plan.thread_choice, "pick", lambda: 1)
     report = exe.profile(*args, repeat=2)
     assert len(report.rows) == len(plan.steps)
