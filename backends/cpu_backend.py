@@ -223,7 +223,7 @@ class CpuBackend(Backend):
         bindings between products as one generated-C kernel: a product and its epilogue, a
         prologue and its product, attention's two products with the softmax between them."""
         steps = segment(function, _blas_product, starts_part=_pool)
-        pools = {OPENMP if max_pool.takes(s.call) else self.products.pool_of(s.call) for s in steps if isinstance(s, Product)}
+        pools = {self._pool_of(s.call) for s in steps if isinstance(s, Product)}
         # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
         # products, and an OpenMP team sharing their cores waits for the scheduler
         # (dpl.runtime.threads; measured: the Llama MLP's SiLU-times-up group 4.5 ms with two
@@ -233,14 +233,10 @@ class CpuBackend(Backend):
         # a part whose results only feed the next product keeps them in cache: no streaming
         kernels = [self._compile_kernel(s.function, threads=threads, stream_bytes=self.stream_bytes if s.feeds_result else None)
                    for s in steps if isinstance(s, Part)]
-        pooling = {}
-        for s in steps:  # max pools by their C routine, compiled once per dtype
-            if isinstance(s, Product) and max_pool.takes(s.call):
-                try:
-                    pooling[id(s.call)] = max_pool.runner(s.call, self.cache.load(max_pool.source(s.call.ty.dtype)), threads)
-                except CompileError:
-                    raise NotSegmentable from None  # the kernel IR's loops run the group
-        run = segment_runner(function, steps, kernels, np, products=lambda call: pooling.get(id(call)) or self._product(call))
+        try:
+            run = segment_runner(function, steps, kernels, np, products=lambda call: self._product(call, threads))
+        except CompileError:  # the max pool routine did not compile: the kernel IR's loops run the group
+            raise NotSegmentable from None
         run.__qualname__ = f"cpu-blas+c:{function.name}"
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
         run.thread_pools = frozenset(pools | {OPENMP} if kernels else pools)  # type: ignore[attr-defined]
@@ -277,10 +273,16 @@ class CpuBackend(Backend):
         note = f"flash attention ({why})"
         return fa.flash_runner(function.name, spec, source, lib, note=note), note
 
-    def _product(self, call):
+    def _pool_of(self, call) -> str:
+        """The thread pool a library step runs on: a max pool on OpenMP, the rest the provider's."""
+        return OPENMP if max_pool.takes(call) else self.products.pool_of(call)
+
+    def _product(self, call, threads: int | None = None):
         """How a product of the segments runs: a convolution by the provider's own (torch's
         oneDNN) or im2col and the provider's matmul, a matmul by the provider (None: the segment
         runner's own NumPy matmul)."""
+        if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
+            return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
         if call.op != "matmul":
             return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
         return self.products.matmul if getattr(self.products, "matmuls", False) else None
@@ -360,22 +362,20 @@ def _c_runner(name, kernel, source, library: _Library, threads):
     # (position among inputs and outputs, axis, dim) of each symbolic dim: none at static shapes
     symbolic = [(i, k, d) for i, buf in enumerate((*kernel.params, *kernel.outputs)) for k, d in enumerate(buf.shape)
                 if isinstance(d, str)]
+    static = not (symbolic or dim_names or kernel.requires)  # nothing to bind or check per call
     no_dims = (ctypes.c_int64 * 1)(0)
-    requires = bool(kernel.requires)
 
     def run(inputs, outputs):
         inputs = [np.ascontiguousarray(a) for a in inputs]
-        if symbolic or dim_names:
+        if static:
+            dims = no_dims
+        else:
             arrays_ = (*inputs, *outputs)
             bound: dict[str, int] = {}
             for i, k, d in symbolic:
                 bound.setdefault(d, int(arrays_[i].shape[k]))
             kernel.check_requires(bound)
             dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
-        else:
-            if requires:
-                kernel.check_requires({})
-            dims = no_dims
         targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
         arrays = [*inputs[:n_params], *constants, *targets]
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])

@@ -5,7 +5,7 @@ The kernel IR's pooling reduces each output element's window in turn, with a bou
 every read (the padding), and its window loops are too short to vectorise: ResNet's stem pool
 (3x3, stride 2, 64 x 112² -> 56²) took 0.68 ms that way. Here each output row is the running
 maximum of its window's input rows, read at the stride, the columns whose windows stay inside
-the input without a test and in vectors, the few at the edges with one (0.29 ms by hand).
+the input without a test and in vectors, the few at the edges with one (0.32 ms, one thread).
 
 The interpreter's rules hold: the padding is -inf (never chosen over a real value, the result
 of a window all padding), and a NaN anywhere in a window makes its output NaN (a row that met
