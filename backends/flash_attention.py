@@ -303,6 +303,25 @@ def batch_layout(spec: Attention, q, k, v, mask, out) -> tuple[list[np.ndarray],
     return offs, (nbatch, sq, sk, mrow, mcol)
 
 
+def layout_cache(spec: Attention, prepare):
+    """``layout(q, k, v, mask, out_shape)``: :func:`batch_layout` of these shapes as
+    ``prepare(offsets, dims)`` readies it for a launch (ctypes arrays on the CPU, device arrays
+    and a grid on CUDA), made once per shape; safe to call from several threads."""
+    layouts: dict = {}
+    lock = threading.Lock()
+
+    def layout(q, k, v, mask, out_shape):
+        shapes = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, tuple(out_shape))
+        got = layouts.get(shapes)
+        if got is None:
+            got = prepare(*batch_layout(spec, *shapes))
+            with lock:
+                layouts[shapes] = got
+        return got
+
+    return layout
+
+
 def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | None = None, note: str = ""):
     """``run(inputs, outputs)`` calling the compiled flash kernel on the composite's inputs."""
     entry = lib.dpl_kernel
@@ -311,24 +330,13 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
     set_threads = getattr(lib, "omp_set_num_threads", None) if threads else None
     get_threads = getattr(lib, "omp_get_max_threads", None)
     np_dtype = dtypes.to_numpy(spec.dtype)
-    layouts: dict = {}
-    lock = threading.Lock()
+    layout = layout_cache(spec, lambda offs, dims: (offs, (ctypes.c_int64 * 5)(*dims)))
     dummy = np.zeros(1, np_dtype)
 
     def operand(src, inputs):
         if isinstance(src, Param):
             return np.ascontiguousarray(inputs[src.index])
         return np.ascontiguousarray(src.value.astype(np_dtype, copy=False))
-
-    def layout(q, k, v, mask, out_shape):
-        key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, out_shape)
-        got = layouts.get(key)
-        if got is None:
-            offs, dims = batch_layout(spec, q.shape, k.shape, v.shape, None if mask is None else mask.shape, out_shape)
-            got = (offs, (ctypes.c_int64 * 5)(*dims))
-            with lock:
-                layouts[key] = got
-        return got
 
     def run(inputs, outputs):
         q, k, v = (operand(s, inputs) for s in (spec.q, spec.k, spec.v))

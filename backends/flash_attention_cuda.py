@@ -19,13 +19,12 @@ the CPU kernel's runner, its per-shape batch offsets uploaded to the device once
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
 from dpl import dtypes
 from dpl.backends.cuda_emitter import CUDA_PRELUDE, HELPERS, MAX_GRID
-from dpl.backends.flash_attention import batch_layout
+from dpl.backends.flash_attention import layout_cache
 from dpl.kernel.attention import Attention, Param
 from dpl.kernel.ir import Const as KConst
 from dpl.kernel.ir import to_c
@@ -196,24 +195,14 @@ def device_runner(name: str, spec: Attention, function, cp, block: int, note: st
     constants = {id(s): device(s.value) for s in (spec.q, spec.k, spec.v, spec.mask, spec.scale)
                  if s is not None and not isinstance(s, (Param, float))}
     dummy = device(np.zeros(1, np_dtype))
-    layouts: dict = {}
-    lock = threading.Lock()
+    layout = layout_cache(spec, lambda offs, dims: ([cp.asarray(o) for o in offs], tuple(np.int64(d) for d in dims),
+                                                    launch_grid(dims[0], dims[1])))
 
     def operand(src, inputs):
         if not isinstance(src, Param):
             return constants[id(src)]
         a = inputs[src.index]
         return a if a.flags.c_contiguous else cp.ascontiguousarray(a)
-
-    def layout(q, k, v, mask, out_shape):
-        key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, tuple(out_shape))
-        got = layouts.get(key)
-        if got is None:
-            offs, dims = batch_layout(spec, q.shape, k.shape, v.shape, None if mask is None else mask.shape, tuple(out_shape))
-            got = ([cp.asarray(o) for o in offs], tuple(np.int64(d) for d in dims), launch_grid(dims[0], dims[1]))
-            with lock:
-                layouts[key] = got
-        return got
 
     def run(inputs, outputs):
         q, k, v = (operand(s, inputs) for s in (spec.q, spec.k, spec.v))
