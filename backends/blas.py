@@ -28,7 +28,8 @@ from dpl.backends.registry import BackendError
 from dpl.runtime.threads import BLAS, OPENMP, TORCH
 
 TORCH_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-NAMES = ("auto", "numpy", "torch")
+NAMES = ("auto", "numpy", "torch", "dpl")
+PACKED = "products by constant float32 weights: dpl's packed-weight routine (backends/packed_gemm.py)"
 
 
 class NumpyProducts:
@@ -36,6 +37,7 @@ class NumpyProducts:
     library = "NumPy's BLAS"
     thread_pool = BLAS
     why = "products='numpy' asked for"
+    packs = False  # products by constant float32 weights by backends/packed_gemm.py instead
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         if np.result_type(a, b) == out.dtype:
@@ -98,6 +100,7 @@ class TorchProducts:
         self._kept: dict[int, tuple[np.ndarray, object]] = {}
         self._finite_kept: dict[int, tuple[np.ndarray, bool]] = {}
         self._numpy = NumpyProducts()
+        self.packs = False  # products by constant float32 weights by backends/packed_gemm.py instead
 
     @property
     def torch(self):
@@ -210,15 +213,21 @@ class TorchProducts:
         return run
 
 
-def products(name: str, cc: str = "cc"):
+def products(name: str, cc: str = "cc", load=None):
     """The provider called ``name``: ``"auto"`` (the fastest here, measured once and cached:
-    :func:`dpl.backends.products_choice.choose`), ``"numpy"`` or ``"torch"``."""
-    if name == "numpy":
-        return NumpyProducts()
+    :func:`dpl.backends.products_choice.choose`), ``"numpy"``, ``"torch"`` or ``"dpl"``
+    (NumPy's, with products by constant float32 weights by :mod:`dpl.backends.packed_gemm`).
+    ``load(source)``: a C source's compiled library (the CPU backend's kernel cache), for
+    measuring the packed routine."""
+    if name in ("numpy", "dpl"):
+        provider = NumpyProducts()
+        if name == "dpl":
+            provider.packs, provider.why = True, "products='dpl' asked for"
+        return provider
     if name == "torch":
         return TorchProducts(cc)
     if name == "auto":
         from dpl.backends.products_choice import choose
 
-        return choose(cc)
-    raise BackendError(f"unknown products library {name!r}", hint="products='auto' (default), 'numpy' or 'torch'")
+        return choose(cc, load)
+    raise BackendError(f"unknown products library {name!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")

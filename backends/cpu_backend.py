@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpl.backends import blas, im2col, max_pool
+from dpl.backends import blas, im2col, max_pool, packed_gemm
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, Product, is_product, segment, segment_runner
@@ -161,12 +161,14 @@ class CpuBackend(Backend):
                  attention: str = "auto"):
         self.cc = cc or os.environ.get("CC") or "cc"
         # who computes matrix products and convolutions: "auto" (the fastest here, measured once
-        # and cached: backends/products_choice.py), "numpy" or "torch"; resolved at the first
+        # and cached: backends/products_choice.py), "numpy", "torch" or "dpl" (NumPy's, products
+        # by constant weights by backends/packed_gemm.py); resolved at the first
         # product a build meets, so a plan without products never imports torch or measures
         if products not in blas.NAMES:
-            raise BackendError(f"unknown products library {products!r}", hint="products='auto' (default), 'numpy' or 'torch'")
+            raise BackendError(f"unknown products library {products!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")
         self.products_name = products
         self._products = None
+        self._panel: int | None = None  # the packed routine's panel width (0: it did not compile)
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
@@ -180,7 +182,7 @@ class CpuBackend(Backend):
         """The provider of matrix products and convolutions (backends/blas.py), chosen on first use."""
         if self._products is None:
             self._heap = keep_mapped()  # before any measurement: torch's convolutions allocate per call
-            self._products = blas.products(self.products_name, self.cc)
+            self._products = blas.products(self.products_name, self.cc, load=self.cache.load)
         return self._products
 
     def notes(self) -> tuple[str, ...]:
@@ -189,7 +191,8 @@ class CpuBackend(Backend):
             return (f"products: {self.products_name} (not chosen yet: no product built)",)
         p = self._products
         pools = f"threads: products on {p.pool_of(_MATMUL)}, convolutions on {p.pool_of(_CONV)}"
-        return (f"products: {p.name} ({p.library}; {pools}); {p.why}", self._heap)
+        packed = f"; {blas.PACKED}, on {OPENMP}" if p.packs else ""
+        return (f"products: {p.name} ({p.library}; {pools}){packed}; {p.why}", self._heap)
 
     def available(self) -> tuple[bool, str]:
         if shutil.which(self.cc) is None:
@@ -274,15 +277,31 @@ class CpuBackend(Backend):
         return fa.flash_runner(function.name, spec, source, lib, note=note), note
 
     def _pool_of(self, call) -> str:
-        """The thread pool a library step runs on: a max pool on OpenMP, the rest the provider's."""
-        return OPENMP if max_pool.takes(call) else self.products.pool_of(call)
+        """The thread pool a library step runs on: a max pool and a packed product on OpenMP,
+        the rest the provider's."""
+        return OPENMP if max_pool.takes(call) or self._packs(call) else self.products.pool_of(call)
+
+    def _packs(self, call) -> bool:
+        """Whether product ``call`` runs by dpl's packed-weight routine (backends/packed_gemm.py)."""
+        return call.op == "matmul" and self.products.packs and packed_gemm.takes(call, self._panel_width())
+
+    def _panel_width(self) -> int:
+        if self._panel is None:
+            try:
+                self._panel = packed_gemm.panel_width(self.cache.load(packed_gemm.SOURCE))
+            except CompileError:  # the provider keeps every product
+                self._panel = 0
+        return self._panel
 
     def _product(self, call, threads: int | None = None):
         """How a product of the segments runs: a convolution by the provider's own (torch's
-        oneDNN) or im2col and the provider's matmul, a matmul by the provider (None: the segment
+        oneDNN) or im2col and the provider's matmul, a product by constant weights by dpl's
+        packed routine where the choice says so, a matmul by the provider (None: the segment
         runner's own NumPy matmul)."""
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
             return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
+        if self._packs(call):  # the weights packed now, once
+            return packed_gemm.runner(call, self.cache.load(packed_gemm.SOURCE), threads)
         if call.op != "matmul":
             return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
         return self.products.matmul if getattr(self.products, "matmuls", False) else None

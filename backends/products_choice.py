@@ -2,23 +2,30 @@
 on this machine, by measurement, once per machine and library versions.
 
 The contenders are NumPy's BLAS (OpenBLAS, with im2col for convolutions: the floor, always
-there) and torch (MKL's ``matmul``, oneDNN's convolution) when torch is installed. Each computes
-a representative product (a short sequence's projection, 128 x 512 @ 512 x 1024) and a
-representative convolution (3x3, 64 channels at 56x56), interleaved, the best of a few rounds,
-on one thread, in the calling thread's CPU time (what a library can do, not what a busy
-machine's scheduler let it do: at two threads on a loaded 2-core host the same product took 3
-to 15 times its one-thread time, and even the best of 9 wall-clock rounds on one thread put
-either library ahead from run to run). torch takes the products, and separately the
-convolutions, where it is at least ``MARGIN`` faster: a tie stays with NumPy, the floor (with
-the representative product a near tie, torch's products made the GPT-2 block and the Llama
-decoder of bench/bench_models.py 5% and 9% slower, one thread, CPU time). The result is kept in
-dpl's cache directory (``~/.cache/dpl/products``, :mod:`dpl.cache_dir`), keyed by the CPU, the
-core count and the NumPy and torch versions, so a later build reads a small file and never
-measures again; within a process it is read once. torch is imported only to measure, or at the
-first product or convolution it won; never when it is absent or lost.
+there), torch (MKL's ``matmul``, oneDNN's convolution) when torch is installed, and for products
+by a model's weights dpl's own routine on weights packed at build time
+(:mod:`dpl.backends.packed_gemm`) when the C compiler builds it. Each computes a representative
+layer's products (a short sequence, 128 rows, through a 512-wide decoder layer's four weights:
+q/k/v, o, gate/up, down; 12.6 MB of weights, more than a core's L2, so each product meets its
+weights as a model's call does) and a representative convolution (3x3, 64 channels at 56x56),
+interleaved, the best of a few rounds, on one thread, in the calling thread's CPU time (what a
+library can do, not what a busy machine's scheduler let it do: at two threads on a loaded 2-core
+host the same product took 3 to 15 times its one-thread time, and even the best of 9 wall-clock
+rounds on one thread put either library ahead from run to run). torch takes the products, and
+separately the convolutions, where it is at least ``MARGIN`` faster: a tie stays with NumPy, the
+floor (with the representative product a near tie, torch's products made the GPT-2 block and the
+Llama decoder of bench/bench_models.py 5% and 9% slower, one thread, CPU time); the packed
+routine takes the products by constant float32 weights where it is at least ``MARGIN`` faster
+than the library that took the products. The result is kept in dpl's cache directory
+(``~/.cache/dpl/products``, :mod:`dpl.cache_dir`), keyed by the CPU, the core count and the
+NumPy and torch versions, so a later build reads a small file and never measures again; within
+a process it is read once. torch is imported only to measure, or at the first product or
+convolution it won; never when it is absent or lost.
 
 On the 2-core AVX-512 bench host (AMD EPYC, load average 7-12), one thread, CPU ms: products NumPy
-1.61 vs torch 1.66-1.75 (NumPy kept), convolution im2col 3.3-3.6 vs torch 2.4-2.6 (torch taken).
+1.61 vs torch 1.66-1.75 (NumPy kept), convolution im2col 3.3-3.6 vs torch 2.4-2.6 (torch taken)
+(stop 24, one 128x512 @ 512x1024 product). The layer's products (load 0.2-0.5): see
+:data:`LAYER` and the packed routine's docstring.
 """
 
 from __future__ import annotations
@@ -41,11 +48,12 @@ from dpl.runtime.threads import budget_threads
 
 log = logging.getLogger(__name__)
 
-MATMUL = (128, 512, 1024)  # m, k, n
+ROWS = 128
+LAYER = ((512, 1536), (512, 512), (512, 2816), (1408, 512))  # (k, n) of a decoder layer's weights
 CONV = ((1, 64, 56, 56), (64, 64, 3, 3))  # NCHW input, OIHW weights; padding 1 (a ResNet stage 1)
 ROUNDS = 9
 MARGIN = 0.95  # torch's time at most this fraction of NumPy's
-VERSION = 5  # of the measurement: a change makes every cached choice stale
+VERSION = 6  # of the measurement: a change makes every cached choice stale
 
 _lock = threading.Lock()
 _chosen: dict[str, "Measured"] = {}
@@ -53,13 +61,15 @@ _chosen: dict[str, "Measured"] = {}
 
 @attrs.frozen
 class Measured:
-    """The best times in ms of NumPy's and torch's product and convolution on one thread
-    (torch's None: not installed)."""
+    """The best times in ms of NumPy's and torch's layer products and convolution and of the
+    packed routine's layer products, on one thread (torch's None: not installed; the packed
+    routine's None: it did not compile)."""
 
     numpy_matmul: float
     numpy_conv: float
     torch_matmul: float | None = None
     torch_conv: float | None = None
+    packed_matmul: float | None = None
     where: str = ""  # the cache file, or "" when just measured and not stored
 
     @property
@@ -70,17 +80,28 @@ class Measured:
     def torch_convolutions(self) -> bool:
         return self.torch_conv is not None and self.torch_conv <= MARGIN * self.numpy_conv
 
+    @property
+    def packs(self) -> bool:
+        """Whether products by constant float32 weights go to the packed routine."""
+        library = self.torch_matmul if self.torch_matmuls else self.numpy_matmul
+        return self.packed_matmul is not None and self.packed_matmul <= MARGIN * library
+
     def why(self) -> str:
-        m, k, n = MATMUL
         (_, c, h, w), _ = CONV
-        if self.torch_matmul is None:
-            return "auto: torch is not installed, NumPy's BLAS"
-        who = lambda won: "torch" if won else "NumPy"  # noqa: E731
         stored = f"; cached in {self.where}" if self.where else ""
-        return (f"auto, the faster of each measured here: products by {who(self.torch_matmuls)} ({m}x{k} @ {k}x{n} "
-                f"torch {self.torch_matmul:.2f} ms vs NumPy {self.numpy_matmul:.2f}), convolutions by "
-                f"{'torch' if self.torch_convolutions else 'im2col'} (3x3 {c}x{h}x{w} torch {self.torch_conv:.2f} ms "
-                f"vs im2col {self.numpy_conv:.2f}); one thread, best of {ROUNDS}{stored}")
+        layer = f"a {LAYER[0][0]}-wide layer's {len(LAYER)} products at {ROWS} rows"
+        packed = ("the packed routine did not compile" if self.packed_matmul is None else
+                  f"packed routine {self.packed_matmul:.2f} ms")
+        if self.torch_matmul is None:
+            return (f"auto, measured here: torch is not installed, NumPy's BLAS; products by constant weights by "
+                    f"{'the packed routine' if self.packs else 'NumPy'} ({layer}: {packed} vs NumPy "
+                    f"{self.numpy_matmul:.2f}); one thread, best of {ROUNDS}{stored}")
+        who = lambda won: "torch" if won else "NumPy"  # noqa: E731
+        by_weights = "the packed routine" if self.packs else who(self.torch_matmuls)
+        return (f"auto, the faster of each measured here: products by {who(self.torch_matmuls)}, those by constant "
+                f"weights by {by_weights} ({layer}: torch {self.torch_matmul:.2f} ms vs NumPy {self.numpy_matmul:.2f} vs "
+                f"{packed}), convolutions by {'torch' if self.torch_convolutions else 'im2col'} (3x3 {c}x{h}x{w} torch "
+                f"{self.torch_conv:.2f} ms vs im2col {self.numpy_conv:.2f}); one thread, best of {ROUNDS}{stored}")
 
 
 def _version(dist: str) -> str | None:
@@ -90,8 +111,8 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _key(cpu: str) -> str:
-    parts = [str(VERSION), cpu, str(os.cpu_count()), np.__version__, str(_version("torch"))]
+def _key(cpu: str, compiler: str = "") -> str:
+    parts = [str(VERSION), cpu, str(os.cpu_count()), np.__version__, str(_version("torch")), compiler]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -108,51 +129,93 @@ def _best_ms(fns, rounds: int) -> list[float]:
     return [min(t) * 1e3 for t in times]
 
 
-def measure(cc: str = "cc", rounds: int = ROUNDS) -> Measured:
-    """NumPy's and (when installed) torch's product and convolution, timed here on one thread."""
+def _layer(cc: str, load):
+    """``(numpy, torch or None, packed or None)``: each a function computing :data:`LAYER`'s
+    products in turn, by NumPy's BLAS, torch's products and the packed routine (None where torch
+    is not installed, or the routine did not compile; ``load``: the kernel cache's, default the
+    user cache's)."""
+    from dpl.backends import blas, packed_gemm
+    from dpl.backends.cpu_backend import KernelCache
+    from dpl.backends.registry import CompileError
+    from dpl.ir.expr import Call, Constant, Var
+    from dpl.ir.types import TensorType
+
+    rng = np.random.default_rng(0)
+    steps = []
+    for k, n in LAYER:
+        a, w = rng.standard_normal((ROWS, k), np.float32), rng.standard_normal((k, n), np.float32)
+        w.flags.writeable = False  # as a build's constants are
+        steps.append((a, w, np.empty((ROWS, n), np.float32)))
+
+    def each(matmul):
+        def run():
+            for a, w, out in steps:
+                matmul(a, w, out)
+        return run
+
+    torch = each(blas.TorchProducts().matmul) if importlib.util.find_spec("torch") is not None else None
+    packed = None
+    try:
+        lib = (load or KernelCache(cc=cc).load)(packed_gemm.SOURCE)
+    except (CompileError, OSError) as err:  # OSError: no compiler at all
+        log.info("dpl: the packed product routine did not compile: %s", str(err)[:200])
+        lib = None
+    if lib is not None:
+        calls = {id(w): packed_gemm.runner(Call("matmul", (Var("a", TensorType(a.shape, "float32")), Constant(w)), {},
+                                                 TensorType(out.shape, "float32")), lib, 1) for a, w, out in steps}
+        packed = each(lambda a, w, out: calls[id(w)](a, w, out))
+    return each(blas.NumpyProducts().matmul), torch, packed
+
+
+def measure(cc: str = "cc", rounds: int = ROUNDS, load=None) -> Measured:
+    """NumPy's, (when installed) torch's and (when it compiles: ``load(source)`` gives its
+    library) the packed routine's layer products, and NumPy's and torch's convolution, timed
+    here on one thread."""
     from dpl.backends import blas
     from dpl.backends.im2col import Conv2d
 
     keep_mapped()  # as a build runs them: oneDNN's per-call buffers are not faulted in afresh
     rng = np.random.default_rng(0)
-    m, k, n = MATMUL
-    a, b, out = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32), np.empty((m, n), np.float32)
+    numpy_layer, torch_layer, packed_layer = _layer(cc, load)
     xs, ws = CONV
     x, w = rng.standard_normal(xs, np.float32), rng.standard_normal(ws, np.float32)
     y = np.empty((xs[0], ws[0], xs[2], xs[3]), np.float32)
     im2col = Conv2d({"padding": [1, 1, 1, 1]})
-    numpy = blas.NumpyProducts()
-    fns = [lambda: numpy.matmul(a, b, out), lambda: im2col(x, w, y)]
-    if importlib.util.find_spec("torch") is not None:
-        torch = blas.TorchProducts(cc)
-        conv = torch.convolution({"padding": [1, 1, 1, 1]}, np.float32)
-        fns += [lambda: torch.matmul(a, b, out), lambda: conv(x, w, y)]
+    fns = [numpy_layer, lambda: im2col(x, w, y)]
+    if torch_layer is not None:
+        conv = blas.TorchProducts(cc).convolution({"padding": [1, 1, 1, 1]}, np.float32)
+        fns += [torch_layer, lambda: conv(x, w, y)]
+    if packed_layer is not None:
+        fns.append(packed_layer)
     with budget_threads(1):
-        return Measured(*_best_ms(fns, rounds))
+        times = _best_ms(fns, rounds)
+    numpy_matmul, numpy_conv, *rest = times
+    torch_matmul, torch_conv = rest[:2] if torch_layer is not None else (None, None)
+    return Measured(numpy_matmul, numpy_conv, torch_matmul, torch_conv, times[-1] if packed_layer is not None else None)
 
 
-def choose(cc: str = "cc"):
+def choose(cc: str = "cc", load=None):
     """The provider ``products="auto"`` takes: torch when installed and measured faster, else
-    NumPy's; measured once per machine (cached on disk), its ``why`` saying what was measured."""
+    NumPy's, with products by constant float32 weights by the packed routine where it measured
+    faster (``load(source)``: a C source's library, the CPU backend's kernel cache); measured
+    once per machine (cached on disk), its ``why`` saying what was measured."""
     from dpl.backends import blas
 
-    if importlib.util.find_spec("torch") is None:
-        provider = blas.NumpyProducts()
-        provider.why = "auto: torch is not installed, NumPy's BLAS"
-        return provider
-    measured = _measured(cc)
+    measured = _measured(cc, load)
     if measured.torch_matmuls or measured.torch_convolutions:
-        return blas.TorchProducts(cc, why=measured.why(), matmuls=measured.torch_matmuls,
-                                  convolutions=measured.torch_convolutions)
-    provider = blas.NumpyProducts()
-    provider.why = measured.why()
+        provider = blas.TorchProducts(cc, why=measured.why(), matmuls=measured.torch_matmuls,
+                                      convolutions=measured.torch_convolutions)
+    else:
+        provider = blas.NumpyProducts()
+        provider.why = measured.why()
+    provider.packs = measured.packs
     return provider
 
 
-def _measured(cc: str) -> Measured:
-    from dpl.backends.cpu_backend import cpu_identity
+def _measured(cc: str, load=None) -> Measured:
+    from dpl.backends.cpu_backend import compiler_version, cpu_identity
 
-    key = _key(cpu_identity())
+    key = _key(cpu_identity(), compiler_version(cc))
     with _lock:
         found = _chosen.get(key)
         if found is not None:
@@ -163,8 +226,8 @@ def _measured(cc: str) -> Measured:
         except (OSError, ValueError, TypeError):
             found = None  # absent, or not ours to trust: measured again
         if found is None:
-            log.info("dpl: measuring NumPy's and torch's products for products='auto' (once per machine)")
-            found = measure(cc)
+            log.info("dpl: measuring the products' libraries for products='auto' (once per machine)")
+            found = measure(cc, load=load)
             try:
                 data = attrs.asdict(found, filter=lambda a, _: a.name != "where")
                 write_private_file(path, json.dumps(data).encode())

@@ -28,9 +28,9 @@ def store(tmp_path, monkeypatch):
 
 def kept(store, **times):
     store.mkdir(mode=0o700, exist_ok=True)
-    from dpl.backends.cpu_backend import cpu_identity
+    from dpl.backends.cpu_backend import compiler_version, cpu_identity
 
-    path = store / f"{products_choice._key(cpu_identity())}.json"
+    path = store / f"{products_choice._key(cpu_identity(), compiler_version('cc'))}.json"
     path.write_text(json.dumps(times))
     path.chmod(0o600)
     return path
@@ -40,7 +40,7 @@ def rand_array(*shape):
     return np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
 
 
-def no_measuring(*_):
+def no_measuring(*_, **__):
     raise AssertionError("measured again")
 
 
@@ -50,7 +50,8 @@ def test_a_kept_choice_for_torch_gives_torch_without_measuring(store, monkeypatc
     monkeypatch.setattr(products_choice, "measure", no_measuring)
     chosen = blas.products("auto")
     assert isinstance(chosen, blas.TorchProducts) and chosen.name == "torch"
-    assert "products by torch (128x512 @ 512x1024 torch 1.50 ms vs NumPy 2.00)" in chosen.why
+    assert "products by torch" in chosen.why and "torch 1.50 ms vs NumPy 2.00" in chosen.why
+    assert not chosen.packs and "the packed routine did not compile" in chosen.why
 
 
 def test_a_kept_choice_for_numpy_gives_numpy(store, monkeypatch):
@@ -85,10 +86,11 @@ def test_the_first_choice_is_measured_and_kept_for_the_next_process(store, monke
     files = list(store.glob("*.json"))
     assert len(files) == 1
     times = json.loads(files[0].read_text())
-    assert set(times) == {"numpy_matmul", "numpy_conv", "torch_matmul", "torch_conv"}
-    assert all(t > 0 for t in times.values())
+    assert set(times) == {"numpy_matmul", "numpy_conv", "torch_matmul", "torch_conv", "packed_matmul"}
+    assert all(t > 0 for t in times.values())  # the packed routine compiled and was timed too
     m = Measured(**times)
     assert (first.name != "numpy") == (m.torch_matmuls or m.torch_convolutions)
+    assert first.packs == m.packs
     monkeypatch.setattr(products_choice, "_chosen", {})  # a new process: read, not measured
     monkeypatch.setattr(products_choice, "measure", no_measuring)
     assert blas.products("auto").name == first.name
@@ -97,16 +99,38 @@ def test_the_first_choice_is_measured_and_kept_for_the_next_process(store, monke
 def test_a_damaged_choice_is_measured_again(store, monkeypatch):
     needs.package("torch")
     kept(store, numpy_matmul="fast")
-    monkeypatch.setattr(products_choice, "measure", lambda cc: Measured(1.0, 1.0, 2.0, 2.0))
+    monkeypatch.setattr(products_choice, "measure", lambda cc, load=None: Measured(1.0, 1.0, 2.0, 2.0))
     assert blas.products("auto").name == "numpy"
 
 
-def test_without_torch_auto_is_numpy_and_measures_nothing(store, monkeypatch):
+def test_without_torch_auto_measures_numpy_against_the_packed_routine(store, monkeypatch):
+    """No torch: NumPy's BLAS for the products, the packed routine for those by constant weights
+    where it measured faster; torch neither timed nor imported."""
+    needs.c_compiler()
+    from dpl.backends.cpu_backend import KernelCache
+
     monkeypatch.setattr(products_choice.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(blas, "TorchProducts", no_measuring)
+    chosen = blas.products("auto", load=KernelCache(store.parent / "kernels").load)
+    m = Measured(**json.loads(next(store.glob("*.json")).read_text()))
+    assert m.torch_matmul is None and m.torch_conv is None and m.packed_matmul > 0 and m.numpy_matmul > 0
+    assert chosen.name == "numpy" and "torch is not installed" in chosen.why and chosen.packs == m.packs
+
+
+@pytest.mark.parametrize("times, packs", [
+    (dict(numpy_matmul=2.0, numpy_conv=1.0, torch_matmul=2.5, torch_conv=2.0, packed_matmul=1.8), True),
+    (dict(numpy_matmul=2.0, numpy_conv=1.0, torch_matmul=2.5, torch_conv=2.0, packed_matmul=1.95), False),  # a tie
+    (dict(numpy_matmul=2.0, numpy_conv=1.0, torch_matmul=1.5, torch_conv=2.0, packed_matmul=1.8), False),  # torch's won
+    (dict(numpy_matmul=2.0, numpy_conv=1.0, torch_matmul=1.5, torch_conv=2.0, packed_matmul=1.3), True),
+])
+def test_the_packed_routine_takes_weights_only_where_it_beat_the_products_library(store, monkeypatch, times, packs):
+    needs.package("torch")
+    kept(store, **times)
     monkeypatch.setattr(products_choice, "measure", no_measuring)
     chosen = blas.products("auto")
-    assert chosen.name == "numpy" and "torch is not installed" in chosen.why
-    assert not list(store.glob("*.json"))
+    assert chosen.packs == packs
+    assert ("by constant weights by the packed routine" in chosen.why) == packs
+    assert f"packed routine {times['packed_matmul']:.2f} ms" in chosen.why
 
 
 def test_the_summary_says_which_products_and_why(store, tmp_path):
@@ -150,11 +174,11 @@ def test_a_plan_without_torch_work_never_imports_torch(tmp_path):
         import dpl
         assert "torch" not in sys.modules, "import dpl imported torch"
         from dpl.backends import products_choice
-        from dpl.backends.cpu_backend import CpuBackend, cpu_identity
+        from dpl.backends.cpu_backend import CpuBackend, compiler_version, cpu_identity
         from dpl.cache_dir import make_private_dirs, store_dir
         folder = store_dir("products")
         make_private_dirs(folder)
-        path = folder / f"{products_choice._key(cpu_identity())}.json"
+        path = folder / f"{products_choice._key(cpu_identity(), compiler_version('cc'))}.json"
         path.write_text(json.dumps(dict(numpy_matmul=1.0, numpy_conv=1.0, torch_matmul=2.0, torch_conv=0.5)))
         path.chmod(0o600)
         mod = dpl.parse('''

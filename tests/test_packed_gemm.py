@@ -1,0 +1,125 @@
+"""backends/packed_gemm.py: products by constant float32 weights on weights packed once equal
+the interpreter's for every shape (rows past a tile, columns past a panel, K past a K-block,
+leading dims, empty dims), at one and two threads, with NaN and infinities; the CPU backend
+uses the routine only where the choice says so and the product qualifies, and a model built
+with it computes the interpreter's numbers."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import needs
+
+import dpl
+from dpl.backends import packed_gemm
+from dpl.ir import FunctionBuilder, Module
+from dpl.ir.builder import const
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    from dpl.backends.cpu_backend import KernelCache
+
+    needs.c_compiler()
+    return KernelCache(tmp_path_factory.mktemp("kernels")).load(packed_gemm.SOURCE)
+
+
+def product(lead, k, n, seed=0, special=()):
+    """``main(x) = matmul(x, w)`` with ``w`` a random constant; the module and ``x``."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    x = rng.standard_normal((*lead, k)).astype(np.float32)
+    for where, value in special:
+        target = w if where % 2 else x
+        if target.size:
+            target.flat[where % target.size] = value
+    fb = FunctionBuilder("main")
+    xv = fb.param("x", "f32", (*lead, k))
+    mod = Module([fb.ret(fb.emit("matmul", xv, const(w)))])
+    return mod, x
+
+
+@st.composite
+def shapes(draw):
+    lead = draw(st.sampled_from([(), (1,), (2,), (2, 3)]))
+    rows = draw(st.integers(0, 20))
+    return (*lead, rows), draw(st.integers(0, 600)), draw(st.integers(1, 200))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shapes(), st.sampled_from([1, 2]), st.integers(0, 2**31),
+       st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=2))
+def test_the_routine_equals_the_interpreter(lib, shape, threads, seed, special):
+    lead, k, n = shape
+    mod, x = product(lead, k, n, seed, special)
+    call = mod["main"].bindings[0].value
+    want = dpl.interpret(mod, x)
+    run = packed_gemm.runner(call, lib, threads)
+    got = np.full(want.shape, 7.0, np.float32)
+    assert run(x, call.args[1].value, got) is got
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, k ** 0.5))  # NaN where NaN, inf where inf
+
+
+def test_a_non_contiguous_output_is_written_through_a_copy(lib):
+    mod, x = product((9,), 300, 70)
+    call = mod["main"].bindings[0].value
+    out = np.zeros((70, 9), np.float32).T  # the output's shape, Fortran order
+    packed_gemm.runner(call, lib)(x, None, out)
+    np.testing.assert_allclose(out, dpl.interpret(mod, x), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("lead, k, n, dtype, takes", [
+    ((128,), 256, 512, "f32", True),
+    ((1, 128), 256, 512, "f32", True),
+    ((128,), 256, 512, "f64", False),   # float32 only
+    ((8,), 64, 64, "f32", False),       # too small: the call and the tiles' set-up lose
+    ((512,), 256, 77, "f32", False),    # 77 columns pad a second 64-wide panel by 51
+    ((512,), 256, 250, "f32", True),    # 6 of 256 padded
+])
+def test_takes_large_wide_float32_products_by_constants(lead, k, n, dtype, takes):
+    fb = FunctionBuilder("main")
+    x = fb.param("x", dtype, (*lead, k))
+    w = np.ones((k, n), np.float32 if dtype == "f32" else np.float64)
+    fb.ret(fb.emit("matmul", x, const(w)))
+    assert packed_gemm.takes(fb.bindings[0].value, 64) is takes
+
+
+def test_a_product_of_two_variables_is_not_taken():
+    fb = FunctionBuilder("main")
+    x, w = fb.param("x", "f32", (256, 256)), fb.param("w", "f32", (256, 256))
+    fb.ret(fb.emit("matmul", x, w))
+    assert not packed_gemm.takes(fb.bindings[0].value, 64)
+
+
+@pytest.mark.parametrize("products, packed", [("dpl", True), ("numpy", False)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_model_built_with_the_packed_routine_equals_the_interpreter(tmp_path, monkeypatch, products, packed, threads):
+    needs.c_compiler()
+    from dpl.backends.cpu_backend import CpuBackend
+
+    calls = []
+    real = packed_gemm.runner
+
+    def counted(call, lib, threads=None):
+        run = real(call, lib, threads)
+        return lambda a, w, out: calls.append(call.args[1].ty.shape) or run(a, w, out)
+
+    monkeypatch.setattr(packed_gemm, "runner", counted)
+
+    rng = np.random.default_rng(5)
+    w1 = (rng.standard_normal((256, 512)) / 16).astype(np.float32)
+    b1 = rng.standard_normal(512).astype(np.float32)
+    w2 = (rng.standard_normal((512, 256)) / 16).astype(np.float32)
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (1, 128, 256))
+    h = fb.emit("nn.gelu", fb.emit("add", fb.emit("matmul", x, const(w1)), const(b1)))
+    mod = Module([fb.ret(fb.emit("add", fb.emit("matmul", h, const(w2)), x))])
+    fused = dpl.apply(mod, ["cublas"])
+    cpu = CpuBackend(cache_dir=tmp_path / "kernels", products=products)
+    exe = dpl.build(fused, [cpu, "numpy"], threads=threads, progress=False)
+    xs = rng.standard_normal((1, 128, 256)).astype(np.float32)
+    np.testing.assert_allclose(exe(xs), dpl.interpret(mod, xs), rtol=1e-4, atol=1e-4)
+    assert not exe.fallbacks
+    assert ("packed-weight routine" in exe.summary()) is packed
+    assert sorted(set(calls)) == ([(256, 512), (512, 256)] if packed else [])  # both products ran by it
