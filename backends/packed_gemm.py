@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 
 import numpy as np
 
@@ -92,17 +93,13 @@ static const tile_fn tiles[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};  
 int64_t dpl_panel_width(void) { return NR; }
 
 /* C[M, N] = A[M, K] @ W[K, N], W packed as ceil(N / NR) panels of K x NR; at most `threads`
-   threads (0: the OpenMP default), sharing the (panel, row block) tiles of each K-block */
-void dpl_kernel(const float *A, const float *P, float *C, const int64_t *dims, int threads) {
-  const int64_t M = dims[0], K = dims[1], N = dims[2];
+   threads sharing the (panel, row block) tiles of each K-block (one: no team) */
+static void gemm(const float *A, const float *P, float *C, int64_t M, int64_t K, int64_t N, int threads) {
   const int64_t panels = (N + NR - 1) / NR, blocks = (M + MR - 1) / MR, tiles_n = panels * blocks;
   if (K == 0) {
     memset(C, 0, (size_t)(M * N) * sizeof(float));
     return;
   }
-#ifdef _OPENMP
-  if (threads <= 0) threads = omp_get_max_threads();
-#endif
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = K - k0 < KC ? K - k0 : KC;
     #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && tiles_n > 1)
@@ -114,25 +111,81 @@ void dpl_kernel(const float *A, const float *P, float *C, const int64_t *dims, i
     }
   }
 }
+
+static int team(int threads) {
+#ifdef _OPENMP
+  return threads > 0 ? threads : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/* W[K, N] (row-major) as the panels gemm reads */
+static void pack(const float *W, float *P, int64_t K, int64_t N) {
+  for (int64_t p = 0; p * NR < N; p++) {
+    const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
+    for (int64_t k = 0; k < K; k++) {
+      float *to = P + (p * K + k) * NR;
+      memcpy(to, W + k * N + p * NR, (size_t)ncols * sizeof(float));
+      memset(to + ncols, 0, (size_t)(NR - ncols) * sizeof(float));
+    }
+  }
+}
+
+/* dims: M, K, N; P: the weights, packed */
+void dpl_kernel(const float *A, const float *P, float *C, const int64_t *dims, int threads) {
+  gemm(A, P, C, dims[0], dims[1], dims[2], team(threads));
+}
+
+/* dims: M, K, N (W[K, N] row-major into P) */
+void dpl_pack(const float *W, float *P, const int64_t *dims) {
+  pack(W, P, dims[1], dims[2]);
+}
+
+/* C[b] = A[b] @ B[b] for b < batch, each B[b] (K x N, row-major) packed into scratch[b] first;
+   dims: batch, M, K, N. Batches shared by the team where there are enough, else the tiles */
+void dpl_batched(const float *A, const float *B, float *C, const int64_t *dims, int threads, float *scratch) {
+  const int64_t batch = dims[0], M = dims[1], K = dims[2], N = dims[3];
+  const int64_t packed = (N + NR - 1) / NR * NR * K;
+  threads = team(threads);
+  if (batch >= threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t b = 0; b < batch; b++) {
+      pack(B + b * K * N, scratch + b * packed, K, N);
+      gemm(A + b * M * K, scratch + b * packed, C + b * M * N, M, K, N, 1);
+    }
+  } else {
+    for (int64_t b = 0; b < batch; b++) {
+      pack(B + b * K * N, scratch + b * packed, K, N);
+      gemm(A + b * M * K, scratch + b * packed, C + b * M * N, M, K, N, threads);
+    }
+  }
+}
 """
 
 
 def takes(call: Call, panel_width: int = 64) -> bool:
-    """Whether ``call`` is a float32 product of a tensor (any leading dims) by a constant
-    matrix, large enough and wide enough (little of its last panel padding) to win here."""
+    """Whether ``call`` is a float32 product this routine computes: of a tensor (any leading
+    dims) by a constant matrix (packed once), or of two tensors of static shapes with the same
+    batch dims, or by a matrix (packed at each call); large enough, and wide enough that little
+    of its last panel is padding."""
     if call.op != "matmul" or len(call.args) != 2 or panel_width <= 0:
         return False
-    a, w = call.args
-    if not isinstance(w, Constant) or len(w.ty.shape) != 2 or len(a.ty.shape) < 2:
+    a, b = call.args
+    sa, sb = a.ty.shape, b.ty.shape
+    if not (a.ty.dtype == b.ty.dtype == call.ty.dtype == "float32") or len(sa) < 2 or len(sb) < 2:
         return False
-    if not (a.ty.dtype == w.ty.dtype == call.ty.dtype == "float32"):
+    if len(call.ty.shape) != len(sa) or not isinstance(sa[-1], int):
         return False
-    if any(not isinstance(d, int) for d in a.ty.shape[-1:]) or len(call.ty.shape) != len(a.ty.shape):
+    if isinstance(b, Constant):
+        if len(sb) != 2:
+            return False
+    elif any(not isinstance(d, int) for d in (*sa, *sb)) or (len(sb) > 2 and tuple(sa[:-2]) != tuple(sb[:-2])):
         return False
-    k, n = w.ty.shape
-    rows = math.prod(d for d in a.ty.shape[:-1] if isinstance(d, int))  # a symbolic dim counts as 1
+    k, n = sb[-2:]
+    macs = math.prod(d for d in sa[:-1] if isinstance(d, int)) * k * n  # a symbolic dim counts as 1
     padded = -n % panel_width
-    return rows * k * n >= MIN_MACS and padded <= MAX_PAD * (n + padded)
+    return macs >= MIN_MACS and padded <= MAX_PAD * (n + padded)
 
 
 def pack(w: np.ndarray, panel_width: int) -> np.ndarray:
@@ -149,9 +202,12 @@ def panel_width(lib) -> int:
 
 
 def runner(call: Call, lib, threads: int | None = None):
-    """``fn(a, w, out)`` computing ``call`` (:func:`takes`) into ``out`` with the routine of
-    ``lib`` (compiled from :data:`SOURCE`), the constant packed now; ``w`` is that constant
-    (the segment runner passes it) and is not read again. ``threads`` caps the team."""
+    """``fn(a, b, out)`` computing ``call`` (:func:`takes`) into ``out`` with the routine of
+    ``lib`` (compiled from :data:`SOURCE`). A constant ``b`` is packed now (the segment runner
+    passes it again at each call, and it is not read again), a variable one at each call.
+    ``threads`` caps the team."""
+    if not isinstance(call.args[1], Constant):
+        return _variable_runner(call, lib, threads)
     entry = getattr(lib, SYMBOL)
     entry.restype = None
     entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
@@ -169,3 +225,37 @@ def runner(call: Call, lib, threads: int | None = None):
         return out
 
     return openmp_kernel(run, f"cpu:packed-matmul {k}x{n}", SOURCE, threads, lambda t: runner(call, lib, t))
+
+
+def _variable_runner(call: Call, lib, threads: int | None):
+    """:func:`runner` for a variable right operand: each batch's matrix packed into a scratch
+    buffer (per thread, kept from call to call) and multiplied, the batches shared by the team."""
+    entry = lib.dpl_batched
+    entry.restype = None
+    entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+                      ctypes.c_void_p]
+    a_shape, b_shape = call.args[0].ty.shape, call.args[1].ty.shape
+    k, n = b_shape[-2:]
+    if len(b_shape) == 2:  # one matrix for every row of ``a``
+        batch, m = 1, math.prod(a_shape[:-1])
+    else:
+        batch, m = math.prod(a_shape[:-2]), a_shape[-2]
+    nr = panel_width(lib)
+    scratch = threading.local()
+    size = max(1, batch * k * (-(-n // nr) * nr))
+    dims = (ctypes.c_int64 * 4)(batch, m, k, n)
+    cap = int(threads or 0)
+
+    def run(a, b, out):
+        a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
+        buf = getattr(scratch, "buf", None)
+        if buf is None:
+            buf = scratch.buf = np.empty(size, np.float32)
+        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+        entry(a.ctypes.data, b.ctypes.data, target.ctypes.data, dims, cap, buf.ctypes.data)
+        if target is not out:
+            np.copyto(out, target)
+        return out
+
+    return openmp_kernel(run, f"cpu:packed-matmul {batch}x {m}x{k}x{n}", SOURCE, threads,
+                         lambda t: _variable_runner(call, lib, t))

@@ -25,10 +25,12 @@ def lib(tmp_path_factory):
     return KernelCache(tmp_path_factory.mktemp("kernels")).load(packed_gemm.SOURCE)
 
 
-def product(lead, k, n, seed=0, special=()):
-    """``main(x) = matmul(x, w)`` with ``w`` a random constant; the module and ``x``."""
+def product(lead, k, n, seed=0, special=(), right="constant"):
+    """``main(x) = matmul(x, w)``, the module and its arguments: ``w`` a random constant
+    (``right="constant"``), a parameter of shape (k, n) (``"matrix"``) or one with ``x``'s
+    batch dims (``"batched"``)."""
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal((k, n)).astype(np.float32)
+    w = rng.standard_normal((*(lead[:-1] if right == "batched" else ()), k, n)).astype(np.float32)
     x = rng.standard_normal((*lead, k)).astype(np.float32)
     for where, value in special:
         target = w if where % 2 else x
@@ -36,8 +38,10 @@ def product(lead, k, n, seed=0, special=()):
             target.flat[where % target.size] = value
     fb = FunctionBuilder("main")
     xv = fb.param("x", "f32", (*lead, k))
-    mod = Module([fb.ret(fb.emit("matmul", xv, const(w)))])
-    return mod, x
+    if right == "constant":
+        return Module([fb.ret(fb.emit("matmul", xv, const(w)))]), (x,)
+    wv = fb.param("w", "f32", w.shape)
+    return Module([fb.ret(fb.emit("matmul", xv, wv))]), (x, w)
 
 
 @st.composite
@@ -49,20 +53,23 @@ def shapes(draw):
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes(), st.sampled_from([1, 2]), st.integers(0, 2**31),
-       st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=2))
-def test_the_routine_equals_the_interpreter(lib, shape, threads, seed, special):
+       st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=2),
+       st.sampled_from(["constant", "matrix", "batched"]))
+def test_the_routine_equals_the_interpreter(lib, shape, threads, seed, special, right):
     lead, k, n = shape
-    mod, x = product(lead, k, n, seed, special)
+    mod, args = product(lead, k, n, seed, special, right)
     call = mod["main"].bindings[0].value
-    want = dpl.interpret(mod, x)
+    want = dpl.interpret(mod, *args)
     run = packed_gemm.runner(call, lib, threads)
     got = np.full(want.shape, 7.0, np.float32)
-    assert run(x, call.args[1].value, got) is got
+    w = call.args[1].value if right == "constant" else args[1]
+    for _ in range(2):  # the second call reuses the scratch the first packed into
+        assert run(args[0], w, got) is got
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, k ** 0.5))  # NaN where NaN, inf where inf
 
 
 def test_a_non_contiguous_output_is_written_through_a_copy(lib):
-    mod, x = product((9,), 300, 70)
+    mod, (x,) = product((9,), 300, 70)
     call = mod["main"].bindings[0].value
     out = np.zeros((70, 9), np.float32).T  # the output's shape, Fortran order
     packed_gemm.runner(call, lib)(x, None, out)
@@ -85,11 +92,18 @@ def test_takes_large_wide_float32_products_by_constants(lead, k, n, dtype, takes
     assert packed_gemm.takes(fb.bindings[0].value, 64) is takes
 
 
-def test_a_product_of_two_variables_is_not_taken():
+@pytest.mark.parametrize("a, b, takes", [
+    ((256, 256), (256, 256), True),            # packed at each call
+    ((4, 128, 64), (4, 64, 128), True),        # attention's scores: the batches in turn
+    ((4, 128, 64), (64, 128), True),           # one matrix for every batch
+    ((4, 128, 64), (1, 64, 128), False),       # broadcast batch dims: the provider's
+    (("n", 256), (256, 256), False),           # a symbolic dim: the scratch's size is unknown
+])
+def test_takes_products_of_two_tensors_of_static_shapes(a, b, takes):
     fb = FunctionBuilder("main")
-    x, w = fb.param("x", "f32", (256, 256)), fb.param("w", "f32", (256, 256))
+    x, w = fb.param("x", "f32", a), fb.param("w", "f32", b)
     fb.ret(fb.emit("matmul", x, w))
-    assert not packed_gemm.takes(fb.bindings[0].value, 64)
+    assert packed_gemm.takes(fb.bindings[0].value, 64) is takes
 
 
 @pytest.mark.parametrize("products, packed", [("dpl", True), ("numpy", False)])
