@@ -288,7 +288,8 @@ class CpuBackend(Backend):
     def _panel_width(self) -> int:
         if self._panel is None:
             try:
-                self._panel = packed_gemm.panel_width(self.cache.load(packed_gemm.SOURCE))
+                self._packed_lib = self.cache.load(packed_gemm.SOURCE)  # loaded (and verified) once
+                self._panel = packed_gemm.panel_width(self._packed_lib)
             except CompileError:  # the provider keeps every product
                 self._panel = 0
         return self._panel
@@ -301,7 +302,7 @@ class CpuBackend(Backend):
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
             return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
         if self._packs(call):  # the weights packed now, once
-            return packed_gemm.runner(call, self.cache.load(packed_gemm.SOURCE), threads)
+            return packed_gemm.runner(call, self._packed_lib, threads)
         if call.op != "matmul":
             return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
         return self.products.matmul if getattr(self.products, "matmuls", False) else None

@@ -137,3 +137,19 @@ def test_a_model_built_with_the_packed_routine_equals_the_interpreter(tmp_path, 
     assert not exe.fallbacks
     assert ("packed-weight routine" in exe.summary()) is packed
     assert sorted(set(calls)) == ([(256, 512), (512, 256)] if packed else [])  # both products ran by it
+
+
+def test_weights_are_packed_once_at_the_first_call_for_every_thread_cap(lib, monkeypatch):
+    packs = []
+    real = packed_gemm.pack
+    monkeypatch.setattr(packed_gemm, "pack", lambda w, lib_: packs.append(w.shape) or real(w, lib_))
+    mod, (x,) = product((64,), 300, 128)
+    call = mod["main"].bindings[0].value
+    one = packed_gemm.runner(call, lib, 1)
+    two = one.with_threads(2)
+    assert two is not one and two.threads == 2 and packs == []  # a build packs nothing
+    want = dpl.interpret(mod, x)
+    for run in (two, one, two):
+        out = np.empty_like(want)
+        np.testing.assert_allclose(run(x, call.args[1].value, out), want, rtol=1e-4, atol=1e-3)
+    assert packs == [(300, 128)]
