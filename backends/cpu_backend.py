@@ -168,7 +168,7 @@ class CpuBackend(Backend):
             raise BackendError(f"unknown products library {products!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")
         self.products_name = products
         self._products = None
-        self._panel: int | None = None  # the packed routine's panel width (0: it did not compile)
+        self._vector: int | None = None  # the packed routine's vector width (0: it did not compile)
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
@@ -279,20 +279,27 @@ class CpuBackend(Backend):
     def _pool_of(self, call) -> str:
         """The thread pool a library step runs on: a max pool and a packed product on OpenMP,
         the rest the provider's."""
-        return OPENMP if max_pool.takes(call) or self._packs(call) else self.products.pool_of(call)
+        return OPENMP if max_pool.takes(call) or self._packs(call) or self._packs_conv(call) else self.products.pool_of(call)
 
     def _packs(self, call) -> bool:
         """Whether product ``call`` runs by dpl's packed-weight routine (backends/packed_gemm.py)."""
-        return call.op == "matmul" and self.products.packs and packed_gemm.takes(call, self._panel_width())
+        return call.op == "matmul" and self.products.packs and packed_gemm.takes(call, self._vector_width())
 
-    def _panel_width(self) -> int:
-        if self._panel is None:
+    def _packs_conv(self, call) -> bool:
+        """Whether convolution ``call`` runs as im2col and the packed routine's product (float32,
+        one group, not taken by the provider's own convolution)."""
+        return (call.op == "nn.conv2d" and self.products.packs and im2col.takes(call) and call.ty.dtype == "float32"
+                and int(call.attrs.get("groups", 1)) == 1 and self.products.conv2d(call) is None
+                and self._vector_width() > 0)
+
+    def _vector_width(self) -> int:
+        if self._vector is None:
             try:
                 self._packed_lib = self.cache.load(packed_gemm.SOURCE)  # loaded (and verified) once
-                self._panel = packed_gemm.panel_width(self._packed_lib)
+                self._vector = packed_gemm.vector_width(self._packed_lib)
             except CompileError:  # the provider keeps every product
-                self._panel = 0
-        return self._panel
+                self._vector = 0
+        return self._vector
 
     def _product(self, call, threads: int | None = None):
         """How a product of the segments runs: a convolution by the provider's own (torch's
@@ -303,6 +310,8 @@ class CpuBackend(Backend):
             return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
         if self._packs(call):  # the weights packed now, once
             return packed_gemm.runner(call, self._packed_lib, threads)
+        if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
+            return im2col.conv2d_product(call, packed_gemm.array_matmul(self._packed_lib, self.products.matmul, threads))
         if call.op != "matmul":
             return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
         return self.products.matmul if getattr(self.products, "matmuls", False) else None

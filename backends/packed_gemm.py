@@ -1,21 +1,29 @@
-"""float32 products by a model's weights as dpl's own C routine, on weights packed once.
+"""float32 matrix products as dpl's own C routine, a model's weights packed once.
 
 A BLAS packs the right operand of every product into panels before it multiplies, at every
-call; a model's weights are the same at every call, so here they are packed when the plan is
-built: ``ceil(N / NR)`` column panels, each ``K x NR`` contiguous (the last padded with zeros,
-never stored). The routine walks the panels and, inside each, the rows ``MR`` at a time: an
-``MR x NR`` tile of the result lives in vector registers while the rows of ``A`` are
-broadcast against the panel's rows (a K-block of ``KC`` rows at a time, so that a panel's block
-stays in L2 while every row block reads it). GCC's vector types spell the tile, so the same C
-is 16-wide on AVX-512 (6 x 64), 8-wide on AVX (6 x 16) and 4-wide elsewhere (4 x 8).
+call; a model's weights are the same at every call, so here a constant is packed once (at its
+first call): ``ceil(N / NR)`` column panels, each ``K x NR`` contiguous (the last padded with
+zeros, never stored). The routine walks the panels and, inside each, the rows ``MR`` at a
+time: an ``MR x NR`` tile of the result lives in vector registers while the rows of ``A`` are
+broadcast against the panel's rows (a K-block of ``KC`` rows at a time, so that a panel's
+block stays in L2 while every row block reads it); a narrow last panel computes only the
+vectors it has. GCC's vector types spell the tile, so the same C is 16-wide on AVX-512
+(6 x 64), 8-wide on AVX (6 x 16) and 4-wide elsewhere (4 x 8). A variable right operand
+(attention's keys and values, im2col's columns) is read in place, row by row, only its
+narrow last panel copied.
+
+It runs on the generated kernels' OpenMP team, so a plan whose products all come here uses one
+thread pool: no BLAS workers spin beside the C kernels (:mod:`dpl.runtime.threads`), and two
+threads run about twice as fast as one. That is why small products come here too, a few
+microseconds slower each than the BLAS (197 x 64 @ 64 x 64: 23 against 15 us): ViT's one
+1 x 256 pooler product on the BLAS capped every C kernel of its plan at one thread.
 
 On the 2-core AVX-512 bench host, one thread, a decoder layer's four products (128 x 256 by
 weights 256x512, 256x256, 256x1024, 512x256, then the next layer's), in sequence as a model
-calls them: OpenBLAS 3.63 ms, this routine 3.15 (0.87x); at 1024 rows 26.5 and 24.8 ms. It
-loses where a product is small or narrow (197 x 64 @ 64 x 64: 1.48x, the call and the tile's
-set-up dominate; N = 77 pads its second panel by 40%): :func:`takes` leaves those to the BLAS,
-and ``products="auto"`` uses the routine only where it measured faster on this machine
-(:mod:`dpl.backends.products_choice`).
+calls them: OpenBLAS 3.63 ms, this routine 3.15 (0.87x); at 1024 rows 26.5 and 24.8 ms.
+``products="auto"`` uses the routine only where it measured faster on this machine
+(:mod:`dpl.backends.products_choice`); :func:`takes` leaves to the BLAS what it cannot take
+(float64, symbolic or broadcast batch shapes, a last vector mostly padding).
 
 The arithmetic is the product's: every result element sums ``a[i, k] * w[k, j]`` over ``k`` in
 order (fused multiply-adds, one K-block after another), so infinities and NaNs propagate as a
@@ -34,8 +42,7 @@ from dpl.ir.expr import Call, Constant
 from dpl.runtime.threads import OPENMP, openmp_kernel
 
 SYMBOL = "dpl_kernel"  # what the CPU backend's library cache checks a library for
-MIN_MACS = 1 << 21  # multiply-adds from which a product comes here (below: the call and tiles' set-up lose)
-MAX_PAD = 0.125  # the share of padded panel columns a product may waste
+MAX_PAD = 0.125  # the share of its last vector's columns a product may waste as padding
 
 SOURCE = r"""
 #include <stdint.h>
@@ -53,25 +60,26 @@ enum { VL = 4, NV = 2, MR = 4 };
 enum { NR = VL * NV, KC = 256 };
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
 
-/* rows [0, mr) of the MR x NR tile at C: A's rows (stride lda) times the panel's kc rows at P,
-   stored (add = 0) or added (a later K-block); ncols < NR: the last panel, partly padding */
+/* rows [0, mr) and vectors [0, nv) of the MR x NR tile at C: A's rows (stride lda) times the
+   panel's kc rows at P (stride ldp: NR packed, the matrix's row length read in place), stored (add = 0) or added (a later K-block); ncols < nv * VL: the last
+   panel's last vector is partly padding (a narrow last panel computes only the vectors it has) */
 static inline __attribute__((always_inline)) void tile(const float *restrict A, int64_t lda,
-    const float *restrict P, int64_t kc, float *restrict C, int64_t ldc, int mr, int64_t ncols, int add) {
+    const float *restrict P, int64_t ldp, int64_t kc, float *restrict C, int64_t ldc, int mr, int nv, int64_t ncols, int add) {
   vf c[MR][NV];
   for (int r = 0; r < MR; r++)
     for (int q = 0; q < NV; q++) c[r][q] = (vf){0};
   for (int64_t k = 0; k < kc; k++) {
     vf b[NV];
-    for (int q = 0; q < NV; q++) b[q] = *(const vf *)(P + k * NR + q * VL);
+    for (int q = 0; q < NV && q < nv; q++) b[q] = *(const vf *)(P + k * ldp + q * VL);
     for (int r = 0; r < MR; r++)
       if (r < mr) {
         float a = A[r * lda + k];
-        for (int q = 0; q < NV; q++) c[r][q] += a * b[q];
+        for (int q = 0; q < NV && q < nv; q++) c[r][q] += a * b[q];
       }
   }
-  if (ncols == NR) {
-    for (int r = 0; r < MR; r++)
-      for (int q = 0; q < NV && r < mr; q++) {
+  if (ncols == nv * VL) {
+    for (int r = 0; r < MR && r < mr; r++)
+      for (int q = 0; q < NV && q < nv; q++) {
         vf *o = (vf *)(C + r * ldc + q * VL);
         if (add) *o += c[r][q]; else *o = c[r][q];
       }
@@ -84,17 +92,24 @@ static inline __attribute__((always_inline)) void tile(const float *restrict A, 
   }
 }
 
-typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t, int);
-#define TILE(m) static void tile##m(const float *A, int64_t lda, const float *P, int64_t kc, float *C, \
-                                    int64_t ldc, int64_t ncols, int add) { tile(A, lda, P, kc, C, ldc, m, ncols, add); }
-TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-static const tile_fn tiles[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};  /* [mr], mr <= MR */
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t, int64_t, int);
+#define TILE(m, v) static void tile##m##_##v(const float *A, int64_t lda, const float *P, int64_t ldp, int64_t kc, \
+    float *C, int64_t ldc, int64_t ncols, int add) { tile(A, lda, P, ldp, kc, C, ldc, m, v, ncols, add); }
+#define TILES(m) TILE(m, 1) TILE(m, 2) TILE(m, 3) TILE(m, 4)
+TILES(1) TILES(2) TILES(3) TILES(4) TILES(5) TILES(6)
+#define ROW(m) {0, tile##m##_1, tile##m##_2, tile##m##_3, tile##m##_4}
+static const tile_fn tiles[7][5] = {{0}, ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6)};  /* [mr][nv], mr <= MR, nv <= NV */
 
 int64_t dpl_panel_width(void) { return NR; }
+int64_t dpl_vector_width(void) { return VL; }
 
-/* C[M, N] = A[M, K] @ W[K, N], W packed as ceil(N / NR) panels of K x NR; at most `threads`
-   threads sharing the (panel, row block) tiles of each K-block (one: no team) */
-static void gemm(const float *A, const float *P, float *C, int64_t M, int64_t K, int64_t N, int threads) {
+/* Where gemm reads W's panels: panel p at P + p * ps, its row k at + k * ldp; a last panel
+   narrower than NR from `tail` (rows of NR) when it is not NULL */
+typedef struct { const float *P; int64_t ps, ldp; const float *tail; } panels_t;
+
+/* C[M, N] = A[M, K] @ W[K, N], W's ceil(N / NR) panels of K x NR as `w` says; at most
+   `threads` threads sharing the (panel, row block) tiles of each K-block (one: no team) */
+static void gemm(const float *A, panels_t w, float *C, int64_t M, int64_t K, int64_t N, int threads) {
   const int64_t panels = (N + NR - 1) / NR, blocks = (M + MR - 1) / MR, tiles_n = panels * blocks;
   if (K == 0) {
     memset(C, 0, (size_t)(M * N) * sizeof(float));
@@ -107,7 +122,10 @@ static void gemm(const float *A, const float *P, float *C, int64_t M, int64_t K,
       const int64_t p = t / blocks, i = (t % blocks) * MR;
       const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
       const int mr = M - i < MR ? (int)(M - i) : MR;
-      tiles[mr](A + i * K + k0, K, P + (p * K + k0) * NR, kc, C + i * N + p * NR, N, ncols, k0 > 0);
+      const int own = ncols < NR && w.tail != NULL;
+      const float *panel = own ? w.tail + k0 * NR : w.P + p * w.ps + k0 * w.ldp;
+      tiles[mr][(ncols + VL - 1) / VL](A + i * K + k0, K, panel, own ? NR : w.ldp, kc, C + i * N + p * NR, N, ncols,
+                                       k0 > 0);
     }
   }
 }
@@ -134,7 +152,8 @@ static void pack(const float *W, float *P, int64_t K, int64_t N) {
 
 /* dims: M, K, N; P: the weights, packed */
 void dpl_kernel(const float *A, const float *P, float *C, const int64_t *dims, int threads) {
-  gemm(A, P, C, dims[0], dims[1], dims[2], team(threads));
+  const panels_t w = {P, dims[1] * NR, NR, NULL};
+  gemm(A, w, C, dims[0], dims[1], dims[2], team(threads));
 }
 
 /* dims: M, K, N (W[K, N] row-major into P) */
@@ -142,34 +161,41 @@ void dpl_pack(const float *W, float *P, const int64_t *dims) {
   pack(W, P, dims[1], dims[2]);
 }
 
-/* C[b] = A[b] @ B[b] for b < batch, each B[b] (K x N, row-major) packed into scratch[b] first;
-   dims: batch, M, K, N. Batches shared by the team where there are enough, else the tiles */
+/* B[K, N] (row-major) read in place: its full panels where they lie, the narrow last one
+   (N % NR columns) copied into `tail` (K x NR, zero-padded) */
+static panels_t in_place(const float *B, int64_t K, int64_t N, float *tail) {
+  const int64_t last = N / NR * NR, ncols = N - last;
+  for (int64_t k = 0; ncols && k < K; k++) {
+    memcpy(tail + k * NR, B + k * N + last, (size_t)ncols * sizeof(float));
+    memset(tail + k * NR + ncols, 0, (size_t)(NR - ncols) * sizeof(float));
+  }
+  const panels_t w = {B, NR, N, ncols ? tail : NULL};
+  return w;
+}
+
+/* C[b] = A[b] @ B[b] for b < batch, B[b] (K x N, row-major) read in place (the narrow last
+   panel from scratch[b], K x NR); dims: batch, M, K, N, and the elements between A's batches
+   (0: one A for every batch). Batches shared by the team where there are enough, else tiles */
 void dpl_batched(const float *A, const float *B, float *C, const int64_t *dims, int threads, float *scratch) {
-  const int64_t batch = dims[0], M = dims[1], K = dims[2], N = dims[3];
-  const int64_t packed = (N + NR - 1) / NR * NR * K;
+  const int64_t batch = dims[0], M = dims[1], K = dims[2], N = dims[3], as = dims[4];
   threads = team(threads);
   if (batch >= threads) {
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t b = 0; b < batch; b++) {
-      pack(B + b * K * N, scratch + b * packed, K, N);
-      gemm(A + b * M * K, scratch + b * packed, C + b * M * N, M, K, N, 1);
-    }
+    for (int64_t b = 0; b < batch; b++)
+      gemm(A + b * as, in_place(B + b * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, 1);
   } else {
-    for (int64_t b = 0; b < batch; b++) {
-      pack(B + b * K * N, scratch + b * packed, K, N);
-      gemm(A + b * M * K, scratch + b * packed, C + b * M * N, M, K, N, threads);
-    }
+    for (int64_t b = 0; b < batch; b++)
+      gemm(A + b * as, in_place(B + b * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, threads);
   }
 }
 """
 
 
-def takes(call: Call, panel_width: int = 64) -> bool:
+def takes(call: Call, vector_width: int = 16) -> bool:
     """Whether ``call`` is a float32 product this routine computes: of a tensor (any leading
     dims) by a constant matrix (packed once), or of two tensors of static shapes with the same
-    batch dims, or by a matrix (packed at each call); large enough, and wide enough that little
-    of its last panel is padding."""
-    if call.op != "matmul" or len(call.args) != 2 or panel_width <= 0:
+    batch dims, or by a matrix (read in place); wide enough that little of its last vector (``vector_width`` columns: :func:`vector_width`) is padding."""
+    if call.op != "matmul" or len(call.args) != 2 or vector_width <= 0:
         return False
     a, b = call.args
     sa, sb = a.ty.shape, b.ty.shape
@@ -183,9 +209,8 @@ def takes(call: Call, panel_width: int = 64) -> bool:
     elif any(not isinstance(d, int) for d in (*sa, *sb)) or (len(sb) > 2 and tuple(sa[:-2]) != tuple(sb[:-2])):
         return False
     k, n = sb[-2:]
-    macs = math.prod(d for d in sa[:-1] if isinstance(d, int)) * k * n  # a symbolic dim counts as 1
-    padded = -n % panel_width
-    return macs >= MIN_MACS and padded <= MAX_PAD * (n + padded)
+    padded = -n % vector_width
+    return padded <= MAX_PAD * (n + padded)
 
 
 def pack(w: np.ndarray, lib) -> np.ndarray:
@@ -196,12 +221,21 @@ def pack(w: np.ndarray, lib) -> np.ndarray:
     packed = np.empty((-(-n // nr), k, nr), np.float32)
     fn = lib.dpl_pack
     fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
-    fn(np.ascontiguousarray(w, np.float32).ctypes.data, packed.ctypes.data, (ctypes.c_int64 * 3)(0, k, n))
+    w = np.ascontiguousarray(w, np.float32)  # held while the routine reads it (a transposed constant is copied)
+    fn(w.ctypes.data, packed.ctypes.data, (ctypes.c_int64 * 3)(0, k, n))
     return packed
 
 
 def panel_width(lib) -> int:
+    """The routine's panel width NR (columns of a tile)."""
     fn = lib.dpl_panel_width
+    fn.restype, fn.argtypes = ctypes.c_int64, []
+    return int(fn())
+
+
+def vector_width(lib) -> int:
+    """The routine's vector width VL (a narrow last panel computes whole vectors only)."""
+    fn = lib.dpl_vector_width
     fn.restype, fn.argtypes = ctypes.c_int64, []
     return int(fn())
 
@@ -264,10 +298,9 @@ def _variable_runner(call: Call, lib, threads: int | None):
         batch, m = 1, math.prod(a_shape[:-1])
     else:
         batch, m = math.prod(a_shape[:-2]), a_shape[-2]
-    nr = panel_width(lib)
     scratch = threading.local()
-    size = max(1, batch * k * (-(-n // nr) * nr))
-    dims = (ctypes.c_int64 * 4)(batch, m, k, n)
+    size = max(1, batch * k * panel_width(lib))  # each batch's narrow last panel
+    dims = (ctypes.c_int64 * 5)(batch, m, k, n, m * k)
     cap = int(threads or 0)
 
     def run(a, b, out):
@@ -283,3 +316,31 @@ def _variable_runner(call: Call, lib, threads: int | None):
 
     return openmp_kernel(run, f"cpu:packed-matmul {batch}x {m}x{k}x{n}", SOURCE, threads,
                          lambda t: _variable_runner(call, lib, t))
+
+
+def array_matmul(lib, fallback, threads: int | None = None):
+    """``fn(a, b, out)``: ``a`` (M x K) times each of ``b``'s matrices (n x K x N) into ``out``
+    (n x M x N) by the routine of ``lib``, ``b`` read in place: im2col's product, the
+    convolution's weights times its columns (backends/im2col.py). Other operands (not float32,
+    not contiguous: a grouped convolution's slices) go to ``fallback(a, b, out)``."""
+    entry = lib.dpl_batched
+    entry.restype = None
+    entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+                      ctypes.c_void_p]
+    nr, cap = panel_width(lib), int(threads or 0)
+    scratch = threading.local()
+
+    def run(a, b, out):
+        if not (a.dtype == b.dtype == out.dtype == np.float32 and a.ndim == 2 and b.ndim == 3 and out.ndim == 3
+                and a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+            return fallback(a, b, out)
+        n, k, cols = b.shape
+        size = max(1, n * k * nr)
+        buf = getattr(scratch, "buf", None)
+        if buf is None or buf.size < size:
+            buf = scratch.buf = np.empty(size, np.float32)
+        entry(a.ctypes.data, b.ctypes.data, out.ctypes.data, (ctypes.c_int64 * 5)(n, a.shape[0], k, cols, 0), cap,
+              buf.ctypes.data)
+        return out
+
+    return run

@@ -80,16 +80,16 @@ def test_a_non_contiguous_output_is_written_through_a_copy(lib):
     ((128,), 256, 512, "f32", True),
     ((1, 128), 256, 512, "f32", True),
     ((128,), 256, 512, "f64", False),   # float32 only
-    ((8,), 64, 64, "f32", False),       # too small: the call and the tiles' set-up lose
-    ((512,), 256, 77, "f32", False),    # 77 columns pad a second 64-wide panel by 51
-    ((512,), 256, 250, "f32", True),    # 6 of 256 padded
+    ((1,), 256, 256, "f32", True),      # small: a few us more than the BLAS, but one thread pool
+    ((512,), 256, 77, "f32", True),     # a narrow last panel: 3 of its last 16-wide vector padded
+    ((4096,), 256, 8, "f32", False),    # 8 of 16 padded
 ])
 def test_takes_large_wide_float32_products_by_constants(lead, k, n, dtype, takes):
     fb = FunctionBuilder("main")
     x = fb.param("x", dtype, (*lead, k))
     w = np.ones((k, n), np.float32 if dtype == "f32" else np.float64)
     fb.ret(fb.emit("matmul", x, const(w)))
-    assert packed_gemm.takes(fb.bindings[0].value, 64) is takes
+    assert packed_gemm.takes(fb.bindings[0].value, 16) is takes
 
 
 @pytest.mark.parametrize("a, b, takes", [
@@ -103,7 +103,7 @@ def test_takes_products_of_two_tensors_of_static_shapes(a, b, takes):
     fb = FunctionBuilder("main")
     x, w = fb.param("x", "f32", a), fb.param("w", "f32", b)
     fb.ret(fb.emit("matmul", x, w))
-    assert packed_gemm.takes(fb.bindings[0].value, 64) is takes
+    assert packed_gemm.takes(fb.bindings[0].value, 16) is takes
 
 
 @pytest.mark.parametrize("products, packed", [("dpl", True), ("numpy", False)])
@@ -153,3 +153,58 @@ def test_weights_are_packed_once_at_the_first_call_for_every_thread_cap(lib, mon
         out = np.empty_like(want)
         np.testing.assert_allclose(run(x, call.args[1].value, out), want, rtol=1e-4, atol=1e-3)
     assert packs == [(300, 128)]
+
+
+@pytest.mark.parametrize("kernel, strides, padding, groups", [(1, 1, 0, 1), (3, 2, 1, 1), (3, 1, 1, 2)])
+def test_convolutions_as_im2col_and_the_routine_equal_the_interpreter(tmp_path, monkeypatch, kernel, strides, padding, groups):
+    """products="dpl": a float32 convolution with one group is im2col's columns times the
+    weights by the routine (columns read in place); a grouped one stays the BLAS's."""
+    needs.c_compiler()
+    from dpl.backends.cpu_backend import CpuBackend
+
+    used = []
+    real = packed_gemm.array_matmul
+
+    def counted(lib_, fallback, threads=None):
+        run = real(lib_, fallback, threads)
+        return lambda a, b, out: used.append((a.flags.c_contiguous and b.flags.c_contiguous, b.shape)) or run(a, b, out)
+
+    monkeypatch.setattr(packed_gemm, "array_matmul", counted)
+    rng = np.random.default_rng(kernel + groups)
+    w = rng.standard_normal((8, 6 // groups, kernel, kernel)).astype(np.float32)
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (2, 6, 13, 11))
+    y = fb.emit("nn.conv2d", x, const(w), strides=[strides, strides], padding=[padding] * 4, groups=groups)
+    mod = Module([fb.ret(fb.emit("nn.relu", y))])
+    exe = dpl.build(mod, [CpuBackend(cache_dir=tmp_path / "kernels", products="dpl"), "numpy"],
+                    config=dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0), progress=False)
+    xs = rng.standard_normal((2, 6, 13, 11)).astype(np.float32)
+    xs[0, 0, 0, 0] = np.nan
+    np.testing.assert_allclose(exe(xs), dpl.interpret(mod, xs), rtol=1e-4, atol=1e-4)
+    assert not exe.fallbacks
+    assert bool(used) == (groups == 1) and all(whole for whole, _ in used)
+
+
+def test_array_matmul_leaves_other_operands_to_its_fallback(lib):
+    calls = []
+    run = packed_gemm.array_matmul(lib, lambda a, b, out: calls.append(a.dtype) or np.matmul(a, b, out=out))
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        a, b = rng.standard_normal((5, 7)).astype(dtype), rng.standard_normal((3, 7, 40)).astype(dtype)
+        out = np.empty((3, 5, 40), dtype)
+        np.testing.assert_allclose(run(a, b, out), a @ b, rtol=1e-5, atol=1e-5)
+    assert calls == [np.float64]
+
+
+def test_a_transposed_constant_is_packed_from_its_values(lib):
+    """An ONNX Gemm's transB leaves a Fortran-order constant: packed from a C copy, held while
+    the routine reads it (a copy freed before the call gave garbage on BERT's pooler)."""
+    from dpl.ir.expr import Call, Constant, Var
+    from dpl.ir.types import TensorType
+
+    rng = np.random.default_rng(7)
+    w = np.asfortranarray(rng.standard_normal((300, 200)).astype(np.float32))
+    call = Call("matmul", (Var("a", TensorType((5, 300), "float32")), Constant(w)), {}, TensorType((5, 200), "float32"))
+    x = rng.standard_normal((5, 300)).astype(np.float32)
+    out = np.empty((5, 200), np.float32)
+    np.testing.assert_allclose(packed_gemm.runner(call, lib)(x, w, out), x @ w, rtol=1e-4, atol=1e-3)
