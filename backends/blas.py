@@ -29,7 +29,7 @@ from dpl.runtime.threads import BLAS, OPENMP, TORCH
 
 TORCH_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 NAMES = ("auto", "numpy", "torch", "dpl")
-PACKED = "products by constant float32 weights: dpl's packed-weight routine (backends/packed_gemm.py)"
+PACKED = "float32 products (and im2col's): dpl's packed-weight routine (backends/packed_gemm.py)"
 
 
 class NumpyProducts:
@@ -37,7 +37,7 @@ class NumpyProducts:
     library = "NumPy's BLAS"
     thread_pool = BLAS
     why = "products='numpy' asked for"
-    packs = False  # products by constant float32 weights by backends/packed_gemm.py instead
+    packs = False  # float32 products by backends/packed_gemm.py instead
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         if np.result_type(a, b) == out.dtype:
@@ -100,7 +100,7 @@ class TorchProducts:
         self._kept: dict[int, tuple[np.ndarray, object]] = {}
         self._finite_kept: dict[int, tuple[np.ndarray, bool]] = {}
         self._numpy = NumpyProducts()
-        self.packs = False  # products by constant float32 weights by backends/packed_gemm.py instead
+        self.packs = False  # float32 products by backends/packed_gemm.py instead
 
     @property
     def torch(self):
@@ -216,7 +216,7 @@ class TorchProducts:
 def products(name: str, cc: str = "cc", load=None):
     """The provider called ``name``: ``"auto"`` (the fastest here, measured once and cached:
     :func:`dpl.backends.products_choice.choose`), ``"numpy"``, ``"torch"`` or ``"dpl"``
-    (NumPy's, with products by constant float32 weights by :mod:`dpl.backends.packed_gemm`).
+    (NumPy's, with the float32 products :mod:`dpl.backends.packed_gemm` takes by it).
     ``load(source)``: a C source's compiled library (the CPU backend's kernel cache), for
     measuring the packed routine."""
     if name in ("numpy", "dpl"):

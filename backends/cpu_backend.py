@@ -162,7 +162,7 @@ class CpuBackend(Backend):
         self.cc = cc or os.environ.get("CC") or "cc"
         # who computes matrix products and convolutions: "auto" (the fastest here, measured once
         # and cached: backends/products_choice.py), "numpy", "torch" or "dpl" (NumPy's, products
-        # by constant weights by backends/packed_gemm.py); resolved at the first
+        # float32 by backends/packed_gemm.py); resolved at the first
         # product a build meets, so a plan without products never imports torch or measures
         if products not in blas.NAMES:
             raise BackendError(f"unknown products library {products!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")
@@ -303,7 +303,7 @@ class CpuBackend(Backend):
 
     def _product(self, call, threads: int | None = None):
         """How a product of the segments runs: a convolution by the provider's own (torch's
-        oneDNN) or im2col and the provider's matmul, a product by constant weights by dpl's
+        oneDNN) or im2col and the provider's matmul (or dpl's routine), a float32 product by dpl's
         packed routine where the choice says so, a matmul by the provider (None: the segment
         runner's own NumPy matmul)."""
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``

@@ -15,7 +15,7 @@ rounds on one thread put either library ahead from run to run). torch takes the 
 separately the convolutions, where it is at least ``MARGIN`` faster: a tie stays with NumPy, the
 floor (with the representative product a near tie, torch's products made the GPT-2 block and the
 Llama decoder of bench/bench_models.py 5% and 9% slower, one thread, CPU time); the packed
-routine takes the products by constant float32 weights where it is at least ``MARGIN`` faster
+routine takes the float32 products (and im2col's) where it is at least ``MARGIN`` faster
 than the library that took the products. The result is kept in dpl's cache directory
 (``~/.cache/dpl/products``, :mod:`dpl.cache_dir`), keyed by the CPU, the core count and the
 NumPy and torch versions, so a later build reads a small file and never measures again; within
@@ -82,7 +82,7 @@ class Measured:
 
     @property
     def packs(self) -> bool:
-        """Whether products by constant float32 weights go to the packed routine."""
+        """Whether float32 products go to the packed routine."""
         library = self.torch_matmul if self.torch_matmuls else self.numpy_matmul
         return self.packed_matmul is not None and self.packed_matmul <= MARGIN * library
 
@@ -93,13 +93,13 @@ class Measured:
         packed = ("the packed routine did not compile" if self.packed_matmul is None else
                   f"packed routine {self.packed_matmul:.2f} ms")
         if self.torch_matmul is None:
-            return (f"auto, measured here: torch is not installed, NumPy's BLAS; products by constant weights by "
+            return (f"auto, measured here: torch is not installed, NumPy's BLAS; float32 products by "
                     f"{'the packed routine' if self.packs else 'NumPy'} ({layer}: {packed} vs NumPy "
                     f"{self.numpy_matmul:.2f}); one thread, best of {ROUNDS}{stored}")
         who = lambda won: "torch" if won else "NumPy"  # noqa: E731
-        by_weights = "the packed routine" if self.packs else who(self.torch_matmuls)
-        return (f"auto, the faster of each measured here: products by {who(self.torch_matmuls)}, those by constant "
-                f"weights by {by_weights} ({layer}: torch {self.torch_matmul:.2f} ms vs NumPy {self.numpy_matmul:.2f} vs "
+        by_f32 = "the packed routine" if self.packs else who(self.torch_matmuls)
+        return (f"auto, the faster of each measured here: products by {who(self.torch_matmuls)}, float32 ones "
+                f"by {by_f32} ({layer}: torch {self.torch_matmul:.2f} ms vs NumPy {self.numpy_matmul:.2f} vs "
                 f"{packed}), convolutions by {'torch' if self.torch_convolutions else 'im2col'} (3x3 {c}x{h}x{w} torch "
                 f"{self.torch_conv:.2f} ms vs im2col {self.numpy_conv:.2f}); one thread, best of {ROUNDS}{stored}")
 
@@ -196,7 +196,7 @@ def measure(cc: str = "cc", rounds: int = ROUNDS, load=None) -> Measured:
 
 def choose(cc: str = "cc", load=None):
     """The provider ``products="auto"`` takes: torch when installed and measured faster, else
-    NumPy's, with products by constant float32 weights by the packed routine where it measured
+    NumPy's, with float32 products by the packed routine where it measured
     faster (``load(source)``: a C source's library, the CPU backend's kernel cache); measured
     once per machine (cached on disk), its ``why`` saying what was measured."""
     from dpl.backends import blas

@@ -104,7 +104,7 @@ def test_a_damaged_choice_is_measured_again(store, monkeypatch):
 
 
 def test_without_torch_auto_measures_numpy_against_the_packed_routine(store, monkeypatch):
-    """No torch: NumPy's BLAS for the products, the packed routine for those by constant weights
+    """No torch: NumPy's BLAS for the products, the packed routine for float32 ones
     where it measured faster; torch neither timed nor imported."""
     needs.c_compiler()
     from dpl.backends.cpu_backend import KernelCache
@@ -129,7 +129,7 @@ def test_the_packed_routine_takes_weights_only_where_it_beat_the_products_librar
     monkeypatch.setattr(products_choice, "measure", no_measuring)
     chosen = blas.products("auto")
     assert chosen.packs == packs
-    assert ("by constant weights by the packed routine" in chosen.why) == packs
+    assert ("float32 ones by the packed routine" in chosen.why) == packs
     assert f"packed routine {times['packed_matmul']:.2f} ms" in chosen.why
 
 
