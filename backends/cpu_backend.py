@@ -168,7 +168,7 @@ class CpuBackend(Backend):
             raise BackendError(f"unknown products library {products!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")
         self.products_name = products
         self._products = None
-        self._vector: int | None = None  # the packed routine's vector width (0: it did not compile)
+        self._packed = None  # the packed product routine (backends/packed_gemm.py), made at the first product
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
@@ -283,23 +283,30 @@ class CpuBackend(Backend):
 
     def _packs(self, call) -> bool:
         """Whether product ``call`` runs by dpl's packed-weight routine (backends/packed_gemm.py)."""
-        return call.op == "matmul" and self.products.packs and packed_gemm.takes(call, self._vector_width())
+        return call.op == "matmul" and self.products.packs and packed_gemm.takes(call) and self._routine() is not None
 
     def _packs_conv(self, call) -> bool:
         """Whether convolution ``call`` runs as im2col and the packed routine's product (float32,
         one group, not taken by the provider's own convolution)."""
         return (call.op == "nn.conv2d" and self.products.packs and im2col.takes(call) and call.ty.dtype == "float32"
                 and int(call.attrs.get("groups", 1)) == 1 and self.products.conv2d(call) is None
-                and self._vector_width() > 0)
+                and self._routine() is not None)
 
-    def _vector_width(self) -> int:
-        if self._vector is None:
-            try:
-                self._packed_lib = self.cache.load(packed_gemm.SOURCE)  # loaded (and verified) once
-                self._vector = packed_gemm.vector_width(self._packed_lib)
-            except CompileError:  # the provider keeps every product
-                self._vector = 0
-        return self._vector
+    def _routine(self):
+        """The packed routine (one per backend): loaded when the cache has it, else compiled on
+        the build pool beside the kernels; None where it failed to compile (the provider keeps
+        every product)."""
+        if self._packed is None or (self._packed and self._packed.failed):  # a pool's failed build: planned again
+            lib = self.cache.cached(packed_gemm.SOURCE)
+            if lib is None:
+                lib = build_pool.submit(lambda: self.cache.load(packed_gemm.SOURCE), "packed products")
+                if lib.done():  # no pool: compiled now
+                    try:
+                        lib = lib.result()
+                    except (CompileError, OSError):
+                        lib = False
+            self._packed = packed_gemm.Routine(lib) if lib is not False else False
+        return self._packed or None
 
     def _product(self, call, threads: int | None = None):
         """How a product of the segments runs: a convolution by the provider's own (torch's
@@ -309,9 +316,9 @@ class CpuBackend(Backend):
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
             return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
         if self._packs(call):  # the weights packed now, once
-            return packed_gemm.runner(call, self._packed_lib, threads)
+            return packed_gemm.runner(call, self._routine(), threads)
         if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
-            return im2col.conv2d_product(call, packed_gemm.array_matmul(self._packed_lib, self.products.matmul, threads))
+            return im2col.conv2d_product(call, packed_gemm.array_matmul(self._routine(), self.products.matmul, threads))
         if call.op != "matmul":
             return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
         return self.products.matmul if getattr(self.products, "matmuls", False) else None

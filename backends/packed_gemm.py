@@ -39,10 +39,11 @@ import threading
 import numpy as np
 
 from dpl.ir.expr import Call, Constant
-from dpl.runtime.threads import OPENMP, openmp_kernel
+from dpl.runtime.threads import openmp_kernel
 
 SYMBOL = "dpl_kernel"  # what the CPU backend's library cache checks a library for
 MAX_PAD = 0.125  # the share of its last vector's columns a product may waste as padding
+VECTOR = 16  # columns of the widest vector the routine is built with (AVX-512); narrower ones pad less
 
 SOURCE = r"""
 #include <stdint.h>
@@ -101,7 +102,6 @@ TILES(1) TILES(2) TILES(3) TILES(4) TILES(5) TILES(6)
 static const tile_fn tiles[7][5] = {{0}, ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6)};  /* [mr][nv], mr <= MR, nv <= NV */
 
 int64_t dpl_panel_width(void) { return NR; }
-int64_t dpl_vector_width(void) { return VL; }
 
 /* Where gemm reads W's panels: panel p at P + p * ps, its row k at + k * ldp; a last panel
    narrower than NR from `tail` (rows of NR) when it is not NULL */
@@ -191,11 +191,12 @@ void dpl_batched(const float *A, const float *B, float *C, const int64_t *dims, 
 """
 
 
-def takes(call: Call, vector_width: int = 16) -> bool:
+def takes(call: Call) -> bool:
     """Whether ``call`` is a float32 product this routine computes: of a tensor (any leading
     dims) by a constant matrix (packed once), or of two tensors of static shapes with the same
-    batch dims, or by a matrix (read in place); wide enough that little of its last vector (``vector_width`` columns: :func:`vector_width`) is padding."""
-    if call.op != "matmul" or len(call.args) != 2 or vector_width <= 0:
+    batch dims, or by a matrix (read in place); wide enough that little of its last vector is
+    padding (``VECTOR`` columns counted, the widest the routine is built with)."""
+    if call.op != "matmul" or len(call.args) != 2:
         return False
     a, b = call.args
     sa, sb = a.ty.shape, b.ty.shape
@@ -208,36 +209,64 @@ def takes(call: Call, vector_width: int = 16) -> bool:
             return False
     elif any(not isinstance(d, int) for d in (*sa, *sb)) or (len(sb) > 2 and tuple(sa[:-2]) != tuple(sb[:-2])):
         return False
-    k, n = sb[-2:]
-    padded = -n % vector_width
+    n = sb[-1]
+    padded = -n % VECTOR
     return padded <= MAX_PAD * (n + padded)
 
 
-def pack(w: np.ndarray, lib) -> np.ndarray:
-    """``w`` (K x N) as the routine of ``lib`` reads it: ``ceil(N / NR)`` contiguous K x NR
-    panels, the last one's padding zeros."""
-    k, n = w.shape
-    nr = panel_width(lib)
-    packed = np.empty((-(-n // nr), k, nr), np.float32)
-    fn = lib.dpl_pack
-    fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
-    w = np.ascontiguousarray(w, np.float32)  # held while the routine reads it (a transposed constant is copied)
-    fn(w.ctypes.data, packed.ctypes.data, (ctypes.c_int64 * 3)(0, k, n))
-    return packed
+_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
 
 
-def panel_width(lib) -> int:
-    """The routine's panel width NR (columns of a tile)."""
-    fn = lib.dpl_panel_width
-    fn.restype, fn.argtypes = ctypes.c_int64, []
-    return int(fn())
+class Routine:
+    """The compiled routine: its library, or the future of one still compiling on the build
+    pool (:mod:`dpl.runtime.build_pool`: the C compiler takes about a second over this source,
+    beside the model's kernels rather than before them), resolved at the first call."""
 
+    def __init__(self, lib):
+        self._lib = lib
+        self._ready = None
+        self._lock = threading.Lock()
 
-def vector_width(lib) -> int:
-    """The routine's vector width VL (a narrow last panel computes whole vectors only)."""
-    fn = lib.dpl_vector_width
-    fn.restype, fn.argtypes = ctypes.c_int64, []
-    return int(fn())
+    def _resolve(self):
+        with self._lock:
+            if self._ready is None:
+                lib = self._lib.result() if hasattr(self._lib, "result") else self._lib
+                for name, res, args in (("dpl_kernel", None, _ARGS), ("dpl_batched", None, [*_ARGS, ctypes.c_void_p]),
+                                        ("dpl_pack", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
+                                        ("dpl_panel_width", ctypes.c_int64, [])):
+                    fn = getattr(lib, name)
+                    fn.restype, fn.argtypes = res, args
+                self._ready = (lib.dpl_kernel, lib.dpl_batched, lib.dpl_pack, int(lib.dpl_panel_width()))
+        return self._ready
+
+    @property
+    def failed(self) -> bool:
+        """Whether the library's build finished with an error."""
+        lib = self._lib
+        return hasattr(lib, "result") and lib.done() and lib.exception() is not None
+
+    @property
+    def kernel(self):
+        return (self._ready or self._resolve())[0]
+
+    @property
+    def batched(self):
+        return (self._ready or self._resolve())[1]
+
+    @property
+    def panel_width(self) -> int:
+        """NR, the columns of a tile."""
+        return (self._ready or self._resolve())[3]
+
+    def pack(self, w: np.ndarray) -> np.ndarray:
+        """``w`` (K x N) as the routine reads it: ``ceil(N / NR)`` contiguous K x NR panels,
+        the last one's padding zeros."""
+        k, n = w.shape
+        nr = self.panel_width
+        packed = np.empty((-(-n // nr), k, nr), np.float32)
+        w = np.ascontiguousarray(w, np.float32)  # held while the routine reads it (a transposed constant is copied)
+        (self._ready or self._resolve())[2](w.ctypes.data, packed.ctypes.data, (ctypes.c_int64 * 3)(0, k, n))
+        return packed
 
 
 class _Packed:
@@ -245,8 +274,8 @@ class _Packed:
     quick: packing a small model's 4.7 MB of weights took 4 ms, mostly first-touch page
     faults) and shared by every thread cap of the product's runner."""
 
-    def __init__(self, w: np.ndarray, lib):
-        self.w, self.lib = w, lib
+    def __init__(self, w: np.ndarray, routine: Routine):
+        self.w, self.routine = w, routine
         self.panels: np.ndarray | None = None
         self.lock = threading.Lock()
 
@@ -254,22 +283,19 @@ class _Packed:
         if self.panels is None:
             with self.lock:
                 if self.panels is None:
-                    self.panels = pack(self.w, self.lib)
+                    self.panels = self.routine.pack(self.w)
                     self.w = None
         return self.panels
 
 
-def runner(call: Call, lib, threads: int | None = None, _packed: _Packed | None = None):
-    """``fn(a, b, out)`` computing ``call`` (:func:`takes`) into ``out`` with the routine of
-    ``lib`` (compiled from :data:`SOURCE`). A constant ``b`` is packed once, at the first call
-    (the segment runner passes it again at each call, and it is not read again), a variable
-    one at each call. ``threads`` caps the team."""
+def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _Packed | None = None):
+    """``fn(a, b, out)`` computing ``call`` (:func:`takes`) into ``out`` by ``routine``. A
+    constant ``b`` is packed once, at the first call (the segment runner passes it again at
+    each call, and it is not read again), a variable one read in place. ``threads`` caps the
+    team."""
     if not isinstance(call.args[1], Constant):
-        return _variable_runner(call, lib, threads)
-    entry = getattr(lib, SYMBOL)
-    entry.restype = None
-    entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
-    packed = _packed or _Packed(call.args[1].value, lib)
+        return _variable_runner(call, routine, threads)
+    packed = _packed or _Packed(call.args[1].value, routine)
     k, n = call.args[1].ty.shape
     cap = int(threads or 0)
 
@@ -277,21 +303,18 @@ def runner(call: Call, lib, threads: int | None = None, _packed: _Packed | None 
         a = np.ascontiguousarray(a, np.float32)
         target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
         dims = (ctypes.c_int64 * 3)(a.size // k if k else math.prod(a.shape[:-1]), k, n)
-        entry(a.ctypes.data, packed.get().ctypes.data, target.ctypes.data, dims, cap)
+        routine.kernel(a.ctypes.data, packed.get().ctypes.data, target.ctypes.data, dims, cap)
         if target is not out:
             np.copyto(out, target)
         return out
 
-    return openmp_kernel(run, f"cpu:packed-matmul {k}x{n}", SOURCE, threads, lambda t: runner(call, lib, t, packed))
+    return openmp_kernel(run, f"cpu:packed-matmul {k}x{n}", SOURCE, threads, lambda t: runner(call, routine, t, packed))
 
 
-def _variable_runner(call: Call, lib, threads: int | None):
-    """:func:`runner` for a variable right operand: each batch's matrix packed into a scratch
-    buffer (per thread, kept from call to call) and multiplied, the batches shared by the team."""
-    entry = lib.dpl_batched
-    entry.restype = None
-    entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
-                      ctypes.c_void_p]
+def _variable_runner(call: Call, routine: Routine, threads: int | None):
+    """:func:`runner` for a variable right operand, read in place (each batch's narrow last
+    panel copied into a per-thread scratch kept from call to call), the batches shared by the
+    team."""
     a_shape, b_shape = call.args[0].ty.shape, call.args[1].ty.shape
     k, n = b_shape[-2:]
     if len(b_shape) == 2:  # one matrix for every row of ``a``
@@ -299,7 +322,6 @@ def _variable_runner(call: Call, lib, threads: int | None):
     else:
         batch, m = math.prod(a_shape[:-2]), a_shape[-2]
     scratch = threading.local()
-    size = max(1, batch * k * panel_width(lib))  # each batch's narrow last panel
     dims = (ctypes.c_int64 * 5)(batch, m, k, n, m * k)
     cap = int(threads or 0)
 
@@ -307,27 +329,23 @@ def _variable_runner(call: Call, lib, threads: int | None):
         a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
         buf = getattr(scratch, "buf", None)
         if buf is None:
-            buf = scratch.buf = np.empty(size, np.float32)
+            buf = scratch.buf = np.empty(max(1, batch * k * routine.panel_width), np.float32)
         target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        entry(a.ctypes.data, b.ctypes.data, target.ctypes.data, dims, cap, buf.ctypes.data)
+        routine.batched(a.ctypes.data, b.ctypes.data, target.ctypes.data, dims, cap, buf.ctypes.data)
         if target is not out:
             np.copyto(out, target)
         return out
 
     return openmp_kernel(run, f"cpu:packed-matmul {batch}x {m}x{k}x{n}", SOURCE, threads,
-                         lambda t: _variable_runner(call, lib, t))
+                         lambda t: _variable_runner(call, routine, t))
 
 
-def array_matmul(lib, fallback, threads: int | None = None):
+def array_matmul(routine: Routine, fallback, threads: int | None = None):
     """``fn(a, b, out)``: ``a`` (M x K) times each of ``b``'s matrices (n x K x N) into ``out``
-    (n x M x N) by the routine of ``lib``, ``b`` read in place: im2col's product, the
-    convolution's weights times its columns (backends/im2col.py). Other operands (not float32,
-    not contiguous: a grouped convolution's slices) go to ``fallback(a, b, out)``."""
-    entry = lib.dpl_batched
-    entry.restype = None
-    entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
-                      ctypes.c_void_p]
-    nr, cap = panel_width(lib), int(threads or 0)
+    (n x M x N) by ``routine``, ``b`` read in place: im2col's product, the convolution's
+    weights times its columns (backends/im2col.py). Other operands (not float32, not
+    contiguous: a grouped convolution's slices) go to ``fallback(a, b, out)``."""
+    cap = int(threads or 0)
     scratch = threading.local()
 
     def run(a, b, out):
@@ -335,12 +353,12 @@ def array_matmul(lib, fallback, threads: int | None = None):
                 and a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
             return fallback(a, b, out)
         n, k, cols = b.shape
-        size = max(1, n * k * nr)
+        size = max(1, n * k * routine.panel_width)
         buf = getattr(scratch, "buf", None)
         if buf is None or buf.size < size:
             buf = scratch.buf = np.empty(size, np.float32)
-        entry(a.ctypes.data, b.ctypes.data, out.ctypes.data, (ctypes.c_int64 * 5)(n, a.shape[0], k, cols, 0), cap,
-              buf.ctypes.data)
+        routine.batched(a.ctypes.data, b.ctypes.data, out.ctypes.data, (ctypes.c_int64 * 5)(n, a.shape[0], k, cols, 0), cap,
+                        buf.ctypes.data)
         return out
 
     return run

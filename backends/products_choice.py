@@ -161,8 +161,9 @@ def _layer(cc: str, load):
         log.info("dpl: the packed product routine did not compile: %s", str(err)[:200])
         lib = None
     if lib is not None:
+        routine = packed_gemm.Routine(lib)
         calls = {id(w): packed_gemm.runner(Call("matmul", (Var("a", TensorType(a.shape, "float32")), Constant(w)), {},
-                                                 TensorType(out.shape, "float32")), lib, 1) for a, w, out in steps}
+                                                 TensorType(out.shape, "float32")), routine, 1) for a, w, out in steps}
         packed = each(lambda a, w, out: calls[id(w)](a, w, out))
     return each(blas.NumpyProducts().matmul), torch, packed
 

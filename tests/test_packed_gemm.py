@@ -22,7 +22,7 @@ def lib(tmp_path_factory):
     from dpl.backends.cpu_backend import KernelCache
 
     needs.c_compiler()
-    return KernelCache(tmp_path_factory.mktemp("kernels")).load(packed_gemm.SOURCE)
+    return packed_gemm.Routine(KernelCache(tmp_path_factory.mktemp("kernels")).load(packed_gemm.SOURCE))
 
 
 def product(lead, k, n, seed=0, special=(), right="constant"):
@@ -89,7 +89,7 @@ def test_takes_large_wide_float32_products_by_constants(lead, k, n, dtype, takes
     x = fb.param("x", dtype, (*lead, k))
     w = np.ones((k, n), np.float32 if dtype == "f32" else np.float64)
     fb.ret(fb.emit("matmul", x, const(w)))
-    assert packed_gemm.takes(fb.bindings[0].value, 16) is takes
+    assert packed_gemm.takes(fb.bindings[0].value) is takes
 
 
 @pytest.mark.parametrize("a, b, takes", [
@@ -103,7 +103,7 @@ def test_takes_products_of_two_tensors_of_static_shapes(a, b, takes):
     fb = FunctionBuilder("main")
     x, w = fb.param("x", "f32", a), fb.param("w", "f32", b)
     fb.ret(fb.emit("matmul", x, w))
-    assert packed_gemm.takes(fb.bindings[0].value, 16) is takes
+    assert packed_gemm.takes(fb.bindings[0].value) is takes
 
 
 @pytest.mark.parametrize("products, packed", [("dpl", True), ("numpy", False)])
@@ -141,8 +141,8 @@ def test_a_model_built_with_the_packed_routine_equals_the_interpreter(tmp_path, 
 
 def test_weights_are_packed_once_at_the_first_call_for_every_thread_cap(lib, monkeypatch):
     packs = []
-    real = packed_gemm.pack
-    monkeypatch.setattr(packed_gemm, "pack", lambda w, lib_: packs.append(w.shape) or real(w, lib_))
+    real = packed_gemm.Routine.pack
+    monkeypatch.setattr(packed_gemm.Routine, "pack", lambda self, w: packs.append(w.shape) or real(self, w))
     mod, (x,) = product((64,), 300, 128)
     call = mod["main"].bindings[0].value
     one = packed_gemm.runner(call, lib, 1)
@@ -208,3 +208,23 @@ def test_a_transposed_constant_is_packed_from_its_values(lib):
     x = rng.standard_normal((5, 300)).astype(np.float32)
     out = np.empty((5, 200), np.float32)
     np.testing.assert_allclose(packed_gemm.runner(call, lib)(x, w, out), x @ w, rtol=1e-4, atol=1e-3)
+
+
+def test_a_routine_that_does_not_compile_leaves_the_products_to_the_provider(tmp_path, monkeypatch):
+    needs.c_compiler()
+    from dpl.backends.cpu_backend import CpuBackend, KernelCache
+    from dpl.backends.registry import CompileError
+
+    real = KernelCache.load
+
+    def refuse(self, source):
+        if source == packed_gemm.SOURCE:
+            raise CompileError("no vectors here")
+        return real(self, source)
+
+    monkeypatch.setattr(KernelCache, "load", refuse)
+    mod, (x,) = product((1, 64), 128, 96)
+    cpu = CpuBackend(cache_dir=tmp_path / "kernels", products="dpl")
+    exe = dpl.build(dpl.apply(mod, ["cublas"]), [cpu, "numpy"], progress=False)
+    np.testing.assert_allclose(exe(x), dpl.interpret(mod, x), rtol=1e-4, atol=1e-4)
+    assert not exe.fallbacks and cpu._routine() is None
