@@ -80,6 +80,11 @@ much as it saved), the dict-heavy passes' cache misses once a 50k-binding functi
 outgrow the 1 MiB L2 (each pass's per-binding cost rises 10-20% from 10k to 50k, with no
 pass standing out), and the collector's sweep of the result when ``apply`` ends (~20 ms at
 50k bindings, 2 ms at 10k).
+
+Stop 25 (no change to the pipeline; two runs, ``--repeat 3``): alone at load 0.4-1.0, apply
+34.3 / 37.2 us/binding at 10k / 50k, exponent 1.05, two rewrites fx/dpl 20.7x; beside a test
+run on the other core, apply 29.5 / 35.3, TVM (FBP + FuseOps) / apply 3.47x / 3.62x, exponent
+1.11, fx/dpl 19.4x. The two borderline targets still move with the machine's load.
 """
 
 from __future__ import annotations

@@ -36,37 +36,17 @@ dpl/compile (< 1: dpl is faster), and dpl's time at N threads over its time at 1
 17 asks for <= 1). dpl's fall-backs (``exe.fallbacks``) are listed after the
 tables. The host is shared: quote the load average beside the numbers (printed at the top).
 
-Measured (issue 17) on the shared 2-core bench host, torch 2.13.0 CPU, the defaults, one thread,
-ms, at load average 1.6-2.3 with another engineer's benchmarks on the other core (stop 24: glibc
-keeps freed memory mapped, 1x1 convolutions as products, max pools by one C routine, threads
-and attention kernels chosen by timing; the earlier runs are in docs/architecture.md, "The zoo
-benchmark"):
+Measured (issue 17) on the shared 2-core bench host, torch 2.13.0 CPU, the defaults, every
+default shape at one and two threads, ``--repeat 7``, load average 0.9-1.3 (stop 25: float32
+products by dpl's own routine on weights packed once, every product on the kernels' OpenMP
+team; the whole table, and the earlier runs, are in docs/architecture.md, "The zoo benchmark"),
+dpl/compile (dpl/eager) as ranges over the eight text models, then ViT and ResNet at batch 1 / 8:
 
-    model    shape          dpl    eager  compile  dpl/eager  dpl/comp
-    llama    1x128          4.87    5.89    4.98       0.83      0.98
-    llama    8x128         37.26   38.57   33.75       0.97      1.10
-    qwen2    1x128          5.00    6.04    5.01       0.83      1.00
-    qwen2    8x128         36.48   36.84   32.87       0.99      1.11
-    mistral  1x128          4.98    6.27    5.14       0.79      0.97
-    mistral  8x128         36.15   36.56   32.92       0.99      1.10
-    phi3     1x128          5.05    6.34    5.11       0.80      0.99
-    phi3     8x128         35.65   39.18   33.99       0.91      1.05
-    gpt2     1x128          6.70    8.89    6.99       0.75      0.96
-    gpt2     8x128         45.30   55.22   44.48       0.82      1.02
-    opt      1x128          4.69    5.18    4.65       0.91      1.01
-    opt      8x128         33.01   33.32   29.95       0.99      1.10
-    bert     1x128          6.36    7.98    6.53       0.80      0.98
-    bert     8x128         34.52   34.37   30.80       1.00      1.12
-    t5       1x128          4.83    5.96    4.89       0.81      0.99
-    t5       8x128         34.25   38.11   31.80       0.90      1.08
-    vit      1x3x224x224    8.59    8.88    8.68       0.97      0.99
-    vit      8x3x224x224   61.96   58.62   57.16       1.06      1.08
-    resnet   1x3x224x224    4.99   11.60    4.38       0.43      1.14
-    resnet   8x3x224x224   37.83   86.45   34.08       0.44      1.11
+    threads  1x128                     1x512                     8x128                     ViT          ResNet
+    1        0.85-1.01 (0.71-0.85)     0.98-1.08 (0.84-1.02)     0.97-1.04 (0.78-0.97)     0.94 / 1.04  1.21 / 1.15
+    2        0.82-1.02 (0.57-0.83)     0.96-1.12 (0.84-1.06)     0.88-1.08 (0.76-0.96)     0.94 / 1.04  1.34 / 1.22
 
-At two threads on that loaded host torch eager and torch.compile took 187-395 ms on Llama, BERT
-and ResNet at batch 1, dpl 7.0-9.9 (each call on one thread or two, whichever is faster: see
-dpl/runtime/timed_choice.py).
+dpl at two threads took 0.50-0.84 of its one-thread time on every row (median 0.59).
 """
 
 from __future__ import annotations
