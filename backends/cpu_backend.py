@@ -161,8 +161,8 @@ class CpuBackend(Backend):
                  attention: str = "auto"):
         self.cc = cc or os.environ.get("CC") or "cc"
         # who computes matrix products and convolutions: "auto" (the fastest here, measured once
-        # and cached: backends/products_choice.py), "numpy", "torch" or "dpl" (NumPy's, products
-        # float32 by backends/packed_gemm.py); resolved at the first
+        # and cached: backends/products_choice.py), "numpy", "torch" or "dpl" (NumPy's, float32
+        # products by backends/packed_gemm.py); resolved at the first
         # product a build meets, so a plan without products never imports torch or measures
         if products not in blas.NAMES:
             raise BackendError(f"unknown products library {products!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")
