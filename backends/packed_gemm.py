@@ -226,6 +226,7 @@ class Routine:
         self._lib = lib
         self._ready = None
         self._lock = threading.Lock()
+        self._scratch = threading.local()  # per thread: the narrow last panels of variable operands
 
     def _resolve(self):
         with self._lock:
@@ -250,10 +251,6 @@ class Routine:
         return (self._ready or self._resolve())[0]
 
     @property
-    def batched(self):
-        return (self._ready or self._resolve())[1]
-
-    @property
     def panel_width(self) -> int:
         """NR, the columns of a tile."""
         return (self._ready or self._resolve())[3]
@@ -267,6 +264,27 @@ class Routine:
         w = np.ascontiguousarray(w, np.float32)  # held while the routine reads it (a transposed constant is copied)
         (self._ready or self._resolve())[2](w.ctypes.data, packed.ctypes.data, (ctypes.c_int64 * 3)(0, k, n))
         return packed
+
+    def batched(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, dims: tuple[int, ...], cap: int) -> None:
+        """``out[i] = a[i] @ b[i]`` for the ``dims = (batch, M, K, N, a's batch stride)`` the
+        arrays hold (contiguous float32), ``b`` read in place, each batch's narrow last panel
+        copied into this thread's scratch (kept from call to call)."""
+        batch, _, k, _, _ = dims
+        size = max(1, batch * k * self.panel_width)
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or buf.size < size:
+            buf = self._scratch.buf = np.empty(size, np.float32)
+        (self._ready or self._resolve())[1](a.ctypes.data, b.ctypes.data, out.ctypes.data, (ctypes.c_int64 * 5)(*dims),
+                                            cap, buf.ctypes.data)
+
+
+def _into(out: np.ndarray, compute) -> np.ndarray:
+    """``compute(target)`` writing a C-contiguous array, ``out`` itself where it is one."""
+    target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+    compute(target)
+    if target is not out:
+        np.copyto(out, target)
+    return out
 
 
 class _Packed:
@@ -301,12 +319,9 @@ def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _P
 
     def run(a, w, out):
         a = np.ascontiguousarray(a, np.float32)
-        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
         dims = (ctypes.c_int64 * 3)(a.size // k if k else math.prod(a.shape[:-1]), k, n)
-        routine.kernel(a.ctypes.data, packed.get().ctypes.data, target.ctypes.data, dims, cap)
-        if target is not out:
-            np.copyto(out, target)
-        return out
+        return _into(out, lambda target: routine.kernel(a.ctypes.data, packed.get().ctypes.data, target.ctypes.data,
+                                                        dims, cap))
 
     return openmp_kernel(run, f"cpu:packed-matmul {k}x{n}", SOURCE, threads, lambda t: runner(call, routine, t, packed))
 
@@ -321,20 +336,12 @@ def _variable_runner(call: Call, routine: Routine, threads: int | None):
         batch, m = 1, math.prod(a_shape[:-1])
     else:
         batch, m = math.prod(a_shape[:-2]), a_shape[-2]
-    scratch = threading.local()
-    dims = (ctypes.c_int64 * 5)(batch, m, k, n, m * k)
+    dims = (batch, m, k, n, m * k)
     cap = int(threads or 0)
 
     def run(a, b, out):
         a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
-        buf = getattr(scratch, "buf", None)
-        if buf is None:
-            buf = scratch.buf = np.empty(max(1, batch * k * routine.panel_width), np.float32)
-        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        routine.batched(a.ctypes.data, b.ctypes.data, target.ctypes.data, dims, cap, buf.ctypes.data)
-        if target is not out:
-            np.copyto(out, target)
-        return out
+        return _into(out, lambda target: routine.batched(a, b, target, dims, cap))
 
     return openmp_kernel(run, f"cpu:packed-matmul {batch}x {m}x{k}x{n}", SOURCE, threads,
                          lambda t: _variable_runner(call, routine, t))
@@ -346,19 +353,13 @@ def array_matmul(routine: Routine, fallback, threads: int | None = None):
     weights times its columns (backends/im2col.py). Other operands (not float32, not
     contiguous: a grouped convolution's slices) go to ``fallback(a, b, out)``."""
     cap = int(threads or 0)
-    scratch = threading.local()
 
     def run(a, b, out):
         if not (a.dtype == b.dtype == out.dtype == np.float32 and a.ndim == 2 and b.ndim == 3 and out.ndim == 3
                 and a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
             return fallback(a, b, out)
         n, k, cols = b.shape
-        size = max(1, n * k * routine.panel_width)
-        buf = getattr(scratch, "buf", None)
-        if buf is None or buf.size < size:
-            buf = scratch.buf = np.empty(size, np.float32)
-        routine.batched(a.ctypes.data, b.ctypes.data, out.ctypes.data, (ctypes.c_int64 * 5)(n, a.shape[0], k, cols, 0), cap,
-                        buf.ctypes.data)
+        routine.batched(a, b, out, (n, a.shape[0], k, cols, 0), cap)
         return out
 
     return run

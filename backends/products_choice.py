@@ -129,10 +129,10 @@ def _best_ms(fns, rounds: int) -> list[float]:
     return [min(t) * 1e3 for t in times]
 
 
-def _layer(cc: str, load):
+def _layer(cc: str, load, torch):
     """``(numpy, torch or None, packed or None)``: each a function computing :data:`LAYER`'s
-    products in turn, by NumPy's BLAS, torch's products and the packed routine (None where torch
-    is not installed, or the routine did not compile; ``load``: the kernel cache's, default the
+    products in turn, by NumPy's BLAS, the ``torch`` provider (None: not installed) and the
+    packed routine (None where it did not compile; ``load``: the kernel cache's, default the
     user cache's)."""
     from dpl.backends import blas, packed_gemm
     from dpl.backends.cpu_backend import KernelCache
@@ -153,7 +153,6 @@ def _layer(cc: str, load):
                 matmul(a, w, out)
         return run
 
-    torch = each(blas.TorchProducts().matmul) if importlib.util.find_spec("torch") is not None else None
     packed = None
     try:
         lib = (load or KernelCache(cc=cc).load)(packed_gemm.SOURCE)
@@ -165,7 +164,7 @@ def _layer(cc: str, load):
         calls = {id(w): packed_gemm.runner(Call("matmul", (Var("a", TensorType(a.shape, "float32")), Constant(w)), {},
                                                  TensorType(out.shape, "float32")), routine, 1) for a, w, out in steps}
         packed = each(lambda a, w, out: calls[id(w)](a, w, out))
-    return each(blas.NumpyProducts().matmul), torch, packed
+    return each(blas.NumpyProducts().matmul), torch and each(torch.matmul), packed
 
 
 def measure(cc: str = "cc", rounds: int = ROUNDS, load=None) -> Measured:
@@ -177,14 +176,15 @@ def measure(cc: str = "cc", rounds: int = ROUNDS, load=None) -> Measured:
 
     keep_mapped()  # as a build runs them: oneDNN's per-call buffers are not faulted in afresh
     rng = np.random.default_rng(0)
-    numpy_layer, torch_layer, packed_layer = _layer(cc, load)
+    torch = blas.TorchProducts(cc) if importlib.util.find_spec("torch") is not None else None
+    numpy_layer, torch_layer, packed_layer = _layer(cc, load, torch)
     xs, ws = CONV
     x, w = rng.standard_normal(xs, np.float32), rng.standard_normal(ws, np.float32)
     y = np.empty((xs[0], ws[0], xs[2], xs[3]), np.float32)
     im2col = Conv2d({"padding": [1, 1, 1, 1]})
     fns = [numpy_layer, lambda: im2col(x, w, y)]
     if torch_layer is not None:
-        conv = blas.TorchProducts(cc).convolution({"padding": [1, 1, 1, 1]}, np.float32)
+        conv = torch.convolution({"padding": [1, 1, 1, 1]}, np.float32)
         fns += [torch_layer, lambda: conv(x, w, y)]
     if packed_layer is not None:
         fns.append(packed_layer)
