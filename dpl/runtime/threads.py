@@ -20,6 +20,8 @@ kernels' OpenMP team itself: torch's ``libgomp.so.1`` and the one GCC's ``-fopen
 need are one library in the process, and MKL threads through it. Such a plan uses one pool
 (:data:`OPENMP`), so its OpenMP kernels (flash attention, the parts between products) keep
 every core. Where torch runs on another runtime its pool is :data:`TORCH`, a pool of its own.
+dpl's own product routine (backends/packed_gemm.py) runs on the OpenMP team too: a plan whose
+products all go there uses one pool, and two threads run it about twice as fast as one.
 
 A thread budget (``dpl.build(..., threads=N)``) caps them all: every OpenMP kernel at ``N``
 threads (one when the plan mixes pools, as above), and the BLAS and torch at ``N`` for the
