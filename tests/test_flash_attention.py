@@ -368,3 +368,40 @@ def test_calls_from_several_threads_at_once(tmp_path):
         for want, got in pool.map(call, range(20)):
             check(want, got)
     assert "flash attention" in exe.summary()
+
+
+def test_the_vector_exp_is_within_two_ulp_of_exp(tmp_path):
+    """The kernel's own exp of x <= 0 (flash_attention.VEXP) on every float32 spacing of
+    [-87.3, 0] sampled densely, the reduction's edges (multiples of ln 2 / 2) and the special
+    values: within 2 ulp of exp in float64, 0 below -87.3 and at -inf, NaN kept."""
+    import ctypes
+    import subprocess
+
+    from dpl.backends import flash_attention as fa
+    from dpl.backends.cpu_backend import BASE_FLAGS, usable_flags
+
+    needs.c_compiler()
+    src = tmp_path / "vexp.c"
+    src.write_text("#include <stdint.h>\n#include <string.h>\ntypedef float acc_t;\n"
+                   "typedef float vec_t __attribute__((vector_size(64)));\n"
+                   "typedef int32_t ivec_t __attribute__((vector_size(64)));\n#define LANES 16\n"
+                   "static inline vec_t vzero(void) { vec_t v = {0}; return v; }\n" + fa.VEXP +
+                   "void run(const float *x, float *y, int64_t n) {\n"
+                   "  for (int64_t i = 0; i < n; i += LANES) { vec_t v; memcpy(&v, x + i, sizeof v);"
+                   " v = vexp(v); memcpy(y + i, &v, sizeof v); }\n}\n")
+    subprocess.run(["cc", *BASE_FLAGS, *usable_flags("cc"), str(src), "-o", str(tmp_path / "vexp.so")], check=True)
+    lib = ctypes.CDLL(str(tmp_path / "vexp.so"))
+    rng = np.random.default_rng(0)
+    edges = np.log(2) / 2 * np.arange(-252, 1)
+    x = np.concatenate([rng.uniform(-87.3, 0, 1 << 20), np.linspace(-87.3, 0, 1 << 18), edges,
+                        np.nextafter(edges, 0), np.nextafter(edges, -np.inf), -np.logspace(-30, 0, 4096),
+                        [0.0, -0.0, -1e-45, -87.29, -87.31, -88, -100, -1e30, -np.inf, np.nan]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32)])
+    y = np.empty_like(x)
+    lib.run(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(len(x)))
+    live = x >= np.float32(-87.3)
+    want = np.exp(x[live].astype(np.float64))
+    ulp = np.abs(y[live] - want) / np.spacing(want.astype(np.float32)).astype(np.float64)
+    assert ulp.max() <= 2.0, (ulp.max(), x[live][ulp.argmax()])
+    assert (y[~live & ~np.isnan(x)] == 0).all() and np.isnan(y[np.isnan(x)]).all()
+    assert y[x == 0].tolist() == [1.0] * int((x == 0).sum())
