@@ -451,11 +451,13 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
     return openmp_kernel(run, f"cpu-flash:{name}", source, threads, lambda n: flash_runner(name, spec, source, lib, n, note))
 
 
-# "auto" takes the flash kernel from this many keys on (see choose). Measured, 16 heads x S x 64,
-# causal -inf mask, one thread, medians of 21 interleaved rounds (bench/bench_attention.py) on a
-# loaded 2-core AVX-512 host, ms flash / segments: S=128 1.19 / 1.06, 256 3.98 / 4.60, 512 30.5 /
-# 33.8; a dense (random) mask at 512: 38.9 / 35.7 (no tile skipped: BLAS's products are faster)
-MIN_KEYS = 256
+# "auto" builds the flash kernel, raced against the segments, from this many keys on (see
+# choose). Measured with the vector row work (bench/bench_attention.py, H heads x S x 64, one
+# thread, medians of 21 interleaved rounds, ms flash / segments): causal 16x8 0.09 / 0.10,
+# 16x16 0.10 / 0.13, 16x64 0.35 / 0.34, 32x128 2.07 / 2.25, 16x256 3.04 / 4.39; a dense random
+# mask, where no tile is skipped, 32x128 2.20 / 2.13 and 16x512 15.6 / 16.4. Before it (glibc's
+# expf) segments won below 256 keys: 16x128 1.19 / 1.06.
+MIN_KEYS = 8
 MODES = ("auto", "flash", "segments")
 
 
@@ -476,4 +478,4 @@ def choose(spec: Attention, shapes, mode: str = "auto") -> tuple[bool, str]:
         return True, "key count unknown at build time"
     if keys >= MIN_KEYS:
         return True, f"{keys} keys >= {MIN_KEYS}"
-    return False, f"{keys} keys < {MIN_KEYS}: two BLAS products win"
+    return False, f"{keys} keys < {MIN_KEYS}: two products win"

@@ -225,7 +225,7 @@ def test_the_build_records_the_path_it_took(tmp_path, mode):
     assert ("segments (attention='segments'" in summary) == (mode == "segments"), summary
 
 
-@pytest.mark.parametrize("keys", [64, 256])
+@pytest.mark.parametrize("keys", [4, 64])
 def test_auto_takes_flash_from_min_keys(tmp_path, keys):
     from dpl.backends import flash_attention
     from dpl.backends.cpu_backend import CpuBackend
