@@ -209,7 +209,12 @@ class StatementEmitter:
         return order
 
     def buffer_ctype(self, dtype: str) -> str:
-        """The C element type of a buffer: the bits for a dtype held as bits."""
+        """The C element type of a buffer: the bits for a dtype held as bits; a bool buffer's
+        bytes (NumPy's 0 and 1) as uint8_t, as GCC does not vectorise a loop over _Bool loads
+        (a bool -> float max over 512 x 512 ran a scalar loop: 0.20 ms a call, 0.03 as bytes). Stores
+        still convert to bool first, so each byte written is 0 or 1."""
+        if dtype == "bool":
+            return "uint8_t"
         return "uint16_t" if dtype in self.bits else self.ctype(dtype)
 
     # -- statements -------------------------------------------------------------------------

@@ -423,3 +423,31 @@ def test_runtime_corpus_on_cpu_runs_compiled(cpu, case):
     assert_close(dpl.interpret(mod, *args), exe(*args))
     ok, summary = ran_compiled_on_cpu(exe)
     assert ok, summary
+
+
+def test_bool_buffers_are_bytes_and_stores_write_0_or_1(tmp_path):
+    """Bool buffers are uint8_t in the C (GCC vectorises those loads, not _Bool's); a bool ->
+    float max reads them as 0/1, and a float -> bool store of 0.5, -0.0, NaN and inf writes the
+    bytes 1, 0, 1, 1, as NumPy's astype does."""
+    mod = dpl.parse("""
+func main(a: bool[3, 40], x: f32[3, 40]) -> (f32[3, 1], bool[3, 40], bool[3, 40]) {
+  b = astype(a, dtype=f32)
+  c = max(b, axis=[-1], keepdims=true)
+  d = astype(x, dtype=bool)
+  e = minimum(a, d)
+  return (c, d, e)
+}""")
+    fused = fuse_ops(mod)
+    group = next(f for n, f in fused.functions.items() if n != "main")
+    source = emit_kernel(lower_function(group))
+    assert "const uint8_t *restrict" in source and "const bool *" not in source
+    exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path), "numpy"], config=ALWAYS)
+    rng = np.random.default_rng(3)
+    a = rng.random((3, 40)) > 0.5
+    a[1] = False
+    x = rng.choice(np.array([0.0, 0.5, -0.0, np.nan, np.inf, -2.0], np.float32), (3, 40))
+    got, want = exe(a, x), dpl.interpret(mod, a, x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert set(np.unique(got[1].view(np.uint8))) <= {0, 1} and set(np.unique(got[2].view(np.uint8))) <= {0, 1}
+    assert "cpu" in exe.summary()
