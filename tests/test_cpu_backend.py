@@ -483,3 +483,39 @@ func main(x: {dtype}[3, {rows}, {cols}], y: {dtype}[{cols}]) -> ({dtype}[3, {col
         args.append((v > 0) if np_dtype == np.bool_ else v.astype(np_dtype))
     for got, want in zip(exe(*args), dpl.interpret(mod, *args)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_rebuild_lowers_nothing_again_and_names_stay_its_own(tmp_path, monkeypatch):
+    """The kernel IR and C of a group are remembered by structure, parameter types and emitter
+    options: a second build of the same module lowers nothing, another shape lowers again,
+    and a same-structure group under another name keeps its own name."""
+    import dpl.kernel
+
+    lowered = []
+    real = dpl.kernel.lower_function
+    monkeypatch.setattr(dpl.kernel, "lower_function", lambda fn, *a, **k: lowered.append(fn.name) or real(fn, *a, **k))
+
+    def module(n, seed):
+        return dpl.parse(f"""
+func main(x: f32[{n}, 24]) -> f32[{n}, 24] {{
+  a = multiply(x, {seed}.5)
+  b = nn.silu(a)
+  return b
+}}""")
+
+    backend = lambda: CpuBackend(cache_dir=tmp_path)  # noqa: E731
+    x = np.random.default_rng(0).standard_normal((5, 24)).astype(np.float32)
+    first = dpl.build(fuse_ops(module(5, 7)), [backend(), "numpy"], config=ALWAYS)
+    count = len(lowered)
+    assert count >= 1
+    again = dpl.build(fuse_ops(module(5, 7)), [backend(), "numpy"], config=ALWAYS)
+    assert len(lowered) == count
+    np.testing.assert_array_equal(again(x), first(x))
+    dpl.build(fuse_ops(module(6, 7)), [backend(), "numpy"], config=ALWAYS)
+    assert len(lowered) == count + 1  # another shape: another kernel
+    dpl.build(fuse_ops(module(5, 8)), [backend(), "numpy"], config=ALWAYS)
+    assert len(lowered) == count + 2  # another constant: another kernel
+    fn = fuse_ops(module(5, 7))
+    group = next(f for n, f in fn.functions.items() if n != "main")
+    kernel = CpuBackend(cache_dir=tmp_path).compile(attrs.evolve(group, name="another_name"))
+    assert len(lowered) == count + 2 and "another_name" in kernel.__qualname__
