@@ -92,7 +92,9 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
   const acc_t scale = {scale};
   (void)mask; (void)scale_buf; (void)moff; (void)mrow; (void)mcol;
   const int64_t blocks = (sq + ROWS - 1) / ROWS;
-  #pragma omp parallel for schedule(static)
+  /* tasks dealt round-robin: under a causal mask a block's cost grows with its rows (one head
+     of 512 rows on two threads: 0.34 ms in halves, 0.24 dealt) */
+  #pragma omp parallel for schedule(static, 1)
   for (int64_t task = 0; task < nbatch * blocks; ++task) {{
     const int64_t b = task / blocks, i0 = (task % blocks) * ROWS, rows = MIN_(ROWS, sq - i0);
     const elem_t *restrict qb = q + qoff[b] + i0 * D;
