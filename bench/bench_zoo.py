@@ -37,16 +37,18 @@ dpl/compile (< 1: dpl is faster), and dpl's time at N threads over its time at 1
 tables. The host is shared: quote the load average beside the numbers (printed at the top).
 
 Measured (issue 17) on the shared 2-core bench host, torch 2.13.0 CPU, the defaults, every
-default shape at one and two threads, ``--repeat 7``, load average 0.9-1.3 (stop 25: float32
-products by dpl's own routine on weights packed once, every product on the kernels' OpenMP
-team; the whole table, and the earlier runs, are in docs/architecture.md, "The zoo benchmark"),
-dpl/compile (dpl/eager) as ranges over the eight text models, then ViT and ResNet at batch 1 / 8:
+default shape at one and two threads, ``--repeat 7``, load average 0.3-1.4 (stop 26: flash
+attention about twice as fast as at stop 25, transposes in tiles; the whole table, and the
+earlier runs, are in docs/architecture.md, "The zoo benchmark"), dpl/compile (dpl/eager) as
+ranges over the eight text models, then ViT and ResNet at batch 1 / 8:
 
     threads  1x128                     1x512                     8x128                     ViT          ResNet
-    1        0.85-1.01 (0.71-0.85)     0.98-1.08 (0.84-1.02)     0.97-1.04 (0.78-0.97)     0.94 / 1.04  1.21 / 1.15
-    2        0.82-1.02 (0.57-0.83)     0.96-1.12 (0.84-1.06)     0.88-1.08 (0.76-0.96)     0.94 / 1.04  1.34 / 1.22
+    1        0.83-0.98 (0.67-0.84)     0.83-1.03 (0.74-0.99)     0.92-1.04 (0.75-0.96)     0.98 / 1.04  1.19 / 1.17
+    2        0.78-1.43 (0.61-1.06)     0.82-1.03 (0.72-0.96)     0.91-1.19 (0.72-1.07)     0.97 / 1.10  1.32 / 1.27
 
-dpl at two threads took 0.50-0.84 of its one-thread time on every row (median 0.59).
+dpl at two threads took 0.51-0.91 of its one-thread time on every row (median 0.58); the two
+2-thread outliers (OPT 1x128 1.43, BERT 8x128 1.19) ran at 1.05 and 1.03 when run again alone.
+Warm builds 7-22 ms (median 11).
 """
 
 from __future__ import annotations
