@@ -136,16 +136,23 @@ def test_an_unknown_library_is_an_error():
         products("mkl")
 
 
-def test_float32_products_run_in_torch(torch_cpu, monkeypatch):
+def test_float32_products_run_in_torch(tmp_path, monkeypatch):
+    """Attention as its segments (its two products and the softmax between them; "auto" would
+    take the flash kernel, which has no product to give torch)."""
     import torch
 
+    from dpl.backends.cpu_backend import CpuBackend
+
+    needs.package("torch")
+    needs.c_compiler()
     calls = []
     real = torch.matmul
     monkeypatch.setattr(torch, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
     text, shapes = CASES["attention"]
     mod = dpl.parse(text)
     args = [rand(*s) for s in shapes]
-    run(torch_cpu, mod, args)
+    got, _ = run(CpuBackend(cache_dir=tmp_path, products="torch", attention="segments"), mod, args)
+    np.testing.assert_allclose(got, dpl.interpret(mod, *args), rtol=1e-5, atol=1e-5)
     assert len(calls) >= 2  # both products of the attention (each call of the plan)
 
 
