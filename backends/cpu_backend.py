@@ -29,9 +29,10 @@ import numpy as np
 from dpl.backends import blas, im2col, max_pool, packed_gemm
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
-from dpl.backends.segments import NotSegmentable, Part, Product, is_product, segment, segment_runner
+from dpl.backends.segments import NotSegmentable, Part, Product, fold_epilogues, is_product, segment, segment_runner
 from dpl.cache_dir import store_dir
-from dpl.ir.expr import Call, Var
+from dpl.ir.expr import Call, Constant, Var
+from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
 from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
@@ -228,6 +229,8 @@ class CpuBackend(Backend):
         bindings between products as one generated-C kernel: a product and its epilogue, a
         prologue and its product, attention's two products with the softmax between them."""
         steps = segment(function, _blas_product, starts_part=_pool)
+        # a packed product of a weight stores its bias and residual adds with its tiles
+        steps = fold_epilogues(steps, lambda p: self._packs(p.call) and isinstance(p.args[1], Constant), vars_in(function.ret))
         pools = {self._pool_of(s.call) for s in steps if isinstance(s, Product)}
         # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
         # products, and an OpenMP team sharing their cores waits for the scheduler
@@ -239,7 +242,7 @@ class CpuBackend(Backend):
         kernels = [self._compile_kernel(s.function, threads=threads, stream_bytes=self.stream_bytes if s.feeds_result else None)
                    for s in steps if isinstance(s, Part)]
         try:
-            run = segment_runner(function, steps, kernels, np, products=lambda call: self._product(call, threads))
+            run = segment_runner(function, steps, kernels, np, products=lambda step: self._product(step.call, threads, step.epilogue))
         except CompileError:  # the max pool routine did not compile: the kernel IR's loops run the group
             raise NotSegmentable from None
         run.__qualname__ = f"cpu-blas+c:{function.name}"
@@ -310,15 +313,18 @@ class CpuBackend(Backend):
             self._packed = packed_gemm.Routine(lib) if lib is not False else False
         return self._packed or None
 
-    def _product(self, call, threads: int | None = None):
+    def _product(self, call, threads: int | None = None, epilogue: tuple = ()):
         """How a product of the segments runs: a convolution by the provider's own (torch's
         oneDNN) or im2col and the provider's matmul (or dpl's routine), a float32 product by dpl's
         packed routine where the choice says so, a matmul by the provider (None: the segment
         runner's own NumPy matmul)."""
+        if epilogue and not self._packs(call):  # the routine did not build: the runner's matmul, then the adds
+            return None
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
             return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
         if self._packs(call):  # the weights packed now, once
-            return packed_gemm.runner(call, self._routine(), threads)
+            bias = next((e[1] for e in epilogue if e[0] == "bias"), None)
+            return packed_gemm.runner(call, self._routine(), threads, bias=bias, residual=any(e[0] == "residual" for e in epilogue))
         if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
             return im2col.conv2d_product(call, packed_gemm.array_matmul(self._routine(), self.products.matmul, threads))
         if call.op != "matmul":

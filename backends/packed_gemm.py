@@ -61,11 +61,18 @@ enum { VL = 4, NV = 2, MR = 4 };
 enum { NR = VL * NV, KC = 256 };
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
 
+/* the epilogue a product's last K-block applies as it stores its tiles: the product, then plus
+   bias[j] (NULL: none), then plus res[i, j] (NULL: none; row stride ldc), each sum rounded as
+   the separate adds round it */
+typedef struct { const float *bias, *res; } epi_t;
+
 /* rows [0, mr) and vectors [0, nv) of the MR x NR tile at C: A's rows (stride lda) times the
    panel's kc rows at P (stride ldp: NR packed, the matrix's row length read in place), stored (add = 0) or added (a later K-block); ncols < nv * VL: the last
-   panel's last vector is partly padding (a narrow last panel computes only the vectors it has) */
+   panel's last vector is partly padding (a narrow last panel computes only the vectors it has);
+   the last K-block applies e (its pointers at this tile's first row and column) */
 static inline __attribute__((always_inline)) void tile(const float *restrict A, int64_t lda,
-    const float *restrict P, int64_t ldp, int64_t kc, float *restrict C, int64_t ldc, int mr, int nv, int64_t ncols, int add) {
+    const float *restrict P, int64_t ldp, int64_t kc, float *restrict C, int64_t ldc, int mr, int nv, int64_t ncols, int add,
+    epi_t e) {
   vf c[MR][NV];
   for (int r = 0; r < MR; r++)
     for (int q = 0; q < NV; q++) c[r][q] = (vf){0};
@@ -82,20 +89,29 @@ static inline __attribute__((always_inline)) void tile(const float *restrict A, 
     for (int r = 0; r < MR && r < mr; r++)
       for (int q = 0; q < NV && q < nv; q++) {
         vf *o = (vf *)(C + r * ldc + q * VL);
-        if (add) *o += c[r][q]; else *o = c[r][q];
+        vf v = c[r][q];
+        if (add) v += *o;
+        if (e.bias) v += *(const vf *)(e.bias + q * VL);
+        if (e.res) v += *(const vf *)(e.res + r * ldc + q * VL);
+        *o = v;
       }
   } else {
     for (int r = 0; r < MR && r < mr; r++) {
       float t[NR];
       memcpy(t, c[r], sizeof t);
-      for (int64_t j = 0; j < ncols; j++) C[r * ldc + j] = add ? C[r * ldc + j] + t[j] : t[j];
+      for (int64_t j = 0; j < ncols; j++) {
+        float v = add ? C[r * ldc + j] + t[j] : t[j];
+        if (e.bias) v += e.bias[j];
+        if (e.res) v += e.res[r * ldc + j];
+        C[r * ldc + j] = v;
+      }
     }
   }
 }
 
-typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t, int64_t, int);
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t, int64_t, int, epi_t);
 #define TILE(m, v) static void tile##m##_##v(const float *A, int64_t lda, const float *P, int64_t ldp, int64_t kc, \
-    float *C, int64_t ldc, int64_t ncols, int add) { tile(A, lda, P, ldp, kc, C, ldc, m, v, ncols, add); }
+    float *C, int64_t ldc, int64_t ncols, int add, epi_t e) { tile(A, lda, P, ldp, kc, C, ldc, m, v, ncols, add, e); }
 #define TILES(m) TILE(m, 1) TILE(m, 2) TILE(m, 3) TILE(m, 4)
 TILES(1) TILES(2) TILES(3) TILES(4) TILES(5) TILES(6)
 #define ROW(m) {0, tile##m##_1, tile##m##_2, tile##m##_3, tile##m##_4}
@@ -107,12 +123,18 @@ int64_t dpl_panel_width(void) { return NR; }
    narrower than NR from `tail` (rows of NR) when it is not NULL */
 typedef struct { const float *P; int64_t ps, ldp; const float *tail; } panels_t;
 
-/* C[M, N] = A[M, K] @ W[K, N], W's ceil(N / NR) panels of K x NR as `w` says; at most
-   `threads` threads sharing the (panel, row block) tiles of each K-block (one: no team) */
-static void gemm(const float *A, panels_t w, float *C, int64_t M, int64_t K, int64_t N, int threads) {
+/* C[M, N] = A[M, K] @ W[K, N] (then the epilogue e), W's ceil(N / NR) panels of K x NR as `w`
+   says; at most `threads` threads sharing the (panel, row block) tiles of each K-block (one: no team) */
+static void gemm(const float *A, panels_t w, float *C, int64_t M, int64_t K, int64_t N, int threads, epi_t e) {
   const int64_t panels = (N + NR - 1) / NR, blocks = (M + MR - 1) / MR, tiles_n = panels * blocks;
   if (K == 0) {
-    memset(C, 0, (size_t)(M * N) * sizeof(float));
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        float v = 0.0f;
+        if (e.bias) v += e.bias[j];
+        if (e.res) v += e.res[i * N + j];
+        C[i * N + j] = v;
+      }
     return;
   }
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -124,8 +146,13 @@ static void gemm(const float *A, panels_t w, float *C, int64_t M, int64_t K, int
       const int mr = M - i < MR ? (int)(M - i) : MR;
       const int own = ncols < NR && w.tail != NULL;
       const float *panel = own ? w.tail + k0 * NR : w.P + p * w.ps + k0 * w.ldp;
+      epi_t te = {0, 0};
+      if (k0 + kc == K) {
+        te.bias = e.bias ? e.bias + p * NR : 0;
+        te.res = e.res ? e.res + i * N + p * NR : 0;
+      }
       tiles[mr][(ncols + VL - 1) / VL](A + i * K + k0, K, panel, own ? NR : w.ldp, kc, C + i * N + p * NR, N, ncols,
-                                       k0 > 0);
+                                       k0 > 0, te);
     }
   }
 }
@@ -150,10 +177,12 @@ static void pack(const float *W, float *P, int64_t K, int64_t N) {
   }
 }
 
-/* dims: M, K, N; P: the weights, packed */
-void dpl_kernel(const float *A, const float *P, float *C, const int64_t *dims, int threads) {
+/* dims: M, K, N; P: the weights, packed; then plus bias[N] and plus res[M, N] where not NULL */
+void dpl_kernel(const float *A, const float *P, float *C, const int64_t *dims, int threads, const float *bias,
+                const float *res) {
   const panels_t w = {P, dims[1] * NR, NR, NULL};
-  gemm(A, w, C, dims[0], dims[1], dims[2], team(threads));
+  const epi_t e = {bias, res};
+  gemm(A, w, C, dims[0], dims[1], dims[2], team(threads), e);
 }
 
 /* dims: M, K, N (W[K, N] row-major into P) */
@@ -178,14 +207,15 @@ static panels_t in_place(const float *B, int64_t K, int64_t N, float *tail) {
    (0: one A for every batch). Batches shared by the team where there are enough, else tiles */
 void dpl_batched(const float *A, const float *B, float *C, const int64_t *dims, int threads, float *scratch) {
   const int64_t batch = dims[0], M = dims[1], K = dims[2], N = dims[3], as = dims[4];
+  const epi_t none = {0, 0};
   threads = team(threads);
   if (batch >= threads) {
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t b = 0; b < batch; b++)
-      gemm(A + b * as, in_place(B + b * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, 1);
+      gemm(A + b * as, in_place(B + b * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, 1, none);
   } else {
     for (int64_t b = 0; b < batch; b++)
-      gemm(A + b * as, in_place(B + b * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, threads);
+      gemm(A + b * as, in_place(B + b * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, threads, none);
   }
 }
 """
@@ -232,7 +262,8 @@ class Routine:
         with self._lock:
             if self._ready is None:
                 lib = self._lib.result() if hasattr(self._lib, "result") else self._lib
-                for name, res, args in (("dpl_kernel", None, _ARGS), ("dpl_batched", None, [*_ARGS, ctypes.c_void_p]),
+                for name, res, args in (("dpl_kernel", None, [*_ARGS, ctypes.c_void_p, ctypes.c_void_p]),
+                                        ("dpl_batched", None, [*_ARGS, ctypes.c_void_p]),
                                         ("dpl_pack", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
                                         ("dpl_panel_width", ctypes.c_int64, [])):
                     fn = getattr(lib, name)
@@ -306,24 +337,34 @@ class _Packed:
         return self.panels
 
 
-def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _Packed | None = None):
+def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _Packed | None = None,
+           bias: np.ndarray | None = None, residual: bool = False):
     """``fn(a, b, out)`` computing ``call`` (:func:`takes`) into ``out`` by ``routine``. A
     constant ``b`` is packed once, at the first call (the segment runner passes it again at
     each call, and it is not read again), a variable one read in place. ``threads`` caps the
-    team."""
+    team. With the epilogue of a constant ``b``'s product (``backends/segments.py``,
+    ``fold_epilogues``): plus ``bias`` (N values) and then, with ``residual``, plus the array
+    given before ``out`` (``fn(a, b, res, out)``), each applied as the last K-block stores its
+    tiles."""
     if not isinstance(call.args[1], Constant):
         return _variable_runner(call, routine, threads)
     packed = _packed or _Packed(call.args[1].value, routine)
     k, n = call.args[1].ty.shape
     cap = int(threads or 0)
+    bias = None if bias is None else np.ascontiguousarray(bias, np.float32).reshape(n)
 
-    def run(a, w, out):
+    def run(a, w, *rest):
+        *res, out = rest
         a = np.ascontiguousarray(a, np.float32)
         dims = (ctypes.c_int64 * 3)(a.size // k if k else math.prod(a.shape[:-1]), k, n)
+        r = np.ascontiguousarray(res[0], np.float32) if residual else None
         return _into(out, lambda target: routine.kernel(a.ctypes.data, packed.get().ctypes.data, target.ctypes.data,
-                                                        dims, cap))
+                                                        dims, cap, None if bias is None else bias.ctypes.data,
+                                                        None if r is None else r.ctypes.data))
 
-    return openmp_kernel(run, f"cpu:packed-matmul {k}x{n}", SOURCE, threads, lambda t: runner(call, routine, t, packed))
+    epilogue = (" + bias" if bias is not None else "") + (" + residual" if residual else "")
+    return openmp_kernel(run, f"cpu:packed-matmul {k}x{n}{epilogue}", SOURCE, threads,
+                         lambda t: runner(call, routine, t, packed, bias, residual))
 
 
 def _variable_runner(call: Call, routine: Routine, threads: int | None):

@@ -27,9 +27,14 @@ class NotSegmentable(Exception):
 
 @attrs.frozen(eq=False)
 class Product:
+    """A product the library computes. ``epilogue``: what :func:`fold_epilogues` moved into it
+    from the part after it, in order: ``("bias", array)`` (plus a constant of the result's last
+    dim) and ``("residual",)`` (plus the last of ``args``, an array of the result's shape)."""
+
     var: Var
     args: tuple
     call: Call | None = None  # the binding's call, for products other than matmul
+    epilogue: tuple = ()
 
 
 @attrs.frozen(eq=False)
@@ -90,21 +95,94 @@ def segment(function: Function, is_product: Callable[[Binding], bool] = is_produ
     return steps
 
 
+def fold_epilogues(steps: list, folds: Callable[[Product], bool], rets: Sequence[Var]) -> list:
+    """``steps`` with each product that ``folds`` accepts taking the adds that open the part
+    after it: a constant bias over the last dim, then an array of the product's own type (a
+    residual), where the value each add consumes is read nowhere else. The library applies them
+    as it stores the product (no pass of the part over its result to do it); what is left of the
+    part stays a part, and an empty one goes."""
+    out = list(steps)
+    k = 0
+    while k + 1 < len(out):
+        step, nxt = out[k], out[k + 1]
+        if isinstance(step, Product) and isinstance(nxt, Part) and not step.epilogue and folds(step):
+            later = {id(v) for s in out[k + 2:] for v in (s.args if isinstance(s, Product) else s.ins) if isinstance(v, Var)}
+            results = {id(v) for v in rets}
+            folded = _fold(step, nxt, later | results, results)
+            if folded is not None:
+                out[k:k + 2] = folded
+        k += 1
+    return out
+
+
+def _uses(function: Function, var) -> int:
+    """How many times ``function``'s bindings and result read ``var``."""
+    reads = [v for b in function.bindings for v in vars_in(b.value)] + list(vars_in(function.ret))
+    return sum(v is var for v in reads)
+
+
+def _is_in(var, values) -> bool:
+    return any(v is var for v in values)
+
+
+def _fold(product: Product, part: Part, later: set, results: set) -> list | None:
+    fn = part.function
+    if id(product.var) in later or any(v is product.var for v in part.outs):
+        return None
+    at = [i for i, v in enumerate(part.ins) if v is product.var]
+    if len(at) != 1 or _uses(fn, fn.params[at[0]]) != 1:
+        return None
+    ty = product.var.ty
+    current, args, epilogue, n = fn.params[at[0]], list(product.args), [], 0
+    for b in fn.bindings:
+        value = b.value
+        if not (isinstance(value, Call) and value.op == "add" and len(value.args) == 2 and _is_in(current, value.args)
+                and b.var.ty == ty and (n == 0 or (_uses(fn, current) == 1 and not _is_in(current, part.outs)))):
+            break
+        other = value.args[1] if value.args[0] is current else value.args[0]
+        if (not epilogue and isinstance(other, Constant) and other.value.dtype == dtypes.to_numpy(ty.dtype)
+                and other.value.size == ty.shape[-1] and other.value.shape[-1:] == (ty.shape[-1],)):
+            epilogue.append(("bias", other.value))
+        elif isinstance(other, Var) and other.ty == ty and _is_in(other, fn.params) and other is not current:
+            epilogue.append(("residual",))
+            args.append(next(v for p, v in zip(fn.params, part.ins) if p is other))
+        else:
+            break
+        current, n = b.var, n + 1
+        if epilogue[-1][0] == "residual":
+            break
+    if not epilogue:
+        return None
+    folded = Product(current, tuple(args), product.call, tuple(epilogue))
+    rest = fn.bindings[n:]
+    outs = tuple(v for v in part.outs if v is not current)
+    if not rest or not outs:
+        return [folded]
+    bound = {id(b.var) for b in rest}
+    free = list({id(v): v for b in rest for v in vars_in(b.value) if id(v) not in bound}.values())
+    group = {id(p): v for p, v in zip(fn.params, part.ins)}
+    fresh = {id(v): Var(v.name, v.ty) for v in free}
+    function = Function(fn.name, tuple(fresh[id(v)] for v in free), tuple(Binding(b.var, substitute(b.value, fresh)) for b in rest),
+                        outs[0] if len(outs) == 1 else Tuple(outs), fn.attrs)
+    return [folded, Part(function, tuple(group.get(id(v), v) for v in free), outs, True, any(id(v) in results for v in outs))]
+
+
 def _shape(ty, dims) -> tuple[int, ...]:
     return tuple(dims[d] if isinstance(d, str) else d for d in ty.shape)
 
 
 def segment_runner(function: Function, steps: Sequence[Product | Part], kernels: Sequence[Callable], xp,
-                   products: Callable[[Call], Callable | None] | None = None) -> Callable:
-    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul`` or,
-    when ``products(call)`` gives a function, by ``fn(a, b, out)`` (it writes ``out`` and returns
+                   products: Callable[[Product], Callable | None] | None = None) -> Callable:
+    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul`` (its
+    epilogue's adds after it) or, when ``products(step)`` gives a function, by ``fn(*args, out)``
+    (the step's arguments, a residual last; it writes ``out`` and returns
     it; a function marked ``returns_own`` is given ``out=None`` where the product is not a result
     of the group, and returns an array of its own), each part by its kernel (``kernels`` in the
     order of the parts)."""
     params, rets = list(function.params), list(vars_in(function.ret))
     parts = iter(kernels)
     plan = [(s, None if isinstance(s, Product) else next(parts)) for s in steps]
-    library = {} if products is None else {id(s): products(s.call) for s in steps if isinstance(s, Product) and s.call is not None}
+    library = {} if products is None else {id(s): products(s) for s in steps if isinstance(s, Product) and s.call is not None}
     library = {k: fn for k, fn in library.items() if fn is not None}
     local = threading.local()
 
@@ -141,11 +219,14 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         if fn is not None:
             env[id(step.var)] = fn(*operands, target)
             return
-        a, b = operands
+        a, b = operands[:2]
         if xp.result_type(a, b) == dtype:
-            env[id(step.var)] = xp.matmul(a, b, out=target)
+            result = xp.matmul(a, b, out=target)
         else:
-            env[id(step.var)] = xp.matmul(a, b).astype(dtype, copy=False)
+            result = xp.matmul(a, b).astype(dtype, copy=False)
+        for kind, *value in step.epilogue:
+            result = xp.add(result, xp.asarray(value[0]) if kind == "bias" else operands[-1], out=result)
+        env[id(step.var)] = result
 
     def part(step: Part, kernel, env, dims, direct):
         arrays = [direct.get(id(v)) for v in step.outs]

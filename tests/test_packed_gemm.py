@@ -115,9 +115,9 @@ def test_a_model_built_with_the_packed_routine_equals_the_interpreter(tmp_path, 
     calls = []
     real = packed_gemm.runner
 
-    def counted(call, lib, threads=None):
-        run = real(call, lib, threads)
-        return lambda a, w, out: calls.append(call.args[1].ty.shape) or run(a, w, out)
+    def counted(call, lib, threads=None, **epilogue):
+        run = real(call, lib, threads, **epilogue)
+        return lambda a, w, *rest: calls.append(call.args[1].ty.shape) or run(a, w, *rest)
 
     monkeypatch.setattr(packed_gemm, "runner", counted)
 
@@ -228,3 +228,60 @@ def test_a_routine_that_does_not_compile_leaves_the_products_to_the_provider(tmp
     exe = dpl.build(dpl.apply(mod, ["cublas"]), [cpu, "numpy"], progress=False)
     np.testing.assert_allclose(exe(x), dpl.interpret(mod, x), rtol=1e-4, atol=1e-4)
     assert not exe.fallbacks and cpu._routine() is None
+
+
+EPILOGUES = {
+    # name: (the adds after the product, in order, as (kind, operand)), what the product takes
+    "bias then residual": ([("bias", (100,)), ("res", None)], ["bias", "residual"]),
+    "bias of [1, N]": ([("bias", (1, 100)), ("res", None)], []),  # cublas's patterns take a bias of [N]: a group apart
+    "residual only": ([("res", None)], ["residual"]),
+    "bias only": ([("bias", (100,))], ["bias"]),
+    "residual then bias": ([("res", None), ("bias", (100,))], ["residual"]),  # the bias stays a part
+    "the biased value is a result too": ([("bias", (100,)), ("res", None)], ["bias"]),
+    "the product is a result too": ([("bias", (100,))], []),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", list(EPILOGUES))
+def test_bias_and_residual_adds_fold_into_the_product_bit_for_bit(tmp_path, monkeypatch, case, threads):
+    """A weight's product followed by a bias add and a residual add stores them with its tiles
+    (segments.fold_epilogues): the same bits as the product and the adds run apart, at 517 x 300
+    by 300 x 100 (two K-blocks, a narrow last panel, a ragged last row block), nothing folded
+    where a value the adds consume is read elsewhere."""
+    needs.c_compiler()
+    from dpl.backends import cpu_backend, segments
+    from dpl.backends.cpu_backend import CpuBackend
+
+    adds, folded = EPILOGUES[case]
+    rng = np.random.default_rng(len(case))
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (517, 300))
+    r = fb.param("r", "f32", (517, 100))
+    y = fb.emit("matmul", x, const((rng.standard_normal((300, 100)) / 16).astype(np.float32)))
+    values = [y]
+    for kind, shape in adds:
+        values.append(fb.emit("add", values[-1], const(rng.standard_normal(shape).astype(np.float32)) if kind == "bias" else r))
+    rets = {"the biased value is a result too": (values[-1], values[1]), "the product is a result too": (values[-1], y)}
+    mod = Module([fb.ret(*rets.get(case, (values[-1],)))])
+    args = [rng.standard_normal((517, 300)).astype(np.float32), rng.standard_normal((517, 100)).astype(np.float32)]
+
+    seen = []
+    real = segments.fold_epilogues
+
+    def spy(steps, folds, results):
+        out = real(steps, folds, results)
+        seen.extend(e[0] for s in out if isinstance(s, segments.Product) for e in s.epilogue)
+        return out
+
+    monkeypatch.setattr(cpu_backend, "fold_epilogues", spy)
+    fused = dpl.apply(mod, ["cublas"])
+    config = dpl.FusionConfig(fallback_on_error=False)
+    exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], threads=threads, config=config, progress=False)
+    got = exe(*args)
+    assert seen == folded
+    monkeypatch.setattr(cpu_backend, "fold_epilogues", lambda steps, folds, results: steps)
+    apart = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], threads=threads, config=config, progress=False)
+    for g, a, w in zip(*(v if isinstance(v, tuple) else (v,) for v in (got, apart(*args), dpl.interpret(mod, *args)))):
+        np.testing.assert_array_equal(g, a)
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
