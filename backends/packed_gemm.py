@@ -28,6 +28,12 @@ calls them: OpenBLAS 3.63 ms, this routine 3.15 (0.87x); at 1024 rows 26.5 and 2
 The arithmetic is the product's: every result element sums ``a[i, k] * w[k, j]`` over ``k`` in
 order (fused multiply-adds, one K-block after another), so infinities and NaNs propagate as a
 BLAS's do; the zeros of a padded panel column meet only results that are never stored.
+
+A weight's product may carry the epilogue the segments folded into it (a bias over the last
+dim, then a residual of its own shape: ``segments.fold_epilogues``): its last K-block adds them
+to each tile as it stores it, in that order and each sum rounded as a separate add rounds it,
+so the result is bit-for-bit the product and the adds run apart, without their pass over the
+product's output.
 """
 
 from __future__ import annotations

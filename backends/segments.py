@@ -2,8 +2,10 @@
 the CPU, cuBLAS through ``cupy.matmul`` on CUDA), each run of the other bindings between
 products as one generated kernel (an epilogue, a prologue, attention's scale-mask-softmax).
 
-:func:`segment` does the cutting; :func:`segment_runner` runs the steps on an array module
-(``numpy`` or ``cupy``), writing a product that is a result straight into its output.
+:func:`segment` does the cutting; :func:`fold_epilogues` lets a library product take the bias
+and residual adds that open the part after it; :func:`segment_runner` runs the steps on an
+array module (``numpy`` or ``cupy``), writing a product that is a result straight into its
+output.
 """
 
 from __future__ import annotations
