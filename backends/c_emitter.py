@@ -359,6 +359,14 @@ class CpuEmitter(StatementEmitter):
             out.append(f"{pad}#pragma omp simd")
         super().loop(s, indent, out, outer)
 
+    def redirected(self, stmts, targets: dict, indent: int, out: list[str]) -> None:
+        """``stmts``, each store in ``targets`` (by id) writing the C lvalue given there instead."""
+        self.redirect = targets
+        try:
+            self.stmts(stmts, indent, out, False)
+        finally:
+            self.redirect = {}
+
     def transposes(self, s: Loop) -> bool:
         """Whether ``s`` and its one inner loop are a transpose: the inner loop's stores are
         contiguous in the inner variable while more of its loads are contiguous in the outer
@@ -407,9 +415,8 @@ class CpuEmitter(StatementEmitter):
         out.append(f"{pad[2]}for (int64_t {b} = dpl_b0; {b} < dpl_b1; ++{b}) {{")
         out.append(f"{pad[3]}#pragma omp simd")
         out.append(f"{pad[3]}for (int64_t {a} = dpl_a0; {a} < dpl_a1; ++{a}) {{")
-        self.redirect = {id(st): f"dpl_tile{k}[{b} - dpl_b0][{a} - dpl_a0]" for k, st in enumerate(stores)}
-        self.stmts(inner.body, indent + 4, out, False)
-        self.redirect = {}
+        self.redirected(inner.body, {id(st): f"dpl_tile{k}[{b} - dpl_b0][{a} - dpl_a0]" for k, st in enumerate(stores)},
+                        indent + 4, out)
         out.append(f"{pad[3]}}}")
         out.append(f"{pad[2]}}}")
         out.append(f"{pad[2]}for (int64_t {a} = dpl_a0; {a} < dpl_a1; ++{a}) {{")
@@ -617,9 +624,7 @@ class CpuEmitter(StatementEmitter):
         out.append(f"{lpad}#pragma omp simd")
         out.append(f"{lpad}for (int64_t dpl_l = 0; dpl_l < {lanes}; ++dpl_l) {{")
         out.append(f"{lpad}  const int64_t {v} = dpl_head + dpl_b * {lanes} + dpl_l;")
-        self.redirect = {id(st): f"dpl_buf{k}[dpl_l]" for k, st in enumerate(stores)}
-        self.stmts(loop.body, block_indent + 2, out, False)
-        self.redirect = {}
+        self.redirected(loop.body, {id(st): f"dpl_buf{k}[dpl_l]" for k, st in enumerate(stores)}, block_indent + 2, out)
         out.append(f"{lpad}}}")
         for k, st in enumerate(stores):
             out.append(f"{lpad}{STREAM_PUT[self.buffers[st.buffer].dtype]}(&{at(st, f'dpl_head + dpl_b * {lanes}')}, dpl_buf{k});")

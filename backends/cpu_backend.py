@@ -316,8 +316,9 @@ class CpuBackend(Backend):
     def _product(self, call, threads: int | None = None, epilogue: tuple = ()):
         """How a product of the segments runs: a convolution by the provider's own (torch's
         oneDNN) or im2col and the provider's matmul (or dpl's routine), a float32 product by dpl's
-        packed routine where the choice says so, a matmul by the provider (None: the segment
-        runner's own NumPy matmul)."""
+        packed routine where the choice says so (with the bias and residual ``epilogue`` the
+        segments folded into it), a matmul by the provider (None: the segment runner's own
+        NumPy matmul, then the epilogue's adds)."""
         if epilogue and not self._packs(call):  # the routine did not build: the runner's matmul, then the adds
             return None
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
