@@ -232,7 +232,7 @@ def test_cache_hit_miss_corrupt_foreign_and_concurrent(tmp_path):
 def test_compile_errors_are_clear(tmp_path):
     fb = FunctionBuilder("main", attrs={"Primitive": True})
     x = fb.param("x", "f32", (4, 4))
-    fn = fb.ret(fb.emit("take", x, const(np.array([0, 1], np.int64)), axis=0))
+    fn = fb.ret(fb.emit("cumsum", x, axis=0))  # a scan: no kernel lowering
     with pytest.raises(dpl.DplError, match="has no C kernel"):
         CpuBackend(cache_dir=tmp_path).compile(fn, module=Module([fn]))
     with pytest.raises(dpl.DplError, match="the C compiler failed"):
@@ -519,3 +519,30 @@ func main(x: f32[{n}, 24]) -> f32[{n}, 24] {{
     group = next(f for n, f in fn.functions.items() if n != "main")
     kernel = CpuBackend(cache_dir=tmp_path).compile(attrs.evolve(group, name="another_name"))
     assert len(lowered) == count + 2 and "another_name" in kernel.__qualname__
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_lone_take_runs_into_its_output_and_refuses_indices_out_of_range(tmp_path, axis):
+    """An embedding lookup (a lone take along an axis, its table a parameter or a constant) runs
+    on the CPU backend as NumPy's take into the output: negative indices in range wrap as NumPy's
+    do, and one out of range raises NumPy's IndexError, as the reference backend does."""
+    rng = np.random.default_rng(axis)
+    table = rng.standard_normal((10, 12)).astype(np.float32)
+    shape = [10, 12]
+    out = [2, 5]
+    out_shape = out + [12] if axis == 0 else [10] + out
+    n = shape[axis]
+    for constant in (False, True):
+        fb = FunctionBuilder("main")
+        t = const(table) if constant else fb.param("t", "f32", tuple(shape))
+        i = fb.param("i", "i64", tuple(out))
+        mod = Module([fb.ret(fb.emit("take", t, i, axis=axis))])
+        exe = dpl.build(mod, [CpuBackend(cache_dir=tmp_path), "numpy"], config=ALWAYS, progress=False)
+        assert "-> cpu" in exe.summary() and not exe.fallbacks
+        idx = np.array([[0, 1, -1, n - 1, -n], [3, 3, 3, 3, 2]])
+        args = [idx] if constant else [table, idx]
+        got = exe(*args)
+        assert got.shape == tuple(out_shape)
+        np.testing.assert_array_equal(got, np.take(table, idx, axis=axis))
+        with pytest.raises(IndexError, match=f"index {n} is out of bounds"):
+            exe(*([np.array([[0, 1, 2, 3, n], [0] * 5])] if constant else [table, np.array([[0, 1, 2, 3, n], [0] * 5])]))
