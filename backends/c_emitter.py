@@ -380,10 +380,12 @@ class CpuEmitter(StatementEmitter):
             return False
         a, b = s.var.name, inner.var.name
         stores = [x for x in inner.body if isinstance(x, Store)]
-        if not stores or not all(isinstance(st.indices[-1], Var) and st.indices[-1].name == b and st.buffer in self.buffers
-                                 and not any(b in free_vars(i) for i in st.indices[:-1]) for st in stores):
-            return False
         lets = [x for x in inner.body if isinstance(x, Let)]
+        local = {let.name for let in lets}  # out of scope where the tile is stored
+        if not stores or not all(isinstance(st.indices[-1], Var) and st.indices[-1].name == b and st.buffer in self.buffers
+                                 and not any(b in free_vars(i) or free_vars(i) & local for i in st.indices[:-1])
+                                 for st in stores):
+            return False
         by_a = by_b = 0
         for x in inner.body:
             for e in walk_exprs(_inline_lets(x.value, lets)):

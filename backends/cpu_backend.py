@@ -322,11 +322,12 @@ class CpuBackend(Backend):
         packed routine where the choice says so (with the bias and residual ``epilogue`` the
         segments folded into it), a matmul by the provider (None: the segment runner's own
         NumPy matmul, then the epilogue's adds)."""
-        if epilogue and not self._packs(call):  # the routine did not build: the runner's matmul, then the adds
+        packs = self._packs(call)
+        if epilogue and not packs:  # the routine did not build: the runner's matmul, then the adds
             return None
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
             return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
-        if self._packs(call):  # the weights packed now, once
+        if packs:  # the weights packed now, once
             bias = next((e[1] for e in epilogue if e[0] == "bias"), None)
             return packed_gemm.runner(call, self._routine(), threads, bias=bias, residual=any(e[0] == "residual" for e in epilogue))
         if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
