@@ -33,7 +33,10 @@ outside rtol 1e-3 / atol 1e-4, which is then reported on stderr). The runs are i
 eager, compile, dpl, ...), each sample long enough to be timed (>= 20 ms of calls), and the
 tables give the medians of ``--repeat`` samples per contender and the ratios dpl/eager and
 dpl/compile (< 1: dpl is faster), and dpl's time at N threads over its time at 1 (dpl/1thr; issue
-17 asks for <= 1). dpl's fall-backs (``exe.fallbacks``) are listed after the
+17 asks for <= 1). A third table holds each row against this machine's arithmetic floor
+(bench/roofline.py): the products' and convolutions' flops as written, at the float32 FMA peak
+measured in the child for its thread count, and the share of that peak dpl, eager,
+torch.compile and issue 17's target (0.85 x torch.compile's time) use. dpl's fall-backs (``exe.fallbacks``) are listed after the
 tables. The host is shared: quote the load average beside the numbers (printed at the top).
 
 Measured (issue 17) on the shared 2-core bench host, torch 2.13.0 CPU, the defaults, every
@@ -70,6 +73,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from zoo import ARCHS, torch_outputs  # noqa: E402
+
+from roofline import fma_peak, product_flops  # noqa: E402  (bench/, beside this file)
 
 MODELS = ["llama", "qwen2", "mistral", "phi3", "gpt2", "opt", "bert", "t5", "vit", "resnet"]
 PATTERNS = ["rewrites", "llm", "cublas", "cnn"]
@@ -171,15 +176,16 @@ def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
-def bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, threads, repeat, compile_too, cache_root):
+def bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, threads, repeat, compile_too, cache_root, peak):
     """One row: dpl's costs and check, then the interleaved runs."""
-    row = {"model": arch.name, "shape": label, "threads": threads}
+    row = {"model": arch.name, "shape": label, "threads": threads, "peak_gflops": peak / 1e9}
     want = torch_outputs(model, inputs)
     arrays = [v.numpy() for v in inputs.values()]
     contenders = {}
     try:
         stage = "import"
         mod, row["import_ms"] = timed(lambda: dpl.from_torch(model, (), inputs))
+        row["gflop"] = product_flops(mod) / 1e9
         stage = "apply"
         fused, row["apply_ms"] = timed(lambda: dpl.apply(mod, PATTERNS))
         stage = "build"
@@ -219,7 +225,7 @@ def child_rows(opts) -> list[dict]:
     import torch
 
     import dpl
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu_backend import CpuBackend, KernelCache
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(opts.threads)
@@ -230,9 +236,10 @@ def child_rows(opts) -> list[dict]:
     model = arch.build("sdpa")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_zoo_kernels_") as cache_root, torch.no_grad():
+        peak = fma_peak(opts.threads, KernelCache(Path(cache_root) / "probe"))
         for label, inputs in model_shapes(arch, shapes):
             rows.append(bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, opts.threads, opts.repeat,
-                                    not opts.no_compile, cache_root))
+                                    not opts.no_compile, cache_root, peak))
     return rows
 
 
@@ -279,6 +286,7 @@ def print_tables(rows, out=sys.stdout):
         print(f"{r['model']:8} {r['shape']:14} {r['threads']:3d} {cell(r, 'import_ms', '8.0f'):>8} {cell(r, 'apply_ms', '8.0f'):>8} "
               f"{cell(r, 'build_cold_ms', '10.0f'):>10} {cell(r, 'build_warm_ms', '10.1f'):>10} {cell(r, 'compile_first_ms', '11.0f'):>11}",
               file=out)
+    print_roofline(rows, out)
     notes = sorted({f"{r['model']} {r['shape']} threads {r['threads']}: {k}: {r[k]}" for r in rows
                     for k in ("dpl_error", "compile_error") if k in r})
     by_fallback: dict[str, list[str]] = {}
@@ -291,6 +299,29 @@ def print_tables(rows, out=sys.stdout):
     print("\ndpl's fall-backs, failures and mismatches:", file=out)
     for line in notes + falls + bad or ["none"]:
         print(f"  {line}", file=out)
+
+
+def share(row, key, peak_ms):
+    """The share of the FMA peak a run at ``row[key]`` ms used, as a percentage."""
+    return f"{100 * peak_ms / row[key]:.0f}%" if row.get(key) and peak_ms else "-"
+
+
+def print_roofline(rows, out):
+    """Each row against the floor of bench/roofline.py: its products' flops at this machine's
+    FMA peak for the row's threads, the share of that peak each contender used, and the share
+    issue 17's target (0.85 x torch.compile's time) asks for."""
+    peaks = sorted({f"{r['peak_gflops']:.0f} at {r['threads']}" for r in rows if r.get("peak_gflops")})
+    print(f"\nagainst the float32 FMA peak (GFLOP/s at threads: {', '.join(peaks) or '-'}): the products' and"
+          " convolutions' flops as written, the floor they set, the share of the peak each run used", file=out)
+    print(f"{'model':8} {'shape':14} {'thr':>3} {'GFLOP':>7} {'floor ms':>9} {'dpl':>5} {'eager':>6} {'compile':>7} "
+          f"{'0.85 x compile':>14}", file=out)
+    for r in rows:
+        floor = r["gflop"] / r["peak_gflops"] * 1e3 if r.get("gflop") and r.get("peak_gflops") else None
+        target = {"target_ms": 0.85 * r["compile_ms"]} if r.get("compile_ms") else {}
+        print(f"{r['model']:8} {r['shape']:14} {r['threads']:3d} {cell(r, 'gflop', '7.3f'):>7} "
+              f"{'-' if floor is None else format(floor, '9.2f'):>9} {share(r, 'dpl_ms', floor):>5} "
+              f"{share(r, 'eager_ms', floor):>6} {share(r, 'compile_ms', floor):>7} {share(target, 'target_ms', floor):>14}",
+              file=out)
 
 
 def main(argv=None):

@@ -50,6 +50,8 @@ def test_smoke_run_prints_the_tables(tmp_path):
     assert float(row[3]) > 0 and float(row[4]) > 0  # dpl ms, eager ms
     assert not row[-1].endswith("!")  # the max error is within tolerance
     assert any(line.startswith("what it costs") for line in lines)
+    assert any(line.startswith("against the float32 FMA peak") for line in lines)
     (result,) = json.loads(out.read_text())["rows"]
     assert result["ok"] and result["max_err"] < 1e-4 and "dpl_error" not in result
     assert result["build_cold_ms"] > 0 and result["import_ms"] > 0
+    assert result["gflop"] > 0 and result["peak_gflops"] > 1
