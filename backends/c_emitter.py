@@ -127,6 +127,49 @@ KEEP_ROW_BYTES = 64 << 10
 # a loop nest that transposes (see CpuEmitter.transposes) runs in tiles of this many elements
 # square: a tile of float32 is 1 KiB, and each of its loads and stores a whole 64-byte line
 TRANSPOSE_TILE = 16
+FOUR_BYTE_C = ("float", "int32_t", "uint32_t")  # tiles dpl_transpose16 turns (TRANSPOSE_TILE must be 16)
+
+# included in kernels whose transposing nests hold 4-byte elements (see CpuEmitter.transpose_loop):
+# a full 16 x 16 tile transposed in vector registers, four rounds of two-vector shuffles (round h
+# swaps bit h of the row number with bit h of the column: rows r and r + h trade their
+# h-element blocks), instead of 256 loads and stores with a 64-byte stride
+TRANSPOSE16 = """\
+typedef uint32_t dpl_u32x16 __attribute__((vector_size(64)));
+#if defined(__clang__)
+#define DPL_SHUFFLE16(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define DPL_SHUFFLE16(a, b, ...) __builtin_shuffle(a, b, (dpl_u32x16){__VA_ARGS__})
+#endif
+static inline void dpl_transpose16(void *tile) {
+  dpl_u32x16 v[16];
+  __builtin_memcpy(v, tile, sizeof v);
+  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)
+    if (!(r & 8)) {
+      const dpl_u32x16 a = v[r], b = v[r + 8];
+      v[r] = DPL_SHUFFLE16(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+      v[r + 8] = DPL_SHUFFLE16(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)
+    if (!(r & 4)) {
+      const dpl_u32x16 a = v[r], b = v[r + 4];
+      v[r] = DPL_SHUFFLE16(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+      v[r + 4] = DPL_SHUFFLE16(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    }
+  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)
+    if (!(r & 2)) {
+      const dpl_u32x16 a = v[r], b = v[r + 2];
+      v[r] = DPL_SHUFFLE16(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      v[r + 2] = DPL_SHUFFLE16(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)
+    if (!(r & 1)) {
+      const dpl_u32x16 a = v[r], b = v[r + 1];
+      v[r] = DPL_SHUFFLE16(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+      v[r + 1] = DPL_SHUFFLE16(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    }
+  __builtin_memcpy(tile, v, sizeof v);
+}
+"""
 
 # OpenMP reduction operators for the registry combiners
 _SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "min"}
@@ -398,9 +441,13 @@ class CpuEmitter(StatementEmitter):
     def transpose_loop(self, s: Loop, indent: int, out: list[str], outer: bool) -> None:
         """The nest in tiles of ``TRANSPOSE_TILE`` squared: each tile computed with the outer
         variable innermost (its loads contiguous, in vectors) into a buffer on the stack, then
-        stored with the inner variable innermost (the stores contiguous)."""
+        stored with the inner variable innermost (the stores contiguous). A full tile runs
+        loops of constant length (GCC made each variable-length row of a plain copy a call to
+        memcpy: 16 calls a tile), and a full tile of 4-byte elements is turned in registers
+        (``dpl_transpose16``) and stored a row of vectors at a time; the ragged edge tiles
+        take the general loops."""
         inner, t = s.body[0], TRANSPOSE_TILE
-        pad = ["  " * (indent + k) for k in range(5)]
+        pad = ["  " * (indent + k) for k in range(3)]
         a, b = self.names[s.var.name], self.names[inner.var.name]
         a_n, b_n = self.expr(s.extent), self.expr(inner.extent)
         stores = [x for x in inner.body if isinstance(x, Store)]
@@ -414,21 +461,37 @@ class CpuEmitter(StatementEmitter):
         out.append(f"{pad[2]}const int64_t dpl_b1 = dpl_b0 + {t} < {b_n} ? dpl_b0 + {t} : {b_n};")
         for k, st in enumerate(stores):
             out.append(f"{pad[2]}{self.buffer_ctype(self.buffers[st.buffer].dtype)} dpl_tile{k}[{t}][{t}];")
-        out.append(f"{pad[2]}for (int64_t {b} = dpl_b0; {b} < dpl_b1; ++{b}) {{")
-        out.append(f"{pad[3]}#pragma omp simd")
-        out.append(f"{pad[3]}for (int64_t {a} = dpl_a0; {a} < dpl_a1; ++{a}) {{")
-        self.redirected(inner.body, {id(st): f"dpl_tile{k}[{b} - dpl_b0][{a} - dpl_a0]" for k, st in enumerate(stores)},
-                        indent + 4, out)
-        out.append(f"{pad[3]}}}")
+        turned = {k for k, st in enumerate(stores) if self.buffer_ctype(self.buffers[st.buffer].dtype) in FOUR_BYTE_C}
+        out.append(f"{pad[2]}if (dpl_a1 - dpl_a0 == {t} && dpl_b1 - dpl_b0 == {t}) {{")
+        self.tile_pass(inner.body, stores, a, b, f"dpl_a0 + {t}", f"dpl_b0 + {t}", turned, indent + 3, out)
+        out.append(f"{pad[2]}}} else {{")
+        self.tile_pass(inner.body, stores, a, b, "dpl_a1", "dpl_b1", set(), indent + 3, out)
         out.append(f"{pad[2]}}}")
-        out.append(f"{pad[2]}for (int64_t {a} = dpl_a0; {a} < dpl_a1; ++{a}) {{")
-        out.append(f"{pad[3]}#pragma omp simd")
-        out.append(f"{pad[3]}for (int64_t {b} = dpl_b0; {b} < dpl_b1; ++{b}) {{")
+        out.append(f"{pad[1]}}}")
+        out.append(f"{pad[0]}}}")
+
+    def tile_pass(self, body, stores, a: str, b: str, a_end: str, b_end: str, turned: set, indent: int,
+                  out: list[str]) -> None:
+        """One tile of a transposing nest, rows ``[dpl_a0, a_end)`` by ``[dpl_b0, b_end)``: the
+        values into the tiles (``a`` innermost), the tiles in ``turned`` transposed in place,
+        then the stores (``b`` innermost), tile ``k`` read ``[a][b]`` where it was turned,
+        else ``[b][a]``."""
+        pad = ["  " * (indent + k) for k in range(3)]
+        out.append(f"{pad[0]}for (int64_t {b} = dpl_b0; {b} < {b_end}; ++{b}) {{")
+        out.append(f"{pad[1]}#pragma omp simd")
+        out.append(f"{pad[1]}for (int64_t {a} = dpl_a0; {a} < {a_end}; ++{a}) {{")
+        self.redirected(body, {id(st): f"dpl_tile{k}[{b} - dpl_b0][{a} - dpl_a0]" for k, st in enumerate(stores)},
+                        indent + 2, out)
+        out.append(f"{pad[1]}}}")
+        out.append(f"{pad[0]}}}")
+        out.extend(f"{pad[0]}dpl_transpose16(dpl_tile{k});" for k in sorted(turned))
+        out.append(f"{pad[0]}for (int64_t {a} = dpl_a0; {a} < {a_end}; ++{a}) {{")
+        out.append(f"{pad[1]}#pragma omp simd")
+        out.append(f"{pad[1]}for (int64_t {b} = dpl_b0; {b} < {b_end}; ++{b}) {{")
         for k, st in enumerate(stores):
             target = self.flat(st.buffer, [self.expr(i) for i in st.indices])
-            out.append(f"{pad[4]}{target} = dpl_tile{k}[{b} - dpl_b0][{a} - dpl_a0];")
-        out.append(f"{pad[3]}}}")
-        out.append(f"{pad[2]}}}")
+            at = f"[{a} - dpl_a0][{b} - dpl_b0]" if k in turned else f"[{b} - dpl_b0][{a} - dpl_a0]"
+            out.append(f"{pad[2]}{target} = dpl_tile{k}{at};")
         out.append(f"{pad[1]}}}")
         out.append(f"{pad[0]}}}")
 
@@ -719,4 +782,5 @@ def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = 
     least ``stream_bytes`` are written with streaming stores (``None``: never)."""
     body = CpuEmitter(kernel, stream_bytes).function(symbol)
     streams = STREAMING if "dpl_sfence();" in body else ""
-    return PRELUDE + streams + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"
+    turns = TRANSPOSE16 if "dpl_transpose16(" in body else ""
+    return PRELUDE + streams + turns + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"

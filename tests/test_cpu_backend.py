@@ -453,13 +453,14 @@ func main(a: bool[3, 40], x: f32[3, 40]) -> (f32[3, 1], bool[3, 40], bool[3, 40]
     assert "cpu" in exe.summary()
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "i64", "bool"])
+@pytest.mark.parametrize("dtype", ["f32", "i32", "f16", "bf16", "i64", "bool"])
 @pytest.mark.parametrize("rows, cols", [(16, 16), (17, 33), (64, 130)])
 def test_transposes_run_in_tiles_and_equal_the_interpreter(tmp_path, dtype, rows, cols):
     """A permute_dims that swaps the last two axes (with an elementwise op before it and a
     second output of the same transpose) is emitted in 16 x 16 tiles, ragged edges included,
-    and equals the interpreter; a copy that does not transpose keeps the plain loops."""
-    scalar = "1" if dtype in ("i64", "bool") else "1.5"
+    and equals the interpreter; a copy that does not transpose keeps the plain loops. Tiles of
+    4-byte elements are turned in registers where they are full (``dpl_transpose16``)."""
+    scalar = "1" if dtype in ("i64", "i32", "bool") else "1.5"
     op = "maximum" if dtype == "bool" else "add"
     mod = dpl.parse(f"""
 func main(x: {dtype}[3, {rows}, {cols}], y: {dtype}[{cols}]) -> ({dtype}[3, {cols}, {rows}], {dtype}[3, {cols}, {rows}], {dtype}[3, {rows}, {cols}]) {{
@@ -474,6 +475,7 @@ func main(x: {dtype}[3, {rows}, {cols}], y: {dtype}[{cols}]) -> ({dtype}[3, {col
     sources = [emit_kernel(lower_function(g)) for g in groups]
     assert any("dpl_tile0" in s for s in sources), sources
     assert all("dpl_tile" not in s for g, s in zip(groups, sources) if "permute_dims" not in g.name)
+    assert any("dpl_transpose16(dpl_tile" in s for s in sources) == (dtype in ("f32", "i32"))
     exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path), "numpy"], config=ALWAYS)
     rng = np.random.default_rng(rows * cols)
     args = []
