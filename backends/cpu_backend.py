@@ -233,7 +233,8 @@ class CpuBackend(Backend):
         prologue and its product, attention's two products with the softmax between them."""
         steps = segment(function, _blas_product, starts_part=_pool)
         # a packed product of a weight stores its bias and residual adds with its tiles
-        steps = fold_epilogues(steps, lambda p: self._packs(p.call) and isinstance(p.args[1], Constant), vars_in(function.ret))
+        steps = fold_epilogues(steps, lambda p: self._packs(p.call) and isinstance(p.args[1], Constant), vars_in(function.ret),
+                               glu=lambda p: self._packs(p.call) and packed_gemm.takes_glu(p.call))
         pools = {self._pool_of(s.call) for s in steps if isinstance(s, Product)}
         # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
         # products, and an OpenMP team sharing their cores waits for the scheduler
@@ -305,9 +306,10 @@ class CpuBackend(Backend):
         the build pool beside the kernels; None where it failed to compile (the provider keeps
         every product)."""
         if self._packed is None or (self._packed and self._packed.failed):  # a pool's failed build: planned again
-            lib = self.cache.cached(packed_gemm.SOURCE)
+            source = packed_gemm.source(vector_math(self.cc))
+            lib = self.cache.cached(source)
             if lib is None:
-                lib = build_pool.submit(lambda: self.cache.load(packed_gemm.SOURCE), "packed products")
+                lib = build_pool.submit(lambda: self.cache.load(source), "packed products")
                 if lib.done():  # no pool: compiled now
                     try:
                         lib = lib.result()
@@ -327,6 +329,8 @@ class CpuBackend(Backend):
             return None
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
             return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
+        if packs and epilogue[:1] and epilogue[0][0] == "glu":  # the gated unit on the product's tiles
+            return packed_gemm.glu_runner(call, self._routine(), epilogue[0][1], threads)
         if packs:  # the weights packed now, once
             bias = next((e[1] for e in epilogue if e[0] == "bias"), None)
             return packed_gemm.runner(call, self._routine(), threads, bias=bias, residual=any(e[0] == "residual" for e in epilogue))

@@ -35,6 +35,12 @@ to each tile right after storing it, while the tile is in L1, in that order and 
 rounded as a separate add rounds it, so the result is bit-for-bit the product and the adds
 run apart, without their pass over the product's output. (Inside the register tile they cost
 the compiler 2.7 s over this source instead of 0.9; their gain was within this host's noise of this one.)
+
+A gated MLP's merged gate and up product may carry its gated unit instead (``glu_runner``): the
+weight packed with gate and up panels alternating, ``dpl_glu`` computes each pair of tiles and
+writes ``silu(gate) * up`` (the generated C's expression and, with :func:`source`'s
+``vector_math``, its vector exp: the same bits), so the product's 2F columns are never stored
+when K fits one block, and are read back from L1 when it does not.
 """
 
 from __future__ import annotations
@@ -49,10 +55,12 @@ from dpl.ir.expr import Call, Constant
 from dpl.runtime.threads import openmp_kernel
 
 SYMBOL = "dpl_kernel"  # what the CPU backend's library cache checks a library for
+KC = 256  # the K-block of SOURCE: a product of no more rows of W runs in one (its gated unit on the stack)
 MAX_PAD = 0.125  # the share of its last vector's columns a product may waste as padding
 VECTOR = 16  # columns of the widest vector the routine is built with (AVX-512); narrower ones pad less
 
 SOURCE = r"""
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -200,6 +208,56 @@ void dpl_pack(const float *W, float *P, const int64_t *dims) {
   pack(W, P, dims[1], dims[2]);
 }
 
+/* silu(g) * u into out, for the mr rows of a pair of NR-wide tiles (row stride ld; out's
+   ldo): the gated unit as the generated C computes it, g / (1 + exp(-g)) times u */
+static void glu_tile(const float *restrict g, const float *restrict u, int64_t ld, float *restrict out, int64_t ldo, int mr) {
+  for (int r = 0; r < mr; r++) {
+    #pragma omp simd
+    for (int j = 0; j < NR; j++) {
+      const float x = g[r * ld + j];
+      out[r * ldo + j] = (x / (1 + expf(-x))) * u[r * ld + j];
+    }
+  }
+}
+
+/* out[M, F] = silu(gate) * up of A[M, K] @ W[K, 2F], W packed from its columns interleaved a
+   panel at a time (panel 2p: the gate's columns [p NR, p NR + NR), panel 2p + 1: the up's; F a
+   multiple of NR). One K-block: each pair of tiles accumulated on the stack and combined there,
+   so the product's 2F columns are never stored. More: the whole product into scratch (M x 2F,
+   interleaved), each pair of tiles combined as the last K-block stores it */
+void dpl_glu(const float *A, const float *P, float *out, const int64_t *dims, int threads, float *scratch) {
+  const int64_t M = dims[0], K = dims[1], F = dims[2], pairs = F / NR, blocks = (M + MR - 1) / MR;
+  const int64_t ps = K * NR;
+  threads = team(threads);
+  if (K <= KC) {
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && pairs * blocks > 1)
+    for (int64_t t = 0; t < pairs * blocks; t++) {
+      const int64_t p = t / blocks, i = (t % blocks) * MR;
+      const int mr = M - i < MR ? (int)(M - i) : MR;
+      float g[MR * NR] __attribute__((aligned(64))), u[MR * NR] __attribute__((aligned(64)));
+      if (K == 0) {
+        memset(g, 0, sizeof g);
+        memset(u, 0, sizeof u);
+      } else {
+        tiles[mr][NV](A + i * K, K, P + 2 * p * ps, NR, K, g, NR, NR, 0);
+        tiles[mr][NV](A + i * K, K, P + (2 * p + 1) * ps, NR, K, u, NR, NR, 0);
+      }
+      glu_tile(g, u, NR, out + i * F + p * NR, F, mr);
+    }
+    return;
+  }
+  const panels_t w = {P, ps, NR, NULL};
+  const epi_t none = {0, 0};
+  gemm(A, w, scratch, M, K, 2 * F, threads, none);
+  #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
+  for (int64_t b = 0; b < blocks; b++) {
+    const int64_t i = b * MR;
+    const int mr = M - i < MR ? (int)(M - i) : MR;
+    for (int64_t p = 0; p < pairs; p++)
+      glu_tile(scratch + i * 2 * F + 2 * p * NR, scratch + i * 2 * F + (2 * p + 1) * NR, 2 * F, out + i * F + p * NR, F, mr);
+  }
+}
+
 /* B[K, N] (row-major) read in place: its full panels where they lie, the narrow last one
    (N % NR columns) copied into `tail` (K x NR, zero-padded) */
 static panels_t in_place(const float *B, int64_t K, int64_t N, float *tail) {
@@ -229,6 +287,14 @@ void dpl_batched(const float *A, const float *B, float *C, const int64_t *dims, 
   }
 }
 """
+
+
+def source(vector_math: bool) -> str:
+    """The routine's C; ``vector_math``: with glibc's vector exp declared (c_emitter.VECTOR_MATH),
+    as the generated kernels have it, so that the gated unit's exp is theirs, lane for lane."""
+    from dpl.backends.c_emitter import VECTOR_MATH
+
+    return VECTOR_MATH + SOURCE if vector_math else SOURCE
 
 
 def takes(call: Call) -> bool:
@@ -274,11 +340,12 @@ class Routine:
                 lib = self._lib.result() if hasattr(self._lib, "result") else self._lib
                 for name, res, args in (("dpl_kernel", None, [*_ARGS, ctypes.c_void_p, ctypes.c_void_p]),
                                         ("dpl_batched", None, [*_ARGS, ctypes.c_void_p]),
+                                        ("dpl_glu", None, [*_ARGS, ctypes.c_void_p]),
                                         ("dpl_pack", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
                                         ("dpl_panel_width", ctypes.c_int64, [])):
                     fn = getattr(lib, name)
                     fn.restype, fn.argtypes = res, args
-                self._ready = (lib.dpl_kernel, lib.dpl_batched, lib.dpl_pack, int(lib.dpl_panel_width()))
+                self._ready = (lib.dpl_kernel, lib.dpl_batched, lib.dpl_pack, int(lib.dpl_panel_width()), lib.dpl_glu)
         return self._ready
 
     @property
@@ -305,6 +372,22 @@ class Routine:
         w = np.ascontiguousarray(w, np.float32)  # held while the routine reads it (a transposed constant is copied)
         (self._ready or self._resolve())[2](w.ctypes.data, packed.ctypes.data, (ctypes.c_int64 * 3)(0, k, n))
         return packed
+
+    @property
+    def glu(self):
+        """``dpl_glu(A, P, out, dims, threads, scratch)``: the gated unit of a product whose
+        weight :meth:`pack_glu` packed."""
+        return (self._ready or self._resolve())[4]
+
+    def pack_glu(self, w: np.ndarray, gate_first: bool) -> np.ndarray:
+        """``w`` (K x 2F), the gate's and the up projection's columns side by side (the gate's
+        first where ``gate_first``), packed with their panels alternating as ``dpl_glu`` reads
+        them: gate, up, gate, up (F a multiple of the panel width)."""
+        k, n = w.shape
+        half, nr = n // 2, self.panel_width
+        gate, up = (w[:, :half], w[:, half:]) if gate_first else (w[:, half:], w[:, :half])
+        pairs = np.stack([gate.reshape(k, half // nr, nr), up.reshape(k, half // nr, nr)], axis=2)  # k, pair, 2, nr
+        return self.pack(np.ascontiguousarray(pairs.reshape(k, n)))
 
     def batched(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, dims: tuple[int, ...], cap: int) -> None:
         """``out[i] = a[i] @ b[i]`` for the ``dims = (batch, M, K, N, a's batch stride)`` the
@@ -338,13 +421,47 @@ class _Packed:
         self.panels: np.ndarray | None = None
         self.lock = threading.Lock()
 
-    def get(self) -> np.ndarray:
+    def get(self, glu: bool | None = None) -> np.ndarray:
+        """The panels; ``glu``: the gate-first flag of a gated unit's weight (``pack_glu``)."""
         if self.panels is None:
             with self.lock:
                 if self.panels is None:
-                    self.panels = self.routine.pack(self.w)
+                    self.panels = self.routine.pack(self.w) if glu is None else self.routine.pack_glu(self.w, glu)
                     self.w = None
         return self.panels
+
+
+def glu_runner(call: Call, routine: Routine, gate_first: bool, threads: int | None = None, _packed: _Packed | None = None):
+    """``fn(a, w, out)``: ``silu(gate) * up`` of product ``call`` (a constant weight of 2F
+    columns, :func:`takes_glu`) into ``out`` (F columns), the weight packed once, its gate and
+    up panels alternating; a K of more than one block keeps the whole product in a per-thread
+    scratch."""
+    packed = _packed or _Packed(call.args[1].value, routine)
+    k, n = call.args[1].ty.shape
+    cap = int(threads or 0)
+    local = threading.local()
+
+    def run(a, w, out):
+        a = np.ascontiguousarray(a, np.float32)
+        m = a.size // k if k else math.prod(a.shape[:-1])
+        scratch = getattr(local, "buf", None)
+        if k > KC and (scratch is None or scratch.size < m * n):
+            scratch = local.buf = np.empty(m * n, np.float32)
+        dims = (ctypes.c_int64 * 3)(m, k, n // 2)
+        return _into(out, lambda target: routine.glu(a.ctypes.data, packed.get(gate_first).ctypes.data, target.ctypes.data,
+                                                      dims, cap, None if scratch is None else scratch.ctypes.data))
+
+    return openmp_kernel(run, f"cpu:packed-matmul {k}x{n} + silu-gated unit", SOURCE, threads,
+                         lambda t: glu_runner(call, routine, gate_first, t, packed))
+
+
+def takes_glu(call: Call, panel_width: int = VECTOR * 4) -> bool:
+    """Whether :func:`glu_runner` computes the gated unit of product ``call``: a float32
+    product this routine takes, of a constant 2-D weight whose halves are whole panels."""
+    if not (takes(call) and isinstance(call.args[1], Constant)):
+        return False
+    n = call.args[1].ty.shape[-1]
+    return n % 2 == 0 and (n // 2) % panel_width == 0
 
 
 def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _Packed | None = None,

@@ -135,7 +135,7 @@ def _layer(cc: str, load, torch):
     packed routine (None where it did not compile; ``load``: the kernel cache's, default the
     user cache's)."""
     from dpl.backends import blas, packed_gemm
-    from dpl.backends.cpu_backend import KernelCache
+    from dpl.backends.cpu_backend import KernelCache, vector_math
     from dpl.backends.registry import CompileError
     from dpl.ir.expr import Call, Constant, Var
     from dpl.ir.types import TensorType
@@ -155,7 +155,7 @@ def _layer(cc: str, load, torch):
 
     packed = None
     try:
-        lib = (load or KernelCache(cc=cc).load)(packed_gemm.SOURCE)
+        lib = (load or KernelCache(cc=cc).load)(packed_gemm.source(vector_math(cc)))
     except (CompileError, OSError) as err:  # OSError: no compiler at all
         log.info("dpl: the packed product routine did not compile: %s", str(err)[:200])
         lib = None

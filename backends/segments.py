@@ -14,6 +14,7 @@ import threading
 from typing import Callable, Sequence
 
 import attrs
+import numpy as np
 
 from dpl import dtypes
 from dpl.ir.expr import Binding, Call, Constant, Function, Tuple, Var
@@ -31,7 +32,10 @@ class NotSegmentable(Exception):
 class Product:
     """A product the library computes. ``epilogue``: what :func:`fold_epilogues` moved into it
     from the part after it, in order: ``("bias", array)`` (plus a constant of the result's last
-    dim) and ``("residual",)`` (plus the last of ``args``, an array of the result's shape)."""
+    dim) and ``("residual",)`` (plus the last of ``args``, an array of the result's shape); or
+    ``("glu", gate_first)`` alone: the product's two halves of its last dim, ``silu(gate) * up``
+    (the gate the first half where ``gate_first``), so that ``var`` is half as wide as the
+    product (a gated MLP's merged gate and up projections)."""
 
     var: Var
     args: tuple
@@ -97,12 +101,14 @@ def segment(function: Function, is_product: Callable[[Binding], bool] = is_produ
     return steps
 
 
-def fold_epilogues(steps: list, folds: Callable[[Product], bool], rets: Sequence[Var]) -> list:
+def fold_epilogues(steps: list, folds: Callable[[Product], bool], rets: Sequence[Var],
+                   glu: Callable[[Product], bool] | None = None) -> list:
     """``steps`` with each product that ``folds`` accepts taking the adds that open the part
     after it: a constant bias over the last dim, then an array of the product's own type (a
-    residual), where the value each add consumes is read nowhere else. The library applies them
-    as it stores the product (no pass of the part over its result to do it); what is left of the
-    part stays a part, and an empty one goes."""
+    residual), where the value each add consumes is read nowhere else; or the gated unit that
+    opens it (``silu`` of one half of the product's last dim times the other half, each read
+    nowhere else), where ``glu`` accepts the product. The library applies them as it stores the product (no pass of the part over
+    its result to do it); what is left of the part stays a part, and an empty one goes."""
     out = list(steps)
     k = 0
     while k + 1 < len(out):
@@ -110,7 +116,8 @@ def fold_epilogues(steps: list, folds: Callable[[Product], bool], rets: Sequence
         if isinstance(step, Product) and isinstance(nxt, Part) and not step.epilogue and folds(step):
             later = {id(v) for s in out[k + 2:] for v in (s.args if isinstance(s, Product) else s.ins) if isinstance(v, Var)}
             results = {id(v) for v in rets}
-            folded = _fold(step, nxt, later | results, results)
+            folded = glu is not None and glu(step) and _fold_glu(step, nxt, later | results, results) or None
+            folded = folded or _fold(step, nxt, later | results, results)
             if folded is not None:
                 out[k:k + 2] = folded
         k += 1
@@ -155,7 +162,57 @@ def _fold(product: Product, part: Part, later: set, results: set) -> list | None
             break
     if not epilogue:
         return None
-    folded = Product(current, tuple(args), product.call, tuple(epilogue))
+    return _folded(Product(current, tuple(args), product.call, tuple(epilogue)), part, n, results)
+
+
+def _fold_glu(product: Product, part: Part, later: set, results: set) -> list | None:
+    """:func:`fold_epilogues`'s gated unit: the part opens with the two halves of the product's
+    last dim (two ``strided_slice`` calls, in either order), ``nn.silu`` of one and its product with
+    the other, each value read once (the last may be an output)."""
+    fn = part.function
+    if id(product.var) in later or any(v is product.var for v in part.outs) or len(fn.bindings) < 4:
+        return None
+    at = [i for i, v in enumerate(part.ins) if v is product.var]
+    if len(at) != 1 or _uses(fn, fn.params[at[0]]) != 2:
+        return None
+    p, ty = fn.params[at[0]], product.var.ty
+    width = ty.shape[-1]
+    if not (isinstance(width, int) and width % 2 == 0 and width > 0):
+        return None
+    half, rank = width // 2, len(ty.shape)
+    first, second, act, mul = fn.bindings[:4]
+    halves = {}
+    for b in (first, second):
+        v = b.value
+        if not (isinstance(v, Call) and v.op == "strided_slice" and v.args[0] is p and _uses(fn, b.var) == 1
+                and not _is_in(b.var, part.outs)):
+            return None
+        a = dict(v.attrs)
+        if [x % rank for x in a["axes"]] != [rank - 1] or list(a.get("strides") or [1]) != [1]:
+            return None
+        begin, end = a["begin"][0], a["end"][0]
+        if (begin, end) not in ((0, half), (half, width)):
+            return None
+        halves[begin] = b.var
+    if len(halves) != 2:
+        return None
+    gate_of = act.value
+    if not (isinstance(gate_of, Call) and gate_of.op == "nn.silu" and len(gate_of.args) == 1
+            and any(gate_of.args[0] is v for v in halves.values()) and _uses(fn, act.var) == 1 and not _is_in(act.var, part.outs)):
+        return None
+    gate = gate_of.args[0]
+    up = halves[half] if gate is halves[0] else halves[0]
+    m = mul.value
+    if not (isinstance(m, Call) and m.op == "multiply" and len(m.args) == 2
+            and {id(m.args[0]), id(m.args[1])} == {id(act.var), id(up)} and mul.var.ty.shape[-1] == half):
+        return None
+    return _folded(Product(mul.var, product.args, product.call, (("glu", gate is halves[0]),)), part, 4, results)
+
+
+def _folded(folded: Product, part: Part, n: int, results: set) -> list:
+    """``folded`` and what is left of ``part`` after its first ``n`` bindings (no part when
+    nothing is)."""
+    fn, current = part.function, folded.var
     rest = fn.bindings[n:]
     outs = tuple(v for v in part.outs if v is not current)
     if not rest or not outs:
@@ -167,6 +224,16 @@ def _fold(product: Product, part: Part, later: set, results: set) -> list | None
     function = Function(fn.name, tuple(fresh[id(v)] for v in free), tuple(Binding(b.var, substitute(b.value, fresh)) for b in rest),
                         outs[0] if len(outs) == 1 else Tuple(outs), fn.attrs)
     return [folded, Part(function, tuple(group.get(id(v), v) for v in free), outs, True, any(id(v) in results for v in outs))]
+
+
+def _glu(xp, full, gate_first: bool, out):
+    """``silu(gate) * up`` of the halves of ``full``'s last dim into ``out``, as the generated
+    C computes it (``g / (1 + exp(-g))``; an exp that overflows is inf, its silu -0)."""
+    half = full.shape[-1] // 2
+    gate, up = (full[..., :half], full[..., half:]) if gate_first else (full[..., half:], full[..., :half])
+    with np.errstate(over="ignore"):
+        act = gate / (1 + xp.exp(-gate))
+    return xp.multiply(act, up, out=out)
 
 
 def _shape(ty, dims) -> tuple[int, ...]:
@@ -222,6 +289,9 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
             env[id(step.var)] = fn(*operands, target)
             return
         a, b = operands[:2]
+        if step.epilogue[:1] and step.epilogue[0][0] == "glu":  # the whole product, then silu(gate) * up into target
+            env[id(step.var)] = _glu(xp, xp.matmul(a, b).astype(dtype, copy=False), step.epilogue[0][1], target)
+            return
         if xp.result_type(a, b) == dtype:
             result = xp.matmul(a, b, out=target)
         else:

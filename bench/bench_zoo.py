@@ -35,7 +35,7 @@ tables give the medians of ``--repeat`` samples per contender and the ratios dpl
 dpl/compile (< 1: dpl is faster), and dpl's time at N threads over its time at 1 (dpl/1thr; issue
 17 asks for <= 1). A third table holds each row against this machine's arithmetic floor
 (bench/roofline.py): the products' and convolutions' flops as written, at the float32 FMA peak
-measured in the child for its thread count, and the share of that peak dpl, eager,
+of one core measured in the child times its thread count, and the share of that peak dpl, eager,
 torch.compile and issue 17's target (0.85 x torch.compile's time) use. dpl's fall-backs (``exe.fallbacks``) are listed after the
 tables. The host is shared: quote the load average beside the numbers (printed at the top).
 
@@ -236,7 +236,9 @@ def child_rows(opts) -> list[dict]:
     model = arch.build("sdpa")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_zoo_kernels_") as cache_root, torch.no_grad():
-        peak = fma_peak(opts.threads, KernelCache(Path(cache_root) / "probe"))
+        # the machine's peak for the row's threads: one core's, measured, times the threads (a
+        # probe of several threads on a shared host measures the other processes too)
+        peak = fma_peak(1, KernelCache(Path(cache_root) / "probe")) * opts.threads
         for label, inputs in model_shapes(arch, shapes):
             rows.append(bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, opts.threads, opts.repeat,
                                     not opts.no_compile, cache_root, peak))
