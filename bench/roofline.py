@@ -13,9 +13,13 @@ value products over every key, masked or not, as torch's kernels compute them).
 
 ``floor = product_flops / peak`` is a time no implementation of the same arithmetic can beat on
 this machine; ``flops / time`` over the peak is the share of the machine a run used. On the
-2-core AVX-512 bench host (AMD EPYC, Zen 4 family 25 model 17), one thread: 115 GFLOP/s
-(1 x 512-bit FMA a cycle at 3.6 GHz), and dpl's packed products alone run at 90-95% of it
-(1024 x 256 by 256 x 768: 103-106 GFLOP/s).
+2-core AVX-512 bench host (AMD EPYC, Zen 4 family 25 model 17), one thread: 115-117 GFLOP/s
+(one 512-bit FMA a cycle at about 3.6 GHz, two cores twice that). dpl's packed products run at
+88-93% of it on one shape called again and again (1024 x 256 by 256 x 768: 103-106 GFLOP/s),
+85-88% through a decoder's eight products in turn (97-101), as in a model.
+
+``bench_zoo.py`` prints each row against this floor (the peak of N threads taken as N times one
+core's: a probe of several threads on a shared host also measures the other processes).
 """
 
 from __future__ import annotations
