@@ -72,14 +72,21 @@ typedef {lane_int} ivec_t __attribute__((vector_size(64)));  /* what comparing t
 static inline vec_t vload(const acc_t *p) {{ vec_t v; memcpy(&v, p, sizeof v); return v; }}
 static inline void vstore(acc_t *p, vec_t v) {{ memcpy(p, &v, sizeof v); }}
 static inline vec_t vzero(void) {{ vec_t v = {{0}}; return v; }}
-static inline int vany(ivec_t v) {{ {lane_int} x = 0; for (int i = 0; i < LANES; ++i) x |= v[i]; return x != 0; }}
 /* the first n <= LANES elements at p, the other lanes 0: one masked load where AVX-512 has it
-   (a memcpy call per vector had made ViT's 197 keys cost 1.4x of 192) */
+   (a memcpy call per vector had made ViT's 197 keys cost 1.4x of 192); a vector's maximum (no
+   NaN lanes), its sum, whether any lane is set: AVX-512's reductions (loops over the lanes had
+   been a fifth of the row work: the kernel 4-5% faster with these) */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 static inline vec_t vload_part(const acc_t *p, int64_t n) {{ return (vec_t){masked_load}(({mask_type})((1u << n) - 1u), p); }}
+static inline acc_t hmax(vec_t v) {{ return {reduce_max}(({m512})v); }}
+static inline acc_t hsum(vec_t v) {{ return {reduce_add}(({m512})v); }}
+static inline int vany(ivec_t v) {{ return {test_mask}((__m512i)v, (__m512i)v) != 0; }}
 #else
 static inline vec_t vload_part(const acc_t *p, int64_t n) {{ vec_t v = vzero(); memcpy(&v, p, n * sizeof(acc_t)); return v; }}
+static inline acc_t hmax(vec_t v) {{ acc_t x = v[0]; for (int i = 1; i < LANES; ++i) x = v[i] > x ? v[i] : x; return x; }}
+static inline acc_t hsum(vec_t v) {{ acc_t x = 0; for (int i = 0; i < LANES; ++i) x += v[i]; return x; }}
+static inline int vany(ivec_t v) {{ {lane_int} x = 0; for (int i = 0; i < LANES; ++i) x |= v[i]; return x != 0; }}
 #endif
 static const ivec_t IOTA = {{{iota}}};  /* lane numbers */
 #define FAST_EXP {fast_exp}
@@ -201,8 +208,7 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
           vstore(sr + je, e);
           sv += e;
         }}
-        acc_t sum = 0;
-        for (int i = 0; i < LANES; ++i) sum += sv[i];
+        acc_t sum = hsum(sv);
 #else
         acc_t sum = 0;
         #pragma omp simd reduction(+:sum)
@@ -305,7 +311,8 @@ ROW_VECTORS = """\
             mv = (vec_t)(((ivec_t)mv & ~up) | ((ivec_t)x & up));
           }}
           bad |= vany(bv);
-          for (int i = 0; i < LANES; ++i) mx = mv[i] > mx ? mv[i] : mx;
+          const acc_t top = hmax(mv);
+          mx = top > mx ? top : mx;
         }}"""
 
 # exp of a vector of float lanes, x <= 0 (a score less the row's maximum): Cody and Waite's
@@ -355,7 +362,11 @@ def emit_flash(spec: Attention, vector_math: bool = False) -> str:
                            widen=int(widen), lanes=lanes, fast_pv=int(fast_pv),
                            lane_int="int64_t" if acc == "double" else "int32_t", fast_exp=int(fast_exp),
                            masked_load="_mm512_maskz_loadu_pd" if acc == "double" else "_mm512_maskz_loadu_ps",
-                           mask_type="__mmask8" if acc == "double" else "__mmask16", iota=", ".join(map(str, range(lanes))),
+                           mask_type="__mmask8" if acc == "double" else "__mmask16",
+                           m512="__m512d" if acc == "double" else "__m512",
+                           reduce_max="_mm512_reduce_max_pd" if acc == "double" else "_mm512_reduce_max_ps",
+                           reduce_add="_mm512_reduce_add_pd" if acc == "double" else "_mm512_reduce_add_ps",
+                           test_mask="_mm512_test_epi64_mask" if acc == "double" else "_mm512_test_epi32_mask", iota=", ".join(map(str, range(lanes))),
                            vexp=VEXP if fast_exp else "", row_vectors=row_vectors,
                            skip_masked=SKIP_MASKED if masked else "", tile_masked=TILE_MASKED if masked else "",
                            load=load, store=store, scale=scale, scale_op=scale_op,
