@@ -234,7 +234,7 @@ class CpuBackend(Backend):
         steps = segment(function, _blas_product, starts_part=_pool)
         # a packed product of a weight stores its bias and residual adds with its tiles
         steps = fold_epilogues(steps, lambda p: self._packs(p.call) and isinstance(p.args[1], Constant), vars_in(function.ret),
-                               glu=lambda p: self._packs(p.call) and packed_gemm.takes_glu(p.call))
+                               glu=lambda p: self._packs(p.call) and packed_gemm.takes_glu(p.call), acts=packed_gemm.ACTS)
         pools = {self._pool_of(s.call) for s in steps if isinstance(s, Product)}
         # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
         # products, and an OpenMP team sharing their cores waits for the scheduler
@@ -333,7 +333,8 @@ class CpuBackend(Backend):
             return packed_gemm.glu_runner(call, self._routine(), epilogue[0][1], threads)
         if packs:  # the weights packed now, once
             bias = next((e[1] for e in epilogue if e[0] == "bias"), None)
-            return packed_gemm.runner(call, self._routine(), threads, bias=bias, residual=any(e[0] == "residual" for e in epilogue))
+            return packed_gemm.runner(call, self._routine(), threads, bias=bias, residual=any(e[0] == "residual" for e in epilogue),
+                                      act=next((e[1] for e in epilogue if e[0] == "act"), None))
         if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
             return im2col.conv2d_product(call, packed_gemm.array_matmul(self._routine(), self.products.matmul, threads))
         if call.op != "matmul":

@@ -36,6 +36,10 @@ rounded as a separate add rounds it, so the result is bit-for-bit the product an
 run apart, without their pass over the product's output. (Inside the register tile they cost
 the compiler 2.7 s over this source instead of 0.9; their gain was within this host's noise of this one.)
 
+After them it may apply an activation (``ACTS``: ReLU, GELU and its tanh form, SiLU, tanh),
+written as the generated kernels write it (the op's ``c_expr`` through ``dpl.kernel.ir.to_c``),
+so the bits stay theirs.
+
 A gated MLP's merged gate and up product may carry its gated unit instead (``glu_runner``): the
 weight packed with gate and up panels alternating, ``dpl_glu`` computes each pair of tiles and
 writes ``silu(gate) * up`` (the generated C's expression and, with :func:`source`'s
@@ -59,8 +63,8 @@ KC = 256  # the K-block of SOURCE: a product of no more rows of W runs in one (i
 MAX_PAD = 0.125  # the share of its last vector's columns a product may waste as padding
 VECTOR = 16  # columns of the widest vector the routine is built with (AVX-512); narrower ones pad less
 
-SOURCE = r"""
-#include <math.h>
+SOURCE_HEAD = r"""
+#include <tgmath.h>
 #include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -110,8 +114,9 @@ static inline __attribute__((always_inline)) void tile(const float *restrict A, 
 
 /* the epilogue a product's last K-block applies to each tile it has just stored (the tile still
    in L1): plus bias[j] (NULL: none), then plus res[i, j] (NULL: none; row stride ldc), each sum
-   rounded as the separate adds round it; its pointers at the tile's first row and column */
-typedef struct { const float *bias, *res; } epi_t;
+   rounded as the separate adds round it, then activation act (0: none; ACTS in packed_gemm.py,
+   the generated kernels' own expressions); its pointers at the tile's first row and column */
+typedef struct { const float *bias, *res; int act; } epi_t;
 
 static void epilogue(float *restrict C, int64_t ldc, int mr, int64_t ncols, epi_t e) {
   for (int r = 0; r < mr; r++) {
@@ -124,6 +129,9 @@ static void epilogue(float *restrict C, int64_t ldc, int mr, int64_t ncols, epi_
       const float *restrict res = e.res + r * ldc;
       #pragma omp simd
       for (int64_t j = 0; j < ncols; j++) row[j] += res[j];
+    }
+    switch (e.act) {
+ACT_CASES
     }
   }
 }
@@ -154,6 +162,8 @@ static void gemm(const float *A, panels_t w, float *C, int64_t M, int64_t K, int
         if (e.res) v += e.res[i * N + j];
         C[i * N + j] = v;
       }
+    const epi_t act = {0, 0, e.act};
+    for (int64_t i = 0; i < M; i++) epilogue(C + i * N, N, 1, N, act);
     return;
   }
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -167,8 +177,8 @@ static void gemm(const float *A, panels_t w, float *C, int64_t M, int64_t K, int
       const float *panel = own ? w.tail + k0 * NR : w.P + p * w.ps + k0 * w.ldp;
       tiles[mr][(ncols + VL - 1) / VL](A + i * K + k0, K, panel, own ? NR : w.ldp, kc, C + i * N + p * NR, N, ncols,
                                        k0 > 0);
-      if (k0 + kc == K && (e.bias || e.res)) {
-        const epi_t te = {e.bias ? e.bias + p * NR : 0, e.res ? e.res + i * N + p * NR : 0};
+      if (k0 + kc == K && (e.bias || e.res || e.act)) {
+        const epi_t te = {e.bias ? e.bias + p * NR : 0, e.res ? e.res + i * N + p * NR : 0, e.act};
         epilogue(C + i * N + p * NR, N, mr, ncols, te);
       }
     }
@@ -195,11 +205,12 @@ static void pack(const float *W, float *P, int64_t K, int64_t N) {
   }
 }
 
-/* dims: M, K, N; P: the weights, packed; then plus bias[N] and plus res[M, N] where not NULL */
+/* dims: M, K, N; P: the weights, packed; then plus bias[N] and plus res[M, N] where not NULL, then
+   activation act (0: none) */
 void dpl_kernel(const float *A, const float *P, float *C, const int64_t *dims, int threads, const float *bias,
-                const float *res) {
+                const float *res, int act) {
   const panels_t w = {P, dims[1] * NR, NR, NULL};
-  const epi_t e = {bias, res};
+  const epi_t e = {bias, res, act};
   gemm(A, w, C, dims[0], dims[1], dims[2], team(threads), e);
 }
 
@@ -247,7 +258,7 @@ void dpl_glu(const float *A, const float *P, float *out, const int64_t *dims, in
     return;
   }
   const panels_t w = {P, ps, NR, NULL};
-  const epi_t none = {0, 0};
+  const epi_t none = {0, 0, 0};
   gemm(A, w, scratch, M, K, 2 * F, threads, none);
   #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
   for (int64_t b = 0; b < blocks; b++) {
@@ -275,7 +286,7 @@ static panels_t in_place(const float *B, int64_t K, int64_t N, float *tail) {
    (0: one A for every batch). Batches shared by the team where there are enough, else tiles */
 void dpl_batched(const float *A, const float *B, float *C, const int64_t *dims, int threads, float *scratch) {
   const int64_t batch = dims[0], M = dims[1], K = dims[2], N = dims[3], as = dims[4];
-  const epi_t none = {0, 0};
+  const epi_t none = {0, 0, 0};
   threads = team(threads);
   if (batch >= threads) {
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
@@ -287,6 +298,26 @@ void dpl_batched(const float *A, const float *B, float *C, const int64_t *dims, 
   }
 }
 """
+
+
+# the activations a weight's product may apply after its bias (segments.fold_epilogues), as the
+# generated kernels spell them (their ``c_expr`` through dpl.kernel.ir.to_c, float literals in
+# single precision), numbered from 1 for the C's switch
+ACTS = ("nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "tanh")
+
+
+def _act_cases() -> str:
+    from dpl.kernel.ir import Op, Var, to_c
+
+    cases = []
+    for code, name in enumerate(ACTS, 1):
+        expr = to_c(Op(name, (Var("x", "float32"),), (), "float32"))
+        cases.append(f"      case {code}:\n        #pragma omp simd\n        for (int64_t j = 0; j < ncols; j++) {{\n"
+                     f"          const float x = row[j];\n          row[j] = (float)({expr});\n        }}\n        break;")
+    return "\n".join(cases)
+
+
+SOURCE = SOURCE_HEAD.replace("ACT_CASES", _act_cases())
 
 
 def source(vector_math: bool) -> str:
@@ -338,7 +369,7 @@ class Routine:
         with self._lock:
             if self._ready is None:
                 lib = self._lib.result() if hasattr(self._lib, "result") else self._lib
-                for name, res, args in (("dpl_kernel", None, [*_ARGS, ctypes.c_void_p, ctypes.c_void_p]),
+                for name, res, args in (("dpl_kernel", None, [*_ARGS, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]),
                                         ("dpl_batched", None, [*_ARGS, ctypes.c_void_p]),
                                         ("dpl_glu", None, [*_ARGS, ctypes.c_void_p]),
                                         ("dpl_pack", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
@@ -465,14 +496,14 @@ def takes_glu(call: Call, panel_width: int = VECTOR * 4) -> bool:
 
 
 def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _Packed | None = None,
-           bias: np.ndarray | None = None, residual: bool = False):
+           bias: np.ndarray | None = None, residual: bool = False, act: str | None = None):
     """``fn(a, b, out)`` computing ``call`` (:func:`takes`) into ``out`` by ``routine``. A
     constant ``b`` is packed once, at the first call (the segment runner passes it again at
     each call, and it is not read again), a variable one read in place. ``threads`` caps the
     team. With the epilogue of a constant ``b``'s product (``backends/segments.py``,
     ``fold_epilogues``): plus ``bias`` (N values) and then, with ``residual``, plus the array
-    given before ``out`` (``fn(a, b, res, out)``), each applied as the last K-block stores its
-    tiles."""
+    given before ``out`` (``fn(a, b, res, out)``), then the activation ``act`` (one of
+    ``ACTS``), each applied as the last K-block stores its tiles."""
     if not isinstance(call.args[1], Constant):
         return _variable_runner(call, routine, threads)
     packed = _packed or _Packed(call.args[1].value, routine)
@@ -487,11 +518,12 @@ def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _P
         r = np.ascontiguousarray(res[0], np.float32) if residual else None
         return _into(out, lambda target: routine.kernel(a.ctypes.data, packed.get().ctypes.data, target.ctypes.data,
                                                         dims, cap, None if bias is None else bias.ctypes.data,
-                                                        None if r is None else r.ctypes.data))
+                                                        None if r is None else r.ctypes.data, code))
 
-    epilogue = (" + bias" if bias is not None else "") + (" + residual" if residual else "")
+    code = 0 if act is None else ACTS.index(act) + 1
+    epilogue = (" + bias" if bias is not None else "") + (" + residual" if residual else "") + (f", {act}" if act else "")
     return openmp_kernel(run, f"cpu:packed-matmul {k}x{n}{epilogue}", SOURCE, threads,
-                         lambda t: runner(call, routine, t, packed, bias, residual))
+                         lambda t: runner(call, routine, t, packed, bias, residual, act))
 
 
 def _variable_runner(call: Call, routine: Routine, threads: int | None):

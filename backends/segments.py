@@ -20,6 +20,7 @@ from dpl import dtypes
 from dpl.ir.expr import Binding, Call, Constant, Function, Tuple, Var
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
+from dpl.ops.registry import get_op
 from dpl.ir.traverse import substitute
 
 
@@ -32,7 +33,8 @@ class NotSegmentable(Exception):
 class Product:
     """A product the library computes. ``epilogue``: what :func:`fold_epilogues` moved into it
     from the part after it, in order: ``("bias", array)`` (plus a constant of the result's last
-    dim) and ``("residual",)`` (plus the last of ``args``, an array of the result's shape); or
+    dim) and ``("residual",)`` (plus the last of ``args``, an array of the result's shape), then
+    ``("act", op)`` (a unary activation of the registry); or
     ``("glu", gate_first)`` alone: the product's two halves of its last dim, ``silu(gate) * up``
     (the gate the first half where ``gate_first``), so that ``var`` is half as wide as the
     product (a gated MLP's merged gate and up projections)."""
@@ -102,10 +104,11 @@ def segment(function: Function, is_product: Callable[[Binding], bool] = is_produ
 
 
 def fold_epilogues(steps: list, folds: Callable[[Product], bool], rets: Sequence[Var],
-                   glu: Callable[[Product], bool] | None = None) -> list:
+                   glu: Callable[[Product], bool] | None = None, acts: Sequence[str] = ()) -> list:
     """``steps`` with each product that ``folds`` accepts taking the adds that open the part
     after it: a constant bias over the last dim, then an array of the product's own type (a
-    residual), where the value each add consumes is read nowhere else; or the gated unit that
+    residual), then one of the activations ``acts``, where the value each consumes is read
+    nowhere else; or the gated unit that
     opens it (``silu`` of one half of the product's last dim times the other half, each read
     nowhere else), where ``glu`` accepts the product. The library applies them as it stores the product (no pass of the part over
     its result to do it); what is left of the part stays a part, and an empty one goes."""
@@ -117,7 +120,7 @@ def fold_epilogues(steps: list, folds: Callable[[Product], bool], rets: Sequence
             later = {id(v) for s in out[k + 2:] for v in (s.args if isinstance(s, Product) else s.ins) if isinstance(v, Var)}
             results = {id(v) for v in rets}
             folded = glu is not None and glu(step) and _fold_glu(step, nxt, later | results, results) or None
-            folded = folded or _fold(step, nxt, later | results, results)
+            folded = folded or _fold(step, nxt, later | results, results, frozenset(acts))
             if folded is not None:
                 out[k:k + 2] = folded
         k += 1
@@ -134,7 +137,7 @@ def _is_in(var, values) -> bool:
     return any(v is var for v in values)
 
 
-def _fold(product: Product, part: Part, later: set, results: set) -> list | None:
+def _fold(product: Product, part: Part, later: set, results: set, acts: frozenset = frozenset()) -> list | None:
     fn = part.function
     if id(product.var) in later or any(v is product.var for v in part.outs):
         return None
@@ -145,6 +148,13 @@ def _fold(product: Product, part: Part, later: set, results: set) -> list | None
     current, args, epilogue, n = fn.params[at[0]], list(product.args), [], 0
     for b in fn.bindings:
         value = b.value
+        if (isinstance(value, Call) and value.op in acts and len(value.args) == 1 and value.args[0] is current
+                and b.var.ty == ty and (n == 0 or (_uses(fn, current) == 1 and not _is_in(current, part.outs)))):
+            epilogue.append(("act", value.op))  # the last of an epilogue
+            current, n = b.var, n + 1
+            break
+        if epilogue and epilogue[-1][0] == "residual":  # after the residual only an activation
+            break
         if not (isinstance(value, Call) and value.op == "add" and len(value.args) == 2 and _is_in(current, value.args)
                 and b.var.ty == ty and (n == 0 or (_uses(fn, current) == 1 and not _is_in(current, part.outs)))):
             break
@@ -158,8 +168,6 @@ def _fold(product: Product, part: Part, later: set, results: set) -> list | None
         else:
             break
         current, n = b.var, n + 1
-        if epilogue[-1][0] == "residual":
-            break
     if not epilogue:
         return None
     return _folded(Product(current, tuple(args), product.call, tuple(epilogue)), part, n, results)
@@ -297,7 +305,11 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         else:
             result = xp.matmul(a, b).astype(dtype, copy=False)
         for kind, *value in step.epilogue:
-            result = xp.add(result, xp.asarray(value[0]) if kind == "bias" else operands[-1], out=result)
+            if kind == "act":
+                with np.errstate(over="ignore", invalid="ignore"):
+                    xp.copyto(result, get_op(value[0]).ref(result))
+            else:
+                result = xp.add(result, xp.asarray(value[0]) if kind == "bias" else operands[-1], out=result)
         env[id(step.var)] = result
 
     def part(step: Part, kernel, env, dims, direct):

@@ -239,14 +239,23 @@ EPILOGUES = {
     "residual then bias": ([("res", None), ("bias", (100,))], ["residual"]),  # the bias stays a part
     "the biased value is a result too": ([("bias", (100,)), ("res", None)], ["bias"]),
     "the product is a result too": ([("bias", (100,))], []),
+    "bias then gelu": ([("bias", (100,)), ("act", "nn.gelu")], ["bias", "act"]),
+    # cublas.matmul_bias_residual ends at the residual: the relu is a group of its own
+    "bias, residual, relu": ([("bias", (100,)), ("res", None), ("act", "nn.relu")], ["bias", "residual"]),
+    "gelu_tanh alone": ([("act", "nn.gelu_tanh")], ["act"]),
+    "bias then tanh": ([("bias", (100,)), ("act", "tanh")], ["bias", "act"]),
+    "bias then silu": ([("bias", (100,)), ("act", "nn.silu")], ["bias", "act"]),
+    "relu then bias": ([("act", "nn.relu"), ("bias", (100,))], ["act"]),  # the bias stays a part
+    "exp is no activation here": ([("bias", (100,)), ("act", "exp")], ["bias"]),
 }
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", list(EPILOGUES))
 def test_bias_and_residual_adds_fold_into_the_product_bit_for_bit(tmp_path, monkeypatch, case, threads):
-    """A weight's product followed by a bias add and a residual add stores them with its tiles
-    (segments.fold_epilogues): the same bits as the product and the adds run apart, at 517 x 300
+    """A weight's product followed by a bias add, a residual add and an activation stores them
+    with its tiles (segments.fold_epilogues): the same bits as the product and the rest run
+    apart (the activations are the generated kernels' own expressions), at 517 x 300
     by 300 x 100 (two K-blocks, a narrow last panel, a ragged last row block), nothing folded
     where a value the adds consume is read elsewhere."""
     needs.c_compiler()
@@ -261,6 +270,9 @@ def test_bias_and_residual_adds_fold_into_the_product_bit_for_bit(tmp_path, monk
     y = fb.emit("matmul", x, const((rng.standard_normal((300, 100)) / 16).astype(np.float32)))
     values = [y]
     for kind, shape in adds:
+        if kind == "act":
+            values.append(fb.emit(shape, values[-1]))
+            continue
         values.append(fb.emit("add", values[-1], const(rng.standard_normal(shape).astype(np.float32)) if kind == "bias" else r))
     rets = {"the biased value is a result too": (values[-1], values[1]), "the product is a result too": (values[-1], y)}
     mod = Module([fb.ret(*rets.get(case, (values[-1],)))])
@@ -363,3 +375,26 @@ def test_the_gated_unit_without_the_routine_runs_on_numpy():
     result = np.empty((9, 64), np.float32)
     run([arg], [result])
     np.testing.assert_allclose(result, dpl.interpret(Module([fn]), arg), rtol=1e-5, atol=1e-5)
+
+
+def test_an_activation_after_the_residual_folds_and_runs_on_numpy_without_the_routine():
+    """fold_epilogues on a group the patterns do not make (bias, residual, then relu in one
+    part): the three fold, nothing is left of the part, and the segment runner's own path
+    (NumPy's product, then the epilogue) equals the interpreter."""
+    from dpl.backends import segments
+
+    rng = np.random.default_rng(11)
+    fb = FunctionBuilder("main")
+    x, r = fb.param("x", "f32", (7, 24)), fb.param("r", "f32", (7, 40))
+    y = fb.emit("matmul", x, const(rng.standard_normal((24, 40)).astype(np.float32)))
+    y = fb.emit("add", y, const(rng.standard_normal(40).astype(np.float32)))
+    out = fb.emit("nn.relu", fb.emit("add", r, y))
+    fn = Module([fb.ret(out)])["main"]
+    steps = segments.fold_epilogues(segments.segment(fn), lambda p: True, [fn.ret], acts=("nn.relu",))
+    assert [type(s).__name__ for s in steps] == ["Product"]
+    assert [e[0] for e in steps[0].epilogue] == ["bias", "residual", "act"]
+    args = [rng.standard_normal((7, 24)).astype(np.float32), rng.standard_normal((7, 40)).astype(np.float32)]
+    result = np.empty((7, 40), np.float32)
+    segments.segment_runner(fn, steps, [], np)(args, [result])
+    np.testing.assert_allclose(result, dpl.interpret(Module([fn]), *args), rtol=1e-5, atol=1e-5)
+    assert segments.fold_epilogues(segments.segment(fn), lambda p: True, [fn.ret])[0].epilogue[-1] == ("residual",)
