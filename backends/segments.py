@@ -146,17 +146,23 @@ def _fold(product: Product, part: Part, later: set, results: set, acts: frozense
         return None
     ty = product.var.ty
     current, args, epilogue, n = fn.params[at[0]], list(product.args), [], 0
+    last = None  # (bindings taken, the value) at the last epilogue step: a view after it stays in the part
     for b in fn.bindings:
         value = b.value
-        if (isinstance(value, Call) and value.op in acts and len(value.args) == 1 and value.args[0] is current
-                and b.var.ty == ty and (n == 0 or (_uses(fn, current) == 1 and not _is_in(current, part.outs)))):
+        alone = n == 0 or (_uses(fn, current) == 1 and not _is_in(current, part.outs))
+        if alone and _row_view(value, current, b.var.ty, ty):
+            current, ty, n = b.var, b.var.ty, n + 1  # the same elements in the same order: the epilogue goes on
+            continue
+        if (alone and isinstance(value, Call) and value.op in acts and len(value.args) == 1 and value.args[0] is current
+                and b.var.ty == ty):
             epilogue.append(("act", value.op))  # the last of an epilogue
             current, n = b.var, n + 1
+            last = (n, current)
             break
         if epilogue and epilogue[-1][0] == "residual":  # after the residual only an activation
             break
-        if not (isinstance(value, Call) and value.op == "add" and len(value.args) == 2 and _is_in(current, value.args)
-                and b.var.ty == ty and (n == 0 or (_uses(fn, current) == 1 and not _is_in(current, part.outs)))):
+        if not (alone and isinstance(value, Call) and value.op == "add" and len(value.args) == 2 and _is_in(current, value.args)
+                and b.var.ty == ty):
             break
         other = value.args[1] if value.args[0] is current else value.args[0]
         if (not epilogue and isinstance(other, Constant) and other.value.dtype == dtypes.to_numpy(ty.dtype)
@@ -168,9 +174,21 @@ def _fold(product: Product, part: Part, later: set, results: set, acts: frozense
         else:
             break
         current, n = b.var, n + 1
-    if not epilogue:
+        last = (n, current)
+    if last is None:
         return None
+    n, current = last
     return _folded(Product(current, tuple(args), product.call, tuple(epilogue)), part, n, results)
+
+
+def _row_view(value, current, ty, before) -> bool:
+    """Whether ``value`` reshapes ``current`` (of type ``before``) to ``ty`` keeping the last
+    dim (static shapes): it only splits or merges rows (GPT-2's Conv1D views its 2-D rows back
+    to [batch, seq, n]), so a bias over the last dim, a residual read in the same order and an
+    elementwise activation mean what they meant."""
+    return (isinstance(value, Call) and value.op == "reshape" and value.args[0] is current and isinstance(ty, TensorType)
+            and ty.dtype == before.dtype and all(isinstance(d, int) for d in (*ty.shape, *before.shape))
+            and len(ty.shape) >= 1 and len(before.shape) >= 1 and ty.shape[-1] == before.shape[-1])
 
 
 def _fold_glu(product: Product, part: Part, later: set, results: set) -> list | None:
@@ -300,6 +318,9 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         if step.epilogue[:1] and step.epilogue[0][0] == "glu":  # the whole product, then silu(gate) * up into target
             env[id(step.var)] = _glu(xp, xp.matmul(a, b).astype(dtype, copy=False), step.epilogue[0][1], target)
             return
+        full = target
+        if step.call is not None and tuple(target.shape) != _shape(step.call.ty, dims):
+            target = target.reshape(_shape(step.call.ty, dims))  # a view folded in: the product in its own shape
         if xp.result_type(a, b) == dtype:
             result = xp.matmul(a, b, out=target)
         else:
@@ -309,8 +330,9 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
                 with np.errstate(over="ignore", invalid="ignore"):
                     xp.copyto(result, get_op(value[0]).ref(result))
             else:
-                result = xp.add(result, xp.asarray(value[0]) if kind == "bias" else operands[-1], out=result)
-        env[id(step.var)] = result
+                other = xp.asarray(value[0]) if kind == "bias" else operands[-1].reshape(result.shape)
+                result = xp.add(result, other, out=result)
+        env[id(step.var)] = full if result is target else result.reshape(full.shape)
 
     def part(step: Part, kernel, env, dims, direct):
         arrays = [direct.get(id(v)) for v in step.outs]

@@ -398,3 +398,48 @@ def test_an_activation_after_the_residual_folds_and_runs_on_numpy_without_the_ro
     segments.segment_runner(fn, steps, [], np)(args, [result])
     np.testing.assert_allclose(result, dpl.interpret(Module([fn]), *args), rtol=1e-5, atol=1e-5)
     assert segments.fold_epilogues(segments.segment(fn), lambda p: True, [fn.ret])[0].epilogue[-1] == ("residual",)
+
+
+@pytest.mark.parametrize("tail", ["residual", "gelu_tanh"])
+def test_a_view_back_to_batch_and_sequence_folds_with_the_epilogue(tmp_path, monkeypatch, tail):
+    """GPT-2's Conv1D: the product on 2-D rows, its bias, a view back to [batch, seq, n], then
+    the residual add or the GELU: the view only regroups rows, so both fold (the patterns take
+    the view into the group), bit for bit against the part run apart."""
+    needs.c_compiler()
+    from dpl.backends import cpu_backend, segments
+    from dpl.backends.cpu_backend import CpuBackend
+
+    rng = np.random.default_rng(13)
+    fb = FunctionBuilder("main")
+    x, r = fb.param("x", "f32", (6 * 35, 64)), fb.param("r", "f32", (6, 35, 96))
+    y = fb.emit("matmul", x, const((rng.standard_normal((64, 96)) / 8).astype(np.float32)))
+    y = fb.emit("reshape", fb.emit("add", y, const(rng.standard_normal(96).astype(np.float32))), shape=[6, 35, 96])
+    out = fb.emit("add", y, r) if tail == "residual" else fb.emit("nn.gelu_tanh", y)
+    mod = Module([fb.ret(out)])
+    args = [rng.standard_normal((210, 64)).astype(np.float32), rng.standard_normal((6, 35, 96)).astype(np.float32)]
+    seen = []
+    real = segments.fold_epilogues
+
+    def spy(steps, folds, results, **kw):
+        out = real(steps, folds, results, **kw)
+        seen.extend(e[0] for s in out if isinstance(s, segments.Product) for e in s.epilogue)
+        return out
+
+    monkeypatch.setattr(cpu_backend, "fold_epilogues", spy)
+    fused = dpl.apply(mod, ["cublas"])
+    config = dpl.FusionConfig(fallback_on_error=False)
+    exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], config=config, progress=False)
+    got = exe(*args)
+    assert seen == ["bias", "residual" if tail == "residual" else "act"]
+    monkeypatch.setattr(cpu_backend, "fold_epilogues", lambda steps, folds, results, **kw: steps)
+    apart = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], config=config, progress=False)
+    np.testing.assert_array_equal(got, apart(*args))
+    np.testing.assert_allclose(got, dpl.interpret(mod, *args), rtol=1e-4, atol=1e-4)
+    # the segment runner's own NumPy path (no routine), the view folded in
+    comp = next(f for f in fused.functions.values() if f.attrs.get("Composite"))
+    steps = real(segments.segment(comp), lambda p: True, [comp.ret], acts=("nn.gelu_tanh",))
+    assert [type(s).__name__ for s in steps] == ["Product"]
+    by_name = {"x": args[0], "r": args[1]}
+    result = np.empty((6, 35, 96), np.float32)
+    segments.segment_runner(comp, steps, [], np)([by_name[p.name] for p in comp.params], [result])
+    np.testing.assert_allclose(result, got, rtol=1e-5, atol=1e-5)
