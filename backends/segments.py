@@ -3,7 +3,7 @@ the CPU, cuBLAS through ``cupy.matmul`` on CUDA), each run of the other bindings
 products as one generated kernel (an epilogue, a prologue, attention's scale-mask-softmax).
 
 :func:`segment` does the cutting; :func:`fold_epilogues` lets a library product take the bias
-and residual adds that open the part after it; :func:`segment_runner` runs the steps on an
+and residual adds and the activation, or the gated unit, that open the part after it; :func:`segment_runner` runs the steps on an
 array module (``numpy`` or ``cupy``), writing a product that is a result straight into its
 output.
 """
@@ -20,8 +20,8 @@ from dpl import dtypes
 from dpl.ir.expr import Binding, Call, Constant, Function, Tuple, Var
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
-from dpl.ops.registry import get_op
 from dpl.ir.traverse import substitute
+from dpl.ops.registry import get_op
 
 
 class NotSegmentable(Exception):
@@ -105,13 +105,13 @@ def segment(function: Function, is_product: Callable[[Binding], bool] = is_produ
 
 def fold_epilogues(steps: list, folds: Callable[[Product], bool], rets: Sequence[Var],
                    glu: Callable[[Product], bool] | None = None, acts: Sequence[str] = ()) -> list:
-    """``steps`` with each product that ``folds`` accepts taking the adds that open the part
-    after it: a constant bias over the last dim, then an array of the product's own type (a
-    residual), then one of the activations ``acts``, where the value each consumes is read
-    nowhere else; or the gated unit that
-    opens it (``silu`` of one half of the product's last dim times the other half, each read
-    nowhere else), where ``glu`` accepts the product. The library applies them as it stores the product (no pass of the part over
-    its result to do it); what is left of the part stays a part, and an empty one goes."""
+    """``steps`` with each product that ``folds`` accepts taking what opens the part after it:
+    a constant bias over the last dim, then an array of the product's own type (a residual),
+    then one of the activations ``acts``, views that keep the last dim allowed between them,
+    each value consumed read nowhere else; or, where ``glu`` accepts the product, the gated
+    unit (``silu`` of one half of the product's last dim times the other half). The library
+    applies them as it stores the product (no pass of the part over its result to do it);
+    what is left of the part stays a part, and an empty one goes."""
     out = list(steps)
     k = 0
     while k + 1 < len(out):
