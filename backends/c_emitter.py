@@ -36,8 +36,8 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.backends.c_names import CNames, EmitError
-from dpl.kernel.loop_split import split_index_loops
 from dpl.kernel.ir import C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, to_c, walk, walk_exprs
+from dpl.kernel.loop_split import split_index_loops
 from dpl.ops.registry import get_op
 
 PRELUDE = """\
