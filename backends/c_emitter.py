@@ -130,11 +130,24 @@ KEEP_ROW_BYTES = 64 << 10
 TRANSPOSE_TILE = 16
 FOUR_BYTE_C = ("float", "int32_t", "uint32_t")  # tiles dpl_transpose16 turns (TRANSPOSE_TILE must be 16)
 
+def _transpose16_round(h: int) -> str:
+    """Round ``h`` of ``dpl_transpose16``: rows r and r + h (bit h of r clear) trade their
+    h-element blocks, so element (r, j) with bit h of j set moves to (r + h, j - h) and back."""
+    first = [16 + j - h if j & h else j for j in range(16)]
+    second = [16 + j if j & h else j + h for j in range(16)]
+    return (f'  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)\n'
+            f"    if (!(r & {h})) {{\n"
+            f"      const dpl_u32x16 a = v[r], b = v[r + {h}];\n"
+            f"      v[r] = DPL_SHUFFLE16(a, b, {', '.join(map(str, first))});\n"
+            f"      v[r + {h}] = DPL_SHUFFLE16(a, b, {', '.join(map(str, second))});\n"
+            f"    }}\n")
+
+
 # included in kernels whose transposing nests hold 4-byte elements (see CpuEmitter.transpose_loop):
 # a full 16 x 16 tile transposed in vector registers, four rounds of two-vector shuffles (round h
-# swaps bit h of the row number with bit h of the column: rows r and r + h trade their
-# h-element blocks), instead of 256 loads and stores with a 64-byte stride
-TRANSPOSE16 = """\
+# swaps bit h of the row number with bit h of the column), instead of 256 loads and stores with a
+# 64-byte stride
+TRANSPOSE16 = ("""\
 typedef uint32_t dpl_u32x16 __attribute__((vector_size(64)));
 #if defined(__clang__)
 #define DPL_SHUFFLE16(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
@@ -144,33 +157,11 @@ typedef uint32_t dpl_u32x16 __attribute__((vector_size(64)));
 static inline void dpl_transpose16(void *tile) {
   dpl_u32x16 v[16];
   __builtin_memcpy(v, tile, sizeof v);
-  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)
-    if (!(r & 8)) {
-      const dpl_u32x16 a = v[r], b = v[r + 8];
-      v[r] = DPL_SHUFFLE16(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-      v[r + 8] = DPL_SHUFFLE16(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    }
-  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)
-    if (!(r & 4)) {
-      const dpl_u32x16 a = v[r], b = v[r + 4];
-      v[r] = DPL_SHUFFLE16(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-      v[r + 4] = DPL_SHUFFLE16(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    }
-  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)
-    if (!(r & 2)) {
-      const dpl_u32x16 a = v[r], b = v[r + 2];
-      v[r] = DPL_SHUFFLE16(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-      v[r + 2] = DPL_SHUFFLE16(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    }
-  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)
-    if (!(r & 1)) {
-      const dpl_u32x16 a = v[r], b = v[r + 1];
-      v[r] = DPL_SHUFFLE16(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-      v[r + 1] = DPL_SHUFFLE16(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-    }
+""" + "".join(_transpose16_round(h) for h in (8, 4, 2, 1)) + """\
   __builtin_memcpy(tile, v, sizeof v);
 }
-"""
+""")
+
 
 # OpenMP reduction operators for the registry combiners
 _SIMD_REDUCTION = {"add": "+", "multiply": "*", "maximum": "max", "minimum": "min"}

@@ -232,7 +232,8 @@ class CpuBackend(Backend):
         bindings between products as one generated-C kernel: a product and its epilogue, a
         prologue and its product, attention's two products with the softmax between them."""
         steps = segment(function, _blas_product, starts_part=_pool)
-        # a packed product of a weight stores its bias and residual adds with its tiles
+        # a packed product of a weight applies its bias, residual and activation (or its gated
+        # unit) to its tiles
         steps = fold_epilogues(steps, lambda p: self._packs(p.call) and isinstance(p.args[1], Constant), vars_in(function.ret),
                                glu=lambda p: self._packs(p.call) and packed_gemm.takes_glu(p.call), acts=packed_gemm.ACTS)
         pools = {self._pool_of(s.call) for s in steps if isinstance(s, Product)}
@@ -321,9 +322,9 @@ class CpuBackend(Backend):
     def _product(self, call, threads: int | None = None, epilogue: tuple = ()):
         """How a product of the segments runs: a convolution by the provider's own (torch's
         oneDNN) or im2col and the provider's matmul (or dpl's routine), a float32 product by dpl's
-        packed routine where the choice says so (with the bias and residual ``epilogue`` the
-        segments folded into it), a matmul by the provider (None: the segment runner's own
-        NumPy matmul, then the epilogue's adds)."""
+        packed routine where the choice says so (with the ``epilogue`` the segments folded into
+        it: bias, residual and activation, or the gated unit), a matmul by the provider (None:
+        the segment runner's own NumPy matmul, then the epilogue)."""
         packs = self._packs(call)
         if epilogue and not packs:  # the routine did not build: the runner's matmul, then the adds
             return None

@@ -230,6 +230,32 @@ def test_a_routine_that_does_not_compile_leaves_the_products_to_the_provider(tmp
     assert not exe.fallbacks and cpu._routine() is None
 
 
+def folded_and_apart(monkeypatch, tmp_path, fused, threads=None):
+    """``fused`` built for the CPU with dpl's packed products, twice: as the backend folds the
+    products' epilogues, and with nothing folded; and the kinds of the epilogue steps the first
+    build folded, in order."""
+    from dpl.backends import cpu_backend, segments
+    from dpl.backends.cpu_backend import CpuBackend
+
+    seen = []
+    real = segments.fold_epilogues
+
+    def spy(steps, folds, results, **kw):
+        out = real(steps, folds, results, **kw)
+        seen.extend(e[0] for s in out if isinstance(s, segments.Product) for e in s.epilogue)
+        return out
+
+    def build():
+        config = dpl.FusionConfig(fallback_on_error=False)
+        return dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], threads=threads, config=config,
+                         progress=False)
+
+    monkeypatch.setattr(cpu_backend, "fold_epilogues", spy)
+    folded = build()
+    monkeypatch.setattr(cpu_backend, "fold_epilogues", lambda steps, folds, results, **kw: steps)
+    return folded, build(), seen
+
+
 EPILOGUES = {
     # name: (the adds after the product, in order, as (kind, operand)), what the product takes
     "bias then residual": ([("bias", (100,)), ("res", None)], ["bias", "residual"]),
@@ -259,8 +285,6 @@ def test_bias_and_residual_adds_fold_into_the_product_bit_for_bit(tmp_path, monk
     by 300 x 100 (two K-blocks, a narrow last panel, a ragged last row block), nothing folded
     where a value the adds consume is read elsewhere."""
     needs.c_compiler()
-    from dpl.backends import cpu_backend, segments
-    from dpl.backends.cpu_backend import CpuBackend
 
     adds, folded = EPILOGUES[case]
     rng = np.random.default_rng(len(case))
@@ -278,22 +302,9 @@ def test_bias_and_residual_adds_fold_into_the_product_bit_for_bit(tmp_path, monk
     mod = Module([fb.ret(*rets.get(case, (values[-1],)))])
     args = [rng.standard_normal((517, 300)).astype(np.float32), rng.standard_normal((517, 100)).astype(np.float32)]
 
-    seen = []
-    real = segments.fold_epilogues
-
-    def spy(steps, folds, results, **kw):
-        out = real(steps, folds, results, **kw)
-        seen.extend(e[0] for s in out if isinstance(s, segments.Product) for e in s.epilogue)
-        return out
-
-    monkeypatch.setattr(cpu_backend, "fold_epilogues", spy)
-    fused = dpl.apply(mod, ["cublas"])
-    config = dpl.FusionConfig(fallback_on_error=False)
-    exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], threads=threads, config=config, progress=False)
+    exe, apart, seen = folded_and_apart(monkeypatch, tmp_path, dpl.apply(mod, ["cublas"]), threads)
     got = exe(*args)
     assert seen == folded
-    monkeypatch.setattr(cpu_backend, "fold_epilogues", lambda steps, folds, results, **kw: steps)
-    apart = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], threads=threads, config=config, progress=False)
     for g, a, w in zip(*(v if isinstance(v, tuple) else (v,) for v in (got, apart(*args), dpl.interpret(mod, *args)))):
         np.testing.assert_array_equal(g, a)
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
@@ -317,8 +328,6 @@ def test_the_gated_unit_folds_into_the_product_bit_for_bit(tmp_path, monkeypatch
     columns, with the same bits as the product and the generated C run apart; ragged row
     blocks, batch dims and both orders of the halves."""
     needs.c_compiler()
-    from dpl.backends import cpu_backend, segments
-    from dpl.backends.cpu_backend import CpuBackend
 
     rows, k, f, gate_first, up_first, folded = GLUS[case]
     rng = np.random.default_rng(k + f)
@@ -335,22 +344,9 @@ def test_the_gated_unit_folds_into_the_product_bit_for_bit(tmp_path, monkeypatch
     arg = (rng.standard_normal((*rows, k)) * 2).astype(np.float32)
     arg.reshape(-1, k)[0] *= 200  # a row of gates far past exp's range either way: exp(-g) is 0 or inf
 
-    seen = []
-    real = segments.fold_epilogues
-
-    def spy(steps, folds, results, **kw):
-        out = real(steps, folds, results, **kw)
-        seen.extend(e[0] for s in out if isinstance(s, segments.Product) for e in s.epilogue)
-        return out
-
-    monkeypatch.setattr(cpu_backend, "fold_epilogues", spy)
-    fused = dpl.apply(mod, ["llm", "cublas"])
-    config = dpl.FusionConfig(fallback_on_error=False)
-    exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], threads=threads, config=config, progress=False)
+    exe, apart, seen = folded_and_apart(monkeypatch, tmp_path, dpl.apply(mod, ["llm", "cublas"]), threads)
     got = exe(arg)
     assert seen == folded
-    monkeypatch.setattr(cpu_backend, "fold_epilogues", lambda steps, folds, results, **kw: steps)
-    apart = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], threads=threads, config=config, progress=False)
     np.testing.assert_array_equal(got, apart(arg))
     np.testing.assert_allclose(got, dpl.interpret(mod, arg), rtol=1e-4, atol=1e-4)
 
@@ -406,8 +402,7 @@ def test_a_view_back_to_batch_and_sequence_folds_with_the_epilogue(tmp_path, mon
     the residual add or the GELU: the view only regroups rows, so both fold (the patterns take
     the view into the group), bit for bit against the part run apart."""
     needs.c_compiler()
-    from dpl.backends import cpu_backend, segments
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends import segments
 
     rng = np.random.default_rng(13)
     fb = FunctionBuilder("main")
@@ -417,27 +412,15 @@ def test_a_view_back_to_batch_and_sequence_folds_with_the_epilogue(tmp_path, mon
     out = fb.emit("add", y, r) if tail == "residual" else fb.emit("nn.gelu_tanh", y)
     mod = Module([fb.ret(out)])
     args = [rng.standard_normal((210, 64)).astype(np.float32), rng.standard_normal((6, 35, 96)).astype(np.float32)]
-    seen = []
-    real = segments.fold_epilogues
-
-    def spy(steps, folds, results, **kw):
-        out = real(steps, folds, results, **kw)
-        seen.extend(e[0] for s in out if isinstance(s, segments.Product) for e in s.epilogue)
-        return out
-
-    monkeypatch.setattr(cpu_backend, "fold_epilogues", spy)
     fused = dpl.apply(mod, ["cublas"])
-    config = dpl.FusionConfig(fallback_on_error=False)
-    exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], config=config, progress=False)
+    exe, apart, seen = folded_and_apart(monkeypatch, tmp_path, fused)
     got = exe(*args)
     assert seen == ["bias", "residual" if tail == "residual" else "act"]
-    monkeypatch.setattr(cpu_backend, "fold_epilogues", lambda steps, folds, results, **kw: steps)
-    apart = dpl.build(fused, [CpuBackend(cache_dir=tmp_path, products="dpl"), "numpy"], config=config, progress=False)
     np.testing.assert_array_equal(got, apart(*args))
     np.testing.assert_allclose(got, dpl.interpret(mod, *args), rtol=1e-4, atol=1e-4)
     # the segment runner's own NumPy path (no routine), the view folded in
     comp = next(f for f in fused.functions.values() if f.attrs.get("Composite"))
-    steps = real(segments.segment(comp), lambda p: True, [comp.ret], acts=("nn.gelu_tanh",))
+    steps = segments.fold_epilogues(segments.segment(comp), lambda p: True, [comp.ret], acts=("nn.gelu_tanh",))
     assert [type(s).__name__ for s in steps] == ["Product"]
     by_name = {"x": args[0], "r": args[1]}
     result = np.empty((6, 35, 96), np.float32)
