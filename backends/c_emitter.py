@@ -38,6 +38,7 @@ from dpl import dtypes
 from dpl.backends.c_names import CNames, EmitError
 from dpl.kernel.ir import C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, to_c, walk, walk_exprs
 from dpl.kernel.loop_split import split_index_loops
+from dpl.kernel.short_axis import unroll_short_axes
 from dpl.ops.registry import get_op
 
 PRELUDE = """\
@@ -772,7 +773,7 @@ def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = 
                 stream_bytes: int | None = STREAM_BYTES) -> str:
     """The C source of a kernel: the prelude and one function named ``symbol``. Outputs of at
     least ``stream_bytes`` are written with streaming stores (``None``: never)."""
-    body = CpuEmitter(split_index_loops(kernel), stream_bytes).function(symbol)
+    body = CpuEmitter(unroll_short_axes(split_index_loops(kernel)), stream_bytes).function(symbol)
     streams = STREAMING if "dpl_sfence();" in body else ""
     turns = TRANSPOSE16 if "dpl_transpose16(" in body else ""
     return PRELUDE + streams + turns + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"

@@ -25,12 +25,13 @@ MIN_INNER = 16
 def split_index_loops(kernel: Kernel) -> Kernel:
     """``kernel`` with each innermost loop that reads its variable as ``i / c`` and ``i % c``
     split in two (see the module docstring); the kernel itself when there is none."""
-    taken = _names(kernel)
+    taken = names_in(kernel)
     body = tuple(_stmt(s, taken) for s in kernel.body)
     return kernel if body == tuple(kernel.body) else attrs.evolve(kernel, body=body)
 
 
-def _names(kernel: Kernel) -> set[str]:
+def names_in(kernel: Kernel) -> set[str]:
+    """Every name a kernel binds: dims, lets, reductions, loop and axis variables."""
     names = set(kernel.dims)
     for s in walk(kernel.body):
         if isinstance(s, (Let, Reduce)):
@@ -52,7 +53,7 @@ def _stmt(s, taken: set[str]):
     c = _divisor(s)
     if c is None:
         return s
-    hi, lo = Var(_fresh(f"{s.var.name}_hi", taken)), Var(_fresh(f"{s.var.name}_lo", taken))
+    hi, lo = Var(fresh(f"{s.var.name}_hi", taken)), Var(fresh(f"{s.var.name}_lo", taken))
     name = s.var.name
 
     def sub(e):
@@ -104,7 +105,8 @@ def _divisor(s: Loop) -> int | None:
     return None
 
 
-def _fresh(base: str, taken: set[str]) -> str:
+def fresh(base: str, taken: set[str]) -> str:
+    """``base``, numbered if taken; added to ``taken``."""
     name, k = base, 0
     while name in taken:
         k += 1

@@ -1,0 +1,128 @@
+"""A short outer axis that an innermost loop reads interleaved is unrolled into that loop.
+
+T5's position bias is a ``permute_dims`` of a [S, S, H] table to [H, S, S] with H = 4: the
+nest runs ``for h < 4: for i: for j`` and reads ``table[(i * S + j) * 4 + h]``, a gather of
+stride 4 in the vectorised loop over ``j`` (0.73 ms at S = 512, or no vectors at all when the
+read sits under a select). With the ``h`` loop unrolled inside the ``j`` loop, the four reads
+of one ``j`` are adjacent: GCC loads them as one group of whole vectors and separates them
+with shuffles, and each of the four stores is still contiguous in ``j`` (0.13 ms).
+
+The loops of a kernel nest are parallel (the outermost runs as an OpenMP loop, the innermost
+as ``omp simd``), so any order of their iterations computes the same values. A nest is
+changed only where it is perfect (each level one loop, down to an innermost loop of lets and
+stores), the short loop's extent ``A`` is a constant of at most ``MAX_UNROLL``, some read
+steps by 1 element with the short variable and by exactly ``A`` with the innermost one, and
+every store steps by 1 element with the innermost variable.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dpl.kernel.ir import INDEX, Bin, Const, Kernel, Let, Load, Loop, Op, Select, Store, Var, free_vars, walk_exprs
+from dpl.kernel.loop_split import fresh, names_in
+
+MAX_UNROLL = 16
+
+
+def unroll_short_axes(kernel: Kernel) -> Kernel:
+    """``kernel`` with each such nest's short outer loop unrolled into its innermost loop (see
+    the module docstring); the kernel itself when there is none."""
+    taken = names_in(kernel)
+    shapes = {b.name: tuple(b.shape) for b in (*kernel.params, *kernel.outputs)}
+    shapes.update((name, value.shape) for name, value in kernel.constants.items())
+    body = tuple(_nest(s, taken, shapes) for s in kernel.body)
+    return kernel if body == tuple(kernel.body) else attrs.evolve(kernel, body=body)
+
+
+def _nest(s, taken: set[str], shapes: dict):
+    if not isinstance(s, Loop):
+        return s
+    chain = [s]
+    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop):
+        chain.append(chain[-1].body[0])
+    if len(chain) < 2 or not all(isinstance(x, (Let, Store)) for x in chain[-1].body):
+        return s
+    short, inner = chain[0], chain[-1]
+    if not (isinstance(short.extent, Const) and isinstance(short.extent.value, int) and 2 <= short.extent.value <= MAX_UNROLL):
+        return s
+    a, b, n = short.var.name, inner.var.name, short.extent.value
+    if any(a in free_vars(x.extent) for x in chain[1:]) or not _interleaved(inner.body, a, b, n, shapes):
+        return s
+    copies = []
+    for k in range(n):
+        renamed: dict[str, Var] = {}
+        for x in inner.body:
+            env = {a: Const(k, INDEX), **renamed}
+            if isinstance(x, Let):
+                name = fresh(f"{x.name}_{k}", taken)
+                copies.append(Let(name, _sub(x.value, env)))
+                renamed[x.name] = Var(name, x.value.dtype)
+            else:
+                copies.append(Store(x.buffer, tuple(_sub(i, env) for i in x.indices), _sub(x.value, env)))
+    nest = attrs.evolve(inner, body=tuple(copies))
+    for level in reversed(chain[1:-1]):
+        nest = attrs.evolve(level, body=(nest,))
+    return nest
+
+
+def _interleaved(body, a: str, b: str, n: int, shapes: dict) -> bool:
+    stores = [x for x in body if isinstance(x, Store)]
+    if not stores or any(_flat_step(x.buffer, x.indices, b, shapes) != 1 for x in stores):
+        return False
+    for x in body:
+        for e in walk_exprs(x.value):
+            if isinstance(e, Load) and _flat_step(e.buffer, e.indices, a, shapes) == 1 \
+                    and _flat_step(e.buffer, e.indices, b, shapes) == n:
+                return True
+    return False
+
+
+def _flat_step(buffer: str, indices, v: str, shapes: dict) -> int | None:
+    """How far apart in memory (in elements, row-major) the elements that ``indices`` of
+    ``buffer`` reads at ``v`` and ``v + 1`` lie, where that is a constant; None otherwise."""
+    shape = shapes.get(buffer)
+    if shape is None or len(shape) != len(indices):
+        return None
+    total, stride = 0, 1
+    for index, dim in zip(reversed(indices), reversed(shape)):
+        step = _step(index, v)
+        if step is None or (step and stride is None):
+            return None
+        total += step * (stride or 0)
+        stride = stride * dim if isinstance(stride, int) and isinstance(dim, int) else None
+    return total
+
+
+def _step(e, v: str) -> int | None:
+    """How much ``e`` grows when loop variable ``v`` grows by one, where that is a constant
+    (an index linear in ``v``); None otherwise."""
+    if v not in free_vars(e):
+        return 0
+    if isinstance(e, Var):
+        return 1
+    if isinstance(e, Bin) and e.op in "+-":
+        x, y = _step(e.a, v), _step(e.b, v)
+        return None if x is None or y is None else x + y if e.op == "+" else x - y
+    if isinstance(e, Bin) and e.op == "*":
+        for f, c in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(c, Const) and isinstance(c.value, int):
+                x = _step(f, v)
+                return None if x is None else x * c.value
+    return None
+
+
+def _sub(e, env: dict):
+    """``e`` with the variables named in ``env`` replaced."""
+    if isinstance(e, Var):
+        return env.get(e.name, e)
+    if isinstance(e, Load):
+        return attrs.evolve(e, indices=tuple(_sub(i, env) for i in e.indices))
+    if isinstance(e, Op):
+        return attrs.evolve(e, args=tuple(_sub(x, env) for x in e.args))
+    if isinstance(e, Bin):
+        return Bin(e.op, _sub(e.a, env), _sub(e.b, env))
+    if isinstance(e, Select):
+        return Select(_sub(e.cond, env), _sub(e.a, env), _sub(e.b, env))
+    return e
+
