@@ -152,3 +152,38 @@ def test_repeated_layers_collapse_and_the_rest_stays():
     page = drawing.html()
     assert 'id="collapse" checked' in page and "x11 more like the layer above" in page
     assert all("fused" in n.name for n in after.nodes if n.claim in ("automatic", "fallback", "composite"))
+
+
+def test_a_product_shows_what_the_packed_routine_folds_into_it():
+    """The kernel source of a product group says which epilogue the packed routine applies to
+    its tiles, and the C after it no longer computes it; a product it does not fold stays plain."""
+    from dpl.viz.kernels import kernel_source
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((128, 256)).astype(np.float32), "bias": rng.standard_normal(256).astype(np.float32)}
+    mod = dpl.parse("""
+const w: f32[128, 256]
+const bias: f32[256]
+func main(x: f32[64, 128]) -> f32[64, 256] {
+  h = matmul(x, w)
+  b = add(h, bias)
+  y = nn.gelu(b)
+  z = exp(y)
+  return z
+}""", constants=weights)
+    fused = dpl.apply(mod, ["cublas"])
+    product = next(f for f in fused.functions.values() if f.attrs.get("Composite", "").startswith("cublas."))
+    source = kernel_source(product, fused)
+    assert "applies + bias, nn.gelu to each tile" in source
+    assert "erf(" not in source  # gelu is in the product, not in a kernel after it
+    plain = dpl.parse("""
+func main(x: f32[64, 128], w: f32[128, 256]) -> f32[64, 256] {
+  h = matmul(x, w)
+  y = add(h, h)
+  return y
+}""")
+    fused = dpl.fuse_ops(plain, dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0))
+    group = next(f for name, f in fused.functions.items() if name != "main")
+    assert "a matrix product, computed by BLAS */" in kernel_source(group, fused)
