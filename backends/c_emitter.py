@@ -93,6 +93,21 @@ static inline int64_t dpl_nt_head(const void *p, int64_t size, int64_t n) {
 #endif
 """
 
+# integer division as the interpreter defines it (dpl/ops/elementwise.py): truncated toward zero,
+# 0 for a zero divisor, the most negative value over -1 wrapping to itself. C leaves both to
+# chance and x86 traps on them: a zero divisor in the data had killed the process (SIGFPE).
+# Written once for C and CUDA C++ (``inline`` is the qualifier each puts in front).
+INT_DIVIDE = """\
+#define DPL_DIV_SIGNED(N, T, U) static {inline} T dpl_div_##N(T a, T b) {{ \\
+  return b == 0 ? (T)0 : b == (T)-1 ? (T)(0 - (U)a) : (T)(a / b); }}
+#define DPL_DIV_UNSIGNED(N, T) static {inline} T dpl_div_##N(T a, T b) {{ return b == 0 ? (T)0 : (T)(a / b); }}
+DPL_DIV_SIGNED(int64, int64_t, uint64_t) DPL_DIV_SIGNED(int32, int32_t, uint32_t)
+DPL_DIV_SIGNED(int16, int16_t, uint16_t) DPL_DIV_SIGNED(int8, int8_t, uint8_t)
+DPL_DIV_UNSIGNED(uint8, uint8_t) DPL_DIV_UNSIGNED(bool, bool)
+"""
+INT_DIVIDE_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+
+
 # Vector variants of the float math functions exist in glibc's libmvec; glibc only declares
 # them under -ffast-math, which would also drop NaN/inf semantics. Declaring them here lets
 # "omp simd" loops call the vector versions while every other IEEE rule stays in force.
@@ -235,7 +250,10 @@ class StatementEmitter:
         return self.names[name]
 
     def op(self, e: Op, args: list[str]) -> str | None:
-        """The C for a registry op when this target spells it differently (None: its template)."""
+        """The C for a registry op when this target spells it differently (None: its template):
+        an integer ``divide`` by the ``INT_DIVIDE`` helpers."""
+        if e.op == "divide" and e.dtype in INT_DIVIDE_DTYPES:
+            return f"dpl_div_{e.dtype}({args[0]}, {args[1]})"
         return None
 
     def expr(self, e) -> str:
@@ -776,4 +794,5 @@ def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = 
     body = CpuEmitter(unroll_short_axes(split_index_loops(kernel)), stream_bytes).function(symbol)
     streams = STREAMING if "dpl_sfence();" in body else ""
     turns = TRANSPOSE16 if "dpl_transpose16(" in body else ""
-    return PRELUDE + streams + turns + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"
+    divides = INT_DIVIDE.format(inline="inline") if "dpl_div_" in body else ""
+    return PRELUDE + streams + turns + divides + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"

@@ -33,7 +33,7 @@ import math
 
 import attrs
 
-from dpl.backends.c_emitter import EmitError, StatementEmitter
+from dpl.backends.c_emitter import INT_DIVIDE, EmitError, StatementEmitter
 from dpl.backends.cuda_rows import ITEMSIZE, STAGE_BYTES, VECTOR, staged_rows, vector_stores
 from dpl.kernel.ir import Bin, Const, Kernel, Let, Loop, Op, Reduce, Store, Var, free_vars
 from dpl.ops.registry import get_op
@@ -55,6 +55,7 @@ typedef signed char int8_t;
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
 typedef unsigned long long uintptr_t;
 #define INFINITY __int_as_float(0x7f800000)
 #define NAN __int_as_float(0x7fffffff)
@@ -102,7 +103,7 @@ static DPL_INLINE uint16_t dpl_f16_store(float f) {
 }
 static DPL_INLINE float dpl_f16_round(float f) { return dpl_f16_load(dpl_f16_store(f)); }
 static DPL_INLINE float dpl_bf16_round(float f) { return dpl_bf16_load(dpl_bf16_store(f)); }
-"""
+""" + INT_DIVIDE.format(inline="DPL_INLINE")
 
 _ROUND = {"float16": "dpl_f16_round", "bfloat16": "dpl_bf16_round"}
 
@@ -168,7 +169,7 @@ class CudaEmitter(StatementEmitter):
         dtype = dict(e.attrs).get("dtype") if e.op == "astype" else None
         if dtype in _ROUND:  # a cast to a 16-bit float rounds there, as the value would in memory
             return f"{_ROUND[dtype]}((float)({args[0]}))"
-        return None
+        return super().op(e, args)
 
     # -- the kernel function ----------------------------------------------------------------
 

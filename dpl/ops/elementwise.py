@@ -74,9 +74,20 @@ def _unary(name, fn, c, doc, infer=_infer_float_unary):
 
 
 def _divide(a, b):
-    if np.issubdtype(np.result_type(a, b), np.integer):
-        return np.trunc(np.true_divide(a, b))  # C semantics for integers
-    return np.divide(a, b)
+    """Floats: IEEE division. Integers: C's truncation toward zero, in integers (exact for every
+    int64), with what C leaves undefined defined: a zero divisor gives 0, and the most negative
+    value over -1 wraps to itself (the generated C's ``dpl_div_*`` helpers agree)."""
+    dtype = np.result_type(a, b)
+    if dtype == np.bool_:
+        return np.logical_and(a, b)  # a / 1 is a, a / 0 is 0
+    if not np.issubdtype(dtype, np.integer):
+        return np.divide(a, b)
+    a, b = np.asarray(a, dtype), np.asarray(b, dtype)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        floor = np.floor_divide(a, b)  # 0 where b is 0; the most negative over -1 wraps
+        rem = np.remainder(a, b)
+    # floor and truncation differ by one where the division is inexact and the signs differ
+    return np.where((rem != 0) & ((a < 0) != (b < 0)), floor + dtype.type(1), floor)
 
 
 _binary("add", np.add, "({0} + {1})", "a + b")
