@@ -178,6 +178,7 @@ class CpuBackend(Backend):
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         self._warned = False
+        self._has_cc: bool | None = None  # whether the compiler is on PATH (see available)
         # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"
         if attention not in ("auto", "flash", "segments"):
             raise BackendError(f"CpuBackend(attention=...) takes 'auto', 'flash' or 'segments', got {attention!r}")
@@ -201,7 +202,9 @@ class CpuBackend(Backend):
         return (f"products: {p.name} ({p.library}; {pools}){packed}; {p.why}", self._heap)
 
     def available(self) -> tuple[bool, str]:
-        if shutil.which(self.cc) is None:
+        if self._has_cc is None:  # looked up once: asked for every function a build places
+            self._has_cc = shutil.which(self.cc) is not None
+        if not self._has_cc:
             reason = f"no C compiler ('{self.cc}') on this machine"
             if not self._warned:  # one warning per backend, then only the summary says it
                 self._warned = True

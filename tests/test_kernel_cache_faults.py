@@ -25,6 +25,7 @@ import needs
 import dpl
 from dpl.backends.cpu_backend import CpuBackend, default_cache_dir
 from dpl.cache_dir import why_unsafe
+from dpl.runtime import disk_cache
 from dpl.runtime.disk_cache import LOCKS, LibraryCache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,12 +217,20 @@ def test_builds_a_dead_process_left_are_swept(tmp_path):
     legacy.mkdir()
     recent.mkdir()
     os.utime(legacy, (time.time() - 7200, time.time() - 7200))
+    LibraryCache(directory).directory  # noqa: B018 - swept already in this process: left for the next
+    assert stale.exists() and legacy.exists()
     with FileLock(directory / LOCKS / "cd.lock"):  # its build is still running
-        LibraryCache(directory).directory  # noqa: B018 - a new store sweeps on first use
+        new_process()
+        LibraryCache(directory).directory  # noqa: B018 - a process's first store sweeps on first use
         assert not stale.exists() and live.exists()
         assert not legacy.exists() and recent.exists()
     LibraryCache(directory).clear()
     assert not live.exists()
+
+
+def new_process() -> None:
+    """Forget which cache folders this process swept, as a new process starts."""
+    disk_cache._SWEPT.clear()
 
 
 def test_a_build_killed_by_sigkill_is_swept(tmp_path):
@@ -239,11 +248,13 @@ def test_a_build_killed_by_sigkill_is_swept(tmp_path):
     try:
         assert proc.stdout.readline().strip() == "building"
         assert len(list(directory.glob("*.build-*"))) == 1
+        new_process()
         LibraryCache(directory).directory  # noqa: B018 - the build is alive: kept
         assert len(list(directory.glob("*.build-*"))) == 1
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    new_process()
     LibraryCache(directory).directory  # noqa: B018
     assert list(directory.glob("*.build-*")) == []
 
@@ -296,3 +307,15 @@ def test_group_write_is_fine_only_for_a_user_private_group(tmp_path, monkeypatch
     assert why_unsafe(folder) is None
     monkeypatch.setattr(dpl.cache_dir, "_private_group", lambda gid: False)  # a shared group, as "users"
     assert "writable by others (mode 770)" in why_unsafe(folder)
+
+
+def test_a_process_sweeps_a_folder_once(tmp_path, monkeypatch):
+    """Every build opens its backend's cache anew; listing a folder of thousands of kernels at
+    each one had made a warm build 3x slower (21 ms against 6.4, 6,300 files), so only the
+    first store of a process sweeps."""
+    swept = []
+    monkeypatch.setattr(LibraryCache, "_sweep", lambda self, directory: swept.append(directory))
+    for _ in range(3):
+        LibraryCache(tmp_path / "a").directory  # noqa: B018
+    LibraryCache(tmp_path / "b").directory  # noqa: B018
+    assert swept == [tmp_path / "a", tmp_path / "b"]

@@ -66,6 +66,11 @@ class Info:
     builds_in_progress: int
 
 
+# the cache folders this process has swept (see LibraryCache._sweep)
+_SWEPT: set[Path] = set()
+_SWEPT_LOCK = threading.Lock()
+
+
 class LibraryCache:
     """Shared libraries under keys in ``directory`` (created 0700 when missing)."""
 
@@ -85,7 +90,11 @@ class LibraryCache:
             if self._directory is None:
                 self._directory = private_dir(self.requested, self.requested.name or "cache")
                 make_private_dirs(self._directory / LOCKS)
-                self._sweep(self._directory)
+                with _SWEPT_LOCK:
+                    first = self._directory not in _SWEPT
+                    _SWEPT.add(self._directory)
+                if first:  # once a process: each backend of a build opens its cache anew
+                    self._sweep(self._directory)
             return self._directory
 
     # -- loading --------------------------------------------------------------------------------
@@ -212,8 +221,14 @@ class LibraryCache:
 
     def _sweep(self, directory: Path) -> None:
         """Remove the build folders of builds that are over (a process killed mid-build): their
-        bucket's lock is free."""
-        for work in directory.glob("*.build-*"):
+        bucket's lock is free. One listing of the folder, its names tested as strings (two
+        pathlib globs matched a regex per entry: 14 ms a build with 9,000 entries)."""
+        try:
+            with os.scandir(directory) as listing:
+                names = [e.name for e in listing if ".build-" in e.name or e.name.startswith("tmp")]
+        except OSError:
+            return
+        for work in (directory / n for n in names if ".build-" in n):
             key = work.name.split(".build-")[0]
             if not work.is_dir() or not key:
                 continue
@@ -223,7 +238,7 @@ class LibraryCache:
                     log.info("dpl: removed %s, left by a build that did not finish", work)
             except Timeout:
                 continue  # a build of this bucket is running
-        for work in directory.glob("tmp*"):  # builds of dpl before these locks: no lock tells, age does
+        for work in (directory / n for n in names if n.startswith("tmp")):  # builds of dpl before these locks: no lock tells, age does
             try:
                 if work.is_dir() and time.time() - work.stat().st_mtime > LEGACY_BUILD_AGE:
                     shutil.rmtree(work, ignore_errors=True)
