@@ -36,7 +36,8 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.backends.c_names import CNames, EmitError
-from dpl.kernel.ir import C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, to_c, walk, walk_exprs
+from dpl.kernel.ir import (C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, substitute,
+                          to_c, walk, walk_exprs)
 from dpl.kernel.loop_split import split_index_loops
 from dpl.kernel.short_axis import unroll_short_axes
 from dpl.ops.registry import get_op
@@ -736,26 +737,12 @@ def _inline_lets(e, lets):
     """``e`` with the scalar locals ``lets`` define written out."""
     env = {}
     for let in lets:
-        env[let.name] = _substitute(let.value, env)
-    return _substitute(e, env)
-
-
-def _substitute(e, env):
-    if isinstance(e, Var):
-        return env.get(e.name, e)
-    if isinstance(e, Load):
-        return attrs.evolve(e, indices=tuple(_substitute(i, env) for i in e.indices))
-    if isinstance(e, Op):
-        return attrs.evolve(e, args=tuple(_substitute(a, env) for a in e.args))
-    if isinstance(e, Bin):
-        return attrs.evolve(e, a=_substitute(e.a, env), b=_substitute(e.b, env))
-    if isinstance(e, Select):
-        return attrs.evolve(e, cond=_substitute(e.cond, env), a=_substitute(e.a, env), b=_substitute(e.b, env))
-    return e
+        env[let.name] = substitute(let.value, env)
+    return substitute(e, env)
 
 
 def _rename(e, old: str, new: Var):
-    return _substitute(e, {old: new})
+    return substitute(e, {old: new})
 
 
 def _replace(e, old, new):

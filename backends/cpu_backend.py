@@ -42,8 +42,8 @@ from dpl.runtime.timed_choice import RacedKernel
 from dpl.runtime.threads import OPENMP, openmp_kernel
 
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
-# each kept only if the compiler takes it. Neither changes a value: no kernel reads errno or the
-# floating-point exception flags, and without traps GCC may compute both arms of a select and
+# each kept only if the compiler takes it. The last two change no value: no kernel reads errno or
+# the floating-point exception flags, and without traps GCC may compute both arms of a select and
 # vectorize it (a conversion to an integer or a libm call under a condition, as in T5's buckets)
 FAST_FLAGS = ["-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 SYMBOL = "dpl_kernel"

@@ -383,3 +383,18 @@ def walk_exprs(e: Expr):
     yield e
     for c in children(e):
         yield from walk_exprs(c)
+
+
+def substitute(e: Expr, env: Mapping[str, Expr]) -> Expr:
+    """``e`` with each variable named in ``env`` replaced by its expression."""
+    if isinstance(e, Var):
+        return env.get(e.name, e)
+    if isinstance(e, Load):
+        return attrs.evolve(e, indices=tuple(substitute(i, env) for i in e.indices))
+    if isinstance(e, Op):
+        return attrs.evolve(e, args=tuple(substitute(a, env) for a in e.args))
+    if isinstance(e, Bin):
+        return attrs.evolve(e, a=substitute(e.a, env), b=substitute(e.b, env))
+    if isinstance(e, Select):
+        return attrs.evolve(e, cond=substitute(e.cond, env), a=substitute(e.a, env), b=substitute(e.b, env))
+    return e

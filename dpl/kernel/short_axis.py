@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import attrs
 
-from dpl.kernel.ir import INDEX, Bin, Const, Kernel, Let, Load, Loop, Op, Select, Store, Var, free_vars, walk_exprs
+from dpl.kernel.ir import INDEX, Bin, Const, Kernel, Let, Load, Loop, Store, Var, free_vars, substitute, walk_exprs
 from dpl.kernel.loop_split import fresh, names_in
 
 MAX_UNROLL = 16
@@ -56,10 +56,10 @@ def _nest(s, taken: set[str], shapes: dict):
             env = {a: Const(k, INDEX), **renamed}
             if isinstance(x, Let):
                 name = fresh(f"{x.name}_{k}", taken)
-                copies.append(Let(name, _sub(x.value, env)))
+                copies.append(Let(name, substitute(x.value, env)))
                 renamed[x.name] = Var(name, x.value.dtype)
             else:
-                copies.append(Store(x.buffer, tuple(_sub(i, env) for i in x.indices), _sub(x.value, env)))
+                copies.append(Store(x.buffer, tuple(substitute(i, env) for i in x.indices), substitute(x.value, env)))
     nest = attrs.evolve(inner, body=tuple(copies))
     for level in reversed(chain[1:-1]):
         nest = attrs.evolve(level, body=(nest,))
@@ -110,19 +110,3 @@ def _step(e, v: str) -> int | None:
                 x = _step(f, v)
                 return None if x is None else x * c.value
     return None
-
-
-def _sub(e, env: dict):
-    """``e`` with the variables named in ``env`` replaced."""
-    if isinstance(e, Var):
-        return env.get(e.name, e)
-    if isinstance(e, Load):
-        return attrs.evolve(e, indices=tuple(_sub(i, env) for i in e.indices))
-    if isinstance(e, Op):
-        return attrs.evolve(e, args=tuple(_sub(x, env) for x in e.args))
-    if isinstance(e, Bin):
-        return Bin(e.op, _sub(e.a, env), _sub(e.b, env))
-    if isinstance(e, Select):
-        return Select(_sub(e.cond, env), _sub(e.a, env), _sub(e.b, env))
-    return e
-
