@@ -26,6 +26,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from dpl import dtypes
 from dpl.backends import blas, im2col, max_pool, packed_gemm
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
@@ -219,9 +220,9 @@ class CpuBackend(Backend):
             flash, note = self._compile_flash(function, shapes)
             if flash is not None:
                 return self._race_segments(function, flash, note) if self.attention == "auto" else flash
-        take = _take_runner(function)
-        if take is not None:
-            return take
+        lone = _take_runner(function) or _cumsum_runner(function)
+        if lone is not None:
+            return lone
         if any(_blas_product(b) for b in function.bindings):
             try:
                 run = self._compile_segments(function)
@@ -411,6 +412,29 @@ def _take_runner(function):
         np.take(x, idx, axis=axis, out=out, mode="wrap")  # every index in range: wrap only takes the negative ones
 
     run.__qualname__ = f"cpu-take:{function.name}"
+    return run
+
+
+def _cumsum_runner(function):
+    """A lone ``cumsum`` (OPT's positions from its padding mask) as NumPy's cumsum writing
+    straight into the output, or None. A scan is opaque to the kernel IR, so the group had gone
+    to the next backend as a failure to compile; NumPy's sequential sum in the output dtype is
+    the reference's own, bit for bit."""
+    if len(function.bindings) != 1 or function.ret is not function.bindings[0].var or len(function.params) != 1:
+        return None
+    call = function.bindings[0].value
+    if not (isinstance(call, Call) and call.op == "cumsum" and call.args[0] is function.params[0]):
+        return None
+    axis, dtype = int(call.attrs["axis"]), dtypes.to_numpy(call.ty.dtype)
+
+    def run(inputs, outputs):
+        out = outputs[0]
+        if out.flags.c_contiguous and out.dtype == dtype:
+            np.cumsum(inputs[0], axis=axis, dtype=dtype, out=out)
+        else:
+            np.copyto(out, np.cumsum(inputs[0], axis=axis, dtype=dtype))
+
+    run.__qualname__ = f"cpu-cumsum:{function.name}"
     return run
 
 

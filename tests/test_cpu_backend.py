@@ -548,3 +548,24 @@ def test_a_lone_take_runs_into_its_output_and_refuses_indices_out_of_range(tmp_p
         np.testing.assert_array_equal(got, np.take(table, idx, axis=axis))
         with pytest.raises(IndexError, match=f"index {n} is out of bounds"):
             exe(*([np.array([[0, 1, 2, 3, n], [0] * 5])] if constant else [table, np.array([[0, 1, 2, 3, n], [0] * 5])]))
+
+
+def test_a_lone_cumsum_runs_on_cpu_into_its_output(tmp_path):
+    """A scan is opaque to the kernel IR; a lone cumsum (OPT's positions from its padding mask)
+    runs on the CPU backend as NumPy's cumsum into the output, bit for bit the reference's, in
+    the dtype it asks for, instead of falling back to the next backend."""
+    rng = np.random.default_rng(0)
+    cases = [("i64", (2, 9), 1, None, rng.integers(0, 2, (2, 9))),
+             ("f32", (3, 5, 7), 0, None, rng.standard_normal((3, 5, 7)).astype(np.float32)),
+             ("f32", (4, 33), -1, "f64", rng.standard_normal((4, 33)).astype(np.float32)),
+             ("f16", (6, 40), 1, None, rng.standard_normal((6, 40)).astype(np.float16))]
+    for dt, shape, axis, out_dtype, x in cases:
+        fb = FunctionBuilder("main")
+        p = fb.param("x", dt, shape)
+        mod = Module([fb.ret(fb.emit("cumsum", p, axis=axis, dtype=out_dtype))])
+        exe = dpl.build(mod, [CpuBackend(cache_dir=tmp_path), "numpy"], config=ALWAYS, progress=False)
+        assert not exe.fallbacks and "-> cpu" in exe.summary(), exe.summary()
+        got = exe(x)
+        want = dpl.interpret(mod, x)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
