@@ -473,14 +473,32 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
 # expf) segments won below 256 keys: 16x128 1.19 / 1.06.
 MIN_KEYS = 8
 MODES = ("auto", "flash", "segments")
+# what one task may keep on its thread's stack: its rows of q and of the output, its scores, and
+# for 16-bit inputs a widened tile of k and v. An OpenMP worker's stack is the thread default
+# (often 8 MiB, less where OMP_STACKSIZE says so); a head of 262,144 float32s overflowed it
+# (SIGSEGV). Heads past this run as the segments (two products around the softmax).
+MAX_STACK_BYTES = 512 << 10
+
+
+def stack_bytes(spec: Attention) -> int:
+    """The bytes a task of the flash kernel keeps on the stack for ``spec`` (see the template)."""
+    acc = 8 if _STORAGE[spec.dtype][1] == "double" else 4
+    rows = ROWS * (spec.head_dim + spec.value_dim + KEYS) * acc
+    widened = KEYS * (spec.head_dim + spec.value_dim) * acc if spec.dtype in ("float16", "bfloat16") else 0
+    return rows + widened
 
 
 def choose(spec: Attention, shapes, mode: str = "auto") -> tuple[bool, str]:
-    """Whether the flash kernel runs this attention, and why: ``mode`` "flash" / "segments"
-    decide alone; "auto" takes flash from ``MIN_KEYS`` keys on (the build's shapes say how
-    many; without them, always)."""
+    """Whether the flash kernel runs this attention, and why: never for heads whose rows would
+    not fit ``MAX_STACK_BYTES``; else ``mode`` "flash" / "segments" decide alone, and "auto"
+    takes flash from ``MIN_KEYS`` keys on (the build's shapes say how many; without them,
+    always)."""
     if mode not in MODES:
         raise ValueError(f"attention mode must be one of {', '.join(MODES)}, got {mode!r}")
+    need = stack_bytes(spec)
+    if need > MAX_STACK_BYTES and mode != "segments":
+        return False, (f"heads of {spec.head_dim} x {spec.value_dim} need {need >> 10} KiB of stack a thread, over the "
+                       f"{MAX_STACK_BYTES >> 10} KiB the flash kernel keeps there: two products")
     if mode != "auto":
         return mode == "flash", f"attention={mode!r} asked for"
     keys = None

@@ -405,3 +405,25 @@ def test_the_vector_exp_is_within_two_ulp_of_exp(tmp_path):
     assert ulp.max() <= 2.0, (ulp.max(), x[live][ulp.argmax()])
     assert (y[~live & ~np.isnan(x)] == 0).all() and np.isnan(y[np.isnan(x)]).all()
     assert y[x == 0].tolist() == [1.0] * int((x == 0).sum())
+
+
+def test_heads_too_wide_for_the_stack_run_as_the_segments(backend):
+    """The flash kernel keeps a task's rows of q and of the output on its thread's stack; heads
+    past MAX_STACK_BYTES (a head of 262,144 float32s had crashed the process with SIGSEGV) run as
+    the segments even where flash is asked for, say why, and give the interpreter's numbers."""
+    from dpl.backends import flash_attention as fa
+
+    wide = 40_000
+    mod = attention_module((2, 8, wide), (2, wide, 8), (2, 8, wide), mask=(8, 8))
+    fused, fn = composite(mod)
+    spec = read_attention(fn)
+    assert fa.stack_bytes(spec) > fa.MAX_STACK_BYTES
+    use, why = fa.choose(spec, (), "flash")
+    assert not use and "KiB of stack" in why
+    exe = dpl.build(fused, [backend, "numpy"], progress=False)
+    assert "segments (heads of 40000 x 40000 need" in exe.summary()
+    args = inputs(mod, 3, magnitude=0.01)
+    check(dpl.interpret(mod, *args), exe(*args))
+    # the heads models use stay well inside, 16-bit ones with their widened tiles included
+    for dtype, head in (("float32", 256), ("float16", 256), ("bfloat16", 256), ("float64", 256)):
+        assert fa.stack_bytes(attrs.evolve(spec, dtype=dtype, head_dim=head, value_dim=head)) <= fa.MAX_STACK_BYTES
