@@ -68,11 +68,29 @@ def test_an_axis_of_one_or_too_long_to_unroll_is_left(h):
     assert unroll_short_axes(kernel) is kernel
 
 
-def test_a_nest_that_reads_no_side_interleaved_is_left():
-    # [s, s, h] -> [s, h, s]: the heads are the middle axis, the innermost loop reads keys at stride h
-    # but the short axis is not the outermost loop of the nest
+def test_a_short_axis_below_an_outer_loop_is_unrolled_too():
+    # [s, s, h] -> [s, h, s]: the heads are the middle loop, the rows' loop stays above them
     kernel = lower_function(position_bias(32, 4, axes=(0, 2, 1))["main"])
-    assert unroll_short_axes(kernel) is kernel
+    turned = unroll_short_axes(kernel)
+    assert [int(x.extent.value) for x in loops(kernel)] == [32, 4, 32]
+    assert [int(x.extent.value) for x in loops(turned)] == [32, 32]
+    args = inputs(32, 4)
+    np.testing.assert_array_equal(evaluate(turned, *args), evaluate(kernel, *args))
+    # a batch of tables, [b, s, s, h] -> [b, h, s, s]
+    batched = dpl.parse("""
+func main(t: f32[2, 16, 16, 3]) -> f32[2, 3, 16, 16] {
+  p = permute_dims(t, axes=[0, 3, 1, 2])
+  y = add(p, p)
+  return y
+}""")
+    kernel = lower_function(batched["main"])
+    turned = unroll_short_axes(kernel)
+    assert [int(x.extent.value) for x in loops(turned)] == [2, 16, 16]
+    t = np.random.default_rng(5).standard_normal((2, 16, 16, 3)).astype(np.float32)
+    np.testing.assert_array_equal(evaluate(turned, t), evaluate(kernel, t))
+
+
+def test_a_nest_that_reads_no_side_interleaved_is_left():
     # a plain elementwise nest: its reads are contiguous already
     plain = lower_function(dpl.parse("""
 func main(x: f32[4, 64]) -> f32[4, 64] {
@@ -95,17 +113,17 @@ def biases(draw):
     s = draw(st.integers(1, 40))
     h = draw(st.sampled_from([2, 3, 4, 8, 12, 16, 17]))
     dtype = draw(st.sampled_from(["f32", "f64", "i32", "f16"]))
-    return s, h, dtype, draw(st.booleans())
+    return s, h, dtype, draw(st.booleans()), draw(st.sampled_from([(2, 0, 1), (0, 2, 1)]))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=biases())
 def test_compiled_position_biases_equal_the_interpreter(tmp_path_factory, case):
-    """Random tables turned and masked, in every float and int width, unrolled or not: the
-    compiled kernel equals the interpreter bit for bit."""
+    """Random tables turned (the heads outermost or in the middle) and masked, in every float
+    and int width, unrolled or not: the compiled kernel equals the interpreter bit for bit."""
     needs.c_compiler()
-    s, h, dtype, masked = case
-    mod = position_bias(s, h, dtype, masked)
+    s, h, dtype, masked, axes = case
+    mod = position_bias(s, h, dtype, masked, axes)
     fused = dpl.fuse_ops(mod, ALWAYS)
     exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path_factory.getbasetemp() / "kernels"), "numpy"], config=ALWAYS)
     args = inputs(s, h, dpl.dtypes.to_numpy(mod["main"].params[0].ty.dtype), seed=s * 100 + h)

@@ -10,7 +10,8 @@ with shuffles, and each of the four stores is still contiguous in ``j`` (0.13 ms
 The loops of a kernel nest are parallel (the outermost runs as an OpenMP loop, the innermost
 as ``omp simd``), so any order of their iterations computes the same values. A nest is
 changed only where it is perfect (each level one loop, down to an innermost loop of lets and
-stores), the short loop's extent ``A`` is a constant of at most ``MAX_UNROLL``, some read
+stores); the short loop is any level above the innermost (a batch loop may enclose it) whose
+extent ``A`` is a constant of at most ``MAX_UNROLL`` and no inner extent reads, some read
 steps by 1 element with the short variable and by exactly ``A`` with the innermost one, and
 every store steps by 1 element with the innermost variable.
 """
@@ -26,7 +27,7 @@ MAX_UNROLL = 16
 
 
 def unroll_short_axes(kernel: Kernel) -> Kernel:
-    """``kernel`` with each such nest's short outer loop unrolled into its innermost loop (see
+    """``kernel`` with each such nest's short loop unrolled into its innermost loop (see
     the module docstring); the kernel itself when there is none."""
     taken = names_in(kernel)
     shapes = {b.name: tuple(b.shape) for b in (*kernel.params, *kernel.outputs)}
@@ -43,11 +44,14 @@ def _nest(s, taken: set[str], shapes: dict):
         chain.append(chain[-1].body[0])
     if len(chain) < 2 or not all(isinstance(x, (Let, Store)) for x in chain[-1].body):
         return s
-    short, inner = chain[0], chain[-1]
-    if not (isinstance(short.extent, Const) and isinstance(short.extent.value, int) and 2 <= short.extent.value <= MAX_UNROLL):
-        return s
-    a, b, n = short.var.name, inner.var.name, short.extent.value
-    if any(a in free_vars(x.extent) for x in chain[1:]) or not _interleaved(inner.body, a, b, n, shapes):
+    inner = chain[-1]
+    for at, short in enumerate(chain[:-1]):
+        if not (isinstance(short.extent, Const) and isinstance(short.extent.value, int) and 2 <= short.extent.value <= MAX_UNROLL):
+            continue
+        a, b, n = short.var.name, inner.var.name, short.extent.value
+        if not any(a in free_vars(x.extent) for x in chain[at + 1:]) and _interleaved(inner.body, a, b, n, shapes):
+            break
+    else:
         return s
     copies = []
     for k in range(n):
@@ -61,7 +65,7 @@ def _nest(s, taken: set[str], shapes: dict):
             else:
                 copies.append(Store(x.buffer, tuple(substitute(i, env) for i in x.indices), substitute(x.value, env)))
     nest = attrs.evolve(inner, body=tuple(copies))
-    for level in reversed(chain[1:-1]):
+    for level in reversed(chain[:at] + chain[at + 1:-1]):  # the short loop taken out of the nest
         nest = attrs.evolve(level, body=(nest,))
     return nest
 
