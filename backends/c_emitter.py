@@ -147,6 +147,7 @@ KEEP_ROW_BYTES = 64 << 10
 TRANSPOSE_TILE = 16
 FOUR_BYTE_C = ("float", "int32_t", "uint32_t")  # tiles dpl_transpose16 turns (TRANSPOSE_TILE must be 16)
 
+
 def _transpose16_round(h: int) -> str:
     """Round ``h`` of ``dpl_transpose16``: rows r and r + h (bit h of r clear) trade their
     h-element blocks, so element (r, j) with bit h of j set moves to (r + h, j - h) and back."""

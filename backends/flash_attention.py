@@ -482,9 +482,10 @@ MAX_STACK_BYTES = 512 << 10
 
 def stack_bytes(spec: Attention) -> int:
     """The bytes a task of the flash kernel keeps on the stack for ``spec`` (see the template)."""
-    acc = 8 if _STORAGE[spec.dtype][1] == "double" else 4
-    rows = ROWS * (spec.head_dim + spec.value_dim + KEYS) * acc
-    widened = KEYS * (spec.head_dim + spec.value_dim) * acc if spec.dtype in ("float16", "bfloat16") else 0
+    elem, acc = _STORAGE[spec.dtype][:2]
+    size = 8 if acc == "double" else 4
+    rows = ROWS * (spec.head_dim + spec.value_dim + KEYS) * size
+    widened = KEYS * (spec.head_dim + spec.value_dim) * size if elem != acc else 0  # emit_flash's WIDEN
     return rows + widened
 
 

@@ -77,7 +77,7 @@ enum { VL = 8, NV = 2, MR = 6 };
 #else
 enum { VL = 4, NV = 2, MR = 4 };
 #endif
-enum { NR = VL * NV, KC = 256 };
+enum { NR = VL * NV, KC = KC_ROWS };
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
 
 /* rows [0, mr) and vectors [0, nv) of the MR x NR tile at C: A's rows (stride lda) times the
@@ -317,7 +317,7 @@ def _act_cases() -> str:
     return "\n".join(cases)
 
 
-SOURCE = SOURCE_HEAD.replace("ACT_CASES", _act_cases())
+SOURCE = SOURCE_HEAD.replace("ACT_CASES", _act_cases()).replace("KC_ROWS", str(KC))  # one K-block for C and Python
 
 
 def source(vector_math: bool) -> str:
