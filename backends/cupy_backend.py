@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import threading
 
 import numpy as np
@@ -51,6 +52,7 @@ from dpl.transform.normalize import normalize_function
 
 SYMBOL = "dpl_kernel"
 FLASH_SYMBOL = "dpl_flash_attention"
+log = logging.getLogger(__name__)
 LT_COMPOSITES = ("cublas.matmul_bias_act", "cublas.matmul_bias")
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
@@ -256,12 +258,28 @@ class CupyBackend(Backend):
         return run
 
     def _compile_segments(self, function):
-        """Each product through ``cupy.matmul`` (cuBLAS), each part between them one kernel."""
+        """Each product by cuBLASLt (``cupy.matmul`` where it cannot take it), each part between
+        them one kernel."""
         steps = segment(function)
         kernels = [self.kernel(s.function) for s in steps if isinstance(s, Part)]
-        run = segment_runner(function, steps, kernels, self.cupy())
+        run = segment_runner(function, steps, kernels, self.cupy(), matmul=self.matmul, scratch_per_shape=True)
         run.__qualname__ = f"cupy-cublas+cuda:{function.name}"
         return run
+
+    def matmul(self, a, b, out=None):
+        """``a @ b`` on device arrays: a GEMM of cuBLASLt where it takes the operands (one float
+        type, C-contiguous, batches that broadcast whole) and ``out`` is given, so that a CUDA
+        graph can capture it (CuPy refuses cuBLAS calls while a stream captures); else
+        ``cupy.matmul``."""
+        lt = self.lt() if out is not None else None
+        shape = cublaslt.gemm_shape(a, b, out) if lt is not None and not isinstance(lt, str) else None
+        if shape is not None:
+            try:
+                lt.gemm(shape, a, b, out)
+                return out
+            except cublaslt.CublasLtError as err:  # a shape or type this cuBLASLt refuses: cuBLAS then
+                log.debug("cuBLASLt GEMM %s refused (%s); cupy.matmul runs it", shape, err.message)
+        return self.cupy().matmul(a, b, out=out)
 
     def _boundary(self, device_run, function):
         """``kernel(inputs, outputs)`` on host arrays around a run on device arrays."""

@@ -267,13 +267,17 @@ def _shape(ty, dims) -> tuple[int, ...]:
 
 
 def segment_runner(function: Function, steps: Sequence[Product | Part], kernels: Sequence[Callable], xp,
-                   products: Callable[[Product], Callable | None] | None = None) -> Callable:
-    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``xp.matmul`` (its
+                   products: Callable[[Product], Callable | None] | None = None, matmul: Callable | None = None,
+                   scratch_per_shape: bool = False) -> Callable:
+    """``run(inputs, outputs)`` over arrays of module ``xp``: each product by ``matmul`` (``xp.matmul``
+    unless given; called as ``matmul(a, b, out=...)``) (its
     epilogue's adds after it) or, when ``products(step)`` gives a function, by ``fn(*args, out)``
     (the step's arguments, a residual last; it writes ``out`` and returns
     it; a function marked ``returns_own`` is given ``out=None`` where the product is not a result
     of the group, and returns an array of its own), each part by its kernel (``kernels`` in the
-    order of the parts)."""
+    order of the parts). ``scratch_per_shape``: each shape keeps its own scratch buffers (a
+    captured CUDA graph holds their addresses, so another shape must not free them)."""
+    matmul = xp.matmul if matmul is None else matmul
     params, rets = list(function.params), list(vars_in(function.ret))
     parts = iter(kernels)
     plan = [(s, None if isinstance(s, Product) else next(parts)) for s in steps]
@@ -287,9 +291,10 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         whole segment 12.9 ms against 8.0 for its steps). Per thread; never a result."""
         buffers = local.__dict__.setdefault("buffers", {})
         shape, dtype = _shape(var.ty, dims), dtypes.to_numpy(var.ty.dtype)
-        buf = buffers.get(id(var))
+        key = (id(var), shape) if scratch_per_shape else id(var)
+        buf = buffers.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype:
-            buf = buffers[id(var)] = xp.empty(shape, dtype)
+            buf = buffers[key] = xp.empty(shape, dtype)
         return buf
 
     constants: dict[int, object] = {}
@@ -316,15 +321,15 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
             return
         a, b = operands[:2]
         if step.epilogue[:1] and step.epilogue[0][0] == "glu":  # the whole product, then silu(gate) * up into target
-            env[id(step.var)] = _glu(xp, xp.matmul(a, b).astype(dtype, copy=False), step.epilogue[0][1], target)
+            env[id(step.var)] = _glu(xp, matmul(a, b).astype(dtype, copy=False), step.epilogue[0][1], target)
             return
         full = target
         if step.call is not None and tuple(target.shape) != _shape(step.call.ty, dims):
             target = target.reshape(_shape(step.call.ty, dims))  # a view folded in: the product in its own shape
         if xp.result_type(a, b) == dtype:
-            result = xp.matmul(a, b, out=target)
+            result = matmul(a, b, out=target)
         else:
-            result = xp.matmul(a, b).astype(dtype, copy=False)
+            result = matmul(a, b).astype(dtype, copy=False)
         for kind, *value in step.epilogue:
             if kind == "act":
                 with np.errstate(over="ignore", invalid="ignore"):

@@ -6,9 +6,10 @@ host and device are counted (``to_device``, ``to_host``); ``from_dlpack`` takes 
 :class:`Tensor` (a stand-in for a torch CUDA tensor) without a copy, and this module's own
 ``from_dlpack`` hands device arrays back as Tensors.
 
-Streams capture: between ``begin_capture`` and ``end_capture`` kernel launches, products and
-device copies are recorded into a :class:`Graph` (not run), and copies from or to the host
-and allocations fail as they do in CUDA; ``graph.launch`` replays what was recorded. ``RawModule``
+Streams capture: between ``begin_capture`` and ``end_capture`` kernel launches and device
+copies are recorded into a :class:`Graph` (not run), and copies from or to the host and
+allocations fail as they do in CUDA, and so does ``matmul`` as it does in CuPy (which refuses
+any cuBLAS call while a stream captures); ``graph.launch`` replays what was recorded. ``RawModule``
 compiles its source with NVRTC (when asked) and builds the host twin of the kernel; launching
 it checks the launch (block size equal to the ``-DDPL_BLOCK`` option, device arrays that are
 C-contiguous, int64 scalars) and runs the twin on those arrays. Every call is recorded.
@@ -174,10 +175,11 @@ class FakeCupy:
         if out is not None:
             _on_device(out, "matmul out")
         self.matmuls += 1
+        if self.capturing is not None:  # CuPy's cublas.setStream refuses a capturing stream
+            raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
         if out is None:
-            self._not_capturing("an allocation (matmul without out=)")
             return np.matmul(a, b).view(DeviceArray)
-        self._run_or_record(lambda: np.matmul(a, b, out=out))
+        np.matmul(a, b, out=out)
         return out
 
     def copyto(self, dst, src):

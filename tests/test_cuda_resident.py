@@ -17,6 +17,7 @@ from dpl.backends.cupy_backend import CupyBackend
 
 import fake_cupy
 import needs
+from fake_cublaslt import FakeCublasLt
 from fake_cupy import DeviceArray, FakeCupy, Tensor
 from test_cpu_backend import ALWAYS, assert_close, random_args
 
@@ -28,8 +29,10 @@ def fake(cxx):
     return FakeCupy()
 
 
-def build(fake, example="llama_mlp", libraries=("rewrites", "llm", "cublas"), graphs=True, **kw):
-    backend = CupyBackend(cupy=fake, block=8)
+def build(fake, example="llama_mlp", libraries=("rewrites", "llm", "cublas"), graphs=True, cublaslt=True, **kw):
+    """``cublaslt``: products by the stand-in cuBLASLt (captured into graphs), or False:
+    ``cupy.matmul``, which CuPy refuses inside a capture."""
+    backend = CupyBackend(cupy=fake, block=8, cublaslt=FakeCublasLt(fake) if cublaslt else False)
     backend.graphs = graphs
     mod = dpl.load(EXAMPLES / f"{example}.ir")
     return mod, dpl.build(dpl.apply(mod, list(libraries)), [backend, "numpy"], config=ALWAYS, **kw)
@@ -50,6 +53,17 @@ def test_numpy_in_numpy_out_crosses_once_at_each_edge(fake, example):
         assert all(type(g) is np.ndarray for g in leaves(got))
         assert_close(dpl.interpret(mod, *args), got)
     assert "device-resident" in exe.summary() and "CUDA graph captured, replayed 2 time(s)" in exe.summary(), exe.summary()
+
+
+def test_products_by_cupy_matmul_run_step_by_step_and_say_why(fake):
+    """CuPy refuses cuBLAS calls inside a stream capture, so products that only cupy.matmul can
+    run keep the plan out of a graph; the results are right all the same."""
+    mod, exe = build(fake, cublaslt=False)
+    for seed in (0, 1, 2):
+        args = random_args(mod["main"], seed)
+        assert_close(dpl.interpret(mod, *args), exe(*args))
+    assert "step by step: a step cannot be captured (NotImplementedError: calling cuBLAS API during stream capture" in exe.summary()
+    assert fake.capturing is None
 
 
 def test_cupy_arrays_in_cupy_arrays_out_without_a_copy(fake):
