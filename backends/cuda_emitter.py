@@ -79,11 +79,12 @@ HELPERS = """\
 typedef float half;
 typedef float bfloat16;
 static DPL_INLINE float dpl_bf16_load(uint16_t h) { return dpl_float_of_bits((uint32_t)h << 16); }
-static DPL_INLINE uint16_t dpl_bf16_store(float f) {
-  const uint32_t u = dpl_bits_of_float(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* NaN stays a quiet NaN */
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+/* on the device the conversions are the hardware's, a cvt each (IEEE round to nearest even,
+   exact widening, subnormals kept: the values of the portable code, NaN payloads aside) */
+#if defined(__CUDA_ARCH__)
+static DPL_INLINE float dpl_f16_load(uint16_t h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+static DPL_INLINE uint16_t dpl_f16_store(float f) { uint16_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
 static DPL_INLINE float dpl_f16_load(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   if (e == 0x1fu) return dpl_float_of_bits(sign | 0x7f800000u | (m << 13));  /* inf, NaN */
@@ -101,6 +102,16 @@ static DPL_INLINE uint16_t dpl_f16_store(float f) {
   }
   return (uint16_t)(sign | (uint32_t)rintf(dpl_float_of_bits(a) * 16777216.0f));  /* subnormal: round(|f| * 2^24) */
 }
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+static DPL_INLINE uint16_t dpl_bf16_store(float f) { uint16_t h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
+static DPL_INLINE uint16_t dpl_bf16_store(float f) {
+  const uint32_t u = dpl_bits_of_float(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* NaN stays a quiet NaN */
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+#endif
 static DPL_INLINE float dpl_f16_round(float f) { return dpl_f16_load(dpl_f16_store(f)); }
 static DPL_INLINE float dpl_bf16_round(float f) { return dpl_bf16_load(dpl_bf16_store(f)); }
 """ + INT_DIVIDE.format(inline="DPL_INLINE")

@@ -13,6 +13,12 @@ kernels keep), then captures; the graph replays from the second call on. A plan 
 on the host, or whose capture fails (an allocation or a copy from the host inside a kernel),
 runs step by step; ``note`` says which and why. Allocations are refused during the capture
 (a thread-local allocator that raises), so the graph never holds memory it does not own.
+
+A graph pays for its launches saved with those copies, so a plan whose edges are large against
+its launch count (one kernel over 8192 x 8192 floats: 800 MB copied to save one launch) runs
+step by step on the caller's arrays: :func:`worth_capturing` weighs a launch from Python
+(``LAUNCH_S``) against the copies at ``COPY_BYTES_PER_S``, a device-to-device rate below
+any recent data-centre GPU's.
 """
 
 from __future__ import annotations
@@ -21,6 +27,19 @@ import contextlib
 import logging
 
 log = logging.getLogger(__name__)
+
+LAUNCH_S = 10e-6  # what a graph saves per step: a kernel launch and the runner's Python around it
+COPY_BYTES_PER_S = 1.5e12  # what the copies in and out cost (bytes read and written)
+
+
+def worth_capturing(steps: int, edge_bytes: int) -> str | None:
+    """None when a graph of ``steps`` launches is worth copying ``edge_bytes`` of inputs and
+    results through its fixed buffers at every call; else why not."""
+    copy_s, saved_s = 2 * edge_bytes / COPY_BYTES_PER_S, steps * LAUNCH_S
+    if copy_s <= saved_s:
+        return None
+    return (f"{steps} launch(es) save about {saved_s * 1e6:.0f} us, copying {edge_bytes / 1e6:.1f} MB in and out "
+            f"of a graph costs about {copy_s * 1e6:.0f} us")
 
 
 class AllocationInCapture(RuntimeError):
@@ -74,7 +93,9 @@ class GraphRunner:
             if self.graph is None:
                 outs = self._plan.new_outputs()
                 self._plan.run_steps(inputs, outs)  # compiles, warms the scratch buffers
-                self._capture(inputs)
+                self.why_not = worth_capturing(len(self._plan.steps), sum(a.nbytes for a in (*inputs, *outs)))
+                if self.why_not is None:
+                    self._capture(inputs)
                 self.stream.synchronize()
                 return outs
             for static, a in zip(self._static_in, inputs):

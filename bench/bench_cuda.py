@@ -161,6 +161,9 @@ def main():
             model = model.cuda()
             res = run_row(torch, sync, key, exe, model, [t.cuda() for t in inputs], not args.no_compile)
             print(f"{desc:<40} {res['dpl cuda']:>9.3f} {res['torch eager']:>9.3f} {res.get('torch.compile', float('nan')):>10.3f}")
+            for line in exe.summary().splitlines():  # how it ran: one graph, or step by step and why
+                if "device-resident" in line:
+                    print(f"    {line.strip()}")
         print(f"\n{exe.summary()}")
     return 0
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import dpl
+from dpl.backends import cuda_graph
 from dpl.backends.cuda_graph import GraphRunner
 from dpl.backends.cupy_backend import CupyBackend
 
@@ -64,6 +65,22 @@ def test_products_by_cupy_matmul_run_step_by_step_and_say_why(fake):
         assert_close(dpl.interpret(mod, *args), exe(*args))
     assert "step by step: a step cannot be captured (NotImplementedError: calling cuBLAS API during stream capture" in exe.summary()
     assert fake.capturing is None
+
+
+def test_a_plan_whose_edges_outweigh_its_launches_runs_on_the_callers_arrays(fake):
+    """One kernel over 1024 x 1024 floats: copying 12 MB through a graph's buffers would cost
+    more than the one launch it saves, so no graph is captured, and the note says why."""
+    mod = dpl.parse("func main(x: f32[1024, 1024], y: f32[1024, 1024]) -> f32[1024, 1024] {\n"
+                    "  z = add(x, y)\n  w = multiply(z, x)\n  return w\n}")
+    backend = CupyBackend(cupy=fake, block=8, cublaslt=False)
+    exe = dpl.build(dpl.apply(mod, []), [backend, "numpy"], config=ALWAYS)
+    for seed in (0, 1):
+        args = random_args(mod["main"], seed)
+        assert_close(dpl.interpret(mod, *args), exe(*args))
+    assert not fake.graphs
+    assert "step by step: 1 launch(es) save about 10 us, copying 12.6 MB in and out of a graph costs about 17 us" in exe.summary(), \
+        exe.summary()
+    assert cuda_graph.worth_capturing(40, 1 << 20) is None  # a decoder step: many launches, small edges
 
 
 def test_cupy_arrays_in_cupy_arrays_out_without_a_copy(fake):
