@@ -587,6 +587,85 @@ def test_export_failure_is_a_frontend_error():
         dpl.from_torch(DataDependent(), (torch.randn(3),))
 
 
+class SquareCheck(nn.Module):
+    """Branches on ``max(n*n, 2*n) == n*n``: true for every n >= 2, a guard torch 2.13's solver
+    cannot prove (torch 2.11 meets ``min(16*seq, 32*seq) == 16*seq`` in transformers' GQA)."""
+
+    def forward(self, x):
+        n = x.shape[-1]
+        if max(n * n, 2 * n) == n * n:
+            return torch.softmax(x, -1) * 2
+        return x
+
+
+def test_a_guard_torch_cannot_prove_is_proved_by_dpl_and_keeps_the_dims_name(caplog):
+    seq = torch.export.Dim("seq", min=2, max=64)
+    try:
+        torch.export.export(SquareCheck(), (torch.randn(2, 8),), dynamic_shapes=({1: seq},))
+        pytest.skip(f"torch {torch.__version__} proves max(n*n, 2*n) == n*n: nothing for dpl to prove")
+    except torch._dynamo.exc.UserError:
+        pass
+    with caplog.at_level("WARNING", logger="dpl"):
+        mod = dpl.from_torch(SquareCheck(), (torch.randn(2, 8),), dynamic_shapes=({1: seq},))
+    assert [str(p.ty) for p in mod["main"].params] == ["f32[2, seq]"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name.startswith("dpl")]
+    assert "could not prove a guard on the Dims of SquareCheck" in warning
+    assert "(Eq(Max(2*seq, seq**2), seq**2))" in warning and "prefer_deferred_runtime_asserts_over_guards" in warning
+    for n in (2, 5, 64):
+        x = torch.randn(2, n)
+        assert_matches_torch(dpl.interpret(mod, x.numpy()), SquareCheck()(x))
+
+
+def test_a_proved_guard_stays_out_of_a_decomposed_program(monkeypatch):
+    """Decomposing retraces the program, and torch inserts the deferred asserts again (with
+    comparisons dpl does not translate): as torch 2.11's Llama, which needs decomposing."""
+    from dpl.frontend import torch_export
+
+    seq = torch.export.Dim("seq", min=2, max=64)
+    monkeypatch.setattr(torch_export, "_translated_as_is", lambda program, table: False)
+    mod = dpl.from_torch(SquareCheck(), (torch.randn(2, 8),), dynamic_shapes=({1: seq},))
+    assert [str(p.ty) for p in mod["main"].params] == ["f32[2, seq]"]
+    x = torch.randn(2, 13)
+    assert_matches_torch(dpl.interpret(mod, x.numpy()), SquareCheck()(x))
+
+
+def test_a_guard_that_fails_inside_the_dims_range_stays_an_error_naming_it():
+    class Even(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[1] % 2 == 0 else x
+
+    seq = torch.export.Dim("seq", min=2, max=64)
+    with pytest.raises(FrontendError) as info:
+        dpl.from_torch(Even(), (torch.randn(2, 8),), dynamic_shapes=({1: seq},))
+    text = str(info.value)
+    assert "Dim 'seq' cannot take every size in [2, 64]: torch's guard Eq(Mod(seq, 2), 0) fails at seq = 3" in text
+    assert "test_frontend_torch.py" in text  # where the guard was made
+    assert "torch suggests: _seq = Dim('_seq', min=1, max=32); seq = 2*_seq" in text
+
+
+def test_a_guard_that_narrows_the_dims_range_is_torchs_error_on_one_line():
+    class Short(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[1] <= 32 else x
+
+    seq = torch.export.Dim("seq", min=2, max=64)
+    with pytest.raises(FrontendError) as info:
+        dpl.from_torch(Short(), (torch.randn(2, 8),), dynamic_shapes=({1: seq},))
+    text = str(info.value)
+    assert "torch.export.export failed on Short: Not all values of seq" in text and "<= 32" in text
+    assert "torch suggests: seq = Dim('seq', max=32)" in text
+
+
+def test_two_dims_torch_finds_equal_stay_an_error():
+    class Sum(nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    a, b = torch.export.Dim("a", max=64), torch.export.Dim("b", max=64)
+    with pytest.raises(FrontendError, match=r"The values of b = .* and a = .* must always be equal(.|\n)*torch suggests: b = a"):
+        dpl.from_torch(Sum(), (torch.randn(4), torch.randn(4)), dynamic_shapes={"x": {0: a}, "y": {0: b}})
+
+
 def test_not_a_model_is_refused():
     with pytest.raises(FrontendError, match="takes a torch.nn.Module or a torch.export.ExportedProgram, got function"):
         dpl.from_torch(lambda x: x, (torch.randn(2),))

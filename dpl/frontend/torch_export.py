@@ -35,7 +35,10 @@ Symbolic shapes. A ``torch.export.Dim("seq")`` in ``dynamic_shapes`` becomes the
 dimension ``"seq"`` of the dpl parameter (any other dynamic dimension keeps torch's symbol
 name, ``s27``). Torch's bounds (``min``/``max``) have no place in dpl's types and are dropped.
 A dimension that is an expression of symbols (``2*seq``) cannot be written in a dpl type and is
-an error naming where it appears.
+an error naming where it appears. Where torch cannot prove a guard on a named Dim ("Constraints
+violated"), dpl exports again with that guard deferred to a runtime assert and proves it
+itself, with a warning; a guard that does not hold over the Dim's range stays an error naming
+the Dim and the guard (:mod:`dpl.frontend.torch_guards`).
 """
 
 from __future__ import annotations
@@ -70,9 +73,7 @@ def from_torch(model, example_args: Sequence[Any] = (), example_kwargs: Mapping[
         try:
             program = _export(torch, model, args, kwargs, dynamic_shapes)
         except Exception as err:  # torch reports many kinds of failure; the user needs its message
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise FrontendError(f"torch.export.export failed on {type(model).__name__}: {first}",
-                                hint="dpl imports what torch.export can export; see the torch error chained below") from err
+            program = _export_past_unproved_guards(torch, model, args, kwargs, dynamic_shapes, err)
         dim_names = _dim_names(model, args, kwargs, dynamic_shapes, program)
     else:
         raise FrontendError(f"from_torch takes a torch.nn.Module or a torch.export.ExportedProgram, got {type(model).__name__}")
@@ -108,15 +109,49 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _export(torch, model, args, kwargs, dynamic_shapes):
+def _export(torch, model, args, kwargs, dynamic_shapes, *, defer_guards: bool = False):
     """``torch.export.export`` of ``model`` with its non-tensor outputs dropped (see
     :func:`tensor_outputs`), through a forward hook: the model keeps its signature, its
-    parameter names and its module paths."""
+    parameter names and its module paths. ``defer_guards`` records the guards torch cannot
+    prove as runtime asserts (see :func:`_export_past_unproved_guards`)."""
     handle = model.register_forward_hook(lambda _module, _args, output: tensor_outputs(torch, output))
+    defer = {"prefer_deferred_runtime_asserts_over_guards": True} if defer_guards else {}
     try:
-        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, **defer)
     finally:
         handle.remove()
+
+
+def _export_past_unproved_guards(torch, model, args, kwargs, dynamic_shapes, err):
+    """After torch's "Constraints violated" on a named Dim, which a torch release may raise for
+    a guard that holds over the Dim's whole range (torch 2.11 on transformers' grouped-query
+    attention): export again with the guards torch cannot prove recorded as runtime asserts,
+    and prove them dpl's way (:mod:`dpl.frontend.torch_guards`), which raises for one that does
+    not hold. Any other failure is the user's to see, as torch reported it."""
+    from dpl.frontend import torch_guards
+
+    name = type(model).__name__
+    if not torch_guards.is_constraint_violation(err):
+        raise _export_failed(name, _first_line(err)) from err
+    failed = _export_failed(name, torch_guards.violations(err), torch_guards.suggestion(err))
+    try:
+        program = _export(torch, model, args, kwargs, dynamic_shapes, defer_guards=True)
+    except Exception as again:  # a range or an equality of Dims torch found wrong: its first error says which
+        logger.debug("exporting %s with its guards deferred failed too: %s", name, _first_line(again))
+        raise failed from err
+    proved = torch_guards.check(program, dynamic_shapes, _named_axes(model, args, kwargs, dynamic_shapes, program), name, err)
+    if not proved:  # the guard torch could not prove is nowhere dpl can find it
+        raise failed from err
+    torch_guards.drop_runtime_asserts(torch, program)
+    logger.warning("torch %s could not prove a guard on the Dims of %s (%s); dpl proved it over the Dims' ranges "
+                   "(%s) and exported with prefer_deferred_runtime_asserts_over_guards=True",
+                   torch.__version__, name, torch_guards.violations(err), "; ".join(proved))
+    return program
+
+
+def _export_failed(name: str, why: str, hint: str | None = None) -> FrontendError:
+    return FrontendError(f"torch.export.export failed on {name}: {why}",
+                         hint=hint or "dpl imports what torch.export can export; see the torch error chained below")
 
 
 def tensor_outputs(torch, output):
@@ -168,6 +203,8 @@ def _functional(program, table):
     whose every op the table translates already (no in-place op, no higher-order op) is
     returned as it is: torch's decomposition pass retraces the whole program, most of an
     import's time (bench/bench_zoo_import.py)."""
+    from dpl.frontend import torch_guards
+
     torch = import_torch()
     if _translated_as_is(program, table):
         return program
@@ -175,12 +212,16 @@ def _functional(program, table):
     for op in list(decompositions.keys()):
         if str(op) in table:
             decompositions.pop(op)
+    had_asserts = any(str(node.target) in torch_guards.ASSERT_OPS for node in program.graph.nodes)
     try:
         with warnings.catch_warnings():  # torch's own deprecations (its TreeSpec copies), not the user's
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            return program.run_decompositions(decompositions)
+            decomposed = program.run_decompositions(decompositions)
     except Exception as err:
         raise FrontendError(f"torch could not decompose the exported program: {str(err).strip().splitlines()[0]}") from err
+    if not had_asserts:  # the retrace inserts again the asserts dpl proved and took out (_export_past_unproved_guards)
+        torch_guards.drop_runtime_asserts(torch, decomposed)
+    return decomposed
 
 
 def _translated_as_is(program, table) -> bool:
@@ -209,13 +250,24 @@ def _translated_as_is(program, table) -> bool:
 
 def _dim_names(model, args, kwargs, dynamic_shapes, program) -> dict[str, str]:
     """torch's shape symbols -> the names of the ``torch.export.Dim`` objects the user gave."""
+    torch = import_torch()
+    names: dict[str, str] = {}
+    for dim, size in _named_axes(model, args, kwargs, dynamic_shapes, program):
+        if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+            names.setdefault(str(size.node.expr), sanitize(dim.__name__))
+    return names
+
+
+def _named_axes(model, args, kwargs, dynamic_shapes, program) -> list[tuple[Any, Any]]:
+    """``(Dim, size)`` for every input axis the user gave a named ``torch.export.Dim``: the
+    size is the program's (a SymInt, or an int where torch specialised it)."""
     if dynamic_shapes is None:
-        return {}
+        return []
     try:
         bound = inspect.signature(model.forward).bind(*args, **kwargs)
         values = dict(bound.arguments)
     except (TypeError, ValueError):
-        return {}
+        return []
     if isinstance(dynamic_shapes, Mapping):
         specs = [(values.get(key), spec) for key, spec in dynamic_shapes.items()]
     else:
@@ -225,20 +277,16 @@ def _dim_names(model, args, kwargs, dynamic_shapes, program) -> dict[str, str]:
     user_nodes = [placeholders[s.arg.name] for s in program.graph_signature.input_specs
                   if s.kind.name == "USER_INPUT" and s.arg.name in placeholders]
     leaves = [v for v in torch.utils._pytree.tree_leaves((args, kwargs))]
-    names: dict[str, str] = {}
+    axes: list[tuple[Any, Any]] = []
     for value, spec in specs:
         if not isinstance(value, torch.Tensor) or spec is None:
             continue
         index = next((i for i, leaf in enumerate(leaves) if leaf is value), None)
         if index is None or index >= len(user_nodes):
             continue
-        axes = spec.items() if isinstance(spec, Mapping) else enumerate(spec)
         shape = user_nodes[index].meta["val"].shape
-        for axis, dim in axes:
-            dim_name = getattr(dim, "__name__", None)
-            if dim_name is None or not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
+        for axis, dim in (spec.items() if isinstance(spec, Mapping) else enumerate(spec)):
+            if getattr(dim, "__name__", None) is None or not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
                 continue
-            symbol = shape[axis]
-            if isinstance(symbol, torch.SymInt) and symbol.node.expr.is_Symbol:
-                names.setdefault(str(symbol.node.expr), sanitize(dim_name))
-    return names
+            axes.append((dim, shape[axis]))
+    return axes
