@@ -3,7 +3,8 @@
 Everything lives under platformdirs' user cache directory (``~/.cache/dpl`` on Linux, which
 follows ``XDG_CACHE_HOME`` as the platform's convention says), one folder per store:
 ``kernels`` (the CPU backend's compiled kernels), ``cuda-twin`` (the host twins of the CUDA
-kernels) and ``parsers`` (Lark's parse tables). A caller may name another directory instead
+kernels), ``parsers`` (Lark's parse tables) and ``products`` (the measured choice of products
+library, ``dpl.backends.products_choice``). A caller may name another directory instead
 (``CpuBackend(cache_dir=...)``); nothing here reads an environment variable of dpl's own.
 
 What is loaded from a cache runs in this process, so a directory is used only when it is
@@ -12,6 +13,16 @@ swap it out of (each owned by this user or root and writable by no one else, unl
 ``/tmp``). dpl creates its directories 0700 and its files 0600, whatever the umask. A directory
 that fails is refused with a logged warning, and the store works in a private temporary
 directory of this process instead (removed at exit): slower, never unsafe.
+
+A cache never removes what it did not write. A directory dpl creates for a store gets a
+``CACHEDIR.TAG`` (the Cache Directory Tagging convention, so backup tools skip it, with a line
+naming dpl): the store's *marker*, saying that dpl made the folder. Each store removes only names
+of its own exact format (a kernel entry also only when its manifest names it), and the riskier
+clean-ups (folders an older dpl's builds left, libraries without a manifest) only where the
+marker is. A directory that exists without the marker is adopted (marked) only when it holds
+nothing but names of dpl's format (the store of an older dpl, or an empty folder); a folder that
+holds anything else (a user's own, given as ``cache_dir=``) is used as it is, and nothing in it
+that dpl did not write is touched. Reports (``dpl cache info``) create and remove nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +42,9 @@ log = logging.getLogger(__name__)
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+MARKER = "CACHEDIR.TAG"
+_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"  # https://bford.info/cachedir/
+_MARKER_LINE = "# dpl store: "
 
 _lock = threading.Lock()
 _fallback_root: Path | None = None
@@ -98,36 +112,44 @@ def why_unsafe(directory: Path) -> str | None:
     return None
 
 
-def make_private_dirs(directory: Path) -> None:
-    """Create ``directory`` and its missing parents, each 0700 whatever the umask."""
+def make_private_dirs(directory: Path) -> list[Path]:
+    """Create ``directory`` and its missing parents, each 0700 whatever the umask; returns
+    those this call created."""
     missing = []
     path = Path(directory)
     while not path.exists() and path != path.parent:
         missing.append(path)
         path = path.parent
+    created = []
     for path in reversed(missing):
         try:
             os.mkdir(path, DIR_MODE)
         except FileExistsError:
             continue  # another process made it meanwhile: why_unsafe judges it
         os.chmod(path, DIR_MODE)  # the umask may have taken the owner's own bits
+        created.append(path)
+    return created
 
 
 def private_dir(directory: str | os.PathLike, purpose: str) -> Path:
     """``directory``, created if missing, when it is safe to trust; else (with a warning logged
     once per directory) a private temporary folder of this process for ``purpose``."""
     directory = Path(directory)
+    created = False
     try:
-        make_private_dirs(directory)
+        created = directory in make_private_dirs(directory)
         why = why_unsafe(directory)
     except OSError as err:
         why = f"cannot be created ({err.strerror})"
     if why is None and not os.access(directory, os.W_OK | os.X_OK):
         why = "is not writable"
     if why is None:
+        if created:
+            mark(directory, purpose)
         return directory
     fallback = _process_dir() / purpose
-    make_private_dirs(fallback)
+    if fallback in make_private_dirs(fallback):
+        mark(fallback, purpose)
     with _lock:
         first = str(directory) not in _warned
         _warned.add(str(directory))
@@ -135,6 +157,26 @@ def private_dir(directory: str | os.PathLike, purpose: str) -> Path:
         log.warning("dpl: not using the cache directory %s: it %s; using the private %s for this process "
                     "(fix its owner and mode, or name another directory)", directory, why, fallback)
     return fallback
+
+
+def mark(directory: Path, store: str) -> None:
+    """Record that ``directory`` is a store of dpl's (its marker); a failure only costs the
+    clean-ups that need the marker."""
+    text = (f"{_SIGNATURE}\n{_MARKER_LINE}{store}\n# dpl created this folder and removes only what it wrote in it.\n"
+            "# For information about cache directory tags, see https://bford.info/cachedir/\n")
+    try:
+        write_private_file(Path(directory) / MARKER, text.encode())
+    except OSError as err:
+        log.info("dpl: could not mark %s as dpl's cache: %s", directory, err)
+
+
+def is_marked(directory: Path) -> bool:
+    """Whether ``directory`` holds dpl's marker (a regular file of this user naming dpl)."""
+    try:
+        text = read_own_file(Path(directory) / MARKER, 4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return text.startswith(_SIGNATURE) and _MARKER_LINE in text
 
 
 def _process_dir() -> Path:

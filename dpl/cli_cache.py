@@ -1,20 +1,33 @@
 """``dpl cache info|clear``: dpl's on-disk caches (``dpl.cache_dir``) — where they are, how
-many entries and bytes they hold against their cap, and emptying them."""
+many entries and bytes they hold against their cap, and emptying them.
+
+Every store dpl writes is covered: the libraries (``kernels``, ``cuda-twin``:
+``dpl.runtime.disk_cache``), Lark's parse tables (``parsers``: ``dpl.syntax``) and the products
+choices (``products``: ``dpl.backends.products_choice``). ``info`` only reads: it creates and
+removes nothing. ``clear`` removes only what dpl wrote: entries whose manifests name them, and in
+the other stores files of their exact names; anything else in a folder is left alone."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
-from dpl.cache_dir import private_dir, store_dir, user_cache_root
+from dpl.cache_dir import store_dir, user_cache_root
 
-STORES = ("kernels", "cuda-twin")  # libraries (dpl.runtime.disk_cache); "parsers" holds Lark's tables
+STORES = ("kernels", "cuda-twin")  # libraries (dpl.runtime.disk_cache)
+# the stores of plain files, by the exact names dpl gives them: (name, pattern, counted, what)
+FILE_STORES = (
+    ("parsers", re.compile(r"[a-z_]+-[0-9a-f]{32}\.(?:lark|sha256)"), ".lark", "parse tables"),
+    ("products", re.compile(r"[0-9a-f]{24}\.json"), ".json", "products choices"),
+)
 
 
 def add_cache_command(sub) -> None:
-    p = sub.add_parser("cache", help="show or empty dpl's on-disk caches (compiled kernels, parse tables)")
+    p = sub.add_parser("cache", help="show or empty dpl's on-disk caches (compiled kernels, parse tables, products choices)")
     actions = p.add_subparsers(dest="action", required=True, metavar="{info,clear}")
-    for name, text in (("info", "print where the caches are, their entries, size and cap"),
-                       ("clear", "remove every cached kernel and parse table")):
+    for name, text in (("info", "print where the caches are, their entries, size and cap (changes nothing)"),
+                       ("clear", "remove every cached kernel, parse table and products choice dpl wrote")):
         q = actions.add_parser(name, help=text)
         q.add_argument("--dir", metavar="DIR", help="a kernel cache directory given to CpuBackend(cache_dir=...) "
                                                     "instead of the user cache")
@@ -37,30 +50,45 @@ def _size(n: int) -> str:
     return str(n)
 
 
-def _parser_tables(directory: str | None) -> list[Path]:
-    if directory is not None:
+def _files(name: str, pattern: re.Pattern) -> list[Path]:
+    """The files of the store ``name`` that dpl wrote (regular files of its exact names); a
+    missing folder is not created."""
+    try:
+        with os.scandir(store_dir(name)) as listing:
+            return [Path(e.path) for e in listing if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+    except OSError:
         return []
-    folder = private_dir(store_dir("parsers"), "parsers")
-    return [p for p in folder.iterdir() if p.suffix in (".lark", ".sha256")]
+
+
+def _bytes(files: list[Path]) -> int:
+    total = 0
+    for p in files:
+        try:
+            total += p.lstat().st_size
+        except OSError:
+            continue
+    return total
 
 
 def cmd_cache(args) -> int:
     stores = _stores(args.dir)
     if args.action == "clear":
         for name, store in stores:
-            print(f"{name}: removed {store.clear()} entries from {store.directory}")
-        tables = _parser_tables(args.dir)
-        for p in tables:
-            p.unlink(missing_ok=True)
+            print(f"{name}: removed {store.clear()} entries from {store.where}")
         if args.dir is None:
-            print(f"parsers: removed {sum(p.suffix == '.lark' for p in tables)} parse tables")
+            for name, pattern, counted, what in FILE_STORES:
+                files = _files(name, pattern)
+                for p in files:
+                    p.unlink(missing_ok=True)
+                print(f"{name}: removed {sum(p.suffix == counted for p in files)} {what}")
         return 0
     print(f"location: {args.dir or user_cache_root()}")
     for name, store in stores:
         info = store.info()
         building = f", {info.builds_in_progress} build(s) in progress" if info.builds_in_progress else ""
         print(f"{name}: {info.directory}: {info.entries} entries, {_size(info.bytes)} of a {_size(info.max_bytes)} cap{building}")
-    tables = _parser_tables(args.dir)
     if args.dir is None:
-        print(f"parsers: {sum(p.suffix == '.lark' for p in tables)} parse tables, {_size(sum(p.stat().st_size for p in tables))}")
+        for name, pattern, counted, what in FILE_STORES:
+            files = _files(name, pattern)
+            print(f"{name}: {sum(p.suffix == counted for p in files)} {what}, {_size(_bytes(files))}")
     return 0

@@ -1,7 +1,7 @@
 """``dpl fmt FILE...``: print ``.dpl`` pattern files in their canonical layout (comments kept).
 
     dpl fmt my.dpl            the formatted text on standard output
-    dpl fmt -i a.dpl b.dpl    rewrite the files in place (only those that change)
+    dpl fmt -i a.dpl b.dpl    rewrite the files in place (only those that change; through symlinks)
     dpl fmt --check *.dpl     change nothing; list the files that would change, exit 1 if any
     dpl fmt - < my.dpl        standard input to standard output
 
@@ -35,15 +35,20 @@ def _read(path: str) -> str:
 
 
 def _write(path: str, text: str) -> None:
-    """Replace ``path`` atomically (a reader never sees half a file), keeping its mode."""
-    folder = os.path.dirname(os.path.abspath(path))
-    mode = os.stat(path).st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dpl-fmt-", suffix=".tmp")
+    """Replace ``path`` atomically (a reader never sees half a file), keeping its mode. A
+    symlink stays a link: the file it points to is the one rewritten."""
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target)
+    mode = os.stat(target).st_mode & 0o7777
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dpl-fmt-", suffix=".tmp")
+    except OSError as err:
+        raise DplError(f"cannot write '{path}': {err.strerror}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as err:
         if os.path.exists(tmp):
             os.unlink(tmp)

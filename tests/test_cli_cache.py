@@ -40,20 +40,31 @@ def test_info_and_clear_on_a_named_folder(tmp_path, library, capsys):
     assert LibraryCache(tmp_path / "k").info().entries == 0 and not list((tmp_path / "k").glob("*.so"))
 
 
-def test_the_user_cache_with_its_parse_tables(tmp_path, library, monkeypatch, capsys):
+def test_the_user_cache_with_its_parse_tables_and_products_choices(tmp_path, library, monkeypatch, capsys):
     monkeypatch.setattr(dpl.cli_cache, "store_dir", lambda name: tmp_path / "dpl" / name)
     monkeypatch.setattr(dpl.cli_cache, "user_cache_root", lambda: tmp_path / "dpl")
     fill(tmp_path / "dpl" / "kernels", library, 2)
-    (tmp_path / "dpl" / "parsers").mkdir(mode=0o700)
-    (tmp_path / "dpl" / "parsers" / "ir-0.lark").write_bytes(b"x" * 10)
+    parsers, products = tmp_path / "dpl" / "parsers", tmp_path / "dpl" / "products"
+    parsers.mkdir(mode=0o700)
+    products.mkdir(mode=0o700)
+    (parsers / f"ir-{'0' * 32}.lark").write_bytes(b"x" * 10)
+    (parsers / f"ir-{'0' * 32}.sha256").write_bytes(b"y" * 6)
+    (products / f"{'a' * 24}.json").write_bytes(b"{}")
+    foreign = [parsers / "ir-0.lark", parsers / "write.lock", products / "notes.json"]  # not names dpl writes
+    for f in foreign:
+        f.write_text("mine")
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
     assert f"location: {tmp_path / 'dpl'}" in out and "kernels: " in out and ": 2 entries" in out
-    assert "cuda-twin: " in out and ": 0 entries" in out and "parsers: 1 parse tables, 10 bytes" in out
+    assert "cuda-twin: " in out and ": 0 entries" in out and "parsers: 1 parse tables, 16 bytes" in out
+    assert "products: 1 products choices, 2 bytes" in out
+    assert not (tmp_path / "dpl" / "cuda-twin").exists()  # a report creates nothing
     assert main(["cache", "clear"]) == 0
     out = capsys.readouterr().out
     assert "kernels: removed 2 entries" in out and "parsers: removed 1 parse tables" in out
-    assert not (tmp_path / "dpl" / "parsers" / "ir-0.lark").exists()
+    assert "products: removed 1 products choices" in out
+    assert sorted(p.name for p in parsers.iterdir()) == ["ir-0.lark", "write.lock"]
+    assert [p.name for p in products.iterdir()] == ["notes.json"]
 
 
 def test_an_action_is_required():

@@ -221,3 +221,16 @@ def test_syntax_error_is_located_and_other_files_still_formatted(tmp_path, capsy
 def test_check_and_write_exclude_each_other():
     r = subprocess.run([sys.executable, "-m", "dpl", "fmt", "--check", "-i", "x.dpl"], capture_output=True, text=True)
     assert r.returncode == 2 and "not allowed with" in r.stderr
+
+
+def test_write_goes_through_a_symlink_and_keeps_it(tmp_path):
+    real = tmp_path / "patterns" / "real.dpl"
+    real.parent.mkdir()
+    real.write_text(MESSY)
+    os.chmod(real, 0o640)
+    link = tmp_path / "link.dpl"
+    link.symlink_to(real)
+    assert main(["fmt", "-i", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_text() == TIDY and os.stat(real).st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in real.parent.iterdir()) == ["real.dpl"]  # no temporary left

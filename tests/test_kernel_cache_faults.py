@@ -168,7 +168,7 @@ def test_umask_000_still_gives_private_folders_and_files(built, tmp_path):
     for folder in (tmp_path / "made", tmp_path / "made" / "here", directory, directory / LOCKS):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
     files = [p for p in directory.rglob("*") if p.is_file()]
-    assert {p.suffix for p in files} == {".so", ".json", ".lock"}
+    assert {p.suffix for p in files} == {".so", ".json", ".lock", ".TAG"}  # .TAG: the store's marker
     for p in files:
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
 
@@ -208,12 +208,12 @@ def test_a_world_writable_parent_is_refused(tmp_path):
 def test_builds_a_dead_process_left_are_swept(tmp_path):
     directory = tmp_path / "store"
     LibraryCache(directory).directory  # noqa: B018 - creates it
-    stale = directory / ("ab" + "0" * 62 + ".build-x1")
+    stale = directory / ("ab" + "0" * 62 + ".build-x1abcdef")  # mkdtemp's 8 characters
     stale.mkdir()
     (stale / "lib.so").write_bytes(b"half")
-    live = directory / ("cd" + "0" * 62 + ".build-x2")
+    live = directory / ("cd" + "0" * 62 + ".build-x2abcdef")
     live.mkdir()
-    legacy, recent = directory / "tmpab12", directory / "tmpcd34"  # an older dpl's, no lock to tell
+    legacy, recent = directory / "tmpab12cdef", directory / "tmpcd34efgh"  # an older dpl's, no lock to tell
     legacy.mkdir()
     recent.mkdir()
     os.utime(legacy, (time.time() - 7200, time.time() - 7200))

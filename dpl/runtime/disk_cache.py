@@ -12,10 +12,19 @@ Concurrent processes meet through ``filelock`` locks in ``locks/``: building a k
 bucket's lock (one of 256, by the key's first two hex digits; lock files are never deleted, so
 two processes can never hold "the same" lock on two inodes), so a kernel is compiled once and
 the others load it. A build works in ``KEY.build-*`` beside the entries; one a SIGKILL left
-behind is swept when its bucket's lock is free (a ``tmp*`` folder of an older dpl, which took
-no locks, when it is an hour old). The manifest's modification time is the entry's
+behind is swept when its bucket's lock is free. The manifest's modification time is the entry's
 last use: past ``max_bytes`` the least recently used entries are evicted (to 90% of it), by
 one process at a time.
+
+The store removes only what it wrote (see ``dpl.cache_dir``): an entry only when its manifest
+names its key, a build folder only when it holds the build marker a build writes first (or is
+empty). A directory that holds dpl's marker (dpl made it), or that holds nothing but names of
+this store's exact format (an older dpl's store, an empty folder: it is marked then), is dpl's:
+there a build folder without the marker (of a dpl before it), a library whose manifest never
+came, and a ``tmp*`` folder an older dpl's build left (no lock tells: it must be an hour old and
+hold only that build's ``kernel.c``, ``kernel.so`` and ``manifest.json``) are removed too. A
+directory holding anything else, a user's own folder given as ``cache_dir=``, is used as it is:
+its other files and folders are never swept, evicted or cleared. :meth:`info` reads only.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -35,7 +45,8 @@ from typing import Callable
 import attrs
 from filelock import FileLock, Timeout
 
-from dpl.cache_dir import FILE_MODE, make_private_dirs, private_dir, read_own_file, write_private_file
+from dpl.cache_dir import (FILE_MODE, MARKER, is_marked, make_private_dirs, mark, private_dir, read_own_file,
+                           write_private_file)
 from dpl.errors import DplError
 
 log = logging.getLogger(__name__)
@@ -43,7 +54,16 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 MANIFEST_LIMIT = 64 * 1024  # a manifest is a few hundred bytes; anything larger is not ours
 LOCKS = "locks"
+BUILD_MARKER = ".dpl-build"  # the first file a build folder gets: dpl made it
 LEGACY_BUILD_AGE = 3600  # seconds: a tmp* folder of an older dpl this old is no live build
+LEGACY_BUILD_FILES = frozenset({"kernel.c", "kernel.so", "manifest.json"})  # all such a folder held
+
+# the names this store writes, exactly (mkdtemp's names: 8 of [a-z0-9_])
+_KEY = re.compile(r"[0-9a-f]{64}")  # a SHA-256
+_ENTRY = re.compile(r"[0-9a-f]{64}\.(?:so|json)")
+_PENDING = re.compile(r"\.[0-9a-f]{64}\.json\.[a-z0-9_]{8}")  # write_private_file's temporary name
+_BUILD = re.compile(r"([0-9a-f]{64})\.build-[a-z0-9_]{8}")
+_LEGACY_BUILD = re.compile(r"tmp[a-z0-9_]{8}")
 
 
 class CacheError(DplError):
@@ -84,6 +104,11 @@ class LibraryCache:
         self._lock = threading.Lock()
 
     @property
+    def where(self) -> Path:
+        """The directory in use, or the requested one before its first use (nothing created)."""
+        return self._directory or self.requested
+
+    @property
     def directory(self) -> Path:
         """Where entries live: the requested directory, or a private one when it was refused."""
         with self._lock:
@@ -102,8 +127,8 @@ class LibraryCache:
              about: dict | None = None) -> ctypes.CDLL:
         """The library under ``key``, built by ``build(path)`` (which writes a shared library at
         ``path``) when no verified one is there. ``symbol``: a name the library must export."""
-        if not key or not all(c in "0123456789abcdef" for c in key):
-            raise CacheError(f"a cache key is lowercase hex, got {key!r}")
+        if not _KEY.fullmatch(key):
+            raise CacheError(f"a cache key is a SHA-256 in lowercase hex (64 digits), got {key!r}")
         lib = self._verified(key, symbol)
         if lib is not None:
             return lib
@@ -152,6 +177,7 @@ class LibraryCache:
         self.builds += 1
         work = Path(tempfile.mkdtemp(prefix=f"{key}.build-", dir=self.directory))
         try:
+            (work / BUILD_MARKER).write_bytes(b"")
             out = work / "lib.so"
             build(out)
             data = out.read_bytes()
@@ -167,21 +193,15 @@ class LibraryCache:
 
     # -- housekeeping ---------------------------------------------------------------------------
     def entries(self) -> list[Entry]:
-        """The store's entries, least recently used first."""
-        out = []
-        for manifest in self.directory.glob("*.json"):
-            lib = manifest.with_suffix(".so")
-            try:
-                m, size = manifest.stat(), lib.stat().st_size
-            except OSError:
-                continue
-            out.append(Entry(manifest.stem, m.st_size + size, m.st_mtime))
-        return sorted(out, key=lambda e: e.last_used)
+        """The store's entries (``KEY.json`` beside ``KEY.so``), least recently used first."""
+        return _entries(self.directory)
 
     def info(self) -> Info:
-        entries = self.entries()
-        building = sum(1 for p in self.directory.glob("*.build-*") if p.is_dir())
-        return Info(self.directory, len(entries), sum(e.bytes for e in entries), self.max_bytes, building)
+        """What the store holds; reads only (never creates, sweeps or removes anything)."""
+        directory = self.where
+        entries = _entries(directory)
+        building = sum(1 for n in _names(directory) if _BUILD.fullmatch(n) and (directory / n).is_dir())
+        return Info(directory, len(entries), sum(e.bytes for e in entries), self.max_bytes, building)
 
     def evict(self) -> int:
         """Remove least recently used entries while the store is over ``max_bytes`` (down to 90%
@@ -196,51 +216,143 @@ class LibraryCache:
                 for e in entries:
                     if total <= self.max_bytes * 0.9:
                         break
-                    self._remove(e.key)
-                    total -= e.bytes
-                    removed += 1
+                    if self._remove(e.key):
+                        total -= e.bytes
+                        removed += 1
         except Timeout:
             return 0
         log.info("dpl: evicted %d kernel(s) from %s (cap %d bytes)", removed, self.directory, self.max_bytes)
         return removed
 
     def clear(self) -> int:
-        """Remove every entry (and every build a dead process left); returns how many entries."""
-        entries = self.entries()
-        for e in entries:
-            self._remove(e.key)
-        for stray in self.directory.glob("*.so"):  # a library without its manifest
-            stray.unlink(missing_ok=True)
-        self._sweep(self.directory)
-        return len(entries)
+        """Remove every entry this store wrote (and every build a dead process left); returns how
+        many entries. A directory that does not exist is not created."""
+        if self._directory is None and not self.requested.is_dir():
+            return 0
+        directory = self.directory
+        removed = sum(self._remove(e.key) for e in _entries(directory))
+        if is_marked(directory):
+            self._remove_orphans(directory)
+        self._sweep(directory)
+        return removed
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str) -> bool:
+        """Remove the entry under ``key`` when its manifest says this store wrote it."""
         lib_path, manifest = self._paths(key)
+        try:
+            meta = json.loads(read_own_file(manifest, MANIFEST_LIMIT))
+        except (OSError, ValueError):
+            meta = None
+        if not isinstance(meta, dict) or meta.get("key") != key:
+            log.info("dpl: left %s alone: its manifest is not one dpl wrote", manifest)
+            return False
         manifest.unlink(missing_ok=True)  # first: a reader meets a missing manifest, a plain miss
         lib_path.unlink(missing_ok=True)
+        return True
 
-    def _sweep(self, directory: Path) -> None:
-        """Remove the build folders of builds that are over (a process killed mid-build): their
-        bucket's lock is free. One listing of the folder, its names tested as strings (two
-        pathlib globs matched a regex per entry: 12 ms a build in a folder of 6,300 files)."""
-        try:
-            with os.scandir(directory) as listing:
-                names = [e.name for e in listing if ".build-" in e.name or e.name.startswith("tmp")]
-        except OSError:
-            return
-        for work in (directory / n for n in names if ".build-" in n):
-            key = work.name.split(".build-")[0]
-            if not work.is_dir() or not key:
+    def _remove_orphans(self, directory: Path) -> None:
+        """In a store of dpl's own: the libraries whose build died before their manifest came."""
+        names = set(_names(directory))
+        for name in names:
+            key = name[:-3]
+            if not name.endswith(".so") or not _KEY.fullmatch(key) or f"{key}.json" in names:
                 continue
             try:
                 with FileLock(directory / LOCKS / f"{key[:2]}.lock", mode=FILE_MODE, timeout=0):
-                    shutil.rmtree(work, ignore_errors=True)
-                    log.info("dpl: removed %s, left by a build that did not finish", work)
+                    if not (directory / f"{key}.json").exists():  # a build may have finished meanwhile
+                        (directory / name).unlink(missing_ok=True)
             except Timeout:
                 continue  # a build of this bucket is running
-        for work in (directory / n for n in names if n.startswith("tmp")):  # builds of dpl before these locks: no lock tells, age does
-            try:
-                if work.is_dir() and time.time() - work.stat().st_mtime > LEGACY_BUILD_AGE:
-                    shutil.rmtree(work, ignore_errors=True)
-            except OSError:
-                continue
+
+    def _sweep(self, directory: Path) -> None:
+        """Remove the build folders of builds that are over (a process killed mid-build): their
+        bucket's lock is free. One listing of the folder, its names tested as strings first (two
+        pathlib globs matched a regex per entry: 12 ms a build in a folder of 6,300 files)."""
+        try:
+            with os.scandir(directory) as listing:
+                names = [e.name for e in listing]
+        except OSError:
+            return
+        owned = is_marked(directory) or _adopt(directory, names)
+        for name in names:
+            if ".build-" in name:
+                found = _BUILD.fullmatch(name)
+                if found is not None:
+                    _sweep_build(directory, name, found[1], owned)
+            elif owned and name.startswith("tmp") and _legacy_build(directory / name):
+                _sweep_legacy_build(directory / name)
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _entries(directory: Path) -> list[Entry]:
+    names = set(_names(directory))
+    out = []
+    for name in names:
+        key = name[:-5]
+        if not name.endswith(".json") or not _KEY.fullmatch(key) or f"{key}.so" not in names:
+            continue
+        try:
+            m, size = os.stat(directory / name), os.stat(directory / f"{key}.so").st_size
+        except OSError:
+            continue
+        out.append(Entry(key, m.st_size + size, m.st_mtime))
+    return sorted(out, key=lambda e: e.last_used)
+
+
+def _real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _legacy_build(path: Path) -> bool:
+    """Whether ``path`` is a build folder of a dpl before the locks: its name and all it holds."""
+    return bool(_LEGACY_BUILD.fullmatch(path.name)) and _real_dir(path) and set(_names(path)) <= LEGACY_BUILD_FILES
+
+
+def _ours(directory: Path, name: str) -> bool:
+    """Whether ``name`` in a store is one this store (or an older dpl's) writes."""
+    if name in (MARKER, LOCKS) or _ENTRY.fullmatch(name) or _PENDING.fullmatch(name):
+        return True
+    if _BUILD.fullmatch(name):
+        return _real_dir(directory / name)
+    return _legacy_build(directory / name)
+
+
+def _adopt(directory: Path, names: list[str]) -> bool:
+    """Mark ``directory`` as dpl's when it holds nothing else (an older dpl's store, an empty
+    folder); whether it did."""
+    if not all(_ours(directory, n) for n in names):
+        return False
+    mark(directory, directory.name or "cache")
+    log.info("dpl: %s holds only dpl's cache entries: marked as dpl's store", directory)
+    return True
+
+
+def _sweep_build(directory: Path, name: str, key: str, owned: bool) -> None:
+    """Remove the build folder ``name`` when its build is over: its bucket's lock is free. Outside
+    a store of dpl's own, only a folder holding the build marker (or nothing)."""
+    work = directory / name
+    if not _real_dir(work):
+        return
+    if not owned and set(_names(work)) - {BUILD_MARKER} and not (work / BUILD_MARKER).is_file():
+        return  # not shown to be a build of dpl's
+    try:
+        with FileLock(directory / LOCKS / f"{key[:2]}.lock", mode=FILE_MODE, timeout=0):
+            shutil.rmtree(work, ignore_errors=True)
+            log.info("dpl: removed %s, left by a build that did not finish", work)
+    except Timeout:
+        pass  # a build of this bucket is running
+
+
+def _sweep_legacy_build(work: Path) -> None:
+    """A build folder of a dpl before the locks: no lock tells whether it is live; age does."""
+    try:
+        if time.time() - work.stat().st_mtime > LEGACY_BUILD_AGE:
+            shutil.rmtree(work, ignore_errors=True)
+    except OSError:
+        pass
