@@ -39,6 +39,18 @@ MAX_WHERE_LIST = 4096
 MAX_TENSOR_ELEMENTS = 2**40
 MAX_TENSOR_BYTES = 2**42  # 4 TiB
 
+# -- rewriting -------------------------------------------------------------------------------
+# how far one rule's `rewrite` rounds may grow a function: at most MAX_REWRITE_GROWTH times the
+# bindings it had before the rule, plus MAX_REWRITE_EXTRA (a replacement that contains its own
+# match, `relu(x) => relu(relu(x))`, doubles the function each round long before the round
+# limit is reached)
+MAX_REWRITE_GROWTH = 16
+MAX_REWRITE_EXTRA = 1024
+
+# -- sidecars --------------------------------------------------------------------------------
+# bytes of the header of one .npy entry of a module's .npz sidecar (NumPy's own default)
+MAX_NPY_HEADER = 10_000
+
 # -- frontends -------------------------------------------------------------------------------
 # elements of one tensor an importer computes at import time (ONNX constant folding); a larger
 # result is left to run time, or reported when it cannot be

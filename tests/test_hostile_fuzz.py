@@ -3,12 +3,20 @@ spliced in that broke dpl before (deep nesting, long `|` chains, huge or out-of-
 bad escapes, negative or zero dims, recursion, hostile imports). Every text either works or
 ends in a DplError that points at the file; never another exception, never a hang.
 
-The budget is fixed (a few hundred examples, no deadline per example) so CI stays fast; run
-``python tests/test_hostile_fuzz.py N`` for a longer campaign of N examples per fuzzer.
+Beyond the texts: rewrite rules whose replacement holds their own match (they must stop at the
+growth or round limit, located at the rule), `.npz` sidecars with lying headers, check hooks that
+raise or answer with arrays, and ONNX nodes with malformed inputs and attributes.
+
+The budget is fixed (a few hundred examples, no deadline per example) so CI stays fast; the
+campaign's scale (6,000 parser mutations, and the others in :data:`FUZZERS`) runs with
+``python scripts/fuzz.py`` (``--count N`` for N examples per fuzzer).
 """
 
+import io
 import re
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -143,9 +151,252 @@ def test_hostile_numbers_in_types_and_attributes(data):
     check_ir(text)
 
 
-if __name__ == "__main__":  # a longer campaign: python tests/test_hostile_fuzz.py 5000
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    for test in (test_hostile_module_texts, test_hostile_pattern_files, test_hostile_numbers_in_types_and_attributes):
+# -- rewrites that contain their own match -----------------------------------------------------
+
+UNARY = ["exp", "negative", "nn.relu", "abs", "tanh", "sigmoid"]
+REWRITE_MODULE = dpl.parse("""func main(x: f32[4], z: f32[4]) -> f32[4] {
+  a = nn.relu(x)
+  b = exp(a)
+  c = add(b, z)
+  d = tanh(c)
+  return d
+}
+""")
+
+
+def _replacement(data, depth: int) -> str:
+    """A replacement over ``x`` (the matched operand) and ``out`` (the match itself, spelled
+    again): unary chains, sums and products of these, mostly containing the match."""
+    if depth == 0 or data.draw(st.integers(0, 3)) == 0:
+        return data.draw(st.sampled_from(["x", "x", "MATCH"]))
+    kind = data.draw(st.sampled_from(["unary", "unary", "binary"]))
+    if kind == "unary":
+        return f"{data.draw(st.sampled_from(UNARY))}({_replacement(data, depth - 1)})"
+    op = data.draw(st.sampled_from(["add", "multiply", "maximum"]))
+    return f"{op}({_replacement(data, depth - 1)}, {_replacement(data, depth - 1)})"
+
+
+def check_rewrite(text: str) -> None:
+    try:
+        rules = dpl.parse_patterns(text, "fuzz.dpl")
+        out = dpl.apply(REWRITE_MODULE, rules, fuse=False)
+    except DplError as err:
+        assert str(err).startswith("fuzz.dpl:"), str(err)[:500]
+        return
+    args = [np.linspace(-1, 1, 4, dtype=np.float32)] * 2
+    with np.errstate(all="ignore"):
+        dpl.interpret(out, *args)
+
+
+@settings(max_examples=EXAMPLES // 6, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.data())
+def test_hostile_rewrite_rules(data):
+    rules = []
+    for i in range(data.draw(st.integers(1, 2))):
+        op = data.draw(st.sampled_from(UNARY))
+        repl = _replacement(data, data.draw(st.integers(1, 4))).replace("MATCH", f"{op}(x)")
+        rules.append(f"rewrite r{i} {{\n  out = {op}(x) => {repl}\n}}\n")
+    check_rewrite("".join(rules))
+
+
+# -- .npz sidecars -----------------------------------------------------------------------------
+
+SIDECAR_TEXT = """const w: f32[2, 50]
+const v: i32[80]
+func main(x: f32[2, 50]) -> f32[2, 50] {
+  y = add(x, w)
+  return y
+}
+"""
+HEADER_PIECES = ["(2, 50)", "(100,)", "(1099511627776,)", "(2, -50)", "(0,)", "()", "(99999999999999999999,)", "'<f4'", "'<f8'",
+                 "'>f4'", "'|O'", "'<i4'", "'V8'", "True", "None", "{", "", "'shape'", "(2, 50, 1)", "[2, 50]"]
+
+
+def _sidecar(data) -> bytes:
+    """A sidecar for SIDECAR_TEXT, mutated: header fields replaced, data cut or grown, entries
+    added, renamed or dropped, bytes flipped anywhere."""
+    entries = {"w.npy": np.ones((2, 50), np.float32), "v.npy": np.arange(80, dtype=np.int32)}
+    files = {}
+    for name, value in entries.items():
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, value)
+        files[name] = buf.getvalue()
+    for _ in range(data.draw(st.integers(1, 4))):
+        name = data.draw(st.sampled_from(sorted(files) + ["junk.npy"]))
+        raw = files.get(name, b"")
+        how = data.draw(st.sampled_from(["header", "cut", "grow", "flip", "drop", "rename"]))
+        if how == "header" and b"\n" in raw:
+            header_end = raw.index(b"\n") + 1
+            header = raw[:header_end].decode("latin1")
+            fields = list(re.finditer(r"\(.*?\)|'[^']*'|True|False", header)) or list(re.finditer(".", header))
+            m = data.draw(st.sampled_from(fields))
+            header = header[:m.start()] + data.draw(st.sampled_from(HEADER_PIECES)) + header[m.end():]
+            raw = header.encode("latin1") + raw[header_end:]
+        elif how == "cut":
+            raw = raw[:data.draw(st.integers(0, len(raw)))]
+        elif how == "grow":
+            raw = raw + bytes(data.draw(st.integers(1, 64)))
+        elif how == "flip" and raw:
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw = raw[:i] + bytes([raw[i] ^ data.draw(st.integers(1, 255))]) + raw[i + 1:]
+        elif how == "drop":
+            files.pop(name, None)
+            continue
+        elif how == "rename":
+            files.pop(name, None)
+            name = data.draw(st.sampled_from(["w", "w.npy", "v.npy", "../w.npy", "x.npy", "w.npz"]))
+        files[name] = raw
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", data.draw(st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]))) as z:
+        for name, raw in files.items():
+            z.writestr(name, raw)
+    out = buf.getvalue()
+    if data.draw(st.integers(0, 4)) == 0 and out:  # the zip itself damaged
+        i = data.draw(st.integers(0, len(out) - 1))
+        out = out[:i] + bytes([out[i] ^ 0xFF]) + out[i + 1:]
+    return out
+
+
+def check_sidecar(folder: Path, npz: bytes) -> None:
+    path = folder / "fuzz.ir"
+    path.write_text(SIDECAR_TEXT)
+    (folder / "fuzz.ir.npz").write_bytes(npz)
+    try:
+        mod = dpl.load(path)
+    except DplError as err:
+        assert str(err).startswith(f"{path}:"), str(err)[:500]
+        return
+    assert mod["main"].bindings[0].value.args[1].value.shape == (2, 50)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.data())
+def test_hostile_sidecars(data):
+    with tempfile.TemporaryDirectory() as folder:
+        check_sidecar(Path(folder), _sidecar(data))
+
+
+# -- check hooks -------------------------------------------------------------------------------
+
+
+def _answer(kind: str, view):
+    from dpl.pattern.match import NoMatch
+
+    answers = {"true": True, "false": False, "np.true": np.bool_(True), "array1": np.array([True]), "array2": np.array([1, 2]),
+               "none": None, "one": 1, "string": "yes", "nomatch": NoMatch(None, None, "check", "no"),
+               "shape": view.expr("x").ty.shape == np.array([4])}
+    if kind in answers:
+        return answers[kind]
+    raise {"value": ValueError("bad"), "key": KeyError("x"), "recursion": RecursionError("deep"),
+           "dpl": DplError("a hook's own error"), "zero": ZeroDivisionError("0")}[kind]
+
+
+HOOK_ANSWERS = ["true", "false", "np.true", "array1", "array2", "none", "one", "string", "nomatch", "shape", "value", "key",
+                "recursion", "dpl", "zero"]
+
+
+@settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.data())
+def test_hostile_check_hooks(data):
+    from dpl.lang.hooks import unregister_hook
+
+    kind = data.draw(st.sampled_from(HOOK_ANSWERS))
+    dpl.check_hook("fuzz.hook", replace=True)(lambda view: _answer(kind, view))
+    rule = data.draw(st.sampled_from(["pattern k.p {\n  out = OP(x)\n  check fuzz.hook\n}\n",
+                                      "rewrite r {\n  out = OP(x)\n  check fuzz.hook\n  => negative(negative(x))\n}\n"]))
+    text = rule.replace("OP", data.draw(st.sampled_from(["nn.relu", "exp", "add"]))).replace("add(x)", "add(x, y)")
+    try:
+        check_rewrite(text)  # located at the rule or applied
+    finally:
+        unregister_hook("fuzz.hook")
+
+
+# -- ONNX nodes --------------------------------------------------------------------------------
+
+ONNX_DIMS = st.sampled_from([0, 1, 2, 3, 4, "n"])
+ONNX_VALUES = st.sampled_from([0, 1, -1, 2, 3, 2**40, float("nan"), float("inf"), 0.5, True])
+# op: (inputs that are tensors, inputs that are constants, attributes that may be set)
+ONNX_NODES = {
+    "Clip": (1, 2, {}),
+    "GatherElements": (2, 0, {"axis": st.integers(-3, 3)}),
+    "GatherND": (2, 0, {"batch_dims": st.integers(0, 1)}),
+    "Gather": (2, 0, {"axis": st.integers(-3, 3)}),
+    "Conv": (2, 0, {"group": st.integers(0, 2), "strides": st.lists(st.integers(0, 2), min_size=1, max_size=3),
+                    "pads": st.lists(st.integers(-1, 2), min_size=1, max_size=4),
+                    "dilations": st.lists(st.integers(0, 2), min_size=1, max_size=3)}),
+    "CumSum": (1, 1, {"exclusive": st.integers(0, 1)}),
+    "Dropout": (1, 2, {}),
+    "Trilu": (1, 1, {"upper": st.integers(0, 1)}),
+    "Softmax": (1, 0, {"axis": st.integers(-4, 4)}),
+    "Transpose": (1, 0, {"perm": st.lists(st.integers(-1, 3), min_size=1, max_size=4)}),
+    "Unsqueeze": (1, 1, {}),
+    "Reshape": (1, 1, {}),
+}
+
+
+def _onnx_node_model(onnx, data):
+    from onnx import TensorProto, helper, numpy_helper
+
+    op = data.draw(st.sampled_from(sorted(ONNX_NODES)))
+    tensors, constants, attrs = ONNX_NODES[op]
+    inputs, inits, names = [], [], []
+    for i in range(tensors):
+        shape = data.draw(st.lists(ONNX_DIMS, max_size=4))
+        dtype = data.draw(st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL]))
+        inputs.append(helper.make_tensor_value_info(f"t{i}", dtype, shape))
+        names.append(f"t{i}")
+    for i in range(constants):
+        values = data.draw(st.lists(ONNX_VALUES, max_size=3))
+        value = np.array(values[0] if len(values) == 1 and data.draw(st.booleans()) else values, dtype=np.float64)
+        with np.errstate(invalid="ignore"):  # nan as int64: whatever the cast gives
+            value = value.astype(data.draw(st.sampled_from(["float32", "int64", "bool"])))
+        inits.append(numpy_helper.from_array(value, f"c{i}"))
+        names.append(data.draw(st.sampled_from([f"c{i}", f"c{i}", ""])))
+    chosen = {k: data.draw(v) for k, v in attrs.items() if data.draw(st.booleans())}
+    node = helper.make_node(op, names, ["y"], name="fuzzed", **chosen)
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, data.draw(st.lists(ONNX_DIMS, max_size=4)))
+    graph = helper.make_graph([node], "g", inputs, [output], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", data.draw(st.sampled_from([13, 17])))])
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.data())
+def test_hostile_onnx_nodes(data):
+    import needs
+    from dpl.frontend import FrontendError
+
+    onnx = needs.package("onnx")
+    model = _onnx_node_model(onnx, data)
+    try:
+        with np.errstate(all="ignore"):
+            dpl.from_onnx(model)
+    except FrontendError as err:
+        assert "Traceback" not in str(err) and "internal error" not in str(err), str(err)[:500]
+
+
+# -- the campaign --------------------------------------------------------------------------------
+
+# each fuzzer with the examples of the issue 33 campaign (the CI run uses the counts in its settings)
+FUZZERS = {
+    "module_texts": (test_hostile_module_texts, 2000),
+    "pattern_files": (test_hostile_pattern_files, 2000),
+    "numbers": (test_hostile_numbers_in_types_and_attributes, 2000),
+    "rewrite_rules": (test_hostile_rewrite_rules, 500),
+    "sidecars": (test_hostile_sidecars, 2000),
+    "check_hooks": (test_hostile_check_hooks, 500),
+    "onnx_nodes": (test_hostile_onnx_nodes, 2000),
+}
+
+
+def run_campaign(counts: dict[str, int], report=print) -> None:
+    """Run each named fuzzer of :data:`FUZZERS` for its count of examples."""
+    for name, n in counts.items():
+        test = FUZZERS[name][0]
         campaign = settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         campaign(given(st.data())(test.hypothesis.inner_test))()
-        print(test.__name__, n, "examples ok")
+        report(f"{name}: {n} examples ok")
+
+
+if __name__ == "__main__":  # python tests/test_hostile_fuzz.py N: N examples per fuzzer (scripts/fuzz.py has options)
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+    run_campaign({name: n for name in FUZZERS})

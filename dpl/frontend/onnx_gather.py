@@ -106,8 +106,13 @@ def gather_nd(ctx: NodeContext):
     indices = ctx.input(1)
     if ctx.attr("batch_dims", 0) != 0:
         raise ctx.unsupported("batch_dims", ctx.attr("batch_dims"), "0")
+    if indices.ty.ndim < 1:
+        raise ctx.error(f"indices are 0-d ({indices.ty}); GatherND's indices have rank >= 1, their last axis holding "
+                        "the index tuples")
+    if indices.ty.dtype not in ("int32", "int64"):
+        raise ctx.error(f"indices are {indices.ty}; GatherND's indices are int32 or int64")
     k = indices.ty.shape[-1]
-    if not isinstance(k, int) or k > data.ty.ndim:
+    if not isinstance(k, int) or not 1 <= k <= data.ty.ndim:
         raise ctx.error(f"indices of shape {list(indices.ty.shape)} do not index data of rank {data.ty.ndim}")
     out_lead = list(indices.ty.shape[:-1])
     rank = len(out_lead)
@@ -199,6 +204,11 @@ def gather_elements(ctx: NodeContext):
     """GatherElements where the indices vary along ``axis`` only (their other axes of size 1),
     as torch.gather in BERT's buffered token types: a ``take`` along ``axis``."""
     x, idx = ctx.input(0), ctx.input(1)
+    if idx.ty.ndim != x.ty.ndim:
+        raise ctx.error(f"indices of rank {idx.ty.ndim} ({idx.ty}) and data of rank {x.ty.ndim} ({x.ty}): "
+                        "GatherElements needs both of the same rank")
+    if idx.ty.dtype not in ("int32", "int64"):
+        raise ctx.error(f"indices are {idx.ty}; GatherElements' indices are int32 or int64")
     axis = ctx.axis(ctx.attr("axis", 0), x.ty.ndim)
     others = [i for i in range(idx.ty.ndim) if i != axis]
     if any(idx.ty.shape[i] != 1 for i in others):

@@ -270,7 +270,25 @@ class NodeContext:
         )
 
     def ints_input(self, i: int, what: str) -> list[int]:
-        return [int(v) for v in self.constant(i, what).reshape(-1)]
+        """Input ``i``: constant integers (floats only where each is a whole number)."""
+        value = self._numbers(i, what)
+        if value.dtype.kind == "f" and not np.all(np.isfinite(value) & (value == np.round(value))):
+            raise self.error(f"{what} (input '{self.node.input[i]}') must hold integers, got {_show(value)}")
+        return [int(v) for v in value.reshape(-1)]
+
+    def scalar_input(self, i: int, what: str) -> int | float | bool:
+        """Input ``i``: one constant number (a 0-d tensor, or of shape [1] as some exporters
+        write it), as a Python value."""
+        value = self._numbers(i, what)
+        if value.size != 1:
+            raise self.error(f"{what} (input '{self.node.input[i]}') must be a scalar, got a tensor of shape {list(value.shape)}")
+        return value.reshape(()).item()
+
+    def _numbers(self, i: int, what: str) -> np.ndarray:
+        value = self.constant(i, what)
+        if value.dtype.kind not in "biuf":
+            raise self.error(f"{what} (input '{self.node.input[i]}') must hold numbers, got a tensor of {value.dtype}")
+        return value
 
     def dims_input(self, i: int, what: str) -> list[int | str]:
         """A shape operand: constant ints, or a ShapeValue whose entries may be symbolic."""

@@ -66,6 +66,9 @@ def _window(ctx: NodeContext, x: TensorType, kernel: list[int], what: str):
     """Strides, dilations and (begin..., end...) pads of a Conv or pooling node, ``auto_pad``
     resolved against the static spatial sizes."""
     n = len(kernel)
+    symbolic = [d for d in kernel if not isinstance(d, int)]
+    if symbolic:
+        raise ctx.error(f"kernel {list(kernel)}: spatial dimension '{symbolic[0]}' of the {what} window must be static")
     strides = list(ctx.attr("strides", [1] * n))
     dilations = list(ctx.attr("dilations", [1] * n))
     pads = list(ctx.attr("pads", [0] * (2 * n)))
@@ -154,8 +157,11 @@ def _clip(ctx: NodeContext):
     if ctx.version < 11:
         lo, hi = ctx.attr("min", -math.inf), ctx.attr("max", math.inf)
     else:
-        lo = ctx.constant(1, "min").item() if ctx.has_input(1) else -math.inf
-        hi = ctx.constant(2, "max").item() if ctx.has_input(2) else math.inf
+        lo = ctx.scalar_input(1, "min") if ctx.has_input(1) else -math.inf
+        hi = ctx.scalar_input(2, "max") if ctx.has_input(2) else math.inf
+    for what, bound in (("min", lo), ("max", hi)):
+        if math.isnan(bound):
+            raise ctx.error(f"{what} is NaN; a bound of Clip must be a number")
     if x.ty.dtype.startswith(("float", "bfloat")) and math.isfinite(lo) and math.isfinite(hi):
         return ctx.emit("clip", x, min=float(lo), max=float(hi))
     if math.isfinite(lo):
@@ -309,6 +315,10 @@ def _conv(ctx: NodeContext):
         raise ctx.error(f"Conv over {xt.ndim - 2} spatial dimension(s) is not supported; dpl has 1-D (through 2-D) "
                         "and 2-D convolution")
     kernel = list(wt.shape[2:])
+    symbolic = [d for d in kernel if not isinstance(d, int)]
+    if symbolic:
+        raise ctx.error(f"the weight {wt} has the symbolic spatial dimension '{symbolic[0]}'; dpl needs a Conv's kernel size static",
+                        hint="give the weight's sizes with from_onnx(..., shapes={...}) or make it an initializer")
     if list(ctx.attr("kernel_shape", kernel)) != kernel:
         raise ctx.error(f"kernel_shape {list(ctx.attr('kernel_shape'))} differs from the weight's spatial shape {kernel}")
     strides, dilations, pads = _window(ctx, xt, kernel, "Conv")

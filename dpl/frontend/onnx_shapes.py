@@ -313,6 +313,6 @@ def dropout(ctx: NodeContext):
     ctx.attr("ratio", 0.5)
     if ctx.version < 7:
         raise ctx.error("Dropout before opset 7 is not supported")
-    if ctx.version >= 12 and ctx.has_input(2) and bool(ctx.constant(2, "training_mode")):
+    if ctx.version >= 12 and ctx.has_input(2) and ctx.scalar_input(2, "training_mode"):
         raise ctx.error("training_mode is true; dpl imports models for inference")
     return ctx.value(0)

@@ -26,7 +26,7 @@ from dpl.ir.builder import const
 from dpl.ir.expr import Expr, Tuple, TupleGetItem, Var
 from dpl.lang import ast
 from dpl.lang.expand import MAX_VARIANTS, VARIANTS_COUNTED, Scope, apply_equivs, check_def, check_equiv, count_variants, expand_macros
-from dpl.lang.hooks import lookup_hook
+from dpl.lang.hooks import ask_hook, lookup_hook
 from dpl.lang.predicates import Compiled, MatchView, PredicateCompiler, compile_conjunct, conjuncts, evaluate
 from dpl.ops.registry import REQUIRED, get_op, make_call
 from dpl.pattern import nodes as P
@@ -133,7 +133,7 @@ class Rule:
             if not ok:
                 return lambda: _predicate_failure(pred, span, why, view)
         for name, hook in self.hooks:
-            answer = hook(view)
+            answer = ask_hook(name, hook, view, self.name, self.span)
             if not answer:
                 return lambda: _hook_failure(name, answer)
         return None
@@ -205,7 +205,7 @@ def rewrite_rule(rule: Rule) -> RewriteRule:
             return None
         return new if new.ty == value.ty else None
 
-    return RewriteRule(rule.name, rule.pattern, rewriter, origin=_origin(rule.span))
+    return RewriteRule(rule.name, rule.pattern, rewriter, origin=_origin(rule.span), span=rule.span)
 
 
 def pattern_set(rules) -> PatternSet:

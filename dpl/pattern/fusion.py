@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import attrs
 
+from dpl.errors import Span
 from dpl.ir.expr import Expr, Function, Module, Var
 from dpl.ir.types import TupleType
 from dpl.pattern import nodes as n
@@ -179,11 +180,12 @@ class RewriteRule:
     pattern: n.Pattern
     rewriter: Callable[[Expr, Match], Expr | None]
     origin: str = attrs.field(factory=n._origin, kw_only=True)
+    span: Span | None = attrs.field(default=None, kw_only=True)  # where a .dpl rule was written, for its errors
 
     def apply(self, target: Function | Module, *, cse_keys: dict | None = None) -> Function | Module:
         from dpl.pattern.rewrite import rewrite_call
 
-        return rewrite_call(self.pattern, self.rewriter, target, cse_keys=cse_keys)
+        return rewrite_call(self.pattern, self.rewriter, target, cse_keys=cse_keys, rule=self.name, span=self.span)
 
 
 @attrs.frozen(eq=False)

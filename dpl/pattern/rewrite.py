@@ -5,10 +5,14 @@
 ``rewriter(value, match)``. Returning the original value (or ``None``) means "no match": if
 the pattern is a top-level ``|``, its next alternative is then tried, as in TVM. Rounds repeat
 until nothing changes (a fixed point), at most ``max_iterations`` times, else
-:class:`RewriteNotConverged` names the pattern. After each round the function is simplified
-as Relax does (:func:`dpl.ir.simplify.simplify`: CanonicalizeBindings, so ``d[0]`` of
-``d = (a, b)`` is ``a`` and ``y = x`` disappears; EliminateCommonSubexpr; dead bindings
-removed), so the next round sees what the rewrite exposed; a round whose simplified result
+:class:`RewriteNotConverged` names the pattern (and the rule, with its span, when the caller
+gives them). The rounds are bounded by growth as well: a function that grows past
+``MAX_REWRITE_GROWTH`` times its size plus ``MAX_REWRITE_EXTRA`` bindings (see
+:mod:`dpl.limits`) raises :class:`RewriteGrowthError`, since a replacement that contains its own
+match doubles the function each round and would exhaust memory long before the round limit.
+After each round the function is simplified as Relax does (:func:`dpl.ir.simplify.simplify`:
+CanonicalizeBindings, so ``d[0]`` of ``d = (a, b)`` is ``a`` and ``y = x`` disappears;
+EliminateCommonSubexpr; dead bindings removed), so the next round sees what the rewrite exposed; a round whose simplified result
 is the function it started from ends the loop.
 
 A replacement may be any expression built from the matched values. Sub-expressions that are
@@ -23,11 +27,12 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from dpl.errors import DplError
+from dpl.errors import DplError, Span
 from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var, with_args
 from dpl.ir.simplify import remove_dead_bindings, simplify, simplify_changed  # noqa: F401 (remove_dead_bindings: re-exported)
 from dpl.ir.structural import structural_equal
+from dpl.limits import MAX_REWRITE_EXTRA, MAX_REWRITE_GROWTH, LimitError
 from dpl.pattern import nodes as n
 from dpl.pattern.context import GraphPattern, PatternContext, _as_graph, _leaf_vars, iter_graph_matches
 from dpl.pattern.match import Match, Matcher, PatternIndex
@@ -47,6 +52,10 @@ class RewriteNotConverged(RewriteError):
     """Rewriting did not reach a fixed point within the iteration bound."""
 
 
+class RewriteGrowthError(RewriteNotConverged, LimitError):
+    """Rewriting grew a function past the limits of :mod:`dpl.limits` before a fixed point."""
+
+
 def _where(p) -> str:
     return f"{p!r} (built at {getattr(p, 'origin', '?')})"
 
@@ -58,26 +67,31 @@ def _alternatives(p: n.Pattern) -> list[n.Pattern]:
 
 
 def rewrite_call(pattern: n.Pattern, rewriter: Callable[[Expr, Match], Expr | None], func: Function | Module,
-                 *, max_iterations: int = DEFAULT_MAX_ITERATIONS, cse_keys: dict | None = None) -> Function | Module:
+                 *, max_iterations: int = DEFAULT_MAX_ITERATIONS, cse_keys: dict | None = None,
+                 rule: str | None = None, span: Span | None = None) -> Function | Module:
     """Rewrite every binding whose value ``pattern`` matches, to a fixed point. ``cse_keys``
     is a cache that calls on versions of the same module may share (CSE keys for the
     simplification between rounds, see :func:`dpl.ir.simplify.eliminate_common_subexpr`, and
-    the ops each function calls); it changes no result."""
+    the ops each function calls); it changes no result. ``rule`` and ``span``: the name and
+    source of the rule being applied, for the errors that stop the rounds."""
     if not isinstance(pattern, n.Pattern):
         raise n.PatternError(f"rewrite_call: expected a pattern, got {type(pattern).__name__}")
     if isinstance(func, Module):
-        return _per_function(func, lambda f: rewrite_call(pattern, rewriter, f, max_iterations=max_iterations, cse_keys=cse_keys))
+        return _per_function(func, lambda f: rewrite_call(pattern, rewriter, f, max_iterations=max_iterations,
+                                                          cse_keys=cse_keys, rule=rule, span=span))
     _check_function(func, "rewrite_call")
     with paused_collector():  # see dpl.ir.collector: the collector would make the pass superlinear
-        return _rewrite_call(pattern, rewriter, func, max_iterations, {} if cse_keys is None else cse_keys)
+        return _rewrite_call(pattern, rewriter, func, max_iterations, {} if cse_keys is None else cse_keys, rule, span)
 
 
-def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: dict) -> Function:
+def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: dict,
+                  rule: str | None = None, span: Span | None = None) -> Function:
     alternatives = _alternatives(pattern)
     index = PatternIndex(alternatives)
     required = n.required_ops(pattern)
+    largest = MAX_REWRITE_GROWTH * len(func.bindings) + MAX_REWRITE_EXTRA
     current = func
-    for _ in range(max_iterations):
+    for rounds in range(1, max_iterations + 1):
         if required and not _calls_all(current, required, keys):
             return current  # an op every match calls is called nowhere: no binding can match
         new, changed, removed, values = _round(pattern, alternatives, index, rewriter, current)
@@ -89,9 +103,22 @@ def _rewrite_call(pattern, rewriter, func: Function, max_iterations: int, keys: 
         if structural_equal(new, current, names=False):
             return current
         current = new
+        if len(current.bindings) > largest:
+            raise RewriteGrowthError(
+                f"{_who(pattern, rule, span)} grew function '{func.name}' from {len(func.bindings)} to {len(current.bindings)} "
+                f"bindings in {rounds} rounds without reaching a fixed point; the limit is MAX_REWRITE_GROWTH = "
+                f"{MAX_REWRITE_GROWTH} times the bindings before it plus MAX_REWRITE_EXTRA = {MAX_REWRITE_EXTRA}",
+                span, hint="the replacement contains what the pattern matches, so every round matches it again")
     raise RewriteNotConverged(
-        f"rewrite_call did not converge after {max_iterations} rounds with pattern {_where(pattern)}",
+        f"{_who(pattern, rule, span)} did not converge after {max_iterations} rounds on function '{func.name}'", span,
         hint="the rewriter probably builds an expression its own pattern matches again")
+
+
+def _who(pattern, rule: str | None, span: Span | None = None) -> str:
+    """The rule in an error: its name where the caller gave one, else the pattern and its origin."""
+    if rule is not None:
+        return f"rewrite '{rule}'" if span is not None else f"rewrite '{rule}' (pattern {_where(pattern)})"
+    return f"rewrite_call with pattern {_where(pattern)}"
 
 
 def _calls_all(func: Function, required: frozenset[str], cache: dict) -> bool:
