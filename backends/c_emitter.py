@@ -37,7 +37,7 @@ import numpy as np
 from dpl import dtypes
 from dpl.backends.c_names import CNames, EmitError
 from dpl.kernel.ir import (C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, substitute,
-                          to_c, walk, walk_exprs)
+                          op_c, to_c, walk, walk_exprs)
 from dpl.kernel.loop_split import split_index_loops
 from dpl.kernel.short_axis import unroll_short_axes
 from dpl.ops.registry import get_op
@@ -107,6 +107,48 @@ DPL_DIV_SIGNED(int16, int16_t, uint16_t) DPL_DIV_SIGNED(int8, int8_t, uint8_t)
 DPL_DIV_UNSIGNED(uint8, uint8_t) DPL_DIV_UNSIGNED(bool, bool)
 """
 INT_DIVIDE_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+
+# The rest of the IR's arithmetic, which C's is not of itself. Every op's result is a value of its
+# IR type, as the interpreter computes it (NumPy, op by op):
+# - signed overflow wraps (C leaves it undefined: GCC folds ``x + 1 > x`` to true at INT_MAX), so
+#   int32 and int64 add, subtract, multiply, square, negative and abs compute in the unsigned type
+#   of their width, which wraps, and convert back (GCC and NVCC keep the bits): the same
+#   instructions, and no compiler flag (NVRTC has no -fwrapv);
+# - C computes int8, uint8, int16 and bool in int: a result is converted back to its type at
+#   each op that can leave it (int8 ``x + x`` at 100 is -56 for a later compare or cast, not 200);
+# - float16 and bfloat16 compute in float: a result is rounded to its type at each op that can
+#   leave it (``x * x / x`` at 300 is inf, not 300); see ``StatementEmitter.rounded``.
+WRAPPING = {
+    "add": "(({T})(({U})({0}) + ({U})({1})))",
+    "subtract": "(({T})(({U})({0}) - ({U})({1})))",
+    "multiply": "(({T})(({U})({0}) * ({U})({1})))",
+    "square": "(({T})(({U})({0}) * ({U})({0})))",
+    "negative": "(({T})(0 - ({U})({0})))",
+    "abs": "({0} < 0 ? ({T})(0 - ({U})({0})) : {0})",
+}
+WRAP_UNSIGNED = {"int32": "uint32_t", "int64": "uint64_t"}
+NARROW_INTS = ("int16", "int8", "uint8", "bool")
+SIXTEEN_BIT_FLOATS = ("float16", "bfloat16")
+# ops whose C value is one of their operands (or a comparison's 0 or 1): a value of the type already
+SELECTING = frozenset({"maximum", "minimum", "where", "nn.relu", "equal", "not_equal", "less", "less_equal",
+                       "greater", "greater_equal"})
+# ... and for floats a sign flipped too (for integers ``-x`` overflows at MIN)
+SELECTING_FLOAT = SELECTING | {"negative", "abs"}
+# float16 ops the C computes in half itself, correctly rounded (as float then rounded would be):
+# the others' templates (literals, libm calls: tgmath has no half exp) compute in float
+HALF_NATIVE = frozenset({"add", "subtract", "multiply", "divide", "square"})
+# bfloat16 rounded to nearest even, as a float (the CPU kernels compute bfloat16 in float): the
+# rounding of dpl_bf16_store kept in 32-bit lanes (through the 16 bits and back, GCC packs and
+# unpacks every vector: a bfloat16 multiply-add-silu-subtract chain took 2.4x its unrounded time,
+# this way 1.9x); a NaN stays a NaN
+BF16_ROUND = """\
+static inline float dpl_bf16_round(float f) {
+  union { float f; uint32_t u; } v = { f };
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return f;
+  v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
+  return v.f;
+}
+"""
 
 
 # Vector variants of the float math functions exist in glibc's libmvec; glibc only declares
@@ -252,11 +294,45 @@ class StatementEmitter:
         return self.names[name]
 
     def op(self, e: Op, args: list[str]) -> str | None:
-        """The C for a registry op when this target spells it differently (None: its template):
-        an integer ``divide`` by the ``INT_DIVIDE`` helpers."""
+        """The C for a registry op where the template alone does not compute the IR's value
+        (None: the template): an integer ``divide`` by the ``INT_DIVIDE`` helpers, int32/int64
+        arithmetic wrapping, narrow integers converted back and 16-bit floats rounded to their
+        type (see ``WRAPPING``). float32, float64 and the other int32/int64 ops are templates."""
+        if e.op == "astype":
+            to = dict(e.attrs)["dtype"]
+            return self.rounded(to, args[0]) if to in SIXTEEN_BIT_FLOATS else None
         if e.op == "divide" and e.dtype in INT_DIVIDE_DTYPES:
-            return f"dpl_div_{e.dtype}({args[0]}, {args[1]})"
+            return f"dpl_div_{e.dtype}({args[0]}, {args[1]})"  # a value of its type
+        if e.dtype in WRAP_UNSIGNED:
+            if e.op in WRAPPING:
+                return WRAPPING[e.op].format(*args, T=self.ctype(e.dtype), U=WRAP_UNSIGNED[e.dtype])
+            if e.op in ("power", "clip"):  # computed in double (pow, a float bound)
+                return f"(({self.ctype(e.dtype)})({op_c(e, args)}))"
+            return None
+        if e.dtype in NARROW_INTS and e.op not in SELECTING:
+            return f"(({self.ctype(e.dtype)})({op_c(e, args)}))"
+        if e.dtype in SIXTEEN_BIT_FLOATS and e.op not in SELECTING_FLOAT:
+            if e.dtype == "float16" and e.op not in HALF_NATIVE:
+                args = [f"(float)({a})" for a in args]
+            return self.rounded(e.dtype, op_c(e, args))
         return None
+
+    def rounded(self, dtype: str, c: str) -> str:
+        """``c`` rounded to nearest even in the 16-bit float ``dtype``: a conversion to ``half``
+        (``_Float16``, which GCC rounds at a conversion), ``dpl_bf16_round`` for bfloat16 (a
+        float here)."""
+        return f"((half)({c}))" if dtype == "float16" else f"dpl_bf16_round({c})"
+
+    def combine(self, dtype: str, combiner: str, a: str, b: str) -> str:
+        """``combiner(a, b)`` in ``dtype`` as the IR computes it: a reduction's fold (float32 and
+        float64 as ``(T)(template)``)."""
+        t = self.ctype(dtype)
+        if dtype in WRAP_UNSIGNED and combiner in WRAPPING:
+            return WRAPPING[combiner].format(a, b, T=t, U=WRAP_UNSIGNED[dtype])
+        template = get_op(combiner).c_expr.format(a, b)
+        if dtype in SIXTEEN_BIT_FLOATS and combiner not in SELECTING_FLOAT:
+            return self.rounded(dtype, template)
+        return f"({t})({template})"
 
     def expr(self, e) -> str:
         return to_c(e, load=lambda load, index: self.load(load.buffer, index), var=self.var, op=self.op)
@@ -327,8 +403,8 @@ class StatementEmitter:
         acc, t = self.names[s.name], self.ctype(s.dtype)
         template = get_op(s.combiner).c_expr
         if template.count("{1}") == 1 or _C_IDENTIFIER.fullmatch(value):
-            return f"{acc} = ({t})({template.format(acc, f'({value})')});"
-        return f"{{ const {t} dpl_fold = ({value}); {acc} = ({t})({template.format(acc, 'dpl_fold')}); }}"
+            return f"{acc} = {self.combine(s.dtype, s.combiner, acc, f'({value})')};"
+        return f"{{ const {t} dpl_fold = ({value}); {acc} = {self.combine(s.dtype, s.combiner, acc, 'dpl_fold')}; }}"
 
     def reduce(self, s: Reduce, indent: int, out: list[str]) -> None:
         """The local, one serial loop per reduction axis, the body, the fold."""
@@ -783,4 +859,5 @@ def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = 
     streams = STREAMING if "dpl_sfence();" in body else ""
     turns = TRANSPOSE16 if "dpl_transpose16(" in body else ""
     divides = INT_DIVIDE.format(inline="inline") if "dpl_div_" in body else ""
-    return PRELUDE + streams + turns + divides + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"
+    rounds = BF16_ROUND if "dpl_bf16_round(" in body else ""
+    return PRELUDE + streams + turns + divides + rounds + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"

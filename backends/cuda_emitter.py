@@ -35,8 +35,7 @@ import attrs
 
 from dpl.backends.c_emitter import INT_DIVIDE, EmitError, StatementEmitter
 from dpl.backends.cuda_rows import ITEMSIZE, STAGE_BYTES, VECTOR, staged_rows, vector_stores
-from dpl.kernel.ir import Bin, Const, Kernel, Let, Loop, Op, Reduce, Store, Var, free_vars
-from dpl.ops.registry import get_op
+from dpl.kernel.ir import Bin, Const, Kernel, Let, Loop, Reduce, Store, Var, free_vars
 
 BLOCK = 256  # threads per block on a GPU
 MAX_GRID = 65535  # blocks per launch; grid-stride loops cover the rest
@@ -176,11 +175,9 @@ class CudaEmitter(StatementEmitter):
     def store(self, s: Store, target: str | None = None) -> str:
         return super().store(s, target or self.redirect.get(id(s)))
 
-    def op(self, e: Op, args: list[str]) -> str | None:
-        dtype = dict(e.attrs).get("dtype") if e.op == "astype" else None
-        if dtype in _ROUND:  # a cast to a 16-bit float rounds there, as the value would in memory
-            return f"{_ROUND[dtype]}((float)({args[0]}))"
-        return super().op(e, args)
+    def rounded(self, dtype: str, c: str) -> str:
+        """``c`` rounded to the 16-bit float ``dtype``: both are floats here, held as bits in memory."""
+        return f"{_ROUND[dtype]}((float)({c}))"
 
     # -- the kernel function ----------------------------------------------------------------
 
@@ -395,20 +392,22 @@ class CudaEmitter(StatementEmitter):
         out.append(f"{inner}{self.fold(s, self.expr(s.value))}")
         out.append(f"{pad}}}")
         part = self.names.internal("part")
-        combine = get_op(s.combiner).c_expr.format
+        def combine(a: str, b: str) -> str:
+            return self.combine(s.dtype, s.combiner, a, b)
+
         out.append(f"{pad}{{")
         # whole warps: a shuffle tree in each warp, then every thread folds the warps' values
         out.append("#if DPL_BLOCK >= 32")
         out.append(f"{inner}{t} dpl_v = {acc};")
         out.append(f"{inner}for (unsigned dpl_o = 16; dpl_o > 0; dpl_o >>= 1) {{")
         out.append(f"{inner}  const {t} dpl_w = dpl_shfl_down(dpl_v, dpl_o);")
-        out.append(f"{inner}  dpl_v = ({t})({combine('dpl_v', 'dpl_w')});")
+        out.append(f"{inner}  dpl_v = {combine('dpl_v', 'dpl_w')};")
         out.append(f"{inner}}}")
         out.append(f"{inner}__shared__ {t} {part}[DPL_BLOCK / 32];")
         out.append(f"{inner}if (threadIdx.x % 32 == 0) {part}[threadIdx.x / 32] = dpl_v;")
         out.append(f"{inner}__syncthreads();")
         out.append(f"{inner}{acc} = {part}[0];")
-        out.append(f"{inner}for (unsigned dpl_k = 1; dpl_k < DPL_BLOCK / 32; ++dpl_k) {acc} = ({t})({combine(acc, f'{part}[dpl_k]')});")
+        out.append(f"{inner}for (unsigned dpl_k = 1; dpl_k < DPL_BLOCK / 32; ++dpl_k) {acc} = {combine(acc, f'{part}[dpl_k]')};")
         out.append("#else")
         # fewer threads than a warp (the host twin's small blocks): a tree in shared memory
         mine, other = f"{part}[threadIdx.x]", f"{part}[threadIdx.x + dpl_s]"
@@ -416,7 +415,7 @@ class CudaEmitter(StatementEmitter):
         out.append(f"{inner}{mine} = {acc};")
         out.append(f"{inner}__syncthreads();")
         out.append(f"{inner}for (unsigned dpl_s = DPL_BLOCK / 2; dpl_s > 0; dpl_s >>= 1) {{")
-        out.append(f"{inner}  if (threadIdx.x < dpl_s) {mine} = ({t})({combine(mine, other)});")
+        out.append(f"{inner}  if (threadIdx.x < dpl_s) {mine} = {combine(mine, other)};")
         out.append(f"{inner}  __syncthreads();")
         out.append(f"{inner}}}")
         out.append(f"{inner}{acc} = {part}[0];")

@@ -120,9 +120,10 @@ def test_twin_of_every_corpus_kernel_equals_the_interpreter(cxx, f32_kernels):
 
 
 def test_twin_of_every_half_and_bfloat16_kernel(cxx, half_kernels):
-    """16-bit floats compute in float and round when stored, where the interpreter rounds every
-    op: the worst kernels (layer norms over two elements) differ by a few 16-bit ulps of the
-    output's scale; nine in ten agree to one or two ulps."""
+    """16-bit floats compute in float and round at every op, as the interpreter does; the row
+    ops (norms, softmax) compute in float32 where the interpreter's references differ: the worst
+    kernels (layer norms over two elements) differ by a few 16-bit ulps of the output's scale;
+    nine in ten agree to one or two ulps (tests/test_exact_arithmetic.py holds the exact ops)."""
     short, kernels = half_kernels
     twin = HostTwin([s for _, _, s in kernels], block=THREADS)
     errors = []

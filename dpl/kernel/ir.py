@@ -262,6 +262,15 @@ def _c_attr(value, dtype: str):
     return value
 
 
+def op_c(e: Op, args: list[str]) -> str:
+    """An op's registry ``c_expr`` template over the C of its operands, attributes filled in."""
+    template = get_op(e.op).c_expr
+    if e.dtype in SINGLE_PRECISION:
+        template = _float_literals(template)
+    named = {k: C_TYPES[v] if k == "dtype" else _c_attr(v, e.dtype) for k, v in e.attrs}
+    return template.format(*args, **named)
+
+
 def to_c(e: Expr, load=None, var=None, op=None) -> str:
     """The expression as C: registry ops through their ``c_expr`` templates. A code generator
     passes ``load(e, index)`` to print a :class:`Load` (flattening its indices) and ``var(name)``
@@ -277,13 +286,7 @@ def to_c(e: Expr, load=None, var=None, op=None) -> str:
     if isinstance(e, Op):
         args = [to_c(a, load, var, op) for a in e.args]
         spelled = op(e, args) if op is not None else None
-        if spelled is not None:
-            return spelled
-        template = get_op(e.op).c_expr
-        if e.dtype in SINGLE_PRECISION:
-            template = _float_literals(template)
-        named = {k: C_TYPES[v] if k == "dtype" else _c_attr(v, e.dtype) for k, v in e.attrs}
-        return template.format(*args, **named)
+        return spelled if spelled is not None else op_c(e, args)
     if isinstance(e, Bin):
         return f"({to_c(e.a, load, var, op)} {e.op} {to_c(e.b, load, var, op)})"
     if isinstance(e, Select):
