@@ -418,21 +418,22 @@ def _take_runner(function):
 def _cumsum_runner(function):
     """A lone ``cumsum`` (OPT's positions from its padding mask) as NumPy's cumsum writing
     straight into the output, or None. A scan is opaque to the kernel IR, so the group had gone
-    to the next backend as a failure to compile; NumPy's sequential sum in the output dtype is
-    the reference's own, bit for bit."""
+    to the next backend as a failure to compile; NumPy's sequential sum in the output dtype's
+    accumulator is the reference's own, bit for bit."""
     if len(function.bindings) != 1 or function.ret is not function.bindings[0].var or len(function.params) != 1:
         return None
     call = function.bindings[0].value
     if not (isinstance(call, Call) and call.op == "cumsum" and call.args[0] is function.params[0]):
         return None
     axis, dtype = int(call.attrs["axis"]), dtypes.to_numpy(call.ty.dtype)
+    acc = dtypes.accumulator_numpy(dtype)  # the reference's accumulator
 
     def run(inputs, outputs):
         out = outputs[0]
-        if out.flags.c_contiguous and out.dtype == dtype:
-            np.cumsum(inputs[0], axis=axis, dtype=dtype, out=out)
+        if out.flags.c_contiguous and out.dtype == acc:
+            np.cumsum(inputs[0], axis=axis, dtype=acc, out=out)
         else:
-            np.copyto(out, np.cumsum(inputs[0], axis=axis, dtype=dtype))
+            np.copyto(out, np.cumsum(inputs[0], axis=axis, dtype=acc), casting="unsafe")
 
     run.__qualname__ = f"cpu-cumsum:{function.name}"
     return run

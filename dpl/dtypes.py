@@ -63,6 +63,22 @@ def to_numpy(dtype: str) -> np.dtype:
     return np.dtype(dtype)
 
 
+def accumulator(dtype: str) -> str:
+    """The dtype in which an op on ``dtype`` values sums, multiplies and takes row statistics
+    (docs/architecture.md, "Numerical contract"): float64 in float64, the narrower floats in
+    float32 (as the kernels and torch do), integers and bool in int64."""
+    if dtype == "float64":
+        return "float64"
+    if dtype in FLOAT_DTYPES:
+        return "float32"
+    return "int64"
+
+
+def accumulator_numpy(dt: np.dtype) -> np.dtype:
+    """:func:`accumulator` for a NumPy dtype."""
+    return np.dtype(accumulator(from_numpy(dt)))
+
+
 def from_numpy(dt: np.dtype) -> str:
     name = np.dtype(dt).name
     return canonical(name)

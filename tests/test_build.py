@@ -36,7 +36,7 @@ def test_every_target_equals_the_interpreter(case, target, config):
         assert g.dtype == w.dtype and g.shape == w.shape
         if target == "numpy":
             np.testing.assert_array_equal(g, w)  # the same reference code
-        else:  # generated C computes in float32 where the reference uses float64 (rtol 1e-5)
+        else:  # generated C sums in float32 in another order than the reference (rtol 1e-5)
             np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=2e-5, atol=1e-6)
     for a, b in zip(args, before):  # inputs never written
         np.testing.assert_array_equal(a, b)

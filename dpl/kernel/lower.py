@@ -180,12 +180,9 @@ def conj(*conds):
 
 
 def accum_dtype(dtype: str) -> str:
-    """Accumulate and compute row statistics in f32 at least, integers in i64."""
-    if dtype == "float64":
-        return "float64"
-    if dtypes.is_float(dtype):
-        return "float32"
-    return "int64"
+    """Accumulate and compute row statistics in f32 at least, integers in i64: the numerical
+    contract's accumulator, which the interpreter's references use too."""
+    return dtypes.accumulator(dtype)
 
 
 def broadcast_index(arg_shape: Sequence, out_shape: Sequence, idx: tuple) -> tuple:

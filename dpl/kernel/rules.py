@@ -9,6 +9,7 @@ statements through :meth:`Lowerer.reduce`, which hoists them to once per row.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -46,7 +47,21 @@ def elementwise(lw: Lowerer, c: Call, idx: tuple) -> ir.Expr:
     args = [lw.value(a, broadcast_index(a.ty.shape, shape, idx)) for a in c.args]
     if c.op == "astype":
         return lw.cast(args[0], c.ty.dtype)  # a cast to the same dtype is no cast
+    if c.op == "clip" and not c.attrs["min"] <= c.attrs["max"]:
+        return _clip_to_a_bound(lw, args[0], c.attrs["min"], c.attrs["max"], c.ty.dtype)
     return lw.op(c.op, *args, **dict(c.attrs))
+
+
+def _clip_to_a_bound(lw, x, lo, hi, dtype):
+    """``clip`` with min > max or a NaN bound: NumPy's min(max(x, min), max) is then max (or the
+    NaN bound) wherever x is not NaN; clip's template holds for min <= max only."""
+    bound = lo if math.isnan(lo) else hi
+    if not dtypes.is_float(dtype):
+        if math.isnan(bound):
+            raise LoweringError("'clip' of integers with a NaN bound has no integer value")
+        return const(math.trunc(bound), dtype)  # NumPy's cast of the float bound
+    x = lw.let("clip_arg", x)
+    return ir.Select(lw.op("not_equal", x, x), x, const(bound, dtype))
 
 
 # -- injective ---------------------------------------------------------------------------------
@@ -267,6 +282,8 @@ def _reduction(lw, c, idx):
     def xv(rvars):
         return lw.cast(lw.value(x, at(rvars)), acc)
 
+    if c.op in ("mean", "variance") and not dtypes.is_float(xt.dtype):
+        return _integer_moment(lw, c, extents, xv)
     if c.op == "variance":
         mu = lw.let("mean", lw.op("divide", lw.reduce("sum", "add", acc, extents, xv), count(lw, extents, acc)))
         sq = lw.reduce("sumsq", "add", acc, extents, lambda r: _square(lw, lw.op("subtract", xv(r), mu)))
@@ -276,6 +293,29 @@ def _reduction(lw, c, idx):
         if c.op == "mean":
             out = lw.op("divide", out, count(lw, extents, acc))
     return lw.cast(out, c.ty.dtype)
+
+
+def _integer_moment(lw, c, extents, xv):
+    """Integer and bool ``mean``/``variance`` exactly as the interpreter defines them (the real
+    value toward zero, wrapped into the dtype; for bool, whether it is not 0), in int64 alone:
+    with m the truncated mean, D = sum(x - m) and Q = sum((x - m)^2), n^2 var = n Q - D^2 with
+    |D| < n, so floor(var) = (Q - ceil(D^2 / n)) / n. Where int64 cannot hold that (int64 sums,
+    int32 squares) the group has no kernel and runs op by op on the reference."""
+    dtype = c.args[0].ty.dtype
+    if dtypes.ITEMSIZE[dtype] >= 8 or (c.op == "variance" and dtypes.ITEMSIZE[dtype] >= 4):
+        raise LoweringError(f"an exact '{c.op}' of {dtypes.short(dtype)} values needs more than 64-bit integers")
+    n = count(lw, extents, "int64")
+    total = lw.reduce("sum", "add", "int64", extents, xv)
+    if c.op == "mean":
+        return lw.cast(total if dtype == "bool" else lw.op("divide", total, n), dtype)  # C's division truncates
+    m = lw.let("mean", lw.op("divide", total, n))
+    d = lw.reduce("dev", "add", "int64", extents, lambda r: lw.op("subtract", xv(r), m))
+    q = lw.reduce("sumsq", "add", "int64", extents, lambda r: _square(lw, lw.op("subtract", xv(r), m)))
+    d2 = _square(lw, d)
+    if dtype == "bool":  # bools: (x - m)^2 <= 1, so n Q stays below n^2
+        return lw.cast(lw.op("subtract", lw.op("multiply", n, q), d2), dtype)
+    ceil = lw.op("divide", lw.op("subtract", lw.op("add", d2, n), const(1, "int64")), n)
+    return lw.cast(lw.op("divide", lw.op("subtract", q, ceil), n), dtype)
 
 
 def _square(lw, e):

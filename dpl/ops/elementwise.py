@@ -54,6 +54,34 @@ def _infer_unary(info: CallInfo) -> TensorType:
     return info.tensor(0)
 
 
+# ops with no boolean form (NumPy refuses '-' on bools, and x * x of a bool is no bool), and the
+# spelling of what was likely meant, over the operands' names
+_BOOL_HINTS = {
+    "subtract": "for a boolean 'a and not b' write where({1}, false, {0}); for 'a xor b', not_equal({0}, {1})",
+    "negative": "for a boolean 'not', write equal({0}, false); for -x as a number, astype({0}, dtype=i8) first",
+    "square": "a bool squared is itself; for x * x as a number, astype({0}, dtype=i8) first",
+}
+
+
+def _reject_bool(info: CallInfo) -> None:
+    for i in range(len(info.arg_types)):
+        if info.tensor(i).dtype == "bool":
+            err = info.error(f"operand {info.operand(i)} is bool, and '{info.op}' has no boolean form")
+            names = [info.arg_names[k] if k < len(info.arg_names) else "xy"[k] for k in range(len(info.arg_types))]
+            err.hint = _BOOL_HINTS[info.op].format(*names)
+            raise err
+
+
+def _infer_arith_binary(info: CallInfo) -> TensorType:
+    _reject_bool(info)
+    return _infer_binary(info)
+
+
+def _infer_arith_unary(info: CallInfo) -> TensorType:
+    _reject_bool(info)
+    return _infer_unary(info)
+
+
 def _infer_float_unary(info: CallInfo) -> TensorType:
     t = info.tensor(0)
     if not t.dtype.startswith(("float", "bfloat")):
@@ -61,8 +89,8 @@ def _infer_float_unary(info: CallInfo) -> TensorType:
     return t
 
 
-def _binary(name, fn, c, doc):
-    register(name, num_args=2, infer=_infer_binary, kind=broadcast_kind, ref=lambda a, b: np.asarray(fn(a, b)).astype(np.result_type(a, b)), c_expr=c, doc=doc)
+def _binary(name, fn, c, doc, infer=_infer_binary):
+    register(name, num_args=2, infer=infer, kind=broadcast_kind, ref=lambda a, b: np.asarray(fn(a, b)).astype(np.result_type(a, b)), c_expr=c, doc=doc)
 
 
 def _compare(name, fn, c):
@@ -91,7 +119,7 @@ def _divide(a, b):
 
 
 _binary("add", np.add, "({0} + {1})", "a + b")
-_binary("subtract", np.subtract, "({0} - {1})", "a - b")
+_binary("subtract", np.subtract, "({0} - {1})", "a - b", infer=_infer_arith_binary)
 _binary("multiply", np.multiply, "({0} * {1})", "a * b")
 _binary("divide", _divide, "({0} / {1})", "a / b")
 _binary("power", lambda a, b: np.power(np.asarray(a, np.float64), b), "pow({0}, {1})", "a ** b")
@@ -115,10 +143,10 @@ _unary("sigmoid", _same_float(lambda x: 1.0 / (1.0 + np.exp(-x))), "(1 / (1 + ex
 _unary("erf", _same_float(erf), "erf({0})", "the error function")
 _unary("sin", _same_float(np.sin), "sin({0})", "sine")
 _unary("cos", _same_float(np.cos), "cos({0})", "cosine")
-_unary("negative", np.negative, "(-{0})", "-x", infer=_infer_unary)
+_unary("negative", np.negative, "(-{0})", "-x", infer=_infer_arith_unary)
 # ``x + 0``: NumPy's |-0.0| is +0.0
 _unary("abs", np.abs, "({0} < 0 ? -{0} : {0} + 0)", "|x|", infer=_infer_unary)
-_unary("square", np.square, "({0} * {0})", "x * x", infer=_infer_unary)
+_unary("square", np.square, "({0} * {0})", "x * x", infer=_infer_arith_unary)
 # ``x <= 0`` is false for NaN, which passes through (NumPy's maximum); -0.0 gives +0.0
 _unary("nn.relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), "({0} <= 0 ? 0 : {0})", "max(x, 0)", infer=_infer_unary)
 _unary(
@@ -141,9 +169,12 @@ register(
     attrs={"min": AttrSpec("float"), "max": AttrSpec("float")},
     infer=_infer_unary,
     kind=OpPatternKind.ELEMWISE,
+    # NumPy's clip: min(max(x, min), max), x kept unless strictly beyond a bound (so -0.0 stays
+    # -0.0), max wherever min > max, NaN where x or a bound is NaN. The template is that for
+    # min <= max; the other bounds lower to a constant (kernel/rules.py, elementwise)
     ref=lambda x, min, max: np.clip(x, min, max).astype(x.dtype),
     c_expr="({0} < {min} ? {min} : {0} > {max} ? {max} : {0})",
-    doc="clamp x to [min, max]",
+    doc="clamp x to [min, max] as NumPy's clip does (max wherever min > max)",
 )
 
 register(

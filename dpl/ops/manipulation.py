@@ -448,7 +448,10 @@ def _infer_cumsum(info: CallInfo) -> TensorType:
 
 def _cumsum_ref(x, axis, dtype):
     out_dtype = dtypes.to_numpy(dtype) if dtype else x.dtype
-    return np.cumsum(x, axis=axis, dtype=out_dtype).astype(out_dtype, copy=False)
+    # a running sum, in the contract's accumulator (f16 in float32; integers in int64, which
+    # wraps into a narrower dtype as summing in it would)
+    acc = dtypes.accumulator_numpy(out_dtype)
+    return np.cumsum(x, axis=axis, dtype=acc).astype(out_dtype, copy=False)
 
 
 register(

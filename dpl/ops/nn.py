@@ -15,8 +15,12 @@ from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
 FUSABLE = OpPatternKind.OUT_EWISE_FUSABLE
 
 
-def _f64(x):
-    return np.asarray(x, dtype=np.float64)
+def _acc(x):
+    """``x`` in the dtype its op computes in (docs/architecture.md, "Numerical contract"): the
+    accumulator of a float dtype (float32 for f32, f16 and bf16, as the kernels and torch
+    compute), float64 for integers and bools (their averages and norms are real numbers)."""
+    x = np.asarray(x)
+    return x.astype(dtypes.accumulator_numpy(x.dtype) if dtypes.is_float_numpy(x.dtype) else np.float64)
 
 
 # -- matmul ------------------------------------------------------------------------------------
@@ -43,7 +47,7 @@ def _infer_matmul(info: CallInfo) -> TensorType:
 
 
 def _matmul_ref(a, b, out_dtype):
-    acc = np.float64 if dtypes.is_float_numpy(a.dtype) else np.int64
+    acc = dtypes.accumulator_numpy(a.dtype)  # int64 for integers and bools
     return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype or a.dtype)
 
 
@@ -79,7 +83,7 @@ def _infer_softmax(info: CallInfo) -> TensorType:
 def _softmax_ref(x, axis):
     if x.size == 0:  # nothing to normalise (and NumPy's max of nothing fails)
         return x.copy()
-    z = _f64(x)
+    z = _acc(x)
     e = np.exp(z - z.max(axis=axis, keepdims=True))
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
 
@@ -87,7 +91,7 @@ def _softmax_ref(x, axis):
 def _log_softmax_ref(x, axis):
     if x.size == 0:  # nothing to normalise (and NumPy's max of nothing fails)
         return x.copy()
-    z = _f64(x)
+    z = _acc(x)
     z = z - z.max(axis=axis, keepdims=True)
     return (z - np.log(np.exp(z).sum(axis=axis, keepdims=True))).astype(x.dtype)
 
@@ -113,19 +117,19 @@ def _param_view(p, x, axes):
     shape = [1] * x.ndim
     for a, d in zip(axes, p.shape):
         shape[a] = d
-    return _f64(p).reshape(shape)
+    return _acc(p).reshape(shape)
 
 
 def _rms_norm_ref(x, weight, axes, epsilon):
     axes = tuple(a % x.ndim for a in axes)
-    z = _f64(x)
+    z = _acc(x)
     rms = np.sqrt(np.mean(z * z, axis=axes, keepdims=True) + epsilon)
     return (z / rms * _param_view(weight, x, axes)).astype(x.dtype)
 
 
 def _layer_norm_ref(x, gamma, beta, axes, epsilon, center, scale):
     axes = tuple(a % x.ndim for a in axes)
-    z = _f64(x)
+    z = _acc(x)
     mu = z.mean(axis=axes, keepdims=True)
     var = ((z - mu) ** 2).mean(axis=axes, keepdims=True)
     y = (z - mu) / np.sqrt(var + epsilon)
@@ -246,14 +250,14 @@ def _conv2d_ref(x, w, strides, padding, dilation, groups, data_layout, kernel_la
     dh, dw = (dilation, dilation) if isinstance(dilation, int) else (tuple(dilation) * 2)[:2]
     p = (padding,) if isinstance(padding, int) else tuple(padding)
     pt, pl, pb, pr = p * 4 if len(p) == 1 else (p[0], p[1], p[0], p[1]) if len(p) == 2 else p
-    xp = np.pad(_f64(x), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    xp = np.pad(_acc(x), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     n, c, h, wd = xp.shape
     o, ci, kh, kw = w.shape
     oh = (h - dh * (kh - 1) - 1) // sh + 1
     ow = (wd - dw * (kw - 1) - 1) // sw + 1
-    out = np.zeros((n, o, oh, ow))
+    out = np.zeros((n, o, oh, ow), xp.dtype)
     og = o // groups
-    wf = _f64(w)
+    wf = _acc(w)
     for g in range(groups):
         xs = xp[:, g * ci : (g + 1) * ci]
         for ki in range(kh):
@@ -287,6 +291,10 @@ def _infer_max_pool2d(info: CallInfo) -> TensorType:
     x = info.tensor(0)
     if x.ndim != 4:
         raise info.error(f"operand {info.operand(0)} must have rank 4")
+    if x.dtype == "bool":
+        err = info.error(f"operand {info.operand(0)} must have a numeric dtype, not bool")
+        err.hint = "pool astype(x, dtype=u8) and compare the result with 0"
+        raise err
     kh, kw = _pair(info, "pool_size")
     sh, sw = _pair(info, "strides")
     dh, dw = _pair(info, "dilation")
@@ -371,12 +379,12 @@ def _avg_pool2d_ref(x, pool_size, strides, padding, dilation, ceil_mode, count_i
     cols, div_w = avg_pool_axis(w, kw, sw, dw, pl, pr, ow, count_include_pad)
     hi_h = max(pb, rows[-1] + dh * (kh - 1) + 1 - h)
     hi_w = max(pr, cols[-1] + dw * (kw - 1) + 1 - w)
-    xp = np.pad(_f64(x), ((0, 0), (0, 0), (pt, hi_h), (pl, hi_w)))
-    total = np.zeros(x.shape[:2] + (oh, ow))
+    xp = np.pad(_acc(x), ((0, 0), (0, 0), (pt, hi_h), (pl, hi_w)))
+    total = np.zeros(x.shape[:2] + (oh, ow), xp.dtype)
     for ki in range(kh):
         for kj in range(kw):
             total += xp[:, :, ki * dh : ki * dh + sh * (oh - 1) + 1 : sh, kj * dw : kj * dw + sw * (ow - 1) + 1 : sw]
-    return (total / np.outer(div_h, div_w)).astype(x.dtype)
+    return (total / np.outer(div_h, div_w).astype(total.dtype)).astype(x.dtype)
 
 
 _POOL_ATTRS = {
@@ -440,8 +448,8 @@ def _adaptive_kind(info: CallInfo, out) -> OpPatternKind:
 def _adaptive_avg_pool2d_ref(x, output_size, layout):
     info = CallInfo("nn.adaptive_avg_pool2d", (TensorType(x.shape, str(x.dtype)),), dict(output_size=output_size, layout=layout))
     oh, ow = _infer_adaptive_avg_pool2d(info).shape[2:]
-    z = _f64(x)
-    out = np.empty(x.shape[:2] + (oh, ow))
+    z = _acc(x)
+    out = np.empty(x.shape[:2] + (oh, ow), z.dtype)
     for i, (h0, h1) in enumerate(zip(*adaptive_windows(x.shape[2], oh))):
         for j, (w0, w1) in enumerate(zip(*adaptive_windows(x.shape[3], ow))):
             out[:, :, i, j] = z[:, :, h0:h1, w0:w1].mean(axis=(2, 3))

@@ -31,17 +31,55 @@ def _infer_reduce(info: CallInfo) -> TensorType:
     return TensorType(shape, x.dtype)
 
 
-def _reduce_ref(fn, accumulate_in_float64=False):
+def _reduce_ref(fn, accumulate=False):
     def ref(x, axis, keepdims):
         axes = None if axis is None else tuple(a % x.ndim for a in axis)
         empty = next((a for a in (range(x.ndim) if axes is None else axes) if x.shape[a] == 0), None)
         if fn in (np.max, np.min) and empty is not None:  # a symbolic dim that is 0 at run time
             raise InterpretError(f"'{'max' if fn is np.max else 'min'}' over axis {empty}, which has length 0 here, has no value "
                                  "(the maximum or minimum of nothing is undefined)")
-        data = x.astype(np.float64) if accumulate_in_float64 and dtypes.is_float_numpy(x.dtype) else x
+        if fn in (np.mean, np.var) and not dtypes.is_float_numpy(x.dtype):
+            return _integer_moment(fn is np.var, x, axes, keepdims)
+        # floats accumulate in the contract's accumulator (float32 for f32, f16, bf16), as the kernels do
+        data = x.astype(dtypes.accumulator_numpy(x.dtype)) if accumulate and dtypes.is_float_numpy(x.dtype) else x
         return np.asarray(fn(data, axis=axes, keepdims=keepdims)).astype(x.dtype)
 
     return ref
+
+
+def _integer_moment(variance: bool, x: np.ndarray, axes, keepdims) -> np.ndarray:
+    """``mean`` or ``variance`` of integers or bools, exactly (docs/architecture.md, "Numerical
+    contract"): the real mean (or population variance) rounded toward zero, wrapped into the
+    dtype as an integer cast wraps (a variance may exceed it); a bool result is whether the real
+    value is not 0 (``any`` for the mean, "not all equal" for the variance). Over nothing, 0.
+    With m the truncated mean, D = sum(x - m) and Q = sum((x - m)^2): n^2 var = n Q - D^2 and
+    |D| < n, so floor(var) = (Q - ceil(D^2 / n)) / n, in int64 up to 16-bit data (32-bit for
+    the mean), in Python integers beyond."""
+    wide = object if x.dtype.itemsize >= 8 or (variance and x.dtype.itemsize >= 4) else np.int64
+    data = x.astype(wide)
+    n = x.size if axes is None else int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    total = np.sum(data, axis=axes, keepdims=True, dtype=wide)
+    if n == 0:
+        value = nonzero = np.zeros(total.shape, np.int64)
+    else:
+        mean = total // n
+        mean = np.where((total < 0) & (mean * n != total), mean + 1, mean)  # floor -> toward zero
+        value, nonzero = mean, total != 0
+    if variance and n > 0:
+        dev = data - mean
+        d = np.sum(dev, axis=axes, keepdims=True, dtype=wide)
+        q = np.sum(dev * dev, axis=axes, keepdims=True, dtype=wide)
+        value = (q - (d * d + n - 1) // n) // n
+        if x.dtype == np.bool_:  # whose q is at most n: n q fits
+            nonzero = n * q != d * d
+    result = nonzero if x.dtype == np.bool_ else value
+    if not keepdims:
+        result = np.squeeze(result, axis=axes)
+    if x.dtype == np.bool_:
+        return np.asarray(result != 0)
+    if wide is object:  # into int64's range first: the wrap into the dtype keeps the low bits
+        result = (np.asarray(result, dtype=object) + 2**63) % 2**64 - 2**63
+    return np.asarray(result).astype(np.int64).astype(x.dtype)
 
 
 def _reduce_kind(kind: OpPatternKind):
