@@ -35,7 +35,10 @@ def check_groups(mod, rng):
         assert len(wants) == len(gots)
         for w, g in zip(wants, gots):
             tol = 5e-3 if w.dtype == np.float16 else 1e-5
-            np.testing.assert_allclose(np.asarray(g, np.float64), w.astype(np.float64), rtol=tol, atol=tol)
+            # sums in float32 in another order than the interpreter's (the numerical contract fixes
+            # the accumulator, not the order): the absolute tolerance scales with the output
+            scale = max(float(np.abs(w.astype(np.float64)).max()) if w.size else 1.0, 1.0)
+            np.testing.assert_allclose(np.asarray(g, np.float64), w.astype(np.float64), rtol=tol, atol=tol * scale)
         count += 1
     return count
 
