@@ -18,7 +18,7 @@ import sys
 import warnings
 
 from dpl.cli_cache import add_cache_command
-from dpl.cli_common import add_patterns_option, load_module, print_json, random_inputs, write_module
+from dpl.cli_common import add_patterns_option, check_names, load_module, print_json, random_inputs, write_module
 from dpl.cli_fmt import add_fmt_command
 from dpl.cli_profile import add_profile_command
 from dpl.cli_run import add_run_command
@@ -56,6 +56,8 @@ def add_check_command(sub) -> None:
 def cmd_check(args) -> int:
     from dpl.lang.tool import check_report
 
+    check_names(args.files)
+
     if args.json:
         from dpl.lang import _load
 
@@ -64,9 +66,20 @@ def cmd_check(args) -> int:
                                "codegen": r.codegen, "doc": r.doc, "location": str(r.span)} for r in rules],
                     "count": len(rules),
                     "shadowed": [{"name": d.name, "location": str(d.span), "earlier": str(k.span)} for d, k in shadowed]})
+        _warn_if_no_rules(args.files, len(rules))
         return 0
-    print(check_report(args.files))
+    report = check_report(args.files)
+    print(report)
+    _warn_if_no_rules(args.files, int(report.splitlines()[-1].split()[0]))  # its last line: "N rules ok"
     return 0
+
+
+def _warn_if_no_rules(files: list[str], count: int) -> None:
+    """A file with no rule is valid (one of ``def`` macros only, imported by others), so this
+    is a warning, not an error; but "0 rules ok" alone reads as if the file had been checked."""
+    if count == 0:
+        names = ", ".join("<stdin>" if f == "-" else f for f in files)
+        log.warning("%s define%s no rules: no pattern or rewrite to check", names, "s" if len(files) == 1 else "")
 
 
 def add_fuse_command(sub) -> None:
@@ -182,6 +195,8 @@ def _main(argv: list[str] | None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _log_warning
+            # a misspelt -p library or --target fails before any work, with a did-you-mean
+            check_names(getattr(args, "patterns", ()), getattr(args, "target", None))
             return args.func(args)
     except DplError as err:
         print(err, file=sys.stderr)

@@ -16,10 +16,10 @@ from pathlib import Path
 from dpl.cache_dir import store_dir, user_cache_root
 
 STORES = ("kernels", "cuda-twin")  # libraries (dpl.runtime.disk_cache)
-# the stores of plain files, by the exact names dpl gives them: (name, pattern, counted, what)
+# the stores of plain files, by the exact names dpl gives them: (name, pattern, counted, (what one is, what many are))
 FILE_STORES = (
-    ("parsers", re.compile(r"[a-z_]+-[0-9a-f]{32}\.(?:lark|sha256)"), ".lark", "parse tables"),
-    ("products", re.compile(r"[0-9a-f]{24}\.json"), ".json", "products choices"),
+    ("parsers", re.compile(r"[a-z_]+-[0-9a-f]{32}\.(?:lark|sha256)"), ".lark", ("parse table", "parse tables")),
+    ("products", re.compile(r"[0-9a-f]{24}\.json"), ".json", ("products choice", "products choices")),
 )
 
 
@@ -40,6 +40,10 @@ def _stores(directory: str | None):
     if directory is not None:
         return [("kernels", LibraryCache(directory))]
     return [(name, LibraryCache(store_dir(name))) for name in STORES]
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _size(n: int) -> str:
@@ -74,21 +78,21 @@ def cmd_cache(args) -> int:
     stores = _stores(args.dir)
     if args.action == "clear":
         for name, store in stores:
-            print(f"{name}: removed {store.clear()} entries from {store.where}")
+            print(f"{name}: removed {_count(store.clear(), 'entry', 'entries')} from {store.where}")
         if args.dir is None:
             for name, pattern, counted, what in FILE_STORES:
                 files = _files(name, pattern)
                 for p in files:
                     p.unlink(missing_ok=True)
-                print(f"{name}: removed {sum(p.suffix == counted for p in files)} {what}")
+                print(f"{name}: removed {_count(sum(p.suffix == counted for p in files), *what)}")
         return 0
     print(f"location: {args.dir or user_cache_root()}")
     for name, store in stores:
         info = store.info()
         building = f", {info.builds_in_progress} build(s) in progress" if info.builds_in_progress else ""
-        print(f"{name}: {info.directory}: {info.entries} entries, {_size(info.bytes)} of a {_size(info.max_bytes)} cap{building}")
+        print(f"{name}: {info.directory}: {_count(info.entries, 'entry', 'entries')}, {_size(info.bytes)} of a {_size(info.max_bytes)} cap{building}")
     if args.dir is None:
         for name, pattern, counted, what in FILE_STORES:
             files = _files(name, pattern)
-            print(f"{name}: {sum(p.suffix == counted for p in files)} {what}, {_size(_bytes(files))}")
+            print(f"{name}: {_count(sum(p.suffix == counted for p in files), *what)}, {_size(_bytes(files))}")
     return 0

@@ -1,8 +1,11 @@
 """What the ``dpl`` subcommands share: reading a module (``-`` is stdin), ``--dim`` sizes checked
-against the function, random inputs, writing a module with its ``.npz`` sidecar, JSON output."""
+against the function, random inputs, writing a module with its ``.npz`` sidecar, JSON output,
+and a did-you-mean for a misspelt pattern library or target before any work is done."""
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import json
 import logging
 import os
@@ -20,7 +23,18 @@ STDIN = "-"
 
 def load_module(path: str):
     """The module in ``path`` by its suffix (:func:`dpl.frontend.load_model`); ``-`` reads the
-    text form, or an ONNX model's bytes, from stdin."""
+    text form, or an ONNX model's bytes, from stdin. A module with no function is an error:
+    every command would otherwise do nothing and say nothing."""
+    mod = _read_module(path)
+    if not mod.functions:
+        from dpl.errors import Span
+
+        raise DplError("empty module: no function", Span("<stdin>" if path == STDIN else path, 1, 1),
+                       hint="a module defines at least one function: func main(...) -> ... { ... }")
+    return mod
+
+
+def _read_module(path: str):
     if path != STDIN:
         from dpl.frontend import load_model
 
@@ -67,18 +81,23 @@ def symbolic_dims(fn) -> list[str]:
     return list(names)
 
 
-def parse_dims(items: Iterable[str], fn) -> dict[str, int]:
-    """``--dim NAME=SIZE`` options as a dict; a name ``fn`` has no dimension of is an error."""
+def dim_arg(text: str) -> tuple[str, int]:
+    """``--dim NAME=SIZE`` as argparse reads it: bad syntax is a usage error (exit 2)."""
+    name, _, value = text.partition("=")
+    if not name or not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise argparse.ArgumentTypeError(f"takes NAME=SIZE, SIZE a whole number, got '{text}'")
+    return name, int(value)
+
+
+def parse_dims(items: Iterable[tuple[str, int]], fn) -> dict[str, int]:
+    """``--dim`` options (:func:`dim_arg` pairs) as a dict; a name ``fn`` has no dimension of is an error."""
     known = symbolic_dims(fn)
     dims: dict[str, int] = {}
-    for text in items:
-        name, _, value = text.partition("=")
-        if not name or not value.isdigit() or len(value) > 18:
-            raise DplError(f"--dim takes NAME=SIZE, got '{text}'")
+    for name, value in items:
         if name not in known:
             have = f"its symbolic dimensions are {', '.join(known)}" if known else "it has no symbolic dimensions"
-            raise DplError(f"--dim {text}: function '{fn.name}' has no dimension '{name}' ({have})")
-        dims[name] = int(value)
+            raise DplError(f"--dim {name}={value}: function '{fn.name}' has no dimension '{name}' ({have})")
+        dims[name] = value
     return dims
 
 
@@ -158,3 +177,38 @@ def add_patterns_option(parser) -> None:
     parser.add_argument("--patterns", "-p", action="append", default=[], metavar="P",
                         help="a .dpl file or a shipped or installed library (cublas, llm, rewrites); repeat it: rules "
                              "run by priority, then in the order given, and a rule named like an earlier one is left out")
+
+
+def check_names(patterns: Iterable[str] = (), target: str | None = None) -> None:
+    """Fail fast on a pattern library or target name that does not exist, with the closest
+    names as a hint (the error itself is the library's or the backend registry's)."""
+    from dpl.lang import library_names, shipped_libraries
+    from dpl.lang.sources import library
+
+    for name in patterns:
+        if name == STDIN or name.endswith(".dpl") or "/" in name or os.sep in name or not name.isidentifier():
+            continue  # a file: read_source says what is wrong with it
+        if name in shipped_libraries():
+            continue
+        try:
+            library(name)  # an installed one reads; a misspelt one raises the loader's own error
+        except DplError as err:
+            raise _suggest(err, name, library_names()) from None
+    if target is None:
+        return
+    from dpl.backends.registry import TARGETS, BackendError, backends, resolve_target
+
+    try:
+        resolve_target(target)
+    except BackendError as err:
+        known = [*TARGETS, *backends()]
+        unknown = [n.strip() for n in target.split(",") if n.strip() and n.strip() not in known]
+        raise (_suggest(err, unknown[0], known) if unknown else err) from None
+
+
+def _suggest(err: DplError, name: str, choices: Iterable[str]) -> DplError:
+    close = difflib.get_close_matches(name, list(dict.fromkeys(choices)), n=3)
+    if close:
+        guess = f"did you mean {', '.join(repr(c) for c in close)}?"
+        err.hint = f"{guess} ({err.hint})" if err.hint else guess
+    return err

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from dpl.cli_common import add_patterns_option, entry_function, load_module, parse_dims, print_json, target_arg
+from dpl.cli_common import add_patterns_option, dim_arg, entry_function, load_module, parse_dims, print_json, target_arg
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ def add_profile_command(sub) -> None:
                         "without it nothing is written")
     p.add_argument("--target", default="cpu", help="numpy, cpu, cuda or a backend name (default cpu)")
     add_patterns_option(p)
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dim (default 1024)")
+    p.add_argument("--dim", action="append", default=[], type=dim_arg, metavar="NAME=SIZE", help="size of a symbolic dim (default 1024)")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per kernel (the median is kept)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (keys: module, output, fused_first, groups)")
     p.set_defaults(func=cmd_profile)

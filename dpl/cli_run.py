@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from dpl.cli_common import add_patterns_option, entry_function, load_module, parse_dims, print_json, random_inputs, target_arg
+from dpl.cli_common import add_patterns_option, dim_arg, entry_function, load_module, parse_dims, print_json, random_inputs, target_arg
 from dpl.errors import DplError
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def add_run_command(sub) -> None:
     p.add_argument("file", help="a module in the text form, an .onnx model, or - for stdin")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--entry", default="main", help="the function to run (default main)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dimension (default 8)")
+    p.add_argument("--dim", action="append", default=[], type=dim_arg, metavar="NAME=SIZE", help="size of a symbolic dimension (default 8)")
     p.add_argument("--target", metavar="T", help="build for T (numpy, cpu, cuda, a backend name, or several: mylib,cpu); "
                                                 "without it the interpreter runs the module")
     add_patterns_option(p)
@@ -150,5 +150,5 @@ def _text(report: dict, what: str) -> str:
                      f"max rel error {c['max_rel_error']:.3g} (rtol {c['rtol']:g}, atol {c['atol']:g}): {verdict}")
     if report["time"] is not None:
         t = report["time"]
-        lines.append(f"time: {what}: median {t['median_ms']:.4g} ms, min {t['min_ms']:.4g} ms over {t['runs']} runs")
+        lines.append(f"time: {what}: median {t['median_ms']:.4g} ms, min {t['min_ms']:.4g} ms over {t['runs']} run{'s' if t['runs'] != 1 else ''}")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from dpl.cli_common import add_patterns_option as _patterns_option
+from dpl.cli_common import dim_arg, load_module
 from dpl.errors import DplError
 
 
@@ -21,7 +22,7 @@ def _module_parser(sub, name: str, help: str, *, runtime: bool = True) -> argpar
 
 
 def _dims_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+    p.add_argument("--dim", action="append", default=[], type=dim_arg, metavar="NAME=SIZE",
                    help="size of a symbolic dimension for the runtime decisions (default 8)")
 
 
@@ -37,23 +38,16 @@ def _config(args):
     return FusionConfig(profile_path=args.profile) if args.profile else None
 
 
-def _dims(texts) -> dict[str, int]:
-    out = {}
-    for text in texts:
-        name, _, value = text.partition("=")
-        if not name or not value.isdigit():
-            raise DplError(f"--dim takes NAME=SIZE, got '{text}'")
-        out[name] = int(value)
-    return out
+def _dims(pairs) -> dict[str, int]:
+    return dict(pairs)  # dim_arg checked the syntax as argparse read them
 
 
 def _applied(args):
     """(module, trace) after dpl.apply of the file with the given patterns."""
     from dpl.apply import apply
-    from dpl.frontend import load_model
     from dpl.trace import Trace
 
-    mod = load_model(args.file)
+    mod = load_module(args.file)
     trace = Trace()
     apply(mod, args.patterns or (), trace=trace)
     return mod, trace
@@ -119,10 +113,11 @@ def cmd_demo(args) -> int:
           f"(spelled-out RMSNorm, softmax and SiLU become nn.rms_norm, nn.softmax, nn.silu)")
     cov = trace.coverage(target="cpu")
     fc = cov[entry_functions(fused)[0]]
-    comps = ", ".join(f"{name} ({count} ops)" for name, count in fc.by_composite().items())
+    comps = ", ".join(f"{name} ({_ops(count)})" for name, count in fc.by_composite().items())
     print(f"2. composites (patterns/llm.dpl): {comps}")
     autos = sum(g.claim == "automatic" for g in fc.groups)
-    print(f"3. automatic fusion (FuseOps): {autos} groups, {fc.in_automatic} ops; {len(fc.alone)} ops alone")
+    print(f"3. automatic fusion (FuseOps): {autos} group{'s' if autos != 1 else ''}, {_ops(fc.in_automatic)}; "
+          f"{_ops(len(fc.alone))} alone")
     x = random_inputs(main, args.seed)
     want = interpret(mod, *x)
     fused_exe = build(fused, "cpu")
@@ -152,6 +147,10 @@ def cmd_demo(args) -> int:
     return 0 if ok else 1
 
 
+def _ops(n: int) -> str:
+    return f"{n} op{'s' if n != 1 else ''}"
+
+
 def _count_ops(mod) -> int:
     from dpl.backends.registry import function_ops
 
@@ -169,12 +168,11 @@ def add_demo_command(sub) -> None:
 
 # -- dpl explain --------------------------------------------------------------------------------
 def cmd_explain(args) -> int:
-    from dpl.frontend import load_model
     from dpl.viz.explain import explain_module
 
     if not args.patterns:
         raise DplError("dpl explain needs the rules to explain", hint="give pattern files or libraries with -p, e.g. -p rewrites -p llm")
-    report = explain_module(load_model(args.file), args.patterns, rule=args.rule, at=args.at, top=args.top)
+    report = explain_module(load_module(args.file), args.patterns, rule=args.rule, at=args.at, top=args.top)
     print(report)
     return 0
 

@@ -77,12 +77,12 @@ def test_a_users_folder_keeps_everything_dpl_did_not_write(users_folder, capsys)
 
     new_process()
     assert main(["cache", "info", "--dir", str(users_folder)]) == 0
-    assert f"kernels: {users_folder}: 1 entries" in capsys.readouterr().out
+    assert f"kernels: {users_folder}: 1 entry" in capsys.readouterr().out
     the_users_files_are_there(users_folder)
 
     new_process()
     assert main(["cache", "clear", "--dir", str(users_folder)]) == 0
-    assert "kernels: removed 1 entries" in capsys.readouterr().out
+    assert "kernels: removed 1 entry" in capsys.readouterr().out
     the_users_files_are_there(users_folder)
     assert not entries[0].exists() and not entries[0].with_suffix(".so").exists()
 

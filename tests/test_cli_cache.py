@@ -56,13 +56,13 @@ def test_the_user_cache_with_its_parse_tables_and_products_choices(tmp_path, lib
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
     assert f"location: {tmp_path / 'dpl'}" in out and "kernels: " in out and ": 2 entries" in out
-    assert "cuda-twin: " in out and ": 0 entries" in out and "parsers: 1 parse tables, 16 bytes" in out
-    assert "products: 1 products choices, 2 bytes" in out
+    assert "cuda-twin: " in out and ": 0 entries" in out and "parsers: 1 parse table, 16 bytes" in out
+    assert "products: 1 products choice, 2 bytes" in out
     assert not (tmp_path / "dpl" / "cuda-twin").exists()  # a report creates nothing
     assert main(["cache", "clear"]) == 0
     out = capsys.readouterr().out
-    assert "kernels: removed 2 entries" in out and "parsers: removed 1 parse tables" in out
-    assert "products: removed 1 products choices" in out
+    assert "kernels: removed 2 entries" in out and "parsers: removed 1 parse table" in out
+    assert "products: removed 1 products choice" in out
     assert sorted(p.name for p in parsers.iterdir()) == ["ir-0.lark", "write.lock"]
     assert [p.name for p in products.iterdir()] == ["notes.json"]
 

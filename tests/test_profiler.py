@@ -55,8 +55,8 @@ def test_the_cli_command(tmp_path, monkeypatch, capsys):
     text = capsys.readouterr()
     assert "fused_silu_multiply" in text.out and "128x64 128x64" in text.out and f"wrote {out}" in text.err
     assert json.loads(out.read_text())["groups"][0]["input_shapes"] == [[128, 64], [128, 64]]
-    assert main(["profile", "m.ir", "--dim", "n"]) == 1
-    assert "--dim takes NAME=SIZE, got 'n'" in capsys.readouterr().err
+    assert main(["profile", "m.ir", "--dim", "n"]) == 2  # a usage error, as argparse reports them
+    assert "argument --dim: takes NAME=SIZE, SIZE a whole number, got 'n'" in capsys.readouterr().err
     assert main(["profile", "m.ir", "--dim", "m=4"]) == 1
     assert "has no dimension 'm' (its symbolic dimensions are n)" in capsys.readouterr().err
 

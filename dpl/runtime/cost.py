@@ -50,7 +50,7 @@ class GroupCost:
         return calls * CALL_S + moved / BYTES_PER_S + self.ops / OPS_PER_S + self.product_ops / PRODUCT_OPS_PER_S
 
     def __str__(self) -> str:
-        return (f"{self.calls_apart} kernels moving {_kb(self.bytes_apart)} apart vs 1 moving {_kb(self.bytes_fused)} fused, "
+        return (f"{self.calls_apart} kernel{'s' if self.calls_apart != 1 else ''} moving {_kb(self.bytes_apart)} apart vs 1 moving {_kb(self.bytes_fused)} fused, "
                 f"est. {self.seconds(False) * 1e3:.3g} ms vs {self.seconds(True) * 1e3:.3g} ms")
 
 

@@ -278,7 +278,7 @@ class Executable(Compiler):
             lines.append(f"  {unit.describe():<44} -> {choice.explain()}")
         for sig, plan in self._plans.items():
             shapes = ", ".join(f"{dt.short(dt.from_numpy(np.dtype(d)))}{list(s)}" for s, d in sig)
-            lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel calls, {plan.view_count} view(s) (no kernel, no copy), "
+            lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel call{'s' if len(plan.steps) != 1 else ''}, {plan.view_count} view(s) (no kernel, no copy), "
                          f"arena {plan.peak_bytes} bytes in {len(plan.slot_sizes)} buffer(s) "
                          f"(without reuse {plan.unplanned_bytes}), outputs {plan.output_bytes} bytes")
             if self._resident:

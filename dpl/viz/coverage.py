@@ -167,7 +167,7 @@ def _share(part: int, total: int) -> float:
 
 def _table(f: FunctionCoverage) -> str:
     total = f.total
-    lines = [f"coverage of '{f.function}': {total} ops"]
+    lines = [f"coverage of '{f.function}': {total} op{'s' if total != 1 else ''}"]
 
     def row(what: str, count: int) -> None:
         lines.append(f"  {what:<40} {count:>5}  {_share(count, total):5.1f}%")

@@ -45,7 +45,7 @@ class Miss:
         return len(self.matched) == self.total
 
     def __str__(self) -> str:
-        head = f"at {self.at}: {len(self.matched)} of {self.total} bindings matched"
+        head = f"at {self.at}: {len(self.matched)} of {self.total} binding{'s' if self.total != 1 else ''} matched"
         if self.matched:
             head += f" ({', '.join(self.matched)})"
         if self.refused:
