@@ -314,10 +314,12 @@ def test_cli_errors_and_internal_failures(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "dpl", *args], capture_output=True, text=True)
 
-    for args in [("print", str(tmp_path / "missing.ir")), ("print", str(tmp_path)), ("run", "--dim", "x", str(EXAMPLES[0])),
+    for args in [("print", str(tmp_path / "missing.ir")), ("print", str(tmp_path)),
                  ("check", "nolib"), ("run", "--entry", "nope", str(EXAMPLES[0]))]:
         r = run(*args)
         assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.strip(), (args, r.stderr)
+    r = run("run", "--dim", "x", str(EXAMPLES[0]))  # bad syntax of an option: a usage error
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--dim" in r.stderr, r.stderr
     binary = tmp_path / "bin.ir"
     binary.write_bytes(b"\xff\xfe\x00\x01")
     r = run("print", str(binary))
