@@ -95,17 +95,25 @@ def measure(cp, backend, fn, small=None, seed: int = 0) -> dict:
     return {"ms": ms, "bytes": moved, "GB/s": gbs, "copy GB/s": copy_gbs(cp, moved)}
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    n = int(argv[0]) if argv else 8192
-    d = int(argv[1]) if len(argv) > 1 else 4096
+def device_cupy(script: str):
+    """CuPy with a CUDA device, or None after saying on stderr why there is none."""
     try:
         import cupy as cp
 
         if cp.cuda.runtime.getDeviceCount() == 0:
             raise RuntimeError("no CUDA device")
     except Exception as err:  # noqa: BLE001 (no CuPy, no driver)
-        print(f"cuda_rows: no CUDA device ({type(err).__name__}: {err}); this benchmark needs a GPU", file=sys.stderr)
+        print(f"{script}: no CUDA device ({type(err).__name__}: {err}); this benchmark needs a GPU", file=sys.stderr)
+        return None
+    return cp
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    n = int(argv[0]) if argv else 8192
+    d = int(argv[1]) if len(argv) > 1 else 4096
+    cp = device_cupy("cuda_rows")
+    if cp is None:
         return 2
     from dpl.backends.cupy_backend import CupyBackend
 

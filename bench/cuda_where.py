@@ -20,17 +20,13 @@ import dpl
 
 sys.path.insert(0, str(Path(__file__).parent))
 import cuda_rows  # noqa: E402
+from cuda_rows import device_cupy  # noqa: E402
 from dpl.backends.cupy_backend import CupyBackend
 
 
 def main() -> int:
-    try:
-        import cupy as cp
-
-        if cp.cuda.runtime.getDeviceCount() == 0:
-            raise RuntimeError("no CUDA device")
-    except Exception as err:  # noqa: BLE001 (no CuPy, no driver)
-        print(f"cuda_where: no CUDA device ({type(err).__name__}: {err}); this benchmark needs a GPU", file=sys.stderr)
+    cp = device_cupy("cuda_where")
+    if cp is None:
         return 2
     print("== row kernels by block size (GB/s, % of copy)")
     for t in ("f32", "f16"):

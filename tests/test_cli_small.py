@@ -11,14 +11,7 @@ import pytest
 
 from dpl.cli import main
 
-MODULE = """\
-func main(x: f32[n, 8], w: f32[8, 4], b: f32[4]) -> f32[n, 4] {
-  y = matmul(x, w)
-  z = add(y, b)
-  out = nn.relu(z)
-  return out
-}
-"""
+from test_cli import MODULE
 
 ONE_OP = """\
 func main(x: f32[4, 8]) -> f32[4, 8] {

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import dpl
+import needs
 from dpl.errors import DplError
 
 MODULE = """func main(x: f32[4]) -> f32[4] {
@@ -222,7 +223,7 @@ def test_a_failing_check_hook_names_the_rule_the_hook_and_the_rules_line(hooks, 
 
 
 def onnx_cases():
-    onnx = pytest.importorskip("onnx")
+    onnx = needs.package("onnx")
     from onnx import TensorProto as T
     from onnx import helper, numpy_helper
 
