@@ -9,6 +9,19 @@ from __future__ import annotations
 
 import attrs
 
+# characters of a source line an error quotes (a window around the caret), and of its message
+# or hint (a value quoted in a message may be a whole string literal); dpl.limits names them too
+MAX_EXCERPT = 160
+MAX_MESSAGE = 1000
+
+
+def excerpt(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` cut to about ``limit`` characters, keeping its head and tail."""
+    if len(text) <= limit:
+        return text
+    keep = max(8, limit // 2 - 4)
+    return f"{text[:keep]} ... {text[-keep:]}"
+
 
 @attrs.frozen
 class Span:
@@ -42,8 +55,6 @@ class DplError(Exception):
         return self
 
     def __str__(self) -> str:
-        from dpl.limits import excerpt  # the limits module builds on this one
-
         if self.span is None:
             text = f"{self.kind}: {excerpt(self.message)}"
         else:
@@ -58,8 +69,6 @@ class DplError(Exception):
 def _quote(span: Span) -> str:
     """The source line and a caret under the span; a long line is cut to a window around the
     span (``MAX_EXCERPT`` characters), so that a 1 MB line is not printed whole."""
-    from dpl.limits import MAX_EXCERPT
-
     line, start = span.source_line, span.col - 1
     width = max(1, (span.end_col or span.col + 1) - span.col)
     if len(line) > MAX_EXCERPT:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from dpl.errors import DplError, Span
+from dpl.errors import MAX_EXCERPT, MAX_MESSAGE, DplError, Span, excerpt  # noqa: F401 (limits named here)
 
 # -- text ------------------------------------------------------------------------------------
 # how deeply expressions, types and attribute lists may nest in .ir and .dpl texts (levels of
@@ -57,22 +57,12 @@ MAX_NPY_HEADER = 10_000
 MAX_FOLD_ELEMENTS = 2**24
 
 # -- diagnostics -----------------------------------------------------------------------------
-# characters of a source line an error quotes (a window around the caret), and of its message
-# or hint (a value quoted in a message may be a whole string literal)
-MAX_EXCERPT = 160
-MAX_MESSAGE = 1000
+# MAX_EXCERPT, MAX_MESSAGE and excerpt() live in dpl.errors (which quotes with them) and are
+# imported above, so every limit is still named here
 
 
 class LimitError(DplError):
     """Input larger than one of the limits of :mod:`dpl.limits`."""
-
-
-def excerpt(text: str, limit: int = MAX_MESSAGE) -> str:
-    """``text`` cut to about ``limit`` characters, keeping its head and tail."""
-    if len(text) <= limit:
-        return text
-    keep = max(8, limit // 2 - 4)
-    return f"{text[:keep]} ... {text[-keep:]}"
 
 
 def check_int_digits(text: str, span: Span | None = None, what: str = "integer literal") -> None:

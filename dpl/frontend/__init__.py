@@ -4,12 +4,9 @@ Each frontend lives in its own module and imports its framework lazily, so torch
 stay optional extras: importing :mod:`dpl` never imports them.
 """
 
-from dpl.errors import DplError
+from dpl.frontend.errors import FrontendError
 
-
-class FrontendError(DplError):
-    """A model construct a frontend cannot bring in: the message names the operator or node,
-    where it is in the model, and what dpl supports instead."""
+__all__ = ["FrontendError", "load_model"]
 
 
 def load_model(path) -> "Module":  # noqa: F821 - dpl.ir.Module, imported lazily

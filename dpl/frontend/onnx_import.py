@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dpl.errors import DplError
-from dpl.frontend import FrontendError
+from dpl.frontend.errors import FrontendError
 from dpl.ir.builder import FunctionBuilder
 from dpl.ir.expr import Call, Constant, Expr, Function, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.types import TensorType

@@ -26,7 +26,7 @@ from onnx import numpy_helper
 
 from dpl import dtypes
 from dpl.errors import DplError
-from dpl.frontend import FrontendError
+from dpl.frontend.errors import FrontendError
 from dpl.ir.expr import Call, Constant, Expr, Tuple
 from dpl.ir.types import TensorType
 from dpl.limits import MAX_FOLD_ELEMENTS

@@ -48,7 +48,7 @@ import logging
 import warnings
 from typing import Any, Mapping, Sequence
 
-from dpl.frontend import FrontendError
+from dpl.frontend.errors import FrontendError
 from dpl.frontend.torch_graph import GraphImporter, import_torch, sanitize
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError, Span
-from dpl.frontend import FrontendError, torch_merged
+from dpl.frontend import torch_merged
+from dpl.frontend.errors import FrontendError
 from dpl.ir.builder import FunctionBuilder, const
 from dpl.ir.expr import Call, Constant, Expr, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.types import TensorType

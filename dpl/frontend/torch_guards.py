@@ -29,7 +29,7 @@ import itertools
 import sys
 from typing import Any, Mapping, Sequence
 
-from dpl.frontend import FrontendError
+from dpl.frontend.errors import FrontendError
 
 EXHAUSTIVE_LIMIT = 4096  # sizes (or size tuples) a guard is evaluated at when sympy cannot prove it
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 
-from dpl.frontend import FrontendError
+from dpl.frontend.errors import FrontendError
 from dpl.ir.expr import Expr
 
 # view-like ops: they start, keep or end a merge

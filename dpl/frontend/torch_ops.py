@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from dpl.frontend import FrontendError
+from dpl.frontend.errors import FrontendError
 
 ATEN_OPS: dict[str, Callable] = {}
 

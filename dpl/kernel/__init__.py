@@ -4,6 +4,7 @@ and the row-fusion partitioner (``fuse_reductions``)."""
 from dpl.kernel.evaluate import KernelEvalError, evaluate
 from dpl.kernel.ir import Buffer, Kernel, print_kernel, to_c
 from dpl.kernel.lower import LoweringError, is_kernel_function, lower_function, lower_module
+from dpl.kernel import rules as _rules  # noqa: F401 (fills lower.RULES)
 
 __all__ = [
     "Buffer", "Kernel", "KernelEvalError", "LoweringError", "evaluate", "is_kernel_function", "lower_function",

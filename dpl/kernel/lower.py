@@ -27,6 +27,13 @@ from dpl.kernel import ir
 from dpl.kernel.ir import INDEX, Axis, Bin, Buffer, Const, Kernel, Let, Load, Loop, Op, Reduce, Store, Var
 from dpl.ops.registry import CallInfo, check_attrs, describe, get_op
 
+# How each op lowers: filled by dpl.kernel.rules (imported by the dpl.kernel package, so before
+# any lowering), keyed by op name; ELEMENTWISE lowers an op by its C template, TUPLE_ITEM an item
+# of a tuple. The table lives here, below the rules, so that the rules import the Lowerer and
+# not the other way round.
+RULES: dict = {}
+ELEMENTWISE, TUPLE_ITEM = "<elementwise>", "<tuple item>"
+
 
 class LoweringError(DplError):
     """A fused group holds something that has no place in a single kernel."""
@@ -384,21 +391,17 @@ class Lowerer:
         if isinstance(e, Call):
             return self.call(e, idx)
         if isinstance(e, TupleGetItem):
-            from dpl.kernel.rules import tuple_item
-
-            return tuple_item(self, e, idx)
+            return RULES[TUPLE_ITEM](self, e, idx)
         raise LoweringError(f"a {type(e).__name__} value cannot be used as a tensor inside a kernel")
 
     def call(self, c: Call, idx: tuple) -> ir.Expr:
-        from dpl.kernel.rules import RULES, elementwise
-
         if isinstance(c.op, GlobalVar):
             raise LoweringError(f"call of function '{c.op.name}' cannot be inlined into a kernel")
         rule = RULES.get(c.op)
         if rule is not None:
             return rule(self, c, idx)
         if get_op(c.op).c_expr is not None:
-            return elementwise(self, c, idx)
+            return RULES[ELEMENTWISE](self, c, idx)
         raise LoweringError(f"op '{c.op}' has no kernel lowering (it is opaque to fusion)")
 
     # -- nests and the kernel

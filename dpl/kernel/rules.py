@@ -19,14 +19,13 @@ from dpl.ir.expr import Call, Tuple, TupleGetItem, Var as IRVar
 from dpl.kernel import ir
 from dpl.kernel.ir import INDEX, Bin
 from dpl.kernel.lower import (
-    Lowerer, LoweringError, accum_dtype, add, broadcast_index, conj, const, dim, div, idx_const, mod, mul, sub,
+    ELEMENTWISE, RULES, TUPLE_ITEM, Lowerer, LoweringError, accum_dtype, add, broadcast_index, conj, const, dim, div, idx_const, mod, mul, sub,
 )
 from dpl.ops._slices import slice_axes
 from dpl.ops.nn import adaptive_windows, avg_pool_axis
 from dpl.ops.registry import call_info
 
 Rule = Callable[[Lowerer, Call, tuple], ir.Expr]
-RULES: dict[str, Rule] = {}
 
 
 def rule(*names: str):
@@ -42,6 +41,7 @@ def _axes(axes, ndim: int) -> list[int]:
     return sorted(range(ndim) if axes is None else {a % ndim for a in axes})
 
 
+@rule(ELEMENTWISE)
 def elementwise(lw: Lowerer, c: Call, idx: tuple) -> ir.Expr:
     shape = c.ty.shape
     args = [lw.value(a, broadcast_index(a.ty.shape, shape, idx)) for a in c.args]
@@ -193,6 +193,7 @@ def _tuple_source(lw: Lowerer, t):
         t = inner.fields[t.index]
 
 
+@rule(TUPLE_ITEM)
 def tuple_item(lw: Lowerer, e: TupleGetItem, idx: tuple) -> ir.Expr:
     t = _tuple_source(lw, e.tuple_value)
     if isinstance(t, Tuple):
