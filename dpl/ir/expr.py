@@ -20,6 +20,10 @@ from dpl.ir.types import TensorType, TupleType, Type
 
 replace = attrs.evolve
 
+# The text form is the printer's, a layer above: dpl.ir.printer fills this when imported (the
+# dpl.ir package imports it), so that ``fn.script()`` and ``str(mod)`` need no import upwards.
+TEXT_FORM: dict = {}
+
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType({k: freeze_attr_value(v) for k, v in (value or {}).items()})
@@ -177,9 +181,7 @@ class Function:
         return self.ret.ty
 
     def script(self) -> str:
-        from dpl.ir.printer import print_function
-
-        return print_function(self)
+        return TEXT_FORM["function"](self)
 
     def __str__(self) -> str:
         return self.script()
@@ -213,9 +215,7 @@ class Module:
         return Module({**self.functions, fn.name: fn})
 
     def script(self) -> str:
-        from dpl.ir.printer import print_module
-
-        return print_module(self)
+        return TEXT_FORM["module"](self)
 
     def __str__(self) -> str:
         return self.script()

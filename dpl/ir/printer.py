@@ -16,12 +16,12 @@ to module functions print by name; tuples as ``(a, b)``, items as ``t[0]``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from dpl import dtypes
-from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
+from dpl.ir.expr import TEXT_FORM, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import Type
 from dpl.syntax import escape_string
 
@@ -91,15 +91,23 @@ def format_tensor_values(value: np.ndarray) -> str:
     return nest(np.asarray(value))
 
 
+# The op registry (a layer above the IR) tells the printer each op's attributes, which hold a
+# dtype and their defaults: dpl.ops.registry sets ``op_attrs`` (op -> its attribute specs, each
+# with ``kind`` and ``default``, or None) and ``NO_DEFAULT`` (a required attribute's default)
+# when it is imported, which ``import dpl`` does.
+op_attrs: Callable[[str], Mapping[str, Any] | None] = lambda op: None
+NO_DEFAULT: Any = object()
+
+
+def _attr_spec(op, key: str):
+    found = op_attrs(op) if isinstance(op, str) else None
+    return found.get(key) if found is not None else None
+
+
 def _is_default(op, key: str, value: Any) -> bool:
     """Attributes equal to the op's default are left out of the text (the parser fills them)."""
-    if not isinstance(op, str):
-        return False
-    from dpl.ops import registry
-
-    spec = registry.lookup(op)
-    spec = spec.attrs.get(key) if spec is not None else None
-    return spec is not None and spec.default is not registry.REQUIRED and type(spec.default) is type(value) and spec.default == value
+    spec = _attr_spec(op, key)
+    return spec is not None and spec.default is not NO_DEFAULT and type(spec.default) is type(value) and spec.default == value
 
 
 class _Printer:
@@ -129,11 +137,9 @@ class _Printer:
 
     @staticmethod
     def attr_value(op, key: str, value: Any) -> str:
-        if isinstance(op, str) and isinstance(value, str):
-            from dpl.ops import registry
-
-            spec = registry.lookup(op)
-            if spec is not None and key in spec.attrs and spec.attrs[key].kind == "dtype":
+        if isinstance(value, str):
+            spec = _attr_spec(op, key)
+            if spec is not None and spec.kind == "dtype":
                 return dtypes.short(value)
         return format_attr_value(value)
 
@@ -215,3 +221,6 @@ def print_module(mod: Module, inline_limit: int | None = INLINE_CONSTANT_LIMIT) 
 
 def print_function(fn: Function) -> str:
     return _Printer(constant_names(collect_constants(fn))).function(fn)
+
+
+TEXT_FORM.update(function=print_function, module=print_module)

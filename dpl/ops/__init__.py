@@ -1,4 +1,7 @@
-"""The op registry and its catalogues. ``make_call`` builds a checked, typed call."""
+"""The op registry and its catalogues. ``make_call`` builds a checked, typed call.
+
+The catalogues register their ops when imported, here, so the registry (below them) never
+imports them: importing any ``dpl.ops`` module runs this package first."""
 
 from dpl.ops.registry import (
     AttrSpec,
@@ -13,5 +16,6 @@ from dpl.ops.registry import (
     op_kind,
     register,
 )
+from dpl.ops import elementwise, manipulation, nn, reduce  # noqa: F401,E402 (they register their ops)
 
 __all__ = ["AttrSpec", "CallInfo", "OpDef", "OpPatternKind", "all_ops", "call_function", "get_op", "lookup", "make_call", "op_kind", "register"]

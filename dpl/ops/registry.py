@@ -17,6 +17,7 @@ import attrs
 
 from dpl import dtypes
 from dpl.errors import ArityError, AttributeValueError, DplError, TypeInferenceError, UnknownAttributeError, UnknownOpError
+from dpl.ir import printer as _printer
 from dpl.ir.expr import Call, Constant, Expr, GlobalVar, Tuple, TupleGetItem, Var, freeze_attr_value, frozen_call
 from dpl.ir.types import TensorType, TupleType, Type
 
@@ -191,7 +192,6 @@ def register(
 
 
 def lookup(name: str) -> OpDef | None:
-    _ensure_loaded()
     return _REGISTRY.get(name)
 
 
@@ -208,21 +208,7 @@ def get_op(name: str) -> OpDef:
 
 
 def all_ops() -> dict[str, OpDef]:
-    _ensure_loaded()
     return dict(_REGISTRY)
-
-
-_loaded = False
-
-
-def _ensure_loaded() -> None:
-    # the op catalogues register themselves on import (once: an import statement costs a
-    # call into importlib even when the module is loaded, and every make_call looks an op up)
-    global _loaded
-    if not _loaded:
-        from dpl.ops import elementwise, manipulation, nn, reduce  # noqa: F401
-
-        _loaded = True
 
 
 def describe(e: Expr) -> str:
@@ -301,3 +287,12 @@ _NO_ATTRS = MappingProxyType({})
 
 def is_tuple_type(ty: Type) -> bool:
     return isinstance(ty, TupleType)
+
+
+def _printer_attrs(op: str):
+    spec = lookup(op)
+    return spec.attrs if spec is not None else None
+
+
+# the IR's printer leaves default attributes out and prints dtypes short: it asks the registry
+_printer.op_attrs, _printer.NO_DEFAULT = _printer_attrs, REQUIRED
