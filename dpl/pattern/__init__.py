@@ -28,6 +28,7 @@ from dpl.pattern.rewrite import (
 )
 from dpl.pattern.fusion import FUNCTION_RETURN, CheckContext, FusionPattern, PatternSet, RewriteRule
 from dpl.pattern.explain import Explanation, explain
+from dpl.pattern import printer as _printer  # noqa: F401,E402 (a pattern's text)
 
 __all__ = [
     "AndPattern", "AttrPattern", "COMMUTATIVE_OPS", "CallPattern", "CheckContext", "ConstantPattern", "DTypePattern",

@@ -340,3 +340,5 @@ def iter_graph_matches(graph: GraphPattern | PatternContext, func: Function, exc
 
 
 match_function = match_graph
+
+n.LAYERS_ABOVE.update(edge=edge, union=GraphPattern.union)

@@ -39,6 +39,11 @@ from dpl.ir.expr import Expr, freeze_attr_value
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
+# What a node does through the modules above it: graph edges (``a ^ b``, ``a >> b``) are
+# dpl.pattern.context's, the text of a pattern dpl.pattern.printer's. Each fills its entries
+# when imported (the dpl.pattern package imports both), so no node imports upwards.
+LAYERS_ABOVE: dict[str, Callable] = {}
+
 
 class PatternError(DplError):
     """A pattern was built wrongly (unknown op, attribute, dtype, bad index...)."""
@@ -118,19 +123,13 @@ class Pattern:
 
     # -- graph edges (see dpl.pattern.context) -----------------------------------------
     def used_by(self, other, index: int = -1):
-        from dpl.pattern.context import edge
-
-        return edge(self, other, "used_by", index)
+        return LAYERS_ABOVE["edge"](self, other, "used_by", index)
 
     def only_used_by(self, other, index: int = -1):
-        from dpl.pattern.context import edge
-
-        return edge(self, other, "only_used_by", index)
+        return LAYERS_ABOVE["edge"](self, other, "only_used_by", index)
 
     def fork_to(self, *others):
-        from dpl.pattern.context import GraphPattern
-
-        return GraphPattern.union(*(self.used_by(o) for o in others))
+        return LAYERS_ABOVE["union"](*(self.used_by(o) for o in others))
 
     def __xor__(self, other):
         return self.used_by(other)
@@ -172,9 +171,7 @@ class Pattern:
         return copy
 
     def __repr__(self) -> str:
-        from dpl.pattern.printer import format_pattern
-
-        return format_pattern(self)
+        return LAYERS_ABOVE["format"](self)
 
     __str__ = __repr__
 

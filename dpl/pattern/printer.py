@@ -125,3 +125,6 @@ def _outer_text(q: n.OptionalPattern) -> str:
         return _node(p, fmt)
 
     return _node(q.outer, fmt)
+
+
+n.LAYERS_ABOVE["format"] = format_pattern
