@@ -211,23 +211,3 @@ class TorchProducts:
 
         run.returns_own = True  # type: ignore[attr-defined]  # out=None: its own array, no copy
         return run
-
-
-def products(name: str, cc: str = "cc", load=None):
-    """The provider called ``name``: ``"auto"`` (the fastest here, measured once and cached:
-    :func:`dpl.backends.products_choice.choose`), ``"numpy"``, ``"torch"`` or ``"dpl"``
-    (NumPy's, with the float32 products :mod:`dpl.backends.packed_gemm` takes by it).
-    ``load(source)``: a C source's compiled library (the CPU backend's kernel cache), for
-    measuring the packed routine."""
-    if name in ("numpy", "dpl"):
-        provider = NumpyProducts()
-        if name == "dpl":
-            provider.packs, provider.why = True, "products='dpl' asked for"
-        return provider
-    if name == "torch":
-        return TorchProducts(cc)
-    if name == "auto":
-        from dpl.backends.products_choice import choose
-
-        return choose(cc, load)
-    raise BackendError(f"unknown products library {name!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")

@@ -13,144 +13,32 @@ loads its result.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
 import shutil
-import subprocess
-import tempfile
 import warnings
-from functools import lru_cache
-from pathlib import Path
 
 import attrs
 import numpy as np
 
 from dpl import dtypes
-from dpl.backends import blas, im2col, max_pool, packed_gemm
+from dpl.backends import blas, im2col, max_pool, packed_gemm, products_choice
 from dpl.backends.c_emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.segments import NotSegmentable, Part, Product, fold_epilogues, is_product, segment, segment_runner
-from dpl.cache_dir import store_dir
 from dpl.ir.expr import Call, Constant, Var
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
 from dpl.runtime import build_pool
-from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, CacheError, LibraryCache
+from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES
 from dpl.runtime.heap import keep_mapped
 from dpl.runtime.keys import graph_structure
 from dpl.runtime.timed_choice import RacedKernel
 from dpl.runtime.threads import OPENMP, openmp_kernel
 
-BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
-# each kept only if the compiler takes it. The last two change no value: no kernel reads errno or
-# the floating-point exception flags, and without traps GCC may compute both arms of a select and
-# vectorize it (a conversion to an integer or a libm call under a condition, as in T5's buckets)
-FAST_FLAGS = ["-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-SYMBOL = "dpl_kernel"
-
-
-def default_cache_dir() -> Path:
-    """The kernels' folder in platformdirs' user cache directory (``~/.cache/dpl/kernels``)."""
-    return store_dir("kernels")
-
-
-@lru_cache(maxsize=None)
-def compiler_version(cc: str) -> str:
-    try:
-        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else ""
-
-
-@lru_cache(maxsize=1)
-def cpu_identity() -> str:
-    """What must match for a ``-march=native`` binary to run: the CPU model and its flags."""
-    text = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(("model name", "flags", "Features", "CPU part")):
-                    text += line.strip() + "\n"
-                if line.strip() == "":
-                    break
-    except OSError:
-        pass
-    return hashlib.sha256((platform.machine() + platform.processor() + text).encode()).hexdigest()
-
-
-@lru_cache(maxsize=None)
-def usable_flags(cc: str) -> tuple[str, ...]:
-    """The fast flags this compiler accepts (each tried on a tiny program)."""
-    flags = []
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "probe.c"
-        src.write_text("#include <math.h>\nfloat f(float x) { return expf(x); }\n")
-        for flag in FAST_FLAGS:
-            r = subprocess.run([cc, *BASE_FLAGS, *flags, flag, str(src), "-o", str(Path(tmp) / "probe.so")],
-                               capture_output=True, text=True)
-            if r.returncode == 0:
-                flags.append(flag)
-    return tuple(flags)
-
-
-@lru_cache(maxsize=None)
-def vector_math(cc: str) -> bool:
-    """Whether glibc's vector math library links here (see c_emitter.VECTOR_MATH)."""
-    from dpl.backends.c_emitter import PRELUDE, VECTOR_MATH
-
-    body = "void f(float *restrict a, int n) {\n#pragma omp simd\n for (int i = 0; i < n; ++i) a[i] = exp(a[i]) + log(a[i]) + tanh(a[i]) + erf(a[i]) + sin(a[i]) + cos(a[i]) + pow(a[i], a[i]);\n}\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "probe.c"
-        src.write_text(PRELUDE + VECTOR_MATH + body)
-        r = subprocess.run([cc, *BASE_FLAGS, *usable_flags(cc), str(src), "-o", str(Path(tmp) / "probe.so"), "-lmvec", "-lm"],
-                           capture_output=True, text=True)
-    return r.returncode == 0
-
-
-class KernelCache:
-    """Compiled kernels on disk, keyed by everything that decides the binary (a
-    :class:`~dpl.runtime.disk_cache.LibraryCache` of ``directory``, verified before loading)."""
-
-    def __init__(self, directory: str | os.PathLike | None = None, cc: str = "cc", max_bytes: int = DEFAULT_MAX_BYTES):
-        self.store = LibraryCache(directory if directory is not None else default_cache_dir(), max_bytes)
-        self.cc = cc
-
-    @property
-    def directory(self) -> Path:
-        return self.store.directory
-
-    @property
-    def compiles(self) -> int:
-        """How many times this cache ran the compiler (for tests and reports)."""
-        return self.store.builds
-
-    def flags(self) -> list[str]:
-        return [*BASE_FLAGS, *usable_flags(self.cc)]
-
-    def key(self, source: str) -> str:
-        parts = [source, " ".join(self.flags()), compiler_version(self.cc), cpu_identity()]
-        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-    def cached(self, source: str) -> ctypes.CDLL | None:
-        """The verified library of ``source`` when the store has it (no compiling, no lock)."""
-        return self.store._verified(self.key(source), SYMBOL)
-
-    def load(self, source: str) -> ctypes.CDLL:
-        about = {"cc": compiler_version(self.cc), "cpu": cpu_identity()}
-        try:
-            return self.store.load(self.key(source), lambda out: self._compile(source, out), SYMBOL, about)
-        except CacheError as err:
-            raise CompileError(err.message) from None
-
-    def _compile(self, source: str, out: Path) -> None:
-        src = out.with_name("kernel.c")
-        src.write_text(source)
-        libs = ["-lmvec", "-lm"] if "omp declare simd" in source else ["-lm"]
-        r = subprocess.run([self.cc, *self.flags(), str(src), "-o", str(out), *libs], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise CompileError(f"the C compiler failed on a generated kernel:\n{r.stderr.strip()[:2000]}")
+# the toolchain's names, as the CPU backend's own (tests and benchmarks import them from here)
+from dpl.backends.c_toolchain import (  # noqa: E402,F401
+    BASE_FLAGS, FAST_FLAGS, SYMBOL, KernelCache, compiler_version, cpu_identity, default_cache_dir, usable_flags, vector_math,
+)
 
 
 class CpuBackend(Backend):
@@ -190,7 +78,7 @@ class CpuBackend(Backend):
         """The provider of matrix products and convolutions (backends/blas.py), chosen on first use."""
         if self._products is None:
             self._heap = keep_mapped()  # before any measurement: torch's convolutions allocate per call
-            self._products = blas.products(self.products_name, self.cc, load=self.cache.load)
+            self._products = products_choice.products(self.products_name, self.cc, load=self.cache.load)
         return self._products
 
     def notes(self) -> tuple[str, ...]:

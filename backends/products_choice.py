@@ -139,7 +139,7 @@ def _layer(cc: str, load, torch):
     packed routine (None where it did not compile; ``load``: the kernel cache's, default the
     user cache's)."""
     from dpl.backends import blas, packed_gemm
-    from dpl.backends.cpu_backend import KernelCache, vector_math
+    from dpl.backends.c_toolchain import KernelCache, vector_math
     from dpl.backends.registry import CompileError
     from dpl.ir.expr import Call, Constant, Var
     from dpl.ir.types import TensorType
@@ -218,7 +218,7 @@ def choose(cc: str = "cc", load=None):
 
 
 def _measured(cc: str, load=None) -> Measured:
-    from dpl.backends.cpu_backend import compiler_version, cpu_identity
+    from dpl.backends.c_toolchain import compiler_version, cpu_identity
 
     key = _key(cpu_identity(), compiler_version(cc))
     with _lock:
@@ -241,3 +241,23 @@ def _measured(cc: str, load=None) -> Measured:
                 log.warning("dpl: could not keep the products choice in %s: %s", path, err)
         _chosen[key] = found
         return found
+
+
+def products(name: str, cc: str = "cc", load=None):
+    """The provider called ``name``: ``"auto"`` (the fastest here, measured once and cached:
+    :func:`dpl.backends.products_choice.choose`), ``"numpy"``, ``"torch"`` or ``"dpl"``
+    (NumPy's, with the float32 products :mod:`dpl.backends.packed_gemm` takes by it).
+    ``load(source)``: a C source's compiled library (the CPU backend's kernel cache), for
+    measuring the packed routine."""
+    from dpl.backends import blas
+
+    if name in ("numpy", "dpl"):
+        provider = blas.NumpyProducts()
+        if name == "dpl":
+            provider.packs, provider.why = True, "products='dpl' asked for"
+        return provider
+    if name == "torch":
+        return blas.TorchProducts(cc)
+    if name == "auto":
+        return choose(cc, load)
+    raise blas.BackendError(f"unknown products library {name!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")

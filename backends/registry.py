@@ -23,6 +23,7 @@ share their prefixes (``kernel``, ``cublas``) and leave that choice to the targe
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import importlib.metadata
 import logging
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -159,6 +160,9 @@ _ORIGINS: dict[str, str] = {}  # name -> "shipped", "in-process" or "plugin NAME
 _PLUGIN_ERRORS: dict[str, str] = {}
 _plugins_loaded = False
 _builtin_loaded = False
+# the backends dpl ships, found by name as plugins are (they build on this module, a layer below them)
+SHIPPED_BACKENDS = ("dpl.backends.numpy_backend:NumpyBackend", "dpl.backends.numpy_backend:NumpyKernelBackend",
+                    "dpl.backends.cupy_backend:CupyBackend", "dpl.backends.cpu_backend:CpuBackend")
 
 IN_PROCESS, SHIPPED = "in-process", "shipped"
 
@@ -284,11 +288,9 @@ def _ensure_builtin() -> None:
     if _builtin_loaded:
         return
     _builtin_loaded = True
-    from dpl.backends.cpu_backend import CpuBackend
-    from dpl.backends.cupy_backend import CupyBackend
-    from dpl.backends.numpy_backend import NumpyBackend, NumpyKernelBackend
-
-    for make in (NumpyBackend, NumpyKernelBackend, CupyBackend, CpuBackend):
+    for where in SHIPPED_BACKENDS:
+        module, _, name = where.partition(":")
+        make = getattr(importlib.import_module(module), name)
         if make.name not in _BACKENDS:  # one registered before (in-process) takes precedence
             register_backend(make(), origin=SHIPPED)
 

@@ -217,7 +217,7 @@ def test_cache_hit_miss_corrupt_foreign_and_concurrent(tmp_path):
     stranger.load(source)
     assert stranger.compiles == 1  # an entry whose manifest is not this host's key is rebuilt
     # the key itself covers the CPU: another CPU identity gives another key, so another entry
-    import dpl.backends.cpu_backend as cb
+    import dpl.backends.c_toolchain as cb  # where the key is made
 
     original = cb.cpu_identity
     try:

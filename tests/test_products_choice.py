@@ -48,7 +48,7 @@ def test_a_kept_choice_for_torch_gives_torch_without_measuring(store, monkeypatc
     needs.package("torch")
     kept(store, numpy_matmul=2.0, numpy_conv=1.0, torch_matmul=1.5, torch_conv=0.8)
     monkeypatch.setattr(products_choice, "measure", no_measuring)
-    chosen = blas.products("auto")
+    chosen = products_choice.products("auto")
     assert isinstance(chosen, blas.TorchProducts) and chosen.name == "torch"
     assert "products by torch" in chosen.why and "torch 1.50 ms vs NumPy 2.00" in chosen.why
     assert not chosen.packs and "the packed routine did not compile" in chosen.why
@@ -58,7 +58,7 @@ def test_a_kept_choice_for_numpy_gives_numpy(store, monkeypatch):
     needs.package("torch")
     kept(store, numpy_matmul=1.0, numpy_conv=1.0, torch_matmul=1.5, torch_conv=0.97)  # within the margin: a tie
     monkeypatch.setattr(products_choice, "measure", no_measuring)
-    chosen = blas.products("auto")
+    chosen = products_choice.products("auto")
     assert isinstance(chosen, blas.NumpyProducts) and "products by NumPy" in chosen.why and "convolutions by im2col" in chosen.why
 
 
@@ -66,7 +66,7 @@ def test_each_kind_goes_to_the_library_faster_at_it(store, monkeypatch):
     needs.package("torch")
     kept(store, numpy_matmul=1.0, numpy_conv=1.0, torch_matmul=1.5, torch_conv=0.8)
     monkeypatch.setattr(products_choice, "measure", no_measuring)
-    chosen = blas.products("auto")
+    chosen = products_choice.products("auto")
     assert chosen.name == "numpy+torch conv" and not chosen.matmuls and chosen.convolutions
     assert "products by NumPy" in chosen.why and "convolutions by torch" in chosen.why
     from dpl.ir import FunctionBuilder
@@ -82,7 +82,7 @@ def test_each_kind_goes_to_the_library_faster_at_it(store, monkeypatch):
 
 def test_the_first_choice_is_measured_and_kept_for_the_next_process(store, monkeypatch):
     needs.package("torch")
-    first = blas.products("auto")
+    first = products_choice.products("auto")
     files = list(store.glob("*.json"))
     assert len(files) == 1
     times = json.loads(files[0].read_text())
@@ -93,14 +93,14 @@ def test_the_first_choice_is_measured_and_kept_for_the_next_process(store, monke
     assert first.packs == m.packs
     monkeypatch.setattr(products_choice, "_chosen", {})  # a new process: read, not measured
     monkeypatch.setattr(products_choice, "measure", no_measuring)
-    assert blas.products("auto").name == first.name
+    assert products_choice.products("auto").name == first.name
 
 
 def test_a_damaged_choice_is_measured_again(store, monkeypatch):
     needs.package("torch")
     kept(store, numpy_matmul="fast")
     monkeypatch.setattr(products_choice, "measure", lambda cc, load=None: Measured(1.0, 1.0, 2.0, 2.0))
-    assert blas.products("auto").name == "numpy"
+    assert products_choice.products("auto").name == "numpy"
 
 
 def test_without_torch_auto_measures_numpy_against_the_packed_routine(store, monkeypatch):
@@ -111,7 +111,7 @@ def test_without_torch_auto_measures_numpy_against_the_packed_routine(store, mon
 
     monkeypatch.setattr(products_choice.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(blas, "TorchProducts", no_measuring)
-    chosen = blas.products("auto", load=KernelCache(store.parent / "kernels").load)
+    chosen = products_choice.products("auto", load=KernelCache(store.parent / "kernels").load)
     m = Measured(**json.loads(next(store.glob("*.json")).read_text()))
     assert m.torch_matmul is None and m.torch_conv is None and m.packed_matmul > 0 and m.numpy_matmul > 0
     assert chosen.name == "numpy" and "torch is not installed" in chosen.why and chosen.packs == m.packs
@@ -127,7 +127,7 @@ def test_the_packed_routine_takes_weights_only_where_it_beat_the_products_librar
     needs.package("torch")
     kept(store, **times)
     monkeypatch.setattr(products_choice, "measure", no_measuring)
-    chosen = blas.products("auto")
+    chosen = products_choice.products("auto")
     assert chosen.packs == packs
     assert ("float32 ones by the packed routine" in chosen.why) == packs
     assert f"packed routine {times['packed_matmul']:.2f} ms" in chosen.why
