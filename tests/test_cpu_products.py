@@ -12,7 +12,8 @@ import needs
 
 import dpl
 from dpl.backends import blas
-from dpl.backends.blas import NumpyProducts, products
+from dpl.backends.blas import NumpyProducts
+from dpl.backends.products_choice import products
 from dpl.ir import FunctionBuilder, Module, const
 
 
