@@ -162,7 +162,7 @@ _plugins_loaded = False
 _builtin_loaded = False
 # the backends dpl ships, found by name as plugins are (they build on this module, a layer below them)
 SHIPPED_BACKENDS = ("dpl.backends.numpy_backend:NumpyBackend", "dpl.backends.numpy_backend:NumpyKernelBackend",
-                    "dpl.backends.cupy_backend:CupyBackend", "dpl.backends.cpu_backend:CpuBackend")
+                    "dpl.backends.cuda.backend:CupyBackend", "dpl.backends.cpu.backend:CpuBackend")
 
 IN_PROCESS, SHIPPED = "in-process", "shipped"
 

@@ -28,7 +28,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 import dpl  # noqa: E402
-from dpl.backends.cpu_backend import CpuBackend  # noqa: E402
+from dpl.backends.cpu.backend import CpuBackend  # noqa: E402
 
 
 def attention_module(heads, seq, dim):

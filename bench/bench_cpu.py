@@ -180,7 +180,7 @@ def dpl_exe(mod, fuse_reductions=False, patterns=(), attention=None):
     fused = dpl.apply(mod, list(patterns), fuse_reductions=fuse_reductions)
     cfg = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=1000, min_tensor_elements=0, fallback_on_error=False)
     if attention is not None:
-        from dpl.backends.cpu_backend import CpuBackend
+        from dpl.backends.cpu.backend import CpuBackend
 
         return dpl.build(fused, [CpuBackend(attention=attention), "numpy"], config=cfg)
     return dpl.build(fused, "cpu", config=cfg)

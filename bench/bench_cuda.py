@@ -143,7 +143,7 @@ def main():
         print(f"{row:<40} {res['dpl cuda']:>9.3f} {res['torch eager']:>9.3f} {res.get('torch.compile', float('nan')):>10.3f} {gbs:>9.0f} {share:>8}")
     sys.path.insert(0, str(HERE))
     import cuda_rows
-    from dpl.backends.cupy_backend import CupyBackend
+    from dpl.backends.cuda.backend import CupyBackend
 
     print()
     print(cuda_rows.report(cp, CupyBackend(cupy=cp), *args.rows))

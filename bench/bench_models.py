@@ -55,7 +55,7 @@ import warnings
 import numpy as np
 
 import dpl
-from dpl.backends.cpu_backend import CpuBackend
+from dpl.backends.cpu.backend import CpuBackend
 
 # torch.compile's first call is timed cold too: inductor's on-disk caches in a fresh directory
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench_models_inductor_"))
@@ -219,10 +219,10 @@ LLM = ["rewrites", "llm"]
 CONFIGS = {  # name -> (patterns, fuse_reductions, products); None: the unfused import on the NumPy backend
     "dpl numpy": None,
     "dpl cpu FuseOps": ([], False, "auto"),
-    "dpl cpu +patterns": (LLM, False, "auto"),  # products="auto", the default (backends/products_choice.py)
+    "dpl cpu +patterns": (LLM, False, "auto"),  # products="auto", the default (backends/cpu/products_choice.py)
     "dpl cpu +patterns +fr": (LLM, True, "auto"),
     "dpl cpu +patterns, OpenBLAS": (LLM, False, "numpy"),  # every product and convolution by NumPy's BLAS
-    "dpl cpu +patterns, MKL": (LLM, False, "torch"),  # every product and convolution by torch (backends/blas.py)
+    "dpl cpu +patterns, MKL": (LLM, False, "torch"),  # every product and convolution by torch (backends/cpu/blas.py)
     # kernel.attention as two BLAS products around a C softmax, not the flash kernel
     "dpl cpu +patterns, segments attn": (LLM, False, "auto", "segments"),
 }

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_models as bm  # noqa: E402  (its models and inputs; it imports torch)
 
 import dpl  # noqa: E402
-from dpl.backends.cpu_backend import CpuBackend  # noqa: E402
+from dpl.backends.cpu.backend import CpuBackend  # noqa: E402
 
 torch = bm.torch
 

@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dpl  # noqa: E402
-from dpl.backends.cpu_backend import CpuBackend  # noqa: E402
+from dpl.backends.cpu.backend import CpuBackend  # noqa: E402
 from dpl.runtime import build_pool  # noqa: E402
 
 

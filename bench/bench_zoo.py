@@ -227,7 +227,7 @@ def child_rows(opts) -> list[dict]:
     import torch
 
     import dpl
-    from dpl.backends.cpu_backend import CpuBackend, KernelCache
+    from dpl.backends.cpu.backend import CpuBackend, KernelCache
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(opts.threads)

@@ -4,7 +4,7 @@
 
 Softmax, RMSNorm, LayerNorm and add+RMSNorm at float32 and float16, each one CUDA kernel of the
 CuPy backend (``CupyBackend.kernel``: a block per row, the input rows staged in shared memory
-by 16-byte vectors, 16-byte stores; ``backends/cuda_rows.py``), launched on CuPy arrays and
+by 16-byte vectors, 16-byte stores; ``backends/cuda/rows.py``), launched on CuPy arrays and
 timed with CUDA events (the kernel alone: no host copies, no graph). Bytes moved are what the
 kernel must read and write (its inputs once, its outputs once); the ceiling is ``cupy.copyto``
 of a buffer as large as the kernel's traffic, timed the same way. ``bench/bench_cuda.py`` prints
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     cp = device_cupy("cuda_rows")
     if cp is None:
         return 2
-    from dpl.backends.cupy_backend import CupyBackend
+    from dpl.backends.cuda.backend import CupyBackend
 
     backend = CupyBackend(cupy=cp)
     print(report(cp, backend, n, d))

@@ -21,7 +21,7 @@ import dpl
 sys.path.insert(0, str(Path(__file__).parent))
 import cuda_rows  # noqa: E402
 from cuda_rows import device_cupy  # noqa: E402
-from dpl.backends.cupy_backend import CupyBackend
+from dpl.backends.cuda.backend import CupyBackend
 
 
 def main() -> int:

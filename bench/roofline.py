@@ -6,7 +6,7 @@ its products and convolutions at the CPU's measured fused-multiply-add peak.
 ``fma_peak(threads)`` times a C probe compiled as the CPU backend compiles every kernel (its
 cache, its compiler, ``-O3 -march=native -fopenmp``): each thread runs independent chains of
 vector fused multiply-adds (GCC's vector types, as wide as the routine of
-``backends/packed_gemm.py``: 16 lanes on AVX-512), enough chains to cover the unit's latency,
+``backends/cpu/packed_gemm.py``: 16 lanes on AVX-512), enough chains to cover the unit's latency,
 so its rate is what the vector units can issue. ``product_flops(mod)`` counts what a module's
 products and convolutions compute as written (two flops a multiply-add; attention's score and
 value products over every key, masked or not, as torch's kernels compute them).
@@ -72,7 +72,7 @@ def fma_peak(threads: int = 1, cache=None, seconds: float = 0.05, tries: int = 7
     """float32 flops a second that ``threads`` threads can issue on this machine (the best of
     ``tries`` calls of about ``seconds`` each)."""
     if cache is None:
-        from dpl.backends.cpu_backend import KernelCache
+        from dpl.backends.cpu.backend import KernelCache
         cache = KernelCache()
     lib = cache.load(PROBE)
     run, per_iter = lib.dpl_kernel, lib.dpl_flops_per_iter

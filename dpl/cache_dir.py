@@ -4,7 +4,7 @@ Everything lives under platformdirs' user cache directory (``~/.cache/dpl`` on L
 follows ``XDG_CACHE_HOME`` as the platform's convention says), one folder per store:
 ``kernels`` (the CPU backend's compiled kernels), ``cuda-twin`` (the host twins of the CUDA
 kernels), ``parsers`` (Lark's parse tables) and ``products`` (the measured choice of products
-library, ``dpl.backends.products_choice``). A caller may name another directory instead
+library, ``dpl.backends.cpu.products_choice``). A caller may name another directory instead
 (``CpuBackend(cache_dir=...)``); nothing here reads an environment variable of dpl's own.
 
 What is loaded from a cache runs in this process, so a directory is used only when it is

@@ -29,9 +29,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import dpl
-    from dpl.backends import c_toolchain
-    from dpl.backends.cpu_backend import CpuBackend
-    from dpl.backends.cuda_emitter import emit_cuda
+    from dpl.backends.cpu import toolchain as c_toolchain
+    from dpl.backends.cpu.backend import CpuBackend
+    from dpl.backends.cuda.emitter import emit_cuda
     from dpl.kernel import LoweringError, lower_function
     from zoo import ARCHS
 

@@ -19,7 +19,7 @@ def no_c_compiler():
     """The CPU backend as on a machine without a C compiler: unavailable, so "cpu" targets run
     on the NumPy backend by recorded fall-back (the runtime tests that check fall-back and the
     NumPy baseline use this)."""
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
     from dpl.backends.registry import get_backend, register_backend
 
     old = get_backend("cpu")
@@ -32,7 +32,7 @@ def no_c_compiler():
 def nvrtc():
     """NVRTC (the nvidia-cuda-nvrtc-cu12 wheel of the test extra), which compiles the CUDA
     kernels without a GPU. Missing, it skips locally but fails under CI."""
-    from dpl.backends import nvrtc as module
+    from dpl.backends.cuda import nvrtc as module
 
     ok, why = module.available()
     if not ok:

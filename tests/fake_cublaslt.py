@@ -1,4 +1,4 @@
-"""A stand-in for libcublasLt: the functions ``backends/cublaslt.py`` calls, with cuBLASLt's
+"""A stand-in for libcublasLt: the functions ``backends/cuda/cublaslt.py`` calls, with cuBLASLt's
 column-major meaning, computed in NumPy on memory at the addresses given (the stand-in CuPy's
 "device" arrays live in host memory).
 
@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from dpl.backends import cublaslt as lt
+from dpl.backends.cuda import cublaslt as lt
 
 DTYPES = {lt.CUDA_R_32F: np.dtype(np.float32), lt.CUDA_R_16F: np.dtype(np.float16), lt.CUDA_R_64F: np.dtype(np.float64)}
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from dpl.backends.cuda_host import HostTwin
+from dpl.backends.cuda.host import HostTwin
 
 
 # what cupy.cuda.compiler adds to a RawModule's options (besides -arch), as of CuPy 14
@@ -101,7 +101,7 @@ def _on_device(a, what):
 
 class FakeCupy:
     def __init__(self, devices: int = 1, nvrtc=None, fail_compile: bool = False, compute_capability: str = "90"):
-        self.nvrtc = nvrtc  # the dpl.backends.nvrtc module, to compile every source; None: skip
+        self.nvrtc = nvrtc  # the dpl.backends.cuda.nvrtc module, to compile every source; None: skip
         self.fail_compile = fail_compile
         self.arch = f"compute_{compute_capability}"  # CuPy compiles for the device's own architecture
         self.sources: list[str] = []

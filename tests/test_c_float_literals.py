@@ -30,7 +30,7 @@ def test_exponent_literals_and_names_with_digits():
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("name", ["nn.gelu", "nn.gelu_tanh"])
 def test_gelu_on_cpu_equals_the_interpreter(tmp_path, name, dtype):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     mod = dpl.parse(f"func main(x: {dtype}[4, 300]) -> {dtype}[4, 300] {{\n  y = {name}(x)\n  return y\n}}")

@@ -1,5 +1,5 @@
 """Generated code has a namespace of its own: a kernel's buffers, symbolic dims, loop variables
-and locals are spelled by one allocator (backends/c_names.py), so no dpl name — ``i0`` (a
+and locals are spelled by one allocator (backends/cgen/names.py), so no dpl name — ``i0`` (a
 name the lowering gives loops), ``n``, a C keyword, a C library function, one of the
 emitter's own ``dpl_`` names, or two names equal once made C identifiers — can make one C
 identifier stand for two values. The reproducers of issue 20 run on ``cpu``; a hypothesis
@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import needs
 
 import dpl
-from dpl.backends.c_emitter import emit_kernel
-from dpl.backends.c_names import CNames, EmitError
-from dpl.backends.cpu_backend import CpuBackend
-from dpl.backends.cuda_emitter import emit_cuda
+from dpl.backends.cgen.emitter import emit_kernel
+from dpl.backends.cgen.names import CNames, EmitError
+from dpl.backends.cpu.backend import CpuBackend
+from dpl.backends.cuda.emitter import emit_cuda
 from dpl.ir import FunctionBuilder, Module
 from dpl.kernel import lower_function
 from dpl.kernel.ir import Buffer, Kernel, Let, Load, Loop, Store, Var
@@ -168,7 +168,7 @@ def test_any_names_give_the_interpreters_numbers_on_cpu(cpu, case):
 def test_any_names_give_the_interpreters_numbers_on_the_cuda_twin(cxx):
     """The same property on the host twin of the CUDA kernels, 30 drawn modules built in one
     compiler run (a thread per row and a block per row)."""
-    from dpl.backends.cuda_host import HostTwin
+    from dpl.backends.cuda.host import HostTwin
 
     cases = []
 

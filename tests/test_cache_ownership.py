@@ -12,7 +12,7 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.cpu_backend import CpuBackend
+from dpl.backends.cpu.backend import CpuBackend
 from dpl.cache_dir import MARKER, is_marked
 from dpl.cli import main
 from dpl.runtime import disk_cache

@@ -7,7 +7,7 @@ import pytest
 
 import needs
 
-import dpl.cli_cache
+import dpl.cli.cache
 from dpl.cli import main
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, LibraryCache
 
@@ -41,8 +41,8 @@ def test_info_and_clear_on_a_named_folder(tmp_path, library, capsys):
 
 
 def test_the_user_cache_with_its_parse_tables_and_products_choices(tmp_path, library, monkeypatch, capsys):
-    monkeypatch.setattr(dpl.cli_cache, "store_dir", lambda name: tmp_path / "dpl" / name)
-    monkeypatch.setattr(dpl.cli_cache, "user_cache_root", lambda: tmp_path / "dpl")
+    monkeypatch.setattr(dpl.cli.cache, "store_dir", lambda name: tmp_path / "dpl" / name)
+    monkeypatch.setattr(dpl.cli.cache, "user_cache_root", lambda: tmp_path / "dpl")
     fill(tmp_path / "dpl" / "kernels", library, 2)
     parsers, products = tmp_path / "dpl" / "parsers", tmp_path / "dpl" / "products"
     parsers.mkdir(mode=0o700)

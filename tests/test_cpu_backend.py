@@ -13,8 +13,8 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.c_emitter import emit_kernel
-from dpl.backends.cpu_backend import CpuBackend, KernelCache
+from dpl.backends.cgen.emitter import emit_kernel
+from dpl.backends.cpu.backend import CpuBackend, KernelCache
 from dpl.ir import FunctionBuilder, Module, const
 from dpl.kernel import lower_function
 from dpl.transform import fuse_ops
@@ -217,7 +217,7 @@ def test_cache_hit_miss_corrupt_foreign_and_concurrent(tmp_path):
     stranger.load(source)
     assert stranger.compiles == 1  # an entry whose manifest is not this host's key is rebuilt
     # the key itself covers the CPU: another CPU identity gives another key, so another entry
-    import dpl.backends.c_toolchain as cb  # where the key is made
+    import dpl.backends.cpu.toolchain as cb  # where the key is made
 
     original = cb.cpu_identity
     try:

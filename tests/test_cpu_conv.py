@@ -1,5 +1,5 @@
-"""Convolutions on the CPU backend run as one BLAS product (backends/im2col.py) or torch's own
-(backends/blas.py), each of these tests on both: every stride,
+"""Convolutions on the CPU backend run as one BLAS product (backends/cpu/im2col.py) or torch's own
+(backends/cpu/blas.py), each of these tests on both: every stride,
 padding, dilation and group count equals the interpreter, alone and with an epilogue the
 generated C applies; what im2col does not take (float16, other layouts) stays with the kernel
 IR's loops and is right too."""
@@ -10,7 +10,7 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.im2col import Conv2d, takes
+from dpl.backends.cpu.im2col import Conv2d, takes
 from dpl.ir import FunctionBuilder, Module
 
 FUSE_ALL = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0, max_graph_size=1000, fallback_on_error=False)
@@ -19,8 +19,8 @@ FUSE_ALL = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0, max_g
 @pytest.fixture(scope="module", params=["numpy", "torch"])
 def cpu(request, tmp_path_factory):
     """The backend with im2col and NumPy's BLAS, and with torch's convolutions
-    (``products="auto"`` takes either, by measurement: backends/products_choice.py)."""
-    from dpl.backends.cpu_backend import CpuBackend
+    (``products="auto"`` takes either, by measurement: backends/cpu/products_choice.py)."""
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     if request.param == "torch":

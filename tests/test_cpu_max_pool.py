@@ -1,4 +1,4 @@
-"""backends/max_pool.py: the CPU's max pool routine equals the interpreter for every window,
+"""backends/cpu/max_pool.py: the CPU's max pool routine equals the interpreter for every window,
 stride, padding (symmetric or not), dilation and size the op allows, float32 and float64, with
 NaN and infinities in the input; and a ResNet stem runs it."""
 
@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 import needs
 
 import dpl
-from dpl.backends import max_pool
+from dpl.backends.cpu import max_pool
 
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), products="numpy")

@@ -1,4 +1,4 @@
-"""The CPU backend's matrix products by another library (backends/blas.py): with
+"""The CPU backend's matrix products by another library (backends/cpu/blas.py): with
 ``products="torch"`` every product, batched, broadcast, with an epilogue, of a constant
 read-only weight, and the product of an im2col convolution equal the interpreter; dtypes torch
 does not take run through NumPy; the kernels name the pool their products run on."""
@@ -11,15 +11,15 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends import blas
-from dpl.backends.blas import NumpyProducts
-from dpl.backends.products_choice import products
+from dpl.backends.cpu import blas
+from dpl.backends.cpu.blas import NumpyProducts
+from dpl.backends.cpu.products_choice import products
 from dpl.ir import FunctionBuilder, Module, const
 
 
 @pytest.fixture(scope="module")
 def torch_cpu(tmp_path_factory):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.package("torch")
     needs.c_compiler()
@@ -142,7 +142,7 @@ def test_float32_products_run_in_torch(tmp_path, monkeypatch):
     take the flash kernel, which has no product to give torch)."""
     import torch
 
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.package("torch")
     needs.c_compiler()

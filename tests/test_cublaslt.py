@@ -10,8 +10,8 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends import cublaslt
-from dpl.backends.cupy_backend import CupyBackend
+from dpl.backends.cuda import cublaslt
+from dpl.backends.cuda.backend import CupyBackend
 from dpl.ir import Module
 
 from fake_cublaslt import FakeCublasLt

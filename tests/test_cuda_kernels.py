@@ -9,11 +9,11 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.c_emitter import CpuEmitter, StatementEmitter, emit_kernel
-from dpl.backends.cuda_emitter import (
+from dpl.backends.cgen.emitter import CpuEmitter, StatementEmitter, emit_kernel
+from dpl.backends.cuda.emitter import (
     CUDA_PRELUDE, HELPERS, MAX_GRID, CudaEmitter, emit_cuda, launch_arguments, launch_config,
 )
-from dpl.backends.cuda_host import HostTwin
+from dpl.backends.cuda.host import HostTwin
 from dpl.kernel import lower_function
 
 import cuda_corpus

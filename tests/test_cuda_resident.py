@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import dpl
-from dpl.backends import cuda_graph
-from dpl.backends.cuda_graph import GraphRunner
-from dpl.backends.cupy_backend import CupyBackend
+from dpl.backends.cuda import graph as cuda_graph
+from dpl.backends.cuda.graph import GraphRunner
+from dpl.backends.cuda.backend import CupyBackend
 
 import fake_cupy
 import needs

@@ -1,4 +1,4 @@
-"""Row kernels that know the hardware (backends/cuda_rows.py) without a GPU: which rows are
+"""Row kernels that know the hardware (backends/cuda/rows.py) without a GPU: which rows are
 staged in shared memory and which loops store by 16-byte vectors; NVRTC compiles the kernels
 for sm_80 and sm_90; and their host twin (the same text on the CPU, each block's threads an
 OpenMP team, warp shuffles emulated) equals the interpreter over row lengths, dtypes and
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import needs
 
 import dpl
-from dpl.backends.cuda_emitter import emit_cuda
-from dpl.backends.cuda_host import HostTwin
-from dpl.backends.cuda_rows import STAGE_BYTES, staged_rows, vector_stores
+from dpl.backends.cuda.emitter import emit_cuda
+from dpl.backends.cuda.host import HostTwin
+from dpl.backends.cuda.rows import STAGE_BYTES, staged_rows, vector_stores
 from dpl.kernel import lower_function
 from dpl.kernel.ir import Loop
 
@@ -279,7 +279,7 @@ def test_the_row_bandwidth_benchmark_runs_on_the_stand_in(nvrtc, cxx):
     from pathlib import Path
     from types import SimpleNamespace
 
-    from dpl.backends.cupy_backend import CupyBackend
+    from dpl.backends.cuda.backend import CupyBackend
     from fake_cupy import FakeCupy
 
     sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))

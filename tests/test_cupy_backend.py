@@ -17,8 +17,8 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.cupy_backend import CudaKernel, CupyBackend
-from dpl.backends.cuda_emitter import emit_cuda
+from dpl.backends.cuda.backend import CudaKernel, CupyBackend
+from dpl.backends.cuda.emitter import emit_cuda
 from dpl.backends.registry import Unit
 from dpl.ir import Module
 from dpl.kernel import lower_function
@@ -49,7 +49,7 @@ def rows_of(exe):
 
 
 def test_without_cupy_the_cuda_target_falls_back_to_the_cpu(monkeypatch):
-    import dpl.backends.cupy_backend as module
+    import dpl.backends.cuda.backend as module
 
     real = importlib.util.find_spec
     monkeypatch.setattr(module.importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a))

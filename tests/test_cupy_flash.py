@@ -1,5 +1,5 @@
 """Flash attention on the CUDA target without a GPU: ``kernel.attention`` composites run as the
-CUDA flash kernel (backends/flash_attention_cuda.py) inside the CuPy backend, on the stand-in
+CUDA flash kernel (backends/cuda/flash_attention.py) inside the CuPy backend, on the stand-in
 CuPy (tests/fake_cupy.py: every source through NVRTC for sm_90, every launch run by the host
 twin), equal to the interpreter with masks (fully masked rows included), GQA, a tensor scale
 and 16-bit floats; the choice between flash and the segments, and a flash kernel that does not
@@ -11,7 +11,7 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.cupy_backend import CupyBackend
+from dpl.backends.cuda.backend import CupyBackend
 from dpl.backends.registry import BackendError
 
 from fake_cupy import FakeCupy
@@ -85,7 +85,7 @@ def test_a_block_of_whole_warps(fake):
 def test_auto_takes_flash_for_large_scores_and_says_why(fake, monkeypatch):
     """"auto": cuBLAS products unless the scores the segments would write are large (the
     threshold lowered here to 16 KiB, so that a small case crosses it)."""
-    from dpl.backends import flash_attention_cuda
+    from dpl.backends.cuda import flash_attention as flash_attention_cuda
 
     mod = attention_module((2, 9, 16), (2, 16, 9), (2, 9, 16), (9, 9))
     exe = build(fake, mod, attention="auto")
@@ -106,7 +106,7 @@ def test_auto_takes_flash_for_large_scores_and_says_why(fake, monkeypatch):
 
 
 def test_the_scores_size_rule():
-    from dpl.backends.flash_attention_cuda import choose, scores_bytes
+    from dpl.backends.cuda.flash_attention import choose, scores_bytes
     from dpl.kernel.attention import read_attention
     from test_flash_attention import composite
 

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 import dpl
 import needs
 from dpl import dtypes
-from dpl.backends.c_emitter import emit_kernel
-from dpl.backends.cpu_backend import CpuBackend
-from dpl.backends.cuda_emitter import emit_cuda
+from dpl.backends.cgen.emitter import emit_kernel
+from dpl.backends.cpu.backend import CpuBackend
+from dpl.backends.cuda.emitter import emit_cuda
 from dpl.ir import Module
 from dpl.kernel import lower_function
 
@@ -120,7 +120,7 @@ def cpu_kernels(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def twin(cxx):
-    from dpl.backends.cuda_host import HostTwin
+    from dpl.backends.cuda.host import HostTwin
 
     return HostTwin([emit_cuda(lower_function(fn), name) for name, fn in FUNCTIONS.items()], block=8)
 

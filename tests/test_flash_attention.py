@@ -1,4 +1,4 @@
-"""The CPU's flash attention kernel (backends/flash_attention.py) equals the interpreter on
+"""The CPU's flash attention kernel (backends/cpu/flash_attention.py) equals the interpreter on
 kernel.attention composites: query/key lengths 1, 7, 64, 129, head dims 16 and 64, batches and
 heads, with and without an additive mask (-inf, float32's minimum, fully masked rows), GQA
 (k/v heads broadcast over q's), large-magnitude scores, a divided scale, a scale passed as a
@@ -44,7 +44,7 @@ def composite(mod):
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), attention="flash")
@@ -212,7 +212,7 @@ def test_non_attention_composites_are_refused_with_a_reason():
 
 @pytest.mark.parametrize("mode", ["flash", "segments"])
 def test_the_build_records_the_path_it_took(tmp_path, mode):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     mod = attention_module((2, 30, 16), (2, 16, 30), (2, 30, 16), (30, 30))
@@ -227,8 +227,8 @@ def test_the_build_records_the_path_it_took(tmp_path, mode):
 
 @pytest.mark.parametrize("keys", [4, 64])
 def test_auto_takes_flash_from_min_keys(tmp_path, keys):
-    from dpl.backends import flash_attention
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu import flash_attention
+    from dpl.backends.cpu.backend import CpuBackend
     from dpl.runtime import timed_choice
 
     needs.c_compiler()
@@ -264,7 +264,7 @@ CUDA_CASES = {
 
 
 def cuda_case(name):
-    from dpl.backends.flash_attention_cuda import emit_flash_cuda
+    from dpl.backends.cuda.flash_attention import emit_flash_cuda
 
     q, k, v, mask, dtype = CUDA_CASES[name]
     mod = attention_module(q, k, v, mask, dtype=dtype)
@@ -274,8 +274,8 @@ def cuda_case(name):
 
 
 def run_twin(twin, name, mod, fn, spec, args, grid):
-    from dpl.backends.flash_attention import batch_layout
-    from dpl.backends.flash_attention_cuda import bits
+    from dpl.backends.cpu.flash_attention import batch_layout
+    from dpl.backends.cuda.flash_attention import bits
 
     named = dict(zip([p.name for p in mod["main"].params], args))
     ordered = [np.ascontiguousarray(named[p.name]) for p in fn.params]
@@ -293,8 +293,8 @@ def run_twin(twin, name, mod, fn, spec, args, grid):
 def test_cuda_twin_equals_the_interpreter(cxx, name):
     """The CUDA kernel's text built for the host (each block an OpenMP team): one block per
     query row, and two blocks striding over all rows; outputs start as NaN."""
-    from dpl.backends.cuda_host import HostTwin
-    from dpl.backends.flash_attention_cuda import launch_grid
+    from dpl.backends.cuda.host import HostTwin
+    from dpl.backends.cuda.flash_attention import launch_grid
 
     mod, fn, spec, code = cuda_case(name)
     twin = HostTwin.from_code(f"flash_{name}", code, block=TWIN_BLOCK, cxx=cxx)
@@ -322,7 +322,7 @@ def test_cuda_kernel_compiles_with_nvrtc(nvrtc, name):
 
 
 def test_an_unknown_attention_mode_is_refused():
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
     from dpl.backends.registry import BackendError
 
     with pytest.raises(BackendError, match="'auto', 'flash' or 'segments', got 'fast'"):
@@ -351,7 +351,7 @@ def test_calls_from_several_threads_at_once(tmp_path):
     shapes each equal the interpreter."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     mod = symbolic_attention(2, "n")
@@ -377,8 +377,8 @@ def test_the_vector_exp_is_within_two_ulp_of_exp(tmp_path):
     import ctypes
     import subprocess
 
-    from dpl.backends import flash_attention as fa
-    from dpl.backends.cpu_backend import BASE_FLAGS, usable_flags
+    from dpl.backends.cpu import flash_attention as fa
+    from dpl.backends.cpu.backend import BASE_FLAGS, usable_flags
 
     needs.c_compiler()
     src = tmp_path / "vexp.c"
@@ -411,7 +411,7 @@ def test_heads_too_wide_for_the_stack_run_as_the_segments(backend):
     """The flash kernel keeps a task's rows of q and of the output on its thread's stack; heads
     past MAX_STACK_BYTES (a head of 262,144 float32s had crashed the process with SIGSEGV) run as
     the segments even where flash is asked for, say why, and give the interpreter's numbers."""
-    from dpl.backends import flash_attention as fa
+    from dpl.backends.cpu import flash_attention as fa
 
     wide = 40_000
     mod = attention_module((2, 8, wide), (2, wide, 8), (2, 8, wide), mask=(8, 8))

@@ -16,7 +16,7 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.cupy_backend import CupyBackend
+from dpl.backends.cuda.backend import CupyBackend
 from dpl.ir import Module
 
 import cuda_corpus

@@ -11,8 +11,8 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.cpu_backend import CpuBackend
-from dpl.backends.cuda_emitter import emit_cuda
+from dpl.backends.cpu.backend import CpuBackend
+from dpl.backends.cuda.emitter import emit_cuda
 from dpl.kernel import lower_function
 from dpl.ir import FunctionBuilder, Module
 from dpl.ops.registry import all_ops
@@ -169,7 +169,7 @@ def test_numpy(label, params, steps):
 def test_cuda_host_twin(cxx):
     """Every case as one CUDA kernel (a thread per row and a block per row), built in one
     compiler run for the host, at the launch the CUDA backend would use and on one block."""
-    from dpl.backends.cuda_host import HostTwin
+    from dpl.backends.cuda.host import HostTwin
 
     kernels = []
     for i, (label, params, steps) in enumerate(CASES):
@@ -189,7 +189,7 @@ def test_cuda_host_twin(cxx):
 
 def test_cuda_sources_compile_with_nvrtc(nvrtc):
     """The sweep's CUDA kernels (NAN and INFINITY literals, NaN-propagating folds) through NVRTC."""
-    from dpl.backends.cuda_emitter import CUDA_PRELUDE, HELPERS
+    from dpl.backends.cuda.emitter import CUDA_PRELUDE, HELPERS
 
     sources = [emit_cuda(lower_function(build_module(params, steps)["main"]), f"k{i}", 0)  # block rows: shuffles
                for i, (_, params, steps) in enumerate(CASES)]

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import dpl
 import needs
-from dpl.backends.cpu_backend import CpuBackend
-from dpl.backends.cuda_emitter import emit_cuda
+from dpl.backends.cpu.backend import CpuBackend
+from dpl.backends.cuda.emitter import emit_cuda
 from dpl.kernel import lower_function
 
 ALWAYS = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0, fallback_on_error=False)
@@ -91,7 +91,7 @@ func main(a: f32[4], b: f32[4]) -> f32[4] {
 
 
 def test_cuda_host_twin_divides_as_the_interpreter(cxx):
-    from dpl.backends.cuda_host import HostTwin
+    from dpl.backends.cuda.host import HostTwin
 
     sources = {dt: emit_cuda(lower_function(module(dt, 64)["main"]), f"div_{dt}") for dt in DTYPES}
     twin = HostTwin(list(sources.values()), block=8)

@@ -23,7 +23,7 @@ from filelock import FileLock
 import needs
 
 import dpl
-from dpl.backends.cpu_backend import CpuBackend, default_cache_dir
+from dpl.backends.cpu.backend import CpuBackend, default_cache_dir
 from dpl.cache_dir import why_unsafe
 from dpl.runtime import disk_cache
 from dpl.runtime.disk_cache import LOCKS, LibraryCache
@@ -143,7 +143,7 @@ def test_a_truncated_library_is_rebuilt_in_a_new_process(built, tmp_path):
         f.truncate(so.stat().st_size // 2)
     child = textwrap.dedent(f"""\
         import numpy as np, dpl
-        from dpl.backends.cpu_backend import CpuBackend
+        from dpl.backends.cpu.backend import CpuBackend
         b = CpuBackend(cache_dir={str(directory)!r})
         mod = dpl.parse("func main(x: f32[64]) -> f32[64] {{\\n  y = exp(x)\\n  return y\\n}}")
         k = b.compile(mod["main"], module=mod)

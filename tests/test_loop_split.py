@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import dpl
 import needs
-from dpl.backends.c_emitter import emit_kernel
-from dpl.backends.cpu_backend import CpuBackend
+from dpl.backends.cgen.emitter import emit_kernel
+from dpl.backends.cpu.backend import CpuBackend
 from dpl.kernel.evaluate import evaluate
 from dpl.kernel.ir import Bin, Loop, Var, walk, walk_exprs
 from dpl.kernel.loop_split import MIN_INNER, split_index_loops

@@ -16,8 +16,8 @@ import needs
 
 import dpl
 from dpl import dtypes
-from dpl.backends.cuda_emitter import emit_cuda
-from dpl.backends.cuda_host import HostTwin
+from dpl.backends.cuda.emitter import emit_cuda
+from dpl.backends.cuda.host import HostTwin
 from dpl.errors import DplError, TypeInferenceError
 from dpl.ir import FunctionBuilder
 from dpl.ir.expr import Tuple

@@ -162,9 +162,10 @@ def test_every_package_is_listed_in_pyproject():
         assert (ROOT / folder / "__init__.py").is_file(), f"{name} maps to {folder}/, which has no __init__.py"
     for folder in ("grammar", "patterns", "backends"):
         assert mapped.get(f"dpl.{folder}") == folder, f"dpl.{folder} must map to the top-level {folder}/"
-    for name in listed:
-        top, *rest = name.split(".")
-        folder = Path(mapped[name]) if name in mapped else Path(mapped.get(top, top), *rest)
+    for name in listed:  # by the longest mapped prefix (dpl.backends.cpu lives in backends/cpu)
+        parts = name.split(".")
+        cut = max((i for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in mapped), default=None)
+        folder = Path(mapped[".".join(parts[:cut])], *parts[cut:]) if cut else Path(*parts)
         assert (ROOT / folder / "__init__.py").is_file(), f"listed package {name} has no {folder}/__init__.py"
     data = config.get("package-data", {})
     assert "*.lark" in data.get("dpl.grammar", []) and "*.dpl" in data.get("dpl.patterns", [])

@@ -1,4 +1,4 @@
-"""backends/packed_gemm.py: products by constant float32 weights on weights packed once equal
+"""backends/cpu/packed_gemm.py: products by constant float32 weights on weights packed once equal
 the interpreter's for every shape (rows past a tile, columns past a panel, K past a K-block,
 leading dims, empty dims), at one and two threads, with NaN and infinities; the CPU backend
 uses the routine only where the choice says so and the product qualifies, and a model built
@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 import needs
 
 import dpl
-from dpl.backends import packed_gemm
+from dpl.backends.cpu import packed_gemm
 from dpl.ir import FunctionBuilder, Module
 from dpl.ir.builder import const
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    from dpl.backends.cpu_backend import KernelCache
+    from dpl.backends.cpu.backend import KernelCache
 
     needs.c_compiler()
     return packed_gemm.Routine(KernelCache(tmp_path_factory.mktemp("kernels")).load(packed_gemm.SOURCE))
@@ -110,7 +110,7 @@ def test_takes_products_of_two_tensors_of_static_shapes(a, b, takes):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_model_built_with_the_packed_routine_equals_the_interpreter(tmp_path, monkeypatch, products, packed, threads):
     needs.c_compiler()
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     calls = []
     real = packed_gemm.runner
@@ -160,7 +160,7 @@ def test_convolutions_as_im2col_and_the_routine_equal_the_interpreter(tmp_path, 
     """products="dpl": a float32 convolution with one group is im2col's columns times the
     weights by the routine (columns read in place); a grouped one stays the BLAS's."""
     needs.c_compiler()
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     used = []
     real = packed_gemm.array_matmul
@@ -212,7 +212,7 @@ def test_a_transposed_constant_is_packed_from_its_values(lib):
 
 def test_a_routine_that_does_not_compile_leaves_the_products_to_the_provider(tmp_path, monkeypatch):
     needs.c_compiler()
-    from dpl.backends.cpu_backend import CpuBackend, KernelCache
+    from dpl.backends.cpu.backend import CpuBackend, KernelCache
     from dpl.backends.registry import CompileError
 
     real = KernelCache.load
@@ -234,8 +234,9 @@ def folded_and_apart(monkeypatch, tmp_path, fused, threads=None):
     """``fused`` built for the CPU with dpl's packed products, twice: as the backend folds the
     products' epilogues, and with nothing folded; and the kinds of the epilogue steps the first
     build folded, in order."""
-    from dpl.backends import cpu_backend, segments
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu import backend as cpu_backend
+    from dpl.backends.cpu import segments
+    from dpl.backends.cpu.backend import CpuBackend
 
     seen = []
     real = segments.fold_epilogues
@@ -354,7 +355,7 @@ def test_the_gated_unit_folds_into_the_product_bit_for_bit(tmp_path, monkeypatch
 def test_the_gated_unit_without_the_routine_runs_on_numpy():
     """The segment runner's own path for a folded gated unit (the routine failed after the
     plan): NumPy's product, then silu(gate) * up, equal to the interpreter."""
-    from dpl.backends import segments
+    from dpl.backends.cpu import segments
 
     rng = np.random.default_rng(5)
     fb = FunctionBuilder("main")
@@ -377,7 +378,7 @@ def test_an_activation_after_the_residual_folds_and_runs_on_numpy_without_the_ro
     """fold_epilogues on a group the patterns do not make (bias, residual, then relu in one
     part): the three fold, nothing is left of the part, and the segment runner's own path
     (NumPy's product, then the epilogue) equals the interpreter."""
-    from dpl.backends import segments
+    from dpl.backends.cpu import segments
 
     rng = np.random.default_rng(11)
     fb = FunctionBuilder("main")
@@ -402,7 +403,7 @@ def test_a_view_back_to_batch_and_sequence_folds_with_the_epilogue(tmp_path, mon
     the residual add or the GELU: the view only regroups rows, so both fold (the patterns take
     the view into the group), bit for bit against the part run apart."""
     needs.c_compiler()
-    from dpl.backends import segments
+    from dpl.backends.cpu import segments
 
     rng = np.random.default_rng(13)
     fb = FunctionBuilder("main")

@@ -11,7 +11,7 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.cpu_backend import CpuBackend, KernelCache
+from dpl.backends.cpu.backend import CpuBackend, KernelCache
 from dpl.backends.registry import CompileError
 from runtime_corpus import CORPUS, inputs_for
 

@@ -8,7 +8,7 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends.c_emitter import PARALLEL_MIN_WORK, emit_kernel
+from dpl.backends.cgen.emitter import PARALLEL_MIN_WORK, emit_kernel
 from dpl.kernel import lower_function
 
 FUSE_ALL = dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0, fallback_on_error=False)
@@ -45,7 +45,7 @@ def test_a_symbolic_nest_decides_at_run_time():
 @pytest.mark.parametrize("rows", [3, PARALLEL_MIN_WORK // 64 - 1, PARALLEL_MIN_WORK // 64 + 5])
 def test_numbers_on_both_sides_of_the_threshold(tmp_path, rows):
     needs.c_compiler()
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     mod = add_relu("n", 64)
     exe = dpl.build(dpl.apply(mod), [CpuBackend(cache_dir=tmp_path), "numpy"], config=FUSE_ALL)

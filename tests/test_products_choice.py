@@ -1,4 +1,4 @@
-"""``CpuBackend(products="auto")`` (backends/products_choice.py): the fastest provider by
+"""``CpuBackend(products="auto")`` (backends/cpu/products_choice.py): the fastest provider by
 measurement, measured once per machine and kept in the cache directory; torch only where it is
 installed; the choice and why in ``exe.summary()``; numbers equal the interpreter either way."""
 
@@ -14,8 +14,8 @@ import pytest
 import needs
 
 import dpl
-from dpl.backends import blas, products_choice
-from dpl.backends.products_choice import Measured
+from dpl.backends.cpu import blas, products_choice
+from dpl.backends.cpu.products_choice import Measured
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def store(tmp_path, monkeypatch):
 
 def kept(store, **times):
     store.mkdir(mode=0o700, exist_ok=True)
-    from dpl.backends.cpu_backend import compiler_version, cpu_identity
+    from dpl.backends.cpu.backend import compiler_version, cpu_identity
 
     path = store / f"{products_choice._key(cpu_identity(), compiler_version('cc'))}.json"
     path.write_text(json.dumps(times))
@@ -107,7 +107,7 @@ def test_without_torch_auto_measures_numpy_against_the_packed_routine(store, mon
     """No torch: NumPy's BLAS for the products, the packed routine for float32 ones
     where it measured faster; torch neither timed nor imported."""
     needs.c_compiler()
-    from dpl.backends.cpu_backend import KernelCache
+    from dpl.backends.cpu.backend import KernelCache
 
     monkeypatch.setattr(products_choice.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(blas, "TorchProducts", no_measuring)
@@ -135,7 +135,7 @@ def test_the_packed_routine_takes_weights_only_where_it_beat_the_products_librar
 
 def test_the_summary_says_which_products_and_why(store, tmp_path):
     needs.c_compiler()
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     mod = dpl.parse("""
 func main(x: f32[16, 32], w: f32[32, 24]) -> f32[16, 24] {
@@ -157,7 +157,7 @@ func main(x: f32[16, 32], w: f32[32, 24]) -> f32[16, 24] {
 
 
 def test_an_unknown_products_name_is_a_located_error():
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     with pytest.raises(dpl.DplError, match="unknown products library 'mkl'"):
         CpuBackend(products="mkl")
@@ -173,8 +173,8 @@ def test_a_plan_without_torch_work_never_imports_torch(tmp_path):
         import numpy as np
         import dpl
         assert "torch" not in sys.modules, "import dpl imported torch"
-        from dpl.backends import products_choice
-        from dpl.backends.cpu_backend import CpuBackend, compiler_version, cpu_identity
+        from dpl.backends.cpu import products_choice
+        from dpl.backends.cpu.backend import CpuBackend, compiler_version, cpu_identity
         from dpl.cache_dir import make_private_dirs, store_dir
         folder = store_dir("products")
         make_private_dirs(folder)

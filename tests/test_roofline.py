@@ -37,7 +37,7 @@ def test_product_flops_counts_batched_products_by_their_result():
 
 def test_the_probe_measures_a_plausible_peak(tmp_path):
     needs.c_compiler()
-    from dpl.backends.cpu_backend import KernelCache
+    from dpl.backends.cpu.backend import KernelCache
 
     one = roofline.fma_peak(1, KernelCache(tmp_path), seconds=0.01, tries=2)
     assert 1e9 < one < 1e13  # a float32 vector unit of this century: between 1 GFLOP/s and 10 TFLOP/s a core

@@ -13,7 +13,7 @@ from dpl.runtime.threads import BLAS, OPENMP, one_pool_kernels
 
 @pytest.fixture
 def cpu(tmp_path):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     return CpuBackend(cache_dir=tmp_path, products="numpy")  # the BLAS pool beside OpenMP: the rule under test

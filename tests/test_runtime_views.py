@@ -293,7 +293,7 @@ def test_threads_calling_at_once_get_their_own_results(target):
 @pytest.mark.parametrize("name", ["lone_between_kernels", "views_of_inputs_constants_and_outputs", "group_of_views_only"])
 def test_views_on_the_device(cxx, name):
     import fake_cupy
-    from dpl.backends.cupy_backend import CupyBackend
+    from dpl.backends.cuda.backend import CupyBackend
 
     fake = fake_cupy.FakeCupy()
     mod = MODULES[name]()

@@ -23,7 +23,7 @@ func main(q: f32[4, n, 16], k: f32[4, 16, n], v: f32[4, n, 16], mask: f32[n, n])
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     fused = dpl.apply(ATTENTION, ["llm"])
@@ -71,7 +71,7 @@ func main(x: f32[16, 32], w1: f32[32, 32], w2: f32[32, 32]) -> f32[16, 32] {
 
 def test_intermediates_alive_together_have_their_own_buffers(tmp_path):
     """``a`` is read after ``b`` and ``c`` are written: each value keeps its own buffer."""
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     group = attrs.evolve(RESIDUAL["main"], attrs={"Primitive": True})  # FuseOps never groups two products
@@ -89,10 +89,10 @@ def test_intermediates_alive_together_have_their_own_buffers(tmp_path):
 def test_a_pool_begins_its_own_part_with_its_input_written_out(pool):
     """conv -> batch-norm-like epilogue -> relu -> pool: the CPU's segments end the epilogue's
     part before the pool (generated C would recompute the epilogue for every window; a float
-    max pool is a library step of its own, backends/max_pool.py), and the numbers are the
+    max pool is a library step of its own, backends/cpu/max_pool.py), and the numbers are the
     interpreter's."""
-    from dpl.backends.cpu_backend import CpuBackend, _blas_product, _pool
-    from dpl.backends.segments import Part, Product, segment
+    from dpl.backends.cpu.backend import CpuBackend, _blas_product, _pool
+    from dpl.backends.cpu.segments import Part, Product, segment
 
     needs.c_compiler()
     mod = dpl.parse(f"""

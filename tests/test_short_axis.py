@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import dpl
 import needs
-from dpl.backends.c_emitter import emit_kernel
-from dpl.backends.cpu_backend import CpuBackend
+from dpl.backends.cgen.emitter import emit_kernel
+from dpl.backends.cpu.backend import CpuBackend
 from dpl.kernel.evaluate import evaluate
 from dpl.kernel.ir import Let, Loop, Store, walk
 from dpl.kernel.lower import lower_function

@@ -35,7 +35,7 @@ def run(request, tmp_path):
         from dpl.kernel import evaluate, lower_function
 
         return lambda mod, x: evaluate(lower_function(attrs.evolve(mod["main"], attrs={"Primitive": True})), x)
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     backend = CpuBackend(cache_dir=tmp_path)

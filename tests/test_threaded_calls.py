@@ -24,7 +24,7 @@ def inputs_for(fn, seed, dims):
 
 @pytest.fixture(scope="module")
 def cpu(tmp_path_factory):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     return CpuBackend(cache_dir=tmp_path_factory.mktemp("kernels"), products="numpy")  # im2col's per-thread workspaces

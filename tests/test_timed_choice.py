@@ -121,7 +121,7 @@ def test_a_raced_kernel_caps_the_kernels_that_can_be_capped():
 
 @pytest.fixture
 def cpu(tmp_path):
-    from dpl.backends.cpu_backend import CpuBackend
+    from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
     return CpuBackend(cache_dir=tmp_path, products="numpy")

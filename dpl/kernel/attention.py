@@ -1,5 +1,5 @@
 """What a ``kernel.attention`` composite computes, read off its bindings, for the flash-style
-attention kernels of the backends (``backends/flash_attention.py``).
+attention kernels of the backends (``backends/cpu/flash_attention.py``).
 
 The composite is ``llm.dpl``'s ``pattern attention``::
 

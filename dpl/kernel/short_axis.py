@@ -23,7 +23,7 @@ import attrs
 from dpl.kernel.ir import INDEX, Bin, Const, Kernel, Let, Load, Loop, Store, Var, free_vars, substitute, walk_exprs
 from dpl.kernel.loop_split import fresh, names_in
 
-# below the transposing tiles' side (c_emitter.TRANSPOSE_TILE): two axes of 16 and more are a
+# below the transposing tiles' side (cgen.emitter.TRANSPOSE_TILE): two axes of 16 and more are a
 # transpose, which the emitter runs in tiles turned in registers
 MAX_UNROLL = 15
 

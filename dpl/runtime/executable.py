@@ -15,8 +15,8 @@ so the failure meets the fall-back path above.
 Threads: one Executable may be called from several threads at once. Planning (and the
 compiling it does) runs under a lock, once per input signature; running a plan needs no lock,
 as every call borrows its own arena of temporaries from the plan (:class:`~dpl.runtime.plan.Plan`)
-and the kernels keep their scratch buffers per thread (``backends/segments.py``,
-``backends/im2col.py``). Per-call state rather than one lock around the call: threads calling
+and the kernels keep their scratch buffers per thread (``backends/cpu/segments.py``,
+``backends/cpu/im2col.py``). Per-call state rather than one lock around the call: threads calling
 at once run at once.
 """
 
@@ -211,7 +211,7 @@ class Executable(Compiler):
     def __call__(self, *arrays, out=None) -> Any:
         """Run the entry function; returns fresh arrays, or fills and returns ``out``."""
         resident = self._device_runner()
-        if resident is not None:  # the whole plan on the device (backends/cuda_resident.py)
+        if resident is not None:  # the whole plan on the device (backends/cuda/resident.py)
             return resident.run(self, arrays, out)
         flat = self._flat_inputs(arrays)
         plan = self._plan_for([(a.shape, a.dtype) for a in flat])

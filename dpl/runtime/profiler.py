@@ -1,5 +1,5 @@
 """Measure every group of a module op by op and fused, on this machine (what ``dpl profile``
-runs; the command, which reads the model file, is :mod:`dpl.cli_profile`).
+runs; the command, which reads the model file, is :mod:`dpl.cli.profile`).
 
 For each Primitive group the entry calls (at the concrete shapes of the given or random
 inputs), each op is timed alone with the single-op kernel of the target's backend, then the

@@ -20,7 +20,7 @@ kernels' OpenMP team itself: torch's ``libgomp.so.1`` and the one GCC's ``-fopen
 need are one library in the process, and MKL threads through it. Such a plan uses one pool
 (:data:`OPENMP`), so its OpenMP kernels (flash attention, the parts between products) keep
 every core. Where torch runs on another runtime its pool is :data:`TORCH`, a pool of its own.
-dpl's own product routine (backends/packed_gemm.py) runs on the OpenMP team too: a plan whose
+dpl's own product routine (backends/cpu/packed_gemm.py) runs on the OpenMP team too: a plan whose
 products all go there uses one pool, and two threads run it about twice as fast as one.
 
 A thread budget (``dpl.build(..., threads=N)``) caps them all: every OpenMP kernel at ``N``
@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Iterator
 
 OPENMP = "openmp"
 BLAS = "blas"
-TORCH = "torch"  # torch's intra-op threads, where they are not the kernels' OpenMP team (backends/blas.py)
+TORCH = "torch"  # torch's intra-op threads, where they are not the kernels' OpenMP team (backends/cpu/blas.py)
 
 
 def openmp_kernel(run: Callable, qualname: str, source: str, threads: int | None,

@@ -2,7 +2,7 @@
 faster runs, and the other is tried again now and then.
 
 Used for how many threads a plan's call runs on (its budget, or one) and for which kernel a
-CPU attention runs (flash or segments, ``backends/cpu_backend.py``).
+CPU attention runs (flash or segments, ``backends/cpu/backend.py``).
 
 More threads are not always faster. On a machine where another process holds a core, every
 OpenMP barrier and every BLAS hand-off waits for a thread the scheduler is not running: on the

@@ -13,9 +13,9 @@ from dpl.ir.expr import Call, Constant, Function, GlobalVar, Module
 def kernel_source(fn: Function, mod: Module) -> str:
     """The generated C of module function ``fn`` (a Primitive group, a composite or its Codegen
     wrapper), or a line saying why it has none."""
-    from dpl.backends import cpu_backend as cpu
-    from dpl.backends import packed_gemm
-    from dpl.backends.segments import Part, Product, fold_epilogues, segment
+    from dpl.backends.cpu import backend as cpu
+    from dpl.backends.cpu import packed_gemm
+    from dpl.backends.cpu.segments import Part, Product, fold_epilogues, segment
     from dpl.ir.traverse import vars_in
 
     def _packed(p) -> bool:  # as CpuBackend._packs, where the packed routine is available
@@ -52,8 +52,8 @@ def kernel_source(fn: Function, mod: Module) -> str:
 
 
 def _c(fn: Function) -> str:
-    from dpl.backends.c_emitter import emit_kernel
-    from dpl.backends.cpu_backend import SYMBOL
+    from dpl.backends.cgen.emitter import emit_kernel
+    from dpl.backends.cpu.backend import SYMBOL
     from dpl.kernel import lower_function
 
     source = emit_kernel(lower_function(fn), SYMBOL, vector_math=False)

@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 
 from dpl.backends import Backend, Capabilities, wrapped_composite
-from dpl.backends.cpu_backend import KernelCache
+from dpl.backends.cpu.backend import KernelCache
 
 from dpl_mylib.emit import emit
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from dpl.cli_common import add_patterns_option, dim_arg, entry_function, load_module, parse_dims, print_json, target_arg
+from dpl.cli.common import add_patterns_option, dim_arg, entry_function, load_module, parse_dims, print_json, target_arg
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Kernel IR -> CUDA C++: the shared statement emitter (``c_emitter.StatementEmitter``) inside
+"""Kernel IR -> CUDA C++: the shared statement emitter (``cgen.emitter.StatementEmitter``) inside
 an ``extern "C" __global__`` kernel.
 
 Each loop nest of the kernel is mapped onto the grid on its own, one after the other in the
@@ -14,12 +14,12 @@ same launch (nests carry no dependences between them):
   shared memory (two barriers), or, for blocks smaller than a warp, a tree in shared memory
   with a barrier per level; loops over the row are split across the threads; a store outside
   them is done by thread 0. Input rows that several passes read are staged once in shared
-  memory by 16-byte vectors, and row loops store by 16-byte vectors (``cuda_rows.py``).
+  memory by 16-byte vectors, and row loops store by 16-byte vectors (``backends/cuda/rows.py``).
 - statements outside every loop (a reduction over the whole tensor, a scalar result) run
   like a block's row, on a launch of one block.
 
 ``DPL_BLOCK`` (threads per block, a power of two) is a macro of the prelude, so the same
-kernel text also builds on the host (``cuda_host.py``, the CPU twin) with a small block.
+kernel text also builds on the host (``backends/cuda/host.py``, the CPU twin) with a small block.
 
 16-bit floats are held as their bits and computed in float: loads widen, stores and casts
 round to nearest even (``half`` and ``bfloat16`` name float). NVRTC has no system headers, so
@@ -33,8 +33,8 @@ import math
 
 import attrs
 
-from dpl.backends.c_emitter import INT_DIVIDE, EmitError, StatementEmitter
-from dpl.backends.cuda_rows import ITEMSIZE, STAGE_BYTES, VECTOR, staged_rows, vector_stores
+from dpl.backends.cgen.emitter import INT_DIVIDE, EmitError, StatementEmitter
+from dpl.backends.cuda.rows import ITEMSIZE, STAGE_BYTES, VECTOR, staged_rows, vector_stores
 from dpl.kernel.ir import Bin, Const, Kernel, Let, Loop, Reduce, Store, Var, free_vars
 
 BLOCK = 256  # threads per block on a GPU
@@ -297,7 +297,7 @@ class CudaEmitter(StatementEmitter):
                 raise EmitError(f"cannot emit {type(s).__name__}")
 
     def stage(self, staged, indent: int, out: list[str]) -> None:
-        """Each staged input row copied into shared memory (see ``cuda_rows``): by 16-byte
+        """Each staged input row copied into shared memory (see ``cuda.rows``): by 16-byte
         vectors from a row start on a 16-byte boundary, element by element otherwise."""
         if not staged:
             return
@@ -325,7 +325,7 @@ class CudaEmitter(StatementEmitter):
         out.append(f"{pad}__syncthreads();  /* the row is staged before any pass reads it */")
 
     def vector_loop(self, s: Loop, indent: int, out: list[str]) -> None:
-        """A row loop storing by 16-byte vectors (see ``cuda_rows``): ``lanes`` consecutive
+        """A row loop storing by 16-byte vectors (see ``cuda.rows``): ``lanes`` consecutive
         elements per thread computed into registers, from the row's first 16-byte boundary (the
         elements before it, a head chunk, and the tail go out one by one), stored whole where
         every vector output is aligned there."""

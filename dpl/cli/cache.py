@@ -3,7 +3,7 @@ many entries and bytes they hold against their cap, and emptying them.
 
 Every store dpl writes is covered: the libraries (``kernels``, ``cuda-twin``:
 ``dpl.runtime.disk_cache``), Lark's parse tables (``parsers``: ``dpl.syntax``) and the products
-choices (``products``: ``dpl.backends.products_choice``). ``info`` only reads: it creates and
+choices (``products``: ``dpl.backends.cpu.products_choice``). ``info`` only reads: it creates and
 removes nothing. ``clear`` removes only what dpl wrote: entries whose manifests name them, and in
 the other stores files of their exact names; anything else in a folder is left alone."""
 

@@ -1,4 +1,4 @@
-"""The CPU twin of the CUDA kernels: the very text ``cuda_emitter`` writes, built for the host
+"""The CPU twin of the CUDA kernels: the very text ``cuda.emitter`` writes, built for the host
 by the system C++ compiler and run block by block, each block's threads as an OpenMP team.
 
 A small prelude stands in for CUDA: ``threadIdx``/``blockIdx`` are thread-local, ``blockDim``
@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dpl.backends.cuda_emitter import CUDA_PRELUDE, CudaSource, launch_arguments, launch_config
+from dpl.backends.cuda.emitter import CUDA_PRELUDE, CudaSource, launch_arguments, launch_config
 from dpl.backends.registry import CompileError
 from dpl.cache_dir import store_dir
 from dpl.runtime.disk_cache import CacheError, LibraryCache
@@ -134,7 +134,7 @@ class HostTwin:
 
     @classmethod
     def from_code(cls, name: str, code: str, block: int = 8, cxx: str | None = None) -> "HostTwin":
-        """The twin of one whole CUDA source as ``cuda_emitter`` writes it (its CUDA prelude is
+        """The twin of one whole CUDA source as ``cuda.emitter`` writes it (its CUDA prelude is
         swapped for the host one), for launches by argument list (see :meth:`launch`)."""
         if not code.startswith(CUDA_PRELUDE):
             raise CompileError("host twin: not a source written by dpl's CUDA emitter")
@@ -149,7 +149,7 @@ class HostTwin:
         self.cxx = cxx or os.environ.get("CXX") or "c++"
         if shutil.which(self.cxx) is None:
             raise CompileError(f"host twin: no C++ compiler ('{self.cxx}')")
-        from dpl.backends.cpu_backend import compiler_version
+        from dpl.backends.cpu.backend import compiler_version
 
         key = hashlib.sha256("\0".join([text, self.cxx, compiler_version(self.cxx), *FLAGS]).encode()).hexdigest()
 

@@ -1,6 +1,6 @@
 """Which library computes the CPU backend's matrix products and convolutions: NumPy's BLAS
 (OpenBLAS, the floor), or torch's (MKL for products, oneDNN for convolutions) when torch is
-installed and measures faster here (``products="auto"``, the default: :mod:`dpl.backends.products_choice`).
+installed and measures faster here (``products="auto"``, the default: :mod:`dpl.backends.cpu.products_choice`).
 
 The generated C is the same either way; only the products change hands. torch is imported only
 by :class:`TorchProducts`, at the first product or convolution it gives torch, and by the
@@ -9,7 +9,7 @@ measurement when torch is installed; never by ``import dpl``.
 A provider is ``matmul(a, b, out)``: NumPy's ``matmul`` semantics (broadcast batches, 1-D
 operands), written into ``out`` (whose dtype is the result's), returning ``out``;
 ``conv2d(call)``: ``fn(x, w, out)`` computing the convolution ``call`` into ``out``, or None
-for im2col and ``matmul`` (backends/im2col.py); ``thread_pool``, the name of the worker pool it
+for im2col and ``matmul`` (backends/cpu/im2col.py); ``thread_pool``, the name of the worker pool it
 runs on (see :mod:`dpl.runtime.threads`); and ``why``, how it was chosen (``exe.summary()``).
 """
 
@@ -29,7 +29,7 @@ from dpl.runtime.threads import BLAS, OPENMP, TORCH
 
 TORCH_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 NAMES = ("auto", "numpy", "torch", "dpl")
-PACKED = "float32 products (and im2col's): dpl's packed-weight routine (backends/packed_gemm.py)"
+PACKED = "float32 products (and im2col's): dpl's packed-weight routine (backends/cpu/packed_gemm.py)"
 
 
 class NumpyProducts:
@@ -37,7 +37,7 @@ class NumpyProducts:
     library = "NumPy's BLAS"
     thread_pool = BLAS
     why = "products='numpy' asked for"
-    packs = False  # float32 products by backends/packed_gemm.py instead
+    packs = False  # float32 products by backends/cpu/packed_gemm.py instead
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         if np.result_type(a, b) == out.dtype:
@@ -100,7 +100,7 @@ class TorchProducts:
         self._kept: dict[int, tuple[np.ndarray, object]] = {}
         self._finite_kept: dict[int, tuple[np.ndarray, bool]] = {}
         self._numpy = NumpyProducts()
-        self.packs = False  # float32 products by backends/packed_gemm.py instead
+        self.packs = False  # float32 products by backends/cpu/packed_gemm.py instead
 
     @property
     def torch(self):
@@ -169,7 +169,7 @@ class TorchProducts:
         blocks first: on the bench host, one thread, CPU ms, ResNet's 1x1s at 56² and 28²
         (6.4-51 MFLOP) took 1.17-1.40x im2col's time by torch, while its 3x3s (0.49-0.78x) and the
         7x7 stem (0.68x) took less."""
-        from dpl.backends import im2col
+        from dpl.backends.cpu import im2col
 
         top, left, bottom, right = im2col._pads(call.attrs.get("padding", 0))
         if not self.convolutions or not im2col.takes(call) or (top, left) != (bottom, right):
@@ -187,7 +187,7 @@ class TorchProducts:
         the two copies (in and out) cost more than the faster channels-last convolution saves
         (3x3, 64 channels at 56x56, one thread, CPU ms: 2.26 vs 2.46 for the convolution alone,
         2.75 vs 2.63 with the copies)."""
-        from dpl.backends import im2col
+        from dpl.backends.cpu import im2col
 
         top, left, _, _ = im2col._pads(attrs.get("padding", 0))
         stride, dilation = im2col._pair(attrs.get("strides", 1)), im2col._pair(attrs.get("dilation", 1))

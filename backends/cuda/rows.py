@@ -1,5 +1,5 @@
 """Row kernels that know the hardware: what the CUDA emitter adds to a block-per-row nest
-(softmax, RMSNorm, LayerNorm, add+RMSNorm, any row reduction ``cuda_emitter`` gives a block).
+(softmax, RMSNorm, LayerNorm, add+RMSNorm, any row reduction ``cuda.emitter`` gives a block).
 
 - **Staged rows.** An input row that several passes over the row read (softmax reads ``x``
   for its maximum, its sum and its output; RMSNorm twice; add+RMSNorm ``x`` and the residual

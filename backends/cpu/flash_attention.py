@@ -39,7 +39,7 @@ import threading
 import numpy as np
 
 from dpl import dtypes
-from dpl.backends.c_emitter import PRELUDE, VECTOR_MATH
+from dpl.backends.cgen.emitter import PRELUDE, VECTOR_MATH
 from dpl.kernel.attention import Attention, Const, Param
 from dpl.kernel.ir import Const as KConst
 from dpl.kernel.ir import to_c

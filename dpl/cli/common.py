@@ -212,3 +212,42 @@ def _suggest(err: DplError, name: str, choices: Iterable[str]) -> DplError:
         guess = f"did you mean {', '.join(repr(c) for c in close)}?"
         err.hint = f"{guess} ({err.hint})" if err.hint else guess
     return err
+
+
+def module_parser(sub, name: str, help: str, *, runtime: bool = True) -> argparse.ArgumentParser:
+    """The subcommand ``name`` over one model file and the rules given with -p; with ``runtime``,
+    the options that say which target's runtime decisions to show."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("file")
+    add_patterns_option(p)
+    if runtime:
+        runtime_options(p)
+    return p
+
+
+def dims_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dim", action="append", default=[], type=dim_arg, metavar="NAME=SIZE",
+                   help="size of a symbolic dimension for the runtime decisions (default 8)")
+
+
+def runtime_options(p: argparse.ArgumentParser) -> None:
+    dims_option(p)
+    p.add_argument("--target", default="cpu", help="the build target whose backends and heuristics decide (default cpu)")
+    p.add_argument("--profile", metavar="FILE", help="a profile written by `dpl profile`, for the heuristics' stage two")
+
+
+def fusion_config(args):
+    from dpl.runtime.config import FusionConfig
+
+    return FusionConfig(profile_path=args.profile) if args.profile else None
+
+
+def applied(args):
+    """(module, trace) after dpl.apply of the file with the given patterns."""
+    from dpl.apply import apply
+    from dpl.trace import Trace
+
+    mod = load_module(args.file)
+    trace = Trace()
+    apply(mod, args.patterns or (), trace=trace)
+    return mod, trace

@@ -50,7 +50,7 @@ class Conv2d:
     """One convolution's attributes, and a per-thread workspace for its padded input and columns."""
 
     def __init__(self, attrs, matmul=None):
-        self.matmul = matmul or (lambda a, b, out: np.matmul(a, b, out=out))  # a provider's (backends/blas.py)
+        self.matmul = matmul or (lambda a, b, out: np.matmul(a, b, out=out))  # a provider's (backends/cpu/blas.py)
         self.strides = _pair(attrs.get("strides", 1))
         self.dilation = _pair(attrs.get("dilation", 1))
         self.padding = _pads(attrs.get("padding", 0))

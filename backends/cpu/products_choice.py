@@ -3,7 +3,7 @@ on this machine, by measurement, once per machine and library versions.
 
 The contenders are NumPy's BLAS (OpenBLAS, with im2col for convolutions: the floor, always
 there), torch (MKL's ``matmul``, oneDNN's convolution) when torch is installed, and for float32
-products dpl's own routine, a model's weights packed once (:mod:`dpl.backends.packed_gemm`),
+products dpl's own routine, a model's weights packed once (:mod:`dpl.backends.cpu.packed_gemm`),
 when the C compiler builds it. Each computes a representative
 layer's products (a short sequence, 128 rows, through a 512-wide decoder layer's four weights:
 q/k/v, o, gate/up, down; 12.6 MB of weights, more than a core's L2, so each product meets its
@@ -138,8 +138,8 @@ def _layer(cc: str, load, torch):
     products in turn, by NumPy's BLAS, the ``torch`` provider (None: not installed) and the
     packed routine (None where it did not compile; ``load``: the kernel cache's, default the
     user cache's)."""
-    from dpl.backends import blas, packed_gemm
-    from dpl.backends.c_toolchain import KernelCache, vector_math
+    from dpl.backends.cpu import blas, packed_gemm
+    from dpl.backends.cpu.toolchain import KernelCache, vector_math
     from dpl.backends.registry import CompileError
     from dpl.ir.expr import Call, Constant, Var
     from dpl.ir.types import TensorType
@@ -175,8 +175,8 @@ def measure(cc: str = "cc", rounds: int = ROUNDS, load=None) -> Measured:
     """NumPy's, (when installed) torch's and (when it compiles: ``load(source)`` gives its
     library) the packed routine's layer products, and NumPy's and torch's convolution, timed
     here on one thread."""
-    from dpl.backends import blas
-    from dpl.backends.im2col import Conv2d
+    from dpl.backends.cpu import blas
+    from dpl.backends.cpu.im2col import Conv2d
 
     keep_mapped()  # as a build runs them: oneDNN's per-call buffers are not faulted in afresh
     rng = np.random.default_rng(0)
@@ -204,7 +204,7 @@ def choose(cc: str = "cc", load=None):
     NumPy's, with float32 products by the packed routine where it measured
     faster (``load(source)``: a C source's library, the CPU backend's kernel cache); measured
     once per machine (cached on disk), its ``why`` saying what was measured."""
-    from dpl.backends import blas
+    from dpl.backends.cpu import blas
 
     measured = _measured(cc, load)
     if measured.torch_matmuls or measured.torch_convolutions:
@@ -218,7 +218,7 @@ def choose(cc: str = "cc", load=None):
 
 
 def _measured(cc: str, load=None) -> Measured:
-    from dpl.backends.c_toolchain import compiler_version, cpu_identity
+    from dpl.backends.cpu.toolchain import compiler_version, cpu_identity
 
     key = _key(cpu_identity(), compiler_version(cc))
     with _lock:
@@ -245,11 +245,11 @@ def _measured(cc: str, load=None) -> Measured:
 
 def products(name: str, cc: str = "cc", load=None):
     """The provider called ``name``: ``"auto"`` (the fastest here, measured once and cached:
-    :func:`dpl.backends.products_choice.choose`), ``"numpy"``, ``"torch"`` or ``"dpl"``
-    (NumPy's, with the float32 products :mod:`dpl.backends.packed_gemm` takes by it).
+    :func:`dpl.backends.cpu.products_choice.choose`), ``"numpy"``, ``"torch"`` or ``"dpl"``
+    (NumPy's, with the float32 products :mod:`dpl.backends.cpu.packed_gemm` takes by it).
     ``load(source)``: a C source's compiled library (the CPU backend's kernel cache), for
     measuring the packed routine."""
-    from dpl.backends import blas
+    from dpl.backends.cpu import blas
 
     if name in ("numpy", "dpl"):
         provider = blas.NumpyProducts()

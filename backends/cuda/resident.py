@@ -1,7 +1,7 @@
 """Device-resident runs: a whole plan on the device, arrays crossing only at its edges.
 
 An Executable whose first available backend is CuPy hands every call here
-(:meth:`~dpl.backends.cupy_backend.CupyBackend.resident`). Each memory plan
+(:meth:`~dpl.backends.cuda.backend.CupyBackend.resident`). Each memory plan
 (:class:`~dpl.runtime.plan.Plan`, one per input signature) gets a :class:`DevicePlan`: its
 arena's slots allocated once as device arrays, its constants copied once, its steps run on
 device arrays through each kernel's ``.device`` entry (the part of a CuPy kernel that works on
@@ -14,7 +14,7 @@ A step whose kernel is not CuPy's (one that fell back to the CPU) still runs, it
 copied down and its results up around it; the DevicePlan names such steps in ``host_steps``.
 
 With every step on the device the plan is captured as one CUDA graph
-(:mod:`dpl.backends.cuda_graph`) and replayed from the second call on; otherwise, or when the
+(:mod:`dpl.backends.cuda.graph`) and replayed from the second call on; otherwise, or when the
 capture fails, it runs step by step and ``graph_note`` says why.
 
 A DevicePlan owns one arena, so calls of one plan run one at a time (a lock); different
@@ -30,7 +30,7 @@ import threading
 import numpy as np
 
 from dpl import dtypes as dt
-from dpl.backends.cuda_graph import GraphRunner
+from dpl.backends.cuda.graph import GraphRunner
 from dpl.errors import DplError
 from dpl.ir.types import TupleType
 

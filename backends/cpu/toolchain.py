@@ -73,8 +73,8 @@ def usable_flags(cc: str) -> tuple[str, ...]:
 
 @lru_cache(maxsize=None)
 def vector_math(cc: str) -> bool:
-    """Whether glibc's vector math library links here (see c_emitter.VECTOR_MATH)."""
-    from dpl.backends.c_emitter import PRELUDE, VECTOR_MATH
+    """Whether glibc's vector math library links here (see cgen.emitter.VECTOR_MATH)."""
+    from dpl.backends.cgen.emitter import PRELUDE, VECTOR_MATH
 
     body = "void f(float *restrict a, int n) {\n#pragma omp simd\n for (int i = 0; i < n; ++i) a[i] = exp(a[i]) + log(a[i]) + tanh(a[i]) + erf(a[i]) + sin(a[i]) + cos(a[i]) + pow(a[i], a[i]);\n}\n"
     with tempfile.TemporaryDirectory() as tmp:

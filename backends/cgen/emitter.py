@@ -2,7 +2,7 @@
 every target shares: loads (flattened, 16-bit floats widened), lets, reductions, stores and
 plain serial loops, with expressions through ``dpl.kernel.to_c``. Each target wraps it: the
 CPU wrapper here (:class:`CpuEmitter`) puts OpenMP over the outermost loop of each nest and
-``omp simd`` on innermost loops; the CUDA wrapper (``cuda_emitter.py``) maps the outer loops
+``omp simd`` on innermost loops; the CUDA wrapper (``backends/cuda/emitter.py``) maps the outer loops
 onto the thread grid. So the arithmetic a GPU runs is the arithmetic the CPU tests check.
 
 Large outputs are written with non-temporal (streaming) stores: an innermost loop that stores
@@ -18,7 +18,7 @@ in vectors, then stored row by row. Run as written each load was a gather from a
 line (Llama 8x128's RoPE group that also transposes k: 0.50 -> 0.22-0.29 ms).
 
 Every C identifier the kernel's own names need (buffers, dims, loop variables, locals) is
-spelled by one allocator, ``c_names.CNames``; the emitter's scaffolding lives in ``dpl_*``.
+spelled by one allocator, ``cgen.names.CNames``; the emitter's scaffolding lives in ``dpl_*``.
 NaN, the infinities and -0.0 mean what they mean to NumPy (see ``_NAN_FOLD`` for max/min).
 
 The generated function is ``void <name>(void **buffers, const int64_t *dims)``: buffers are
@@ -35,7 +35,7 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
-from dpl.backends.c_names import CNames, EmitError
+from dpl.backends.cgen.names import CNames, EmitError
 from dpl.kernel.ir import (C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, substitute,
                           op_c, to_c, walk, walk_exprs)
 from dpl.kernel.loop_split import split_index_loops

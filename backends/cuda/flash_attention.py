@@ -1,6 +1,6 @@
 """Flash-style attention as CUDA C++: the arithmetic of the CPU kernel (``flash_attention.py``)
-for a GPU, in the CUDA emitter's prelude and 16-bit helpers (``cuda_emitter.CUDA_PRELUDE``,
-``HELPERS``), so NVRTC compiles it and the host twin (``cuda_host.HostTwin``) runs it on the
+for a GPU, in the CUDA emitter's prelude and 16-bit helpers (``cuda.emitter.CUDA_PRELUDE``,
+``HELPERS``), so NVRTC compiles it and the host twin (``cuda.host.HostTwin``) runs it on the
 CPU in the tests.
 
 One block per query row (grid-stride over batch x rows); keys in tiles of ``DPL_BLOCK``: each
@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from dpl import dtypes
-from dpl.backends.cuda_emitter import CUDA_PRELUDE, HELPERS, MAX_GRID
-from dpl.backends.flash_attention import layout_cache
+from dpl.backends.cuda.emitter import CUDA_PRELUDE, HELPERS, MAX_GRID
+from dpl.backends.cpu.flash_attention import layout_cache
 from dpl.kernel.attention import Attention, Param
 from dpl.kernel.ir import Const as KConst
 from dpl.kernel.ir import to_c
@@ -155,7 +155,7 @@ def choose(spec: Attention, shapes, mode: str = "auto", threshold: int | None = 
     """Whether the CUDA flash kernel runs this attention, and why: "flash" / "segments" decide
     alone (``flash_attention.choose``); "auto" takes flash from ``SCORES_BYTES`` of scores on
     (unknown shapes: the segments)."""
-    from dpl.backends import flash_attention as fa
+    from dpl.backends.cpu import flash_attention as fa
 
     if mode != "auto":
         return fa.choose(spec, shapes, mode)

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from dpl.cli_common import add_patterns_option, dim_arg, entry_function, load_module, parse_dims, print_json, random_inputs, target_arg
+from dpl.cli.common import add_patterns_option, dim_arg, entry_function, load_module, parse_dims, print_json, random_inputs, target_arg
 from dpl.errors import DplError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ On the 2-core AVX-512 bench host, one thread, a decoder layer's four products (1
 weights 256x512, 256x256, 256x1024, 512x256, then the next layer's), in sequence as a model
 calls them: OpenBLAS 3.63 ms, this routine 3.15 (0.87x); at 1024 rows 26.5 and 24.8 ms.
 ``products="auto"`` uses the routine only where it measured faster on this machine
-(:mod:`dpl.backends.products_choice`); :func:`takes` leaves to the BLAS what it cannot take
+(:mod:`dpl.backends.cpu.products_choice`); :func:`takes` leaves to the BLAS what it cannot take
 (float64, symbolic or broadcast batch shapes, a last vector mostly padding).
 
 The arithmetic is the product's: every result element sums ``a[i, k] * w[k, j]`` over ``k`` in
@@ -321,9 +321,9 @@ SOURCE = SOURCE_HEAD.replace("ACT_CASES", _act_cases()).replace("KC_ROWS", str(K
 
 
 def source(vector_math: bool) -> str:
-    """The routine's C; ``vector_math``: with glibc's vector exp declared (c_emitter.VECTOR_MATH),
+    """The routine's C; ``vector_math``: with glibc's vector exp declared (cgen.emitter.VECTOR_MATH),
     as the generated kernels have it, so that the gated unit's exp is theirs, lane for lane."""
-    from dpl.backends.c_emitter import VECTOR_MATH
+    from dpl.backends.cgen.emitter import VECTOR_MATH
 
     return VECTOR_MATH + SOURCE if vector_math else SOURCE
 
@@ -500,7 +500,7 @@ def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _P
     """``fn(a, b, out)`` computing ``call`` (:func:`takes`) into ``out`` by ``routine``. A
     constant ``b`` is packed once, at the first call (the segment runner passes it again at
     each call, and it is not read again), a variable one read in place. ``threads`` caps the
-    team. With the epilogue of a constant ``b``'s product (``backends/segments.py``,
+    team. With the epilogue of a constant ``b``'s product (``backends/cpu/segments.py``,
     ``fold_epilogues``): plus ``bias`` (N values) and then, with ``residual``, plus the array
     given before ``out`` (``fn(a, b, res, out)``), then the activation ``act`` (one of
     ``ACTS``), each applied as the last K-block stores its tiles."""
@@ -550,7 +550,7 @@ def _variable_runner(call: Call, routine: Routine, threads: int | None):
 def array_matmul(routine: Routine, fallback, threads: int | None = None):
     """``fn(a, b, out)``: ``a`` (M x K) times each of ``b``'s matrices (n x K x N) into ``out``
     (n x M x N) by ``routine``, ``b`` read in place: im2col's product, the convolution's
-    weights times its columns (backends/im2col.py). Other operands (not float32, not
+    weights times its columns (backends/cpu/im2col.py). Other operands (not float32, not
     contiguous: a grouped convolution's slices) go to ``fallback(a, b, out)``."""
     cap = int(threads or 0)
 

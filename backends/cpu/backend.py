@@ -1,0 +1,420 @@
+"""The CPU backend: each group's kernel IR as C with OpenMP, compiled by the system C compiler,
+cached on disk, loaded with ctypes. Codegen prefixes ``cpu`` and ``kernel``; ``cublas.*``
+composites run here too when no GPU is there.
+
+The disk cache (``dpl.runtime.disk_cache``: platformdirs' user cache directory, or
+``cache_dir``) is keyed by the SHA-256 of the source, the flags, the compiler's version and
+the host CPU's identity (``-march=native`` code must never run on another CPU). An entry is
+loaded only when its bytes hash to its manifest's SHA-256; anything else is rebuilt, never
+trusted. Two processes compiling the same kernel meet at a file lock: one compiles, the other
+loads its result.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import warnings
+
+import attrs
+import numpy as np
+
+from dpl import dtypes
+from dpl.backends.cpu import blas, im2col
+from dpl.backends.cpu import max_pool, packed_gemm
+from dpl.backends.cpu import products_choice
+from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
+from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
+from dpl.backends.cpu.segments import NotSegmentable, Part, Product, fold_epilogues, is_product, segment, segment_runner
+from dpl.ir.expr import Call, Constant, Var
+from dpl.ir.traverse import vars_in
+from dpl.ir.types import TensorType
+from dpl.runtime import build_pool
+from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES
+from dpl.runtime.heap import keep_mapped
+from dpl.runtime.keys import graph_structure
+from dpl.runtime.timed_choice import RacedKernel
+from dpl.runtime.threads import OPENMP, openmp_kernel
+
+# the toolchain's names, as the CPU backend's own (tests and benchmarks import them from here)
+from dpl.backends.cpu.toolchain import (  # noqa: E402,F401
+    BASE_FLAGS, FAST_FLAGS, SYMBOL, KernelCache, compiler_version, cpu_identity, default_cache_dir, usable_flags, vector_math,
+)
+
+
+class CpuBackend(Backend):
+    """Generated C for every group the kernel IR lowers; what does not lower (``take``, calls)
+    is a compile error, and the target's next backend runs it."""
+
+    name = "cpu"
+    prefixes = ("cpu", "kernel")
+    capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"), composites=("cublas.*",),
+                                dtypes=("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"))
+    dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
+
+    def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
+                 stream_bytes: int | None = STREAM_BYTES, products: str = "auto", cache_max_bytes: int = DEFAULT_MAX_BYTES,
+                 attention: str = "auto"):
+        self.cc = cc or os.environ.get("CC") or "cc"
+        # who computes matrix products and convolutions: "auto" (the fastest here, measured once
+        # and cached: backends/cpu/products_choice.py), "numpy", "torch" or "dpl" (NumPy's, float32
+        # products by backends/cpu/packed_gemm.py); resolved at the first
+        # product a build meets, so a plan without products never imports torch or measures
+        if products not in blas.NAMES:
+            raise BackendError(f"unknown products library {products!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")
+        self.products_name = products
+        self._products = None
+        self._packed = None  # the packed product routine (backends/cpu/packed_gemm.py), made at the first product
+        self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
+        self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
+        self._warned = False
+        self._has_cc: bool | None = None  # whether the compiler is on PATH (see available)
+        # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"
+        if attention not in ("auto", "flash", "segments"):
+            raise BackendError(f"CpuBackend(attention=...) takes 'auto', 'flash' or 'segments', got {attention!r}")
+        self.attention = attention
+
+    @property
+    def products(self):
+        """The provider of matrix products and convolutions (backends/cpu/blas.py), chosen on first use."""
+        if self._products is None:
+            self._heap = keep_mapped()  # before any measurement: torch's convolutions allocate per call
+            self._products = products_choice.products(self.products_name, self.cc, load=self.cache.load)
+        return self._products
+
+    def notes(self) -> tuple[str, ...]:
+        """What ``exe.summary()`` says under this backend: who computes the products, and why."""
+        if self._products is None:
+            return (f"products: {self.products_name} (not chosen yet: no product built)",)
+        p = self._products
+        pools = f"threads: products on {p.pool_of(_MATMUL)}, convolutions on {p.pool_of(_CONV)}"
+        packed = f"; {blas.PACKED}, on {OPENMP}" if p.packs else ""
+        return (f"products: {p.name} ({p.library}; {pools}){packed}; {p.why}", self._heap)
+
+    def available(self) -> tuple[bool, str]:
+        if self._has_cc is None:  # looked up once: asked for every function a build places
+            self._has_cc = shutil.which(self.cc) is not None
+        if not self._has_cc:
+            reason = f"no C compiler ('{self.cc}') on this machine"
+            if not self._warned:  # one warning per backend, then only the summary says it
+                self._warned = True
+                warnings.warn(f"dpl: {reason}; the CPU target runs on the NumPy backend", RuntimeWarning, stacklevel=2)
+            return False, reason
+        return True, "available"
+
+    def compile(self, function, *, module=None, shapes=()):
+        function = wrapped_composite(function, module)  # a Codegen wrapper: the composite it calls
+        note = None  # the path an attention took, and why (exe.summary() shows it)
+        if function.attrs.get("Composite") == "kernel.attention":
+            flash, note = self._compile_flash(function, shapes)
+            if flash is not None:
+                return self._race_segments(function, flash, note) if self.attention == "auto" else flash
+        lone = _take_runner(function) or _cumsum_runner(function)
+        if lone is not None:
+            return lone
+        if any(_blas_product(b) for b in function.bindings):
+            try:
+                run = self._compile_segments(function)
+                if note:
+                    run.note = note  # type: ignore[attr-defined]
+                return run
+            except NotSegmentable:
+                pass  # an operand or result the segments cannot hold: the kernel IR's own loops
+        return self._compile_kernel(function)
+
+    def _compile_segments(self, function):
+        """Each matrix product (and each convolution: torch's, or im2col's product,
+        backends/cpu/im2col.py) by the products provider (backends/cpu/blas.py), each run of the other
+        bindings between products as one generated-C kernel: a product and its epilogue, a
+        prologue and its product, attention's two products with the softmax between them."""
+        steps = segment(function, _blas_product, starts_part=_pool)
+        # a packed product of a weight applies its bias, residual and activation (or its gated
+        # unit) to its tiles
+        steps = fold_epilogues(steps, lambda p: self._packs(p.call) and isinstance(p.args[1], Constant), vars_in(function.ret),
+                               glu=lambda p: self._packs(p.call) and packed_gemm.takes_glu(p.call), acts=packed_gemm.ACTS)
+        pools = {self._pool_of(s.call) for s in steps if isinstance(s, Product)}
+        # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
+        # products, and an OpenMP team sharing their cores waits for the scheduler
+        # (dpl.runtime.threads; measured: the Llama MLP's SiLU-times-up group 4.5 ms with two
+        # threads, 3.2 with one). Products on the kernels' own OpenMP team (torch's, where it
+        # shares it): one pool, the parts keep every core
+        threads = None if pools <= {OPENMP} else 1
+        # a part whose results only feed the next product keeps them in cache: no streaming
+        kernels = [self._compile_kernel(s.function, threads=threads, stream_bytes=self.stream_bytes if s.feeds_result else None)
+                   for s in steps if isinstance(s, Part)]
+        try:
+            run = segment_runner(function, steps, kernels, np, products=lambda step: self._product(step.call, threads, step.epilogue))
+        except CompileError:  # the max pool routine did not compile: the kernel IR's loops run the group
+            raise NotSegmentable from None
+        run.__qualname__ = f"cpu-blas+c:{function.name}"
+        run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
+        run.thread_pools = frozenset(pools | {OPENMP} if kernels else pools)  # type: ignore[attr-defined]
+        return run
+
+    def _race_segments(self, function, flash, note: str):
+        """Flash and segments both, each call on the one recent calls found faster: the flash
+        kernel skips the tiles a causal mask hides, the segments' products win where the mask
+        hides nothing, and no build sees the mask's values (dpl.runtime.timed_choice)."""
+        try:
+            segments = self._compile_segments(function)
+        except NotSegmentable:
+            return flash
+        return RacedKernel(flash, segments, ("flash", "segments"), "attention", f"both built; the build's rule: {note}")
+
+    def _compile_flash(self, function, shapes):
+        """A kernel.attention composite as one flash-style kernel (backends/cpu/flash_attention.py),
+        or None for the segments path; and a note saying which and why."""
+        from dpl.backends.cpu import flash_attention as fa
+        from dpl.kernel.attention import NotAttention, read_attention
+
+        try:
+            spec = read_attention(function)
+        except NotAttention as err:
+            return None, f"segments (no flash kernel: {err})"
+        use, why = fa.choose(spec, shapes, self.attention)
+        if not use:
+            return None, f"segments ({why})"
+        source = fa.emit_flash(spec, vector_math=vector_math(self.cc))
+        try:
+            lib = self.cache.load(source)
+        except CompileError as err:  # the segments still run it
+            return None, f"segments (the flash kernel did not compile: {err.message[:200]})"
+        note = f"flash attention ({why})"
+        return fa.flash_runner(function.name, spec, source, lib, note=note), note
+
+    def _pool_of(self, call) -> str:
+        """The thread pool a library step runs on: a max pool and a packed product on OpenMP,
+        the rest the provider's."""
+        return OPENMP if max_pool.takes(call) or self._packs(call) or self._packs_conv(call) else self.products.pool_of(call)
+
+    def _packs(self, call) -> bool:
+        """Whether product ``call`` runs by dpl's packed-weight routine (backends/cpu/packed_gemm.py)."""
+        return call.op == "matmul" and self.products.packs and packed_gemm.takes(call) and self._routine() is not None
+
+    def _packs_conv(self, call) -> bool:
+        """Whether convolution ``call`` runs as im2col and the packed routine's product (float32,
+        one group, not taken by the provider's own convolution)."""
+        return (call.op == "nn.conv2d" and self.products.packs and im2col.takes(call) and call.ty.dtype == "float32"
+                and int(call.attrs.get("groups", 1)) == 1 and self.products.conv2d(call) is None
+                and self._routine() is not None)
+
+    def _routine(self):
+        """The packed routine (one per backend): loaded when the cache has it, else compiled on
+        the build pool beside the kernels; None where it failed to compile (the provider keeps
+        every product)."""
+        if self._packed is None or (self._packed and self._packed.failed):  # a pool's failed build: planned again
+            source = packed_gemm.source(vector_math(self.cc))
+            lib = self.cache.cached(source)
+            if lib is None:
+                lib = build_pool.submit(lambda: self.cache.load(source), "packed products")
+                if lib.done():  # no pool: compiled now
+                    try:
+                        lib = lib.result()
+                    except (CompileError, OSError):
+                        lib = False
+            self._packed = packed_gemm.Routine(lib) if lib is not False else False
+        return self._packed or None
+
+    def _product(self, call, threads: int | None = None, epilogue: tuple = ()):
+        """How a product of the segments runs: a convolution by the provider's own (torch's
+        oneDNN) or im2col and the provider's matmul (or dpl's routine), a float32 product by dpl's
+        packed routine where the choice says so (with the ``epilogue`` the segments folded into
+        it: bias, residual and activation, or the gated unit), a matmul by the provider (None:
+        the segment runner's own NumPy matmul, then the epilogue)."""
+        packs = self._packs(call)
+        if epilogue and not packs:  # the routine did not build: the runner's matmul, then the adds
+            return None
+        if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
+            return max_pool.runner(call, self.cache.load(max_pool.source(call.ty.dtype)), threads)
+        if packs and epilogue[:1] and epilogue[0][0] == "glu":  # the gated unit on the product's tiles
+            return packed_gemm.glu_runner(call, self._routine(), epilogue[0][1], threads)
+        if packs:  # the weights packed now, once
+            bias = next((e[1] for e in epilogue if e[0] == "bias"), None)
+            return packed_gemm.runner(call, self._routine(), threads, bias=bias, residual=any(e[0] == "residual" for e in epilogue),
+                                      act=next((e[1] for e in epilogue if e[0] == "act"), None))
+        if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
+            return im2col.conv2d_product(call, packed_gemm.array_matmul(self._routine(), self.products.matmul, threads))
+        if call.op != "matmul":
+            return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
+        return self.products.matmul if getattr(self.products, "matmuls", False) else None
+
+    def _compile_kernel(self, function, threads: int | None = None, stream_bytes: int | None | str = "default"):
+        """The kernel IR's loops as C; ``threads`` caps its OpenMP team (default: all cores);
+        ``stream_bytes`` overrides the backend's streaming-store threshold."""
+        from dpl.kernel import LoweringError, lower_function
+        stream = self.stream_bytes if stream_bytes == "default" else stream_bytes
+        key = (graph_structure(function), tuple(str(p.ty) for p in function.params), vector_math(self.cc), stream)
+        lowered = _LOWERED.get(key)
+        if lowered is None:
+            try:
+                kernel = lower_function(function)
+                lowered = kernel, emit_kernel(kernel, SYMBOL, vector_math=key[2], stream_bytes=stream)
+            except (LoweringError, EmitError) as err:
+                raise CompileError(f"'{function.name}' has no C kernel: {err.message}") from None
+            _remember(key, lowered)
+        kernel, source = lowered
+        if kernel.name != function.name:  # the same structure met under another name: messages say this one
+            kernel = attrs.evolve(kernel, name=function.name)
+        lib = self.cache.cached(source)
+        if lib is None:  # the compiler runs: on the build pool while a plan is made (dpl.runtime.build_pool)
+            lib = build_pool.submit(lambda: self.cache.load(source), function.name)
+            if lib.done():  # no pool: compiled now, and a compile error is raised here
+                lib = lib.result()
+        return _c_runner(function.name, kernel, source, _Library(lib), threads)
+
+
+# a group's kernel IR and C by its structure, parameter types and emitter options, for this
+# process: lowering and emitting took 8 of a warm build's 17-19 ms (the 2-layer Llama, 14
+# kernels), and a rebuild (another thread count, another target) lowers the same groups again
+_LOWERED: dict = {}
+_LOWERED_MAX = 4096
+
+
+def _remember(key, lowered) -> None:
+    if len(_LOWERED) >= _LOWERED_MAX:
+        _LOWERED.pop(next(iter(_LOWERED)), None)  # the oldest entry
+    _LOWERED[key] = lowered
+
+
+def _take_runner(function):
+    """A lone ``take`` along an axis (an embedding lookup) as NumPy's take writing straight into
+    the output, or None: the reference backend ran it through its interpreter, then copied it
+    (BERT 8x128's two lookups took 0.28 ms a call that way). Indices out of range go to NumPy's
+    checked take, whose IndexError the reference raises too."""
+    if len(function.bindings) != 1 or function.ret is not function.bindings[0].var:
+        return None
+    call = function.bindings[0].value
+    if not (isinstance(call, Call) and call.op == "take" and call.attrs.get("axis") is not None):
+        return None
+    params = {id(p): k for k, p in enumerate(function.params)}
+    if len(call.args) != 2 or not all(isinstance(a, Constant) or id(a) in params for a in call.args):
+        return None
+    axis = int(call.attrs["axis"])
+    operands = [(None, a.value) if isinstance(a, Constant) else (params[id(a)], None) for a in call.args]
+
+    def run(inputs, outputs):
+        x, idx = (value if k is None else inputs[k] for k, value in operands)
+        out, n = outputs[0], x.shape[axis]
+        if (idx.size and (idx.min() < -n or idx.max() >= n)) or not out.flags.c_contiguous or out.dtype != x.dtype:
+            np.copyto(out, np.take(x, idx, axis=axis))  # NumPy's IndexError for an index out of range
+            return
+        np.take(x, idx, axis=axis, out=out, mode="wrap")  # every index in range: wrap only takes the negative ones
+
+    run.__qualname__ = f"cpu-take:{function.name}"
+    return run
+
+
+def _cumsum_runner(function):
+    """A lone ``cumsum`` (OPT's positions from its padding mask) as NumPy's cumsum writing
+    straight into the output, or None. A scan is opaque to the kernel IR, so the group had gone
+    to the next backend as a failure to compile; NumPy's sequential sum in the output dtype's
+    accumulator is the reference's own, bit for bit."""
+    if len(function.bindings) != 1 or function.ret is not function.bindings[0].var or len(function.params) != 1:
+        return None
+    call = function.bindings[0].value
+    if not (isinstance(call, Call) and call.op == "cumsum" and call.args[0] is function.params[0]):
+        return None
+    axis, dtype = int(call.attrs["axis"]), dtypes.to_numpy(call.ty.dtype)
+    acc = dtypes.accumulator_numpy(dtype)  # the reference's accumulator
+
+    def run(inputs, outputs):
+        out = outputs[0]
+        if out.flags.c_contiguous and out.dtype == acc:
+            np.cumsum(inputs[0], axis=axis, dtype=acc, out=out)
+        else:
+            np.copyto(out, np.cumsum(inputs[0], axis=axis, dtype=acc), casting="unsafe")
+
+    run.__qualname__ = f"cpu-cumsum:{function.name}"
+    return run
+
+
+def _probe(op: str, weight: tuple[int, ...], attrs) -> Call:
+    """A small call of ``op``, for asking a provider which pool such calls run on."""
+    x, out = TensorType((1, 8, 8, 8), "float32"), TensorType((1, 8, 8, 8), "float32")
+    return Call(op, (Var("x", x), Var("w", TensorType(weight, "float32"))), attrs, out)
+
+
+_MATMUL = _probe("matmul", (8, 8), {})
+_CONV = _probe("nn.conv2d", (8, 8, 3, 3), {"padding": [1, 1, 1, 1]})
+
+
+# pools begin a part of their own: in the part of the epilogue before them, the C recomputed
+# that epilogue for every window (the zoo's ResNet stem at 224x224: 15.5 ms against 7.1 with
+# the activation written out)
+POOLS = frozenset({"nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"})
+
+
+def _pool(b) -> bool:
+    return isinstance(b.value, Call) and b.value.op in POOLS
+
+
+def _blas_product(b) -> bool:
+    """A binding a library computes: a matrix product, a convolution (torch's, or im2col's
+    product), a max pool (backends/cpu/max_pool.py)."""
+    return is_product(b) or im2col.takes(b.value) or max_pool.takes(b.value)
+
+
+class _Library:
+    """A kernel's loaded library, or the future of one still compiling: resolved at the first
+    call (the Executable waits for every build before it hands out a plan)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self._resolved = None
+
+    def resolve(self):
+        """(entry, omp_set_num_threads or None, omp_get_max_threads or None)."""
+        if self._resolved is None:
+            lib = self._lib.result() if hasattr(self._lib, "result") else self._lib
+            entry = getattr(lib, SYMBOL)
+            entry.restype = None
+            entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
+            # the OpenMP runtime the kernel links (found through its handle), to cap its team
+            get_threads = getattr(lib, "omp_get_max_threads", None)
+            set_threads = getattr(lib, "omp_set_num_threads", None) if get_threads is not None else None
+            self._resolved = (entry, set_threads, get_threads)
+        return self._resolved
+
+
+def _c_runner(name, kernel, source, library: _Library, threads):
+    """``run(inputs, outputs)`` calling a compiled kernel's entry; ``threads`` caps its OpenMP
+    team for the call (the calling thread's setting is restored after)."""
+    constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
+    dim_names = kernel.dims
+    n_params = len(kernel.params)
+    # (position among inputs and outputs, axis, dim) of each symbolic dim: none at static shapes
+    symbolic = [(i, k, d) for i, buf in enumerate((*kernel.params, *kernel.outputs)) for k, d in enumerate(buf.shape)
+                if isinstance(d, str)]
+    static = not (symbolic or dim_names or kernel.requires)  # nothing to bind or check per call
+    no_dims = (ctypes.c_int64 * 1)(0)
+
+    def run(inputs, outputs):
+        inputs = [np.ascontiguousarray(a) for a in inputs]
+        if static:
+            dims = no_dims
+        else:
+            arrays_ = (*inputs, *outputs)
+            bound: dict[str, int] = {}
+            for i, k, d in symbolic:
+                bound.setdefault(d, int(arrays_[i].shape[k]))
+            kernel.check_requires(bound)
+            dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
+        targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
+        arrays = [*inputs[:n_params], *constants, *targets]
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        entry, set_threads, get_threads = library.resolve()
+        if not threads or set_threads is None:
+            entry(ptrs, dims)
+        else:  # the calling thread's OpenMP setting, restored after
+            before = get_threads()
+            set_threads(threads)
+            try:
+                entry(ptrs, dims)
+            finally:
+                set_threads(before)
+        for o, t in zip(outputs, targets):
+            if o is not t:
+                np.copyto(o, t)
+
+    return openmp_kernel(run, f"cpu:{name}", source, threads, lambda n: _c_runner(name, kernel, source, library, n))
