@@ -523,6 +523,13 @@ class _DeclCompiler:
             names = ", ".join(f"'{r}'" for r in roots)
             self.err(RootError, f"rewrite '{d.name}' has several roots ({names}); nothing consumes them", self.bindings[roots[1]].span,
                      hint="a rewrite replaces one value: the binding no other binding consumes")
+        for r in roots:  # a root that only renames a wildcard would claim every value of the module
+            value = self.bindings[r].value
+            if isinstance(value, ast.Ref) and value.name not in self.bindings:
+                self.err(RootError, f"'{r} = {value.name}' makes a root of '{value.name}', which nothing binds: it would "
+                                    f"match every value", self.bindings[r].span,
+                         hint=f"bind '{r}' to an op call (e.g. '{r} = nn.relu({value.name})'), or use '{value.name}' as an "
+                              f"argument of another binding")
         known = set(self.bindings) | set(self.free)
         preds = PredicateCompiler(known, self.errors)
         # each conjunct of a where clause checked (and reported) on its own
