@@ -11,7 +11,8 @@
       -> automatic fusion (FuseOps) of whatever no pattern claimed, views joining groups
          (``fuse_ops(..., views=True)``; ``views=False`` is TVM's grouping exactly)
 
-The switches mirror TT-XLA's options so a user can bisect a problem; ``trace`` collects every
+Each step is a named pass of :mod:`dpl.pipeline`; the switches mirror TT-XLA's options so a user
+can bisect a problem, ``pipeline=`` gives the list outright, and ``trace`` collects every
 decision. Applying ``dpl.apply`` to its own output changes nothing.
 """
 
@@ -23,6 +24,7 @@ from typing import Sequence, Union
 from dpl.errors import DplError
 from dpl.ir.expr import Module
 from dpl.pattern.fusion import FusionPattern, PatternSet
+from dpl.pipeline import PassContext, PassInstrument, PipelineLike, as_pipeline, default_pipeline, run_pipeline
 from dpl.trace import Trace
 
 PatternsLike = Union[PatternSet, FusionPattern, str, os.PathLike, Sequence["PatternsLike"]]
@@ -61,8 +63,12 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
           annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
           fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, split_slices: bool = True,
           views: bool = True, multi_output: bool = True, rematerialize: bool = True,
-          trace: Trace | None = None) -> Module:
+          trace: Trace | None = None, pipeline: PipelineLike | None = None,
+          instruments: Sequence[PassInstrument] = ()) -> Module:
     """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring).
+    The switches choose the passes of :func:`dpl.pipeline.default_pipeline`; ``pipeline``
+    replaces that list (passes, their names, or the text form ``"rewrites,fold,by-pattern,
+    fuse-ops{views=false}"``), and ``instruments`` see every pass (``dpl.pipeline.PassTimings``).
     ``views`` (on here, off in ``fuse_ops`` itself): reshapes, squeezes and expand_dims move no
     data and never break an automatic group, symbolic shapes included; ``views=False`` gives
     TVM's grouping exactly. ``multi_output`` (on here, off in ``fuse_ops``): a lone op at most
@@ -73,56 +79,11 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
-    from dpl.ir.collector import paused_collector
-
-    with paused_collector():  # once around every pass, not only within each (see dpl.ir.collector)
-        return _apply(mod, patterns, rewrites=rewrites, composites=composites, annotate_codegen=annotate_codegen,
-                      fuse=fuse, bind_constants=bind_constants, allow_leaks=allow_leaks, fuse_reductions=fuse_reductions,
-                      fold=fold, merge_products=merge_products, split_slices=split_slices, views=views,
-                      multi_output=multi_output, rematerialize=rematerialize, trace=trace)
-
-
-def _apply(mod, patterns, *, rewrites, composites, annotate_codegen, fuse, bind_constants, allow_leaks, fuse_reductions,
-           fold, merge_products, split_slices, views, multi_output, rematerialize, trace) -> Module:
-    if trace is not None:
-        trace.source, trace.patterns = mod, patterns
-    if rewrites and patterns.rewrites:
-        if trace is None:
-            mod = patterns.apply_rewrites(mod)
-        else:  # the same rules in the same order, each one's changes recorded
-            from dpl.trace import rewrite_events
-
-            for rule in patterns.rewrites:
-                new = rule.apply(mod)
-                if new is not mod:
-                    trace.rewrites.extend(rewrite_events(rule.name, rule.origin, mod, new))
-                mod = new
-    if fold:
-        from dpl.transform.fold_constants import fold_constants
-
-        mod = fold_constants(mod)
-    if merge_products:
-        from dpl.transform.merge_products import merge_products as merge
-
-        mod = merge(mod)
-    if split_slices:
-        from dpl.transform.split_slices import split_slices as as_slices
-
-        mod = as_slices(mod)
-    if trace is not None:
-        trace.rewritten = mod  # what the fusion passes start from
-    if composites and patterns.patterns:
-        from dpl.transform.fuse_by_pattern import fuse_ops_by_pattern
-
-        mod = fuse_ops_by_pattern(mod, patterns.patterns, bind_constants=bind_constants, annotate_codegen=annotate_codegen,
-                                  allow_leaks=allow_leaks, trace=trace)
-    if fuse:
-        try:
-            from dpl.transform.fuse_ops import fuse_ops
-        except ImportError:
-            raise DplError("automatic fusion (FuseOps) is not available yet", hint="call dpl.apply(..., fuse=False)") from None
-        mod = fuse_ops(mod, fuse_reductions=fuse_reductions, views=views, multi_output=multi_output,
-                       rematerialize=rematerialize)
-    if trace is not None:
-        trace.result = mod
-    return mod
+    if pipeline is None:
+        passes = default_pipeline(rewrites=rewrites, fold=fold, merge_products=merge_products, split_slices=split_slices,
+                                  composites=composites, fuse=fuse, bind_constants=bind_constants,
+                                  annotate_codegen=annotate_codegen, allow_leaks=allow_leaks, fuse_reductions=fuse_reductions,
+                                  views=views, multi_output=multi_output, rematerialize=rematerialize)
+    else:
+        passes = as_pipeline(pipeline)
+    return run_pipeline(mod, passes, PassContext(patterns, trace, tuple(instruments)))
