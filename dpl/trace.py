@@ -16,6 +16,7 @@ class TraceEvent:
     members: tuple[str, ...]  # the bindings the match would fuse
     accepted: bool
     reason: str | None = None
+    composite: str | None = None  # accepted: the composite function the match became
 
 
 @attrs.frozen
@@ -28,6 +29,11 @@ class RewriteEvent:
     changed: tuple[str, ...]  # bindings whose value the rule replaced ("h = nn.rms_norm(...)")
     removed: tuple[str, ...]  # bindings that went away with them
     added: tuple[str, ...] = ()  # bindings the replacement introduced
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The bindings whose value the rule replaced or removed."""
+        return tuple(c.partition(" = ")[0] for c in self.changed) + self.removed
 
     def __str__(self) -> str:
         parts = [f"rewrite {self.rule} ({self.origin}) in {self.function}: {', '.join(self.changed) or 'no binding kept its name'}"]
@@ -75,6 +81,30 @@ class Trace:
 
     def record(self, pattern: str, function: str, root: str, members: tuple[str, ...], accepted: bool, reason: str | None = None) -> None:
         self.events.append(TraceEvent(pattern, function, root, members, accepted, reason))
+
+    def name_composites(self, start: int, func) -> None:
+        """Write on the accepted events from ``self.events[start]`` on the composite function
+        each became in ``func``, the function after outlining (an output of the match is
+        bound there to the call, or to an item of it); a match absorbed by a later one of the
+        same pattern keeps None: :meth:`claims` finds the one that absorbed it."""
+        called: dict[str, str] = {}
+        for b in func.bindings:
+            v = b.value
+            op = getattr(v, "op", None)
+            if op is not None and not isinstance(op, str):
+                called[b.var.name] = op.name
+            elif getattr(v, "tuple_value", None) is not None and getattr(v.tuple_value, "name", None) in called:
+                called[b.var.name] = called[v.tuple_value.name]
+        for k in range(start, len(self.events)):
+            e = self.events[k]
+            if e.accepted:
+                name = next((called[m] for m in reversed(e.members) if m in called), None)
+                self.events[k] = attrs.evolve(e, composite=name)
+
+    def claims(self) -> dict[tuple[str, str], TraceEvent]:
+        """(function, binding) -> the accepted match that took the binding into a composite
+        (the last one: a match of one pattern may absorb an earlier match of the same pattern)."""
+        return {(e.function, m): e for e in self.events if e.accepted for m in e.members}
 
     def accepted(self, pattern: str | None = None) -> list[TraceEvent]:
         return [e for e in self.events if e.accepted and pattern in (None, e.pattern)]

@@ -335,9 +335,12 @@ def _fuse(mod: Module, patterns: Sequence[FusionPattern], names: list[str], bind
                 view = views[name] = FunctionView(func)
             if not any(view.candidates(root) for root in _roots(pattern)):
                 continue  # no binding calls an op the pattern's root could match
+            start = len(trace.events) if trace is not None else 0
             groups = _Partition(view, pattern, allow_leaks, trace).run()
             if groups:
                 func, uses = outline_with_uses(func, groups, table, lift_constants=not bind_constants, uses=view.uses)
+                if trace is not None:  # which composite function each accepted match became
+                    trace.name_composites(start, func)
                 table.functions[name] = func
                 if uses is not None:  # the next pattern asks about the outlined function: no rescan
                     views[name] = FunctionView(func, uses, previous=view)
