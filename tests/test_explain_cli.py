@@ -104,3 +104,14 @@ def test_dpl_explain_command(tmp_path, capsys):
     assert "no binding 'nowhere'" in capsys.readouterr().err
     assert dpl_main(["explain", str(path)]) == 1
     assert "-p" in capsys.readouterr().err
+
+
+def test_a_misspelt_rule_gets_a_did_you_mean(capsys):
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "examples" / "residual_rmsnorm.ir")
+    assert dpl_main(["explain", src, "-p", "rewrites", "-p", "llm", "--rule", "add_rms_nrm"]) == 1
+    err = capsys.readouterr().err
+    assert "no rule named 'add_rms_nrm' in rewrites, llm; did you mean 'add_rms_norm'?" in err
+    assert dpl_main(["explain", src, "-p", "llm", "--rule", "zzzz"]) == 1
+    assert "did you mean" not in capsys.readouterr().err

@@ -30,6 +30,7 @@ binding and every rule.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Sequence
 
 import attrs
@@ -199,7 +200,10 @@ def explain_module(mod: Module, sources: Sequence[str], *, rule: str | None = No
     if rule is not None:
         rules = tuple(r for r in rules if rule in (r.name, r.name.split(".", 1)[-1]))
         if not rules:
-            raise DplError(f"no rule named '{rule}' in {', '.join(sources)}")
+            names = list(dict.fromkeys(x for r in every for x in (r.name, r.name.split(".", 1)[-1])))
+            close = difflib.get_close_matches(rule, names, n=1)
+            raise DplError(f"no rule named '{rule}' in {', '.join(sources)}" + (f"; did you mean '{close[0]}'?" if close else ""),
+                           hint="dpl check " + " ".join(sources) + " lists the rules")
     trace, passes = Trace(), _PassChanges()
     # what dpl fuse does, short of automatic fusion and the Codegen wrappers (which neither
     # decide a match nor rename a composite)
