@@ -15,8 +15,7 @@ import shutil
 
 import numpy as np
 
-from dpl.backends import Backend, Capabilities, wrapped_composite
-from dpl.backends.cpu.backend import KernelCache
+from dpl.backends import Backend, Capabilities, KernelCache, read_composite
 
 from dpl_mylib.emit import emit
 
@@ -38,14 +37,14 @@ class MyLibBackend(Backend):
         return True, "available"
 
     def compile(self, function, *, module=None, shapes=()):
-        composite = wrapped_composite(function, module)
+        composite = read_composite(function, module)  # the composite a Codegen wrapper calls, as plain data
         emitted = emit(composite)
         lib = self.cache.load(emitted.source)
         entry = lib.dpl_kernel
         entry.restype = None
         entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
         constants, row = emitted.constants, emitted.row
-        self.compiled.append(composite.attrs.get("Composite", composite.name))
+        self.compiled.append(composite.name)  # "mylib.dense_relu"
 
         def kernel(inputs, outputs):
             (out,) = outputs

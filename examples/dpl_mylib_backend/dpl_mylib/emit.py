@@ -1,10 +1,12 @@
 """C for one mylib composite: an optional matrix product, then an elementwise epilogue.
 
-The composite's bindings are walked in order. A leading ``matmul(x, w)`` with a 2-D ``w``
-becomes a row-at-a-time product into a local accumulator; every later binding is one C
-expression per element of the ``[rows, M]`` result. Operands of the epilogue are the result's
-own shape, a row vector ``[M]`` (a bias) or a scalar. Anything else is a :class:`CompileError`,
-and dpl runs the composite on the next backend of the target instead.
+The composite is read through dpl's public API (``dpl.backends.read_composite``): its
+parameters, its bindings in order and its constants, as plain Python values. A leading
+``matmul(x, w)`` with a 2-D ``w`` becomes a row-at-a-time product into a local accumulator;
+every later binding is one C expression per element of the ``[rows, M]`` result. Operands of
+the epilogue are the result's own shape, a row vector ``[M]`` (a bias) or a scalar. Anything
+else is a :class:`CompileError`, and dpl runs the composite on the next backend of the target
+instead.
 
 The generated function has the signature every kernel of dpl's C toolchain has:
 ``void dpl_kernel(void **buffers, const int64_t *dims)``: the buffers are the composite's
@@ -19,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dpl.backends import CompileError
-from dpl.ir.expr import Call, Constant, Var
 
 UNARY = {
     "nn.relu": "fmaxf({0}, 0.0f)",
@@ -40,76 +41,77 @@ class Emitted:
     row: int = 0
 
 
-def emit(function) -> Emitted:
-    """C for ``function`` (a composite), or CompileError saying what it cannot hold."""
-    out_ty = function.ret.ty
-    if not hasattr(out_ty, "shape") or not out_ty.shape:
-        raise CompileError(f"mylib: '{function.name}' must return one tensor of rank >= 1")
-    if not isinstance(out_ty.shape[-1], int):
-        raise CompileError(f"mylib: the last dim of '{function.name}' must be static, got '{out_ty.shape[-1]}'")
-    m = out_ty.shape[-1]
-    names: dict[int, str] = {}  # id(IR value) -> its C name
+def emit(composite) -> Emitted:
+    """C for ``composite`` (a ``dpl.backends.Composite``), or CompileError saying what it cannot hold."""
+    where = f"'{composite.function}' ({composite.name})"
+    if len(composite.outputs) != 1 or not composite.bindings:
+        raise CompileError(f"mylib: {where} must compute one tensor")
+    shapes = {p.name: p.shape for p in composite.params}
+    shapes.update({name: value.shape for name, value in composite.constants.items()})
+    shapes.update({b.name: b.shape for b in composite.bindings})
+    out_shape = shapes[composite.outputs[0]]
+    if not out_shape:
+        raise CompileError(f"mylib: {where} must return one tensor of rank >= 1")
+    if not isinstance(out_shape[-1], int):
+        raise CompileError(f"mylib: the last dim of {where} must be static, got '{out_shape[-1]}'")
+    m = out_shape[-1]
+    names: dict[str, str] = {}  # dpl's name of a value -> its C name
     decls: list[str] = []
     constants: list[np.ndarray] = []
-    for i, p in enumerate(function.params):
-        _check_dtype(p.ty, p.name)
-        names[id(p)] = f"p{i}"
+    for i, p in enumerate(composite.params):
+        _check_dtype(p.dtype, p.name)
+        names[p.name] = f"p{i}"
         decls.append(f"  const float *restrict p{i} = (const float *)buffers[{i}];")
 
-    def buffer(e) -> str:
+    def buffer(name) -> str:
         """The C name of a parameter or a constant (a constant becomes one more buffer)."""
-        if isinstance(e, Constant) and id(e) not in names:
-            _check_dtype(e.ty, "a constant")
-            k = len(function.params) + len(constants)
-            constants.append(np.ascontiguousarray(e.value, dtype=np.float32))
-            names[id(e)] = f"c{len(constants) - 1}"
-            decls.append(f"  const float *restrict {names[id(e)]} = (const float *)buffers[{k}];")
-        if id(e) not in names:
-            raise CompileError(f"mylib: '{function.name}' uses a value it cannot hold ({type(e).__name__})")
-        return names[id(e)]
+        if name in composite.constants and name not in names:
+            value = composite.constants[name]
+            _check_dtype(str(value.dtype), f"constant {name}")
+            k = len(composite.params) + len(constants)
+            constants.append(np.ascontiguousarray(value))
+            names[name] = f"c{len(constants) - 1}"
+            decls.append(f"  const float *restrict {names[name]} = (const float *)buffers[{k}];")
+        return names[name]
 
-    def operand(e) -> str:
-        """The C expression of ``e`` at element (r, j)."""
-        if isinstance(e, Var) and any(e is b.var for b in function.bindings):
-            return names[id(e)]  # an earlier binding: a local of the element loop
-        name = buffer(e)
-        shape = tuple(e.ty.shape)
-        if shape == tuple(out_ty.shape):
-            return f"{name}[r * {m} + j]"
+    def operand(name) -> str:
+        """The C expression of value ``name`` at element (r, j)."""
+        if not isinstance(name, str):  # a tuple literal or an item of a tuple (dpl.backends.Item)
+            raise CompileError(f"mylib: {where} reads a tuple value")
+        if composite.kind(name) == "binding":
+            return names[name]  # an earlier binding: a local of the element loop
+        c, shape = buffer(name), tuple(shapes[name])
+        if shape == tuple(out_shape):
+            return f"{c}[r * {m} + j]"
         if shape == (m,):
-            return f"{name}[j]"
+            return f"{c}[j]"
         if shape in ((), (1,)):
-            return f"{name}[0]"
-        raise CompileError(f"mylib: operand of shape {list(shape)} does not broadcast as a row or a scalar over {list(out_ty.shape)}")
+            return f"{c}[0]"
+        raise CompileError(f"mylib: operand of shape {list(shape)} does not broadcast as a row or a scalar over {list(out_shape)}")
 
-    bindings = list(function.bindings)
+    bindings = list(composite.bindings)
     product = ""
-    if bindings and _is_product(bindings[0].value):
-        x, w = bindings[0].value.args
-        product = _product(function, x, w, out_ty.shape, buffer)
-        names[id(bindings[0].var)] = "acc[j]"
+    if bindings[0].op == "matmul":
+        x, w = bindings[0].args
+        product = _product(composite, where, shapes, x, w, out_shape, buffer)
+        names[bindings[0].name] = "acc[j]"
         bindings = bindings[1:]
     body = []
     for n, b in enumerate(bindings):
-        v = b.value
-        if not isinstance(v, Call) or not isinstance(v.op, str):
-            raise CompileError(f"mylib: '{function.name}' binds something other than an op call")
-        _check_dtype(b.var.ty, b.var.name)
-        args = [operand(a) for a in v.args]
-        if v.op in UNARY and len(args) == 1:
-            expr = UNARY[v.op].format(*args)
-        elif v.op in BINARY and len(args) == 2:
-            expr = BINARY[v.op].format(*args)
+        _check_dtype(b.dtype, b.name)
+        args = [operand(a) for a in b.args]
+        if b.op in UNARY and len(args) == 1:
+            expr = UNARY[b.op].format(*args)
+        elif b.op in BINARY and len(args) == 2:
+            expr = BINARY[b.op].format(*args)
         else:
-            raise CompileError(f"mylib: no C for op '{v.op}' in '{function.name}'")
-        if v.attrs:
-            raise CompileError(f"mylib: op '{v.op}' with attributes is not supported")
-        names[id(b.var)] = f"v{n}"
+            raise CompileError(f"mylib: no C for op '{b.op}' in '{composite.function}'")
+        if b.attrs:
+            raise CompileError(f"mylib: op '{b.op}' with attributes is not supported")
+        names[b.name] = f"v{n}"
         body.append(f"      const float v{n} = {expr};")
-    result = operand(function.ret) if function.bindings else None
-    if result is None:
-        raise CompileError(f"mylib: '{function.name}' computes nothing")
-    n_in = len(function.params) + len(constants)
+    result = operand(composite.outputs[0])
+    n_in = len(composite.params) + len(constants)
     lines = [
         "#include <math.h>",
         "#include <stdint.h>",
@@ -131,20 +133,17 @@ def emit(function) -> Emitted:
     return Emitted("\n".join(line for line in lines if line), constants, m)
 
 
-def _is_product(v) -> bool:
-    return isinstance(v, Call) and v.op == "matmul"
-
-
-def _product(function, x, w, out_shape, buffer) -> str:
+def _product(composite, where, shapes, x, w, out_shape, buffer) -> str:
     """A row of ``x @ w`` into ``acc``: ``x`` is [..., K] (its leading dims are the rows), ``w`` [K, M]."""
     m = out_shape[-1]
-    if len(w.ty.shape) != 2 or any(not isinstance(d, int) for d in w.ty.shape) or w.ty.shape[1] != m:
-        raise CompileError(f"mylib: the product in '{function.name}' needs a static 2-D right operand [K, {m}]")
-    k = w.ty.shape[0]
-    if tuple(x.ty.shape) != (*out_shape[:-1], k):
-        raise CompileError(f"mylib: the product in '{function.name}' needs a left operand of shape {[*out_shape[:-1], k]}")
-    if any(x is b.var or w is b.var for b in function.bindings):
-        raise CompileError(f"mylib: the product in '{function.name}' must read parameters or constants")
+    if composite.kind(x) == "binding" or composite.kind(w) == "binding":
+        raise CompileError(f"mylib: the product in {where} must read parameters or constants")
+    w_shape = shapes[w]
+    if len(w_shape) != 2 or any(not isinstance(d, int) for d in w_shape) or w_shape[1] != m:
+        raise CompileError(f"mylib: the product in {where} needs a static 2-D right operand [K, {m}]")
+    k = w_shape[0]
+    if tuple(shapes[x]) != (*out_shape[:-1], k):
+        raise CompileError(f"mylib: the product in {where} needs a left operand of shape {[*out_shape[:-1], k]}")
     xs, ws = buffer(x), buffer(w)
     return "\n".join([
         f"    float acc[{m}];",
@@ -156,6 +155,6 @@ def _product(function, x, w, out_shape, buffer) -> str:
     ])
 
 
-def _check_dtype(ty, what):
-    if getattr(ty, "dtype", None) != "float32":
-        raise CompileError(f"mylib: {what} is not float32 ({ty})")
+def _check_dtype(dtype, what):
+    if dtype != "float32":
+        raise CompileError(f"mylib: {what} is not float32 ({dtype})")
