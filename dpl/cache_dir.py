@@ -154,7 +154,7 @@ def private_dir(directory: str | os.PathLike, purpose: str) -> Path:
         first = str(directory) not in _warned
         _warned.add(str(directory))
     if first:
-        log.warning("dpl: not using the cache directory %s: it %s; using the private %s for this process "
+        log.warning("not using the cache directory %s: it %s; using the private %s for this process "
                     "(fix its owner and mode, or name another directory)", directory, why, fallback)
     return fallback
 
@@ -167,7 +167,7 @@ def mark(directory: Path, store: str) -> None:
     try:
         write_private_file(Path(directory) / MARKER, text.encode())
     except OSError as err:
-        log.info("dpl: could not mark %s as dpl's cache: %s", directory, err)
+        log.info("could not mark %s as dpl's cache: %s", directory, err)
 
 
 def is_marked(directory: Path) -> bool:

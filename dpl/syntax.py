@@ -50,7 +50,7 @@ def open_grammar(name: str, **options) -> Lark:
             write_private_file(manifest, hashlib.sha256(read_own_file(path)).hexdigest().encode())
             return parser
     except OSError as err:  # a cache that cannot be written costs time, never the parse
-        log.info("dpl: parse tables of %s not cached: %s", name, err)
+        log.info("parse tables of %s not cached: %s", name, err)
         return Lark.open_from_package("dpl.grammar", name, parser="lalr", **options)
 
 

@@ -170,7 +170,7 @@ def test_a_report_creates_and_removes_nothing(tmp_path, capsys):
     (stale / BUILD_MARKER).write_bytes(b"")
     new_process()
     assert main(["cache", "info", "--dir", str(store)]) == 0
-    assert "1 build(s) in progress" in capsys.readouterr().out and stale.exists()
+    assert "1 build in progress" in capsys.readouterr().out and stale.exists()
 
 
 def test_the_products_and_parsers_stores_are_marked_when_dpl_creates_them(tmp_path):

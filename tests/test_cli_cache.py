@@ -1,5 +1,6 @@
 """``dpl cache info|clear`` on the user cache (here a temporary one) and on a named folder."""
 
+import json
 import shutil
 import subprocess
 
@@ -8,6 +9,7 @@ import pytest
 import needs
 
 import dpl.cli.cache
+from dpl.backends.cpu import products_choice
 from dpl.cli import main
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES, LibraryCache
 
@@ -50,19 +52,28 @@ def test_the_user_cache_with_its_parse_tables_and_products_choices(tmp_path, lib
     (parsers / f"ir-{'0' * 32}.lark").write_bytes(b"x" * 10)
     (parsers / f"ir-{'0' * 32}.sha256").write_bytes(b"y" * 6)
     (products / f"{'a' * 24}.json").write_bytes(b"{}")
+    here = products / products_choice.stored_here()
+    here.write_text(json.dumps(dict(numpy_matmul=2.0, numpy_conv=1.0, torch_matmul=2.5, torch_conv=0.5, packed_matmul=1.0,
+                                    machine="Some CPU, 2 cores; NumPy 2, torch 2, gcc 12")))
+    for p in products.iterdir():
+        p.chmod(0o600)
     foreign = [parsers / "ir-0.lark", parsers / "write.lock", products / "notes.json"]  # not names dpl writes
     for f in foreign:
         f.write_text("mine")
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
     assert f"location: {tmp_path / 'dpl'}" in out and "kernels: " in out and ": 2 entries" in out
-    assert "cuda-twin: " in out and ": 0 entries" in out and "parsers: 1 parse table, 16 bytes" in out
-    assert "products: 1 products choice, 2 bytes" in out
+    assert "cuda-twin: " in out and ": 0 entries" in out and f"parsers: {parsers}: 1 parse table, 16 bytes" in out
+    assert f"products: {products}: 2 products choices, {2 + here.stat().st_size} bytes" in out
+    # what each choice holds, this machine's first
+    assert (f"  {here.name} (this machine): products by NumPy, float32 ones by the packed routine, convolutions by "
+            "torch; measured on Some CPU, 2 cores; NumPy 2, torch 2, gcc 12\n"
+            f"  {'a' * 24}.json (another CPU or other library versions, unused here): unreadable; measured again when needed") in out
     assert not (tmp_path / "dpl" / "cuda-twin").exists()  # a report creates nothing
     assert main(["cache", "clear"]) == 0
     out = capsys.readouterr().out
     assert "kernels: removed 2 entries" in out and "parsers: removed 1 parse table" in out
-    assert "products: removed 1 products choice" in out
+    assert f"products: removed 2 products choices from {products}" in out
     assert sorted(p.name for p in parsers.iterdir()) == ["ir-0.lark", "write.lock"]
     assert [p.name for p in products.iterdir()] == ["notes.json"]
 

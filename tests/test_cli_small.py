@@ -122,3 +122,129 @@ def test_counts_of_one_are_singular(files, capsys):
     assert "over 1 run\n" in out + "\n" and ": 1 kernel call," in err
     assert main(["report", "m.ir"]) == 0
     assert "coverage of 'main': 3 ops" in capsys.readouterr().out
+
+
+# -- the build's progress line, and the log lines around it (issue 34, item 6) -------------------
+
+
+def fractions(text: str) -> list[tuple[int, int]]:
+    import re
+
+    return [(int(a), int(b)) for a, b in re.findall(r"\] (\d+)/(\d+) ", text)]
+
+
+def test_a_growing_total_is_not_shown_until_it_is_known():
+    """Builds are submitted while the plan is walked: the line counts what is done, and shows
+    a fraction only once no more work can come, so it never goes from 3/3 to 3/4."""
+    import io
+
+    from dpl.runtime.progress import Progress
+
+    stream = io.StringIO()
+    bar = Progress(None, stream, title="dpl: compiling kernels ")
+    bar.grow(3)
+    for name in "abc":
+        bar.step(name)
+    bar.grow(2)  # the walk met two more kernels
+    bar.step("d")
+    assert fractions(stream.getvalue()) == [] and "4 done d" in stream.getvalue()
+    bar.settle()  # the walk is over
+    bar.step("e")
+    bar.finish()
+    assert fractions(stream.getvalue()) == [(4, 5), (5, 5)]
+    assert stream.getvalue().endswith("\n") and stream.getvalue().count("\n") == 1
+
+
+def test_a_log_line_goes_above_the_progress_line():
+    import io
+    import logging
+
+    from dpl.cli.command import _Formatter, _Handler
+    from dpl.runtime.progress import Progress
+
+    stream = io.StringIO()
+    bar = Progress(4, stream, title="dpl: compiling kernels ")
+    bar.step("k1")
+    handler = _Handler(stream)
+    handler.setFormatter(_Formatter())
+    handler.emit(logging.LogRecord("dpl.x", logging.INFO, __file__, 1, "measuring the products' libraries", (), None))
+    bar.step("k2")
+    lines = stream.getvalue().split("\n")
+    # the bar's line was wiped before the log line, which stands alone on its line; the bar comes back below it
+    assert lines[0].endswith("\rdpl: measuring the products' libraries") and lines[0].split("\r")[-2].strip() == ""
+    assert "] 1/4 k1" in lines[1] and "] 2/4 k2" in lines[1]
+    bar.finish()
+
+
+def test_no_library_log_message_says_dpl_itself():
+    """The CLI's formatter adds "dpl: "; a message that said it too printed "dpl: dpl: measuring"."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    said = []
+    for path in [*root.glob("dpl/**/*.py"), *root.glob("backends/**/*.py")]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"\blog(ger)?\.(debug|info|warning|error|exception|critical)\(f?[\"']dpl:", line):
+                said.append(f"{path.relative_to(root)}:{n}")
+    assert said == []
+
+
+def test_a_warning_that_says_dpl_is_not_doubled(files, capsys):
+    from dpl.cli import command
+
+    handler = command._configure_logging(0, 0)
+    try:
+        command._log_warning(RuntimeWarning("dpl: no C compiler; the CPU target runs on the NumPy backend"),
+                             RuntimeWarning, __file__, 1)
+    finally:
+        command.log.removeHandler(handler)
+    assert capsys.readouterr().err == "dpl: warning: no C compiler; the CPU target runs on the NumPy backend\n"
+
+
+@pytest.mark.parametrize("level, label", [(10, "dpl:   "), (20, "dpl: "), (30, "dpl: warning: "), (40, "dpl: error: ")])
+def test_log_levels_are_labelled_for_people(level, label):
+    """-v's detail is indented under what it details, not labelled 'debug:'."""
+    import logging
+
+    from dpl.cli.command import _Formatter
+
+    record = logging.LogRecord("dpl", level, __file__, 1, "said", (), None)
+    assert _Formatter().format(record) == label + "said"
+
+
+def test_verbose_lines_carry_no_debug_label(files, capsys):
+    assert main(["run", "one.ir", "--target", "numpy", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "debug:" not in err and "\ndpl:   " in "\n" + err
+
+
+# -- a file written is said on stderr, through the logger, and -q silences it -------------------
+
+
+@pytest.mark.parametrize("argv, written", [
+    (["viz", "m.ir", "--target", "numpy", "-o", "m.html"], "m.html"),
+    (["print", "m.ir", "-o", "p.ir"], "p.ir"),
+    (["fuse", "m.ir", "-o", "f.ir"], "f.ir"),
+])
+def test_a_written_file_is_reported_on_stderr_and_q_silences_it(files, capsys, argv, written):
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"dpl: wrote {written}")
+    assert main(argv + ["-q"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert (files / written).exists()
+
+
+# -- counts of one -------------------------------------------------------------------------------
+
+
+def test_a_repeat_of_one_box_says_box():
+    from dpl.viz.graph import Edge, Node, View, collapse_repeats
+
+    nodes = [Node(f"n{i}", "nn.relu", f"r{i}", "alone") for i in range(12)]
+    view = View("after", tuple(nodes), tuple(Edge(f"n{i}", f"n{i + 1}", "f32[4]") for i in range(11)))
+    short = collapse_repeats(view)
+    [placeholder] = [n for n in short.nodes if n.claim == "repeat"]
+    assert placeholder.lines[0].startswith("1 box each (")
+    assert "12 layers of 1 box each are alike" in placeholder.detail["repeated layers"]

@@ -700,3 +700,48 @@ def test_range_indices_of_one_element_select_as_transformers_masks_at_batch_one(
     model = Masked().eval()
     mod = dpl.from_torch(model, (x, padding))
     assert_matches_torch(dpl.interpret(mod, x.numpy(), padding.numpy()), model(x, padding))
+
+
+def test_a_saved_transformers_model_returning_its_model_output_loads(tmp_path):
+    """A transformers model saved the stock way (``return_dict=True``: it returns a
+    ``ModelOutput``) names that class in the .pt2; a fresh process, which has not imported
+    transformers, reads it all the same (dpl defines the class before torch reads the file)."""
+    needs.package("transformers")
+    from zoo import ARCHS
+
+    arch = ARCHS["llama"]
+    model = arch.build()
+    model.config.use_cache = False  # the cache is state for the next call, which torch.export cannot return
+    inputs = arch.inputs(6, batch=1)
+    torch.export.save(torch.export.export(model, (), inputs), tmp_path / "llama.pt2")
+    with torch.no_grad():
+        want = model(**inputs).last_hidden_state.numpy()
+    np.save(tmp_path / "ids.npy", inputs["input_ids"].numpy())
+    np.save(tmp_path / "want.npy", want)
+    script = ("import sys, numpy as np, dpl\n"
+              "from dpl.frontend import load_model\n"
+              "assert 'transformers' not in sys.modules\n"
+              "mod = load_model('llama.pt2')\n"
+              "got = dpl.interpret(mod, np.load('ids.npy'))\n"
+              "np.testing.assert_allclose(got, np.load('want.npy'), rtol=1e-4, atol=1e-4)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_saved_container_torch_cannot_read_back_is_named(tmp_path, monkeypatch):
+    """A container class that is no transformers' one, unknown to torch in this process: the
+    error names it and says what to do, not 'save it with torch.export.save'."""
+    from dpl.frontend import load_model
+
+    pytree = torch.utils._pytree
+
+    class Pair(nn.Module):
+        def forward(self, x):
+            return {"a": x + 1, "b": x * 2}
+
+    x = torch.randn(2, 3)
+    torch.export.save(torch.export.export(Pair(), (x,)), tmp_path / "pair.pt2")
+    monkeypatch.delitem(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE, "builtins.dict")  # as a class torch has not met
+    with pytest.raises(FrontendError, match="returns \\(or takes\\) builtins.dict, a container class torch does not know") as err:
+        load_model(tmp_path / "pair.pt2")
+    assert "return_dict=False" in err.value.hint and "torch.export.save" not in err.value.hint

@@ -86,8 +86,10 @@ def test_the_first_choice_is_measured_and_kept_for_the_next_process(store, monke
     files = list(store.glob("*.json"))
     assert len(files) == 1
     times = json.loads(files[0].read_text())
+    machine = times.pop("machine")  # in words, for dpl cache info
     assert set(times) == {"numpy_matmul", "numpy_conv", "torch_matmul", "torch_conv", "packed_matmul"}
     assert all(t > 0 for t in times.values())  # the packed routine compiled and was timed too
+    assert f"{os.cpu_count()} cores; NumPy {np.__version__}, torch " in machine
     m = Measured(**times)
     assert (first.name != "numpy") == (m.torch_matmuls or m.torch_convolutions)
     assert first.packs == m.packs

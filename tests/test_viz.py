@@ -51,7 +51,7 @@ def test_dpl_viz_writes_html_for_each_example(name, patterns, tmp_path, capsys):
     out = tmp_path / "out.html"
     args = ["viz", str(EXAMPLES / name), "-o", str(out)] + [x for p in patterns for x in ("-p", p)]
     assert dpl_main(args) == 0
-    assert str(out) in capsys.readouterr().out
+    assert f"dpl: wrote {out}" in capsys.readouterr().err  # on stderr, as every command that writes a file says it
     trace = dpl.Trace()
     dpl.apply(dpl.load(EXAMPLES / name), patterns, trace=trace)
     check_page(out.read_text(), trace)
@@ -114,11 +114,12 @@ def test_torch_nn_models_draw(tmp_path):
 def test_dpl_demo_runs_checks_times_and_writes_the_picture(tmp_path, capsys):
     out = tmp_path / "demo.html"
     assert dpl_main(["demo", "-o", str(out), "--budget", "0.05"]) == 0
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
     assert "-> OK" in text
     for stage in ("rewrites", "composites", "automatic fusion", "speed-up", "coverage of 'main'", "kernel.attention"):
         assert stage in text
-    assert str(out) in text and out.stat().st_size > 10_000
+    # the file written is said on stderr, as every command that writes one says it
+    assert f"dpl: wrote the picture: {out}" in err and out.stat().st_size > 10_000
     fused_ms, unfused_ms = (float(x) for x in re.findall(r"(\d+\.\d+) ms", text)[:2])
     assert fused_ms > 0 and unfused_ms > 0
 
@@ -187,3 +188,22 @@ func main(x: f32[64, 128], w: f32[128, 256]) -> f32[64, 256] {
     fused = dpl.fuse_ops(plain, dpl.FusionConfig(min_nodes_for_fusion=1, min_tensor_elements=0))
     group = next(f for name, f in fused.functions.items() if name != "main")
     assert "a matrix product, computed by BLAS */" in kernel_source(group, fused)
+
+
+def test_the_svg_has_a_legend_of_its_colours():
+    """Graphviz's picture says what each colour means, as the HTML page's header does."""
+    needs.package("graphviz")
+    drawing = dpl.draw(dpl.load(EXAMPLES / "llama_mlp.ir"), ["llm"])
+    source = drawing.dot().source
+    assert "cluster_legend" in source
+    for words in ("claimed by a composite pattern", "automatic fusion (FuseOps)", "alone: no group claimed it",
+                  "fallen back: runs op by op at run time", "kernel.swiglu"):
+        assert f'label="{words}"' in source
+
+
+def test_the_page_zooms_and_fits_with_nothing_fetched():
+    page = dpl.draw(dpl.parse(layered(12)), ["llm"], sources=False).html()
+    for control in ('id="zoom-in"', 'id="zoom-out"', 'id="zoom-fit"', 'id="zoom-reset"', "addEventListener('wheel'"):
+        assert control in page
+    assert page.count('<svg xmlns="http://www.w3.org/2000/svg" class="graph"') == 4  # before and after, each collapsed too
+    assert "<script src" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")

@@ -3,6 +3,8 @@ on a fused group shows the group's IR, the pattern that claimed it and its gener
 source; the search box finds a node. Needs Debian's ``chromium`` (skips locally without it,
 fails under CI)."""
 
+import pytest
+
 import needs
 from cdp import Browser, find_chromium
 
@@ -47,5 +49,52 @@ def test_clicking_a_group_shows_its_kernel_source(tmp_path):
             return [document.querySelectorAll('#after g.node.hit').length, document.querySelectorAll('#before g.node.hit').length];
         })()""")
         assert hits == [1, 9]  # scores, scaled, masked, the five ops of the spelled-out softmax, ctx
+    finally:
+        browser.close()
+
+
+def test_zoom_buttons_wheel_and_fit(tmp_path):
+    """A big model's picture zooms (the buttons, Ctrl+wheel over a panel) and fits its panel."""
+    chromium = find_chromium()
+    if chromium is None:
+        needs.missing("no chromium on this machine (apt-get install -y chromium)")
+    from test_viz import layered
+
+    page = tmp_path / "big.html"
+    dpl.draw(dpl.parse(layered(12)), ["llm"], sources=False).save(page)
+    browser = Browser(chromium)
+    try:
+        browser.open(page.as_uri())
+        size = """(() => {
+            const p = document.getElementById('after');
+            const s = Array.from(p.querySelectorAll('svg.graph')).find(s => s.getBoundingClientRect().width > 0);
+            const r = s.getBoundingClientRect();
+            return [r.width, r.height, p.clientWidth, p.clientHeight, Number(s.dataset.w), Number(s.dataset.h)];
+        })()"""
+        width, height, _, _, w, h = browser.evaluate(size)
+        assert (width, height) == (w, h)
+        assert browser.evaluate("document.getElementById('zoom-level').textContent") == "100%"
+        browser.evaluate("document.getElementById('zoom-in').click()")
+        assert browser.evaluate(size)[0] == pytest.approx(w * 1.25, abs=1)
+        assert browser.evaluate("document.getElementById('zoom-level').textContent") == "125%"
+        browser.evaluate("document.getElementById('zoom-out').click()")
+        assert browser.evaluate(size)[0] == pytest.approx(w, abs=1)
+        # fit: the whole picture inside its panel, no scrolling needed
+        browser.evaluate("document.getElementById('zoom-fit').click()")
+        width, height, panel_w, panel_h, _, _ = browser.evaluate(size)
+        assert width <= panel_w and height <= panel_h and (width >= panel_w - 20 or height >= panel_h - 60)
+        fitted = width
+        # Ctrl+wheel over the panel zooms it in; a plain wheel does not zoom
+        wheel = """(ctrl => {
+            const p = document.getElementById('after'), r = p.getBoundingClientRect();
+            p.dispatchEvent(new WheelEvent('wheel', {deltaY: -200, ctrlKey: ctrl, clientX: r.left + 50, clientY: r.top + 50,
+                                                     bubbles: true, cancelable: true}));
+        })"""
+        browser.evaluate(wheel + "(false)")
+        assert browser.evaluate(size)[0] == pytest.approx(fitted, abs=1)
+        browser.evaluate(wheel + "(true)")
+        assert browser.evaluate(size)[0] > fitted * 1.2
+        browser.evaluate("document.getElementById('zoom-reset').click()")
+        assert browser.evaluate(size)[0] == pytest.approx(w, abs=1)
     finally:
         browser.close()

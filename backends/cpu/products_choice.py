@@ -71,6 +71,7 @@ class Measured:
     torch_matmul: float | None = None
     torch_conv: float | None = None
     packed_matmul: float | None = None
+    machine: str = ""  # where it was measured, for people reading the cache (dpl cache info); the key decides
     where: str = ""  # the cache file, or "" when just measured and not stored
 
     @property
@@ -86,6 +87,13 @@ class Measured:
         """Whether float32 products go to the packed routine."""
         library = self.torch_matmul if self.torch_matmuls else self.numpy_matmul
         return self.packed_matmul is not None and self.packed_matmul <= MARGIN * library
+
+    def choice(self) -> str:
+        """What took each kind of work, in a few words."""
+        products = "torch" if self.torch_matmuls else "NumPy"
+        float32 = "the packed routine" if self.packs else products
+        convolutions = "torch" if self.torch_convolutions else "im2col"
+        return f"products by {products}, float32 ones by {float32}, convolutions by {convolutions}"
 
     def why(self) -> str:
         (_, c, h, w), _ = CONV
@@ -113,6 +121,36 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _machine(compiler: str) -> str:
+    """The things :func:`_key` hashes, in words: the CPU model, its cores, the libraries."""
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    torch = _version("torch")
+    return (f"{model}, {os.cpu_count()} cores; NumPy {np.__version__}, {f'torch {torch}' if torch else 'no torch'}, "
+            f"{compiler or 'no C compiler'}")
+
+
+def read_stored(path) -> Measured | None:
+    """The choice kept in the file ``path`` (one of the store's), or None when it is not one."""
+    try:
+        return Measured(**json.loads(read_own_file(path, limit=4096)), where=str(path))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def stored_here(cc: str = "cc") -> str:
+    """The name of the file that holds this machine's choice (with the C compiler ``cc``)."""
+    from dpl.backends.cpu.toolchain import compiler_version, cpu_identity
+
+    return f"{_key(cpu_identity(), compiler_version(cc))}.json"
 
 
 def _key(cpu: str, compiler: str = "") -> str:
@@ -161,7 +199,7 @@ def _layer(cc: str, load, torch):
     try:
         lib = (load or KernelCache(cc=cc).load)(packed_gemm.source(vector_math(cc)))
     except (CompileError, OSError) as err:  # OSError: no compiler at all
-        log.info("dpl: the packed product routine did not compile: %s", str(err)[:200])
+        log.info("the packed product routine did not compile: %s", str(err)[:200])
         lib = None
     if lib is not None:
         routine = packed_gemm.Routine(lib)
@@ -220,25 +258,23 @@ def choose(cc: str = "cc", load=None):
 def _measured(cc: str, load=None) -> Measured:
     from dpl.backends.cpu.toolchain import compiler_version, cpu_identity
 
-    key = _key(cpu_identity(), compiler_version(cc))
+    compiler = compiler_version(cc)
+    key = _key(cpu_identity(), compiler)
     with _lock:
         found = _chosen.get(key)
         if found is not None:
             return found
         path = private_dir(store_dir("products"), "products") / f"{key}.json"
-        try:
-            found = Measured(**json.loads(read_own_file(path, limit=4096)), where=str(path))
-        except (OSError, ValueError, TypeError):
-            found = None  # absent, or not ours to trust: measured again
+        found = read_stored(path)  # None: absent, or not ours to trust: measured again
         if found is None:
-            log.info("dpl: measuring the products' libraries for products='auto' (once per machine)")
-            found = measure(cc, load=load)
+            log.info("measuring the products' libraries for products='auto' (once per machine)")
+            found = attrs.evolve(measure(cc, load=load), machine=_machine(compiler))
             try:
                 data = attrs.asdict(found, filter=lambda a, _: a.name != "where")
                 write_private_file(path, json.dumps(data).encode())
                 found = attrs.evolve(found, where=str(path))
             except OSError as err:
-                log.warning("dpl: could not keep the products choice in %s: %s", path, err)
+                log.warning("could not keep the products choice in %s: %s", path, err)
         _chosen[key] = found
         return found
 

@@ -3,8 +3,9 @@ many entries and bytes they hold against their cap, and emptying them.
 
 Every store dpl writes is covered: the libraries (``kernels``, ``cuda-twin``:
 ``dpl.runtime.disk_cache``), Lark's parse tables (``parsers``: ``dpl.syntax``) and the products
-choices (``products``: ``dpl.backends.cpu.products_choice``). ``info`` only reads: it creates and
-removes nothing. ``clear`` removes only what dpl wrote: entries whose manifests name them, and in
+choices (``products``: ``dpl.backends.cpu.products_choice``, one file per CPU, core count and
+library versions; ``info`` says what each chose and which is this machine's). ``info`` only
+reads: it creates and removes nothing. ``clear`` removes only what dpl wrote: entries whose manifests name them, and in
 the other stores files of their exact names; anything else in a folder is left alone."""
 
 from __future__ import annotations
@@ -74,6 +75,27 @@ def _bytes(files: list[Path]) -> int:
     return total
 
 
+def _products_choices(files: list[Path]) -> list[str]:
+    """One line per kept products choice: what it chose, where it was measured, whether it is
+    this machine's (the others are of another CPU or other library versions: never read here)."""
+    from dpl.backends.cpu import products_choice
+
+    here = products_choice.stored_here()
+    lines = []
+    for p in sorted(files, key=lambda p: (p.name != here, p.name)):
+        m = products_choice.read_stored(p)
+        whose = "this machine" if p.name == here else "another CPU or other library versions, unused here"
+        if m is None:
+            lines.append(f"  {p.name} ({whose}): unreadable; measured again when needed")
+            continue
+        measured = f"; measured on {m.machine}" if m.machine else ""
+        try:
+            lines.append(f"  {p.name} ({whose}): {m.choice()}{measured}")
+        except TypeError:  # a damaged file: times that are not numbers
+            lines.append(f"  {p.name} ({whose}): unreadable; measured again when needed")
+    return lines
+
+
 def cmd_cache(args) -> int:
     stores = _stores(args.dir)
     if args.action == "clear":
@@ -84,15 +106,18 @@ def cmd_cache(args) -> int:
                 files = _files(name, pattern)
                 for p in files:
                     p.unlink(missing_ok=True)
-                print(f"{name}: removed {_count(sum(p.suffix == counted for p in files), *what)}")
+                print(f"{name}: removed {_count(sum(p.suffix == counted for p in files), *what)} from {store_dir(name)}")
         return 0
     print(f"location: {args.dir or user_cache_root()}")
     for name, store in stores:
         info = store.info()
-        building = f", {info.builds_in_progress} build(s) in progress" if info.builds_in_progress else ""
+        building = f", {_count(info.builds_in_progress, 'build', 'builds')} in progress" if info.builds_in_progress else ""
         print(f"{name}: {info.directory}: {_count(info.entries, 'entry', 'entries')}, {_size(info.bytes)} of a {_size(info.max_bytes)} cap{building}")
     if args.dir is None:
         for name, pattern, counted, what in FILE_STORES:
             files = _files(name, pattern)
-            print(f"{name}: {_count(sum(p.suffix == counted for p in files), *what)}, {_size(_bytes(files))}")
+            print(f"{name}: {store_dir(name)}: {_count(sum(p.suffix == counted for p in files), *what)}, {_size(_bytes(files))}")
+            if name == "products":
+                for line in _products_choices(files):
+                    print(line)
     return 0

@@ -25,6 +25,7 @@ from dpl.cli.demo import add_demo_command
 from dpl.cli.explain import add_explain_command
 from dpl.cli.fmt import add_fmt_command
 from dpl.cli.fuse import add_fuse_command
+from dpl.cli.ops import add_ops_command
 from dpl.cli.print_module import add_print_command
 from dpl.cli.profile import add_profile_command
 from dpl.cli.report import add_report_command
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_explain_command,
         add_fmt_command,
         add_cache_command,
+        add_ops_command,
     ):
         add_command(sub)
     for command in sub.choices.values():  # -v / -q after the subcommand too
@@ -76,15 +78,36 @@ def _add_verbosity(parser: argparse.ArgumentParser, default) -> None:
 
 
 class _Formatter(logging.Formatter):
+    """``dpl: what it did`` (INFO), ``dpl:   more detail`` (DEBUG, asked for with -v: indented
+    under the lines it details, not labelled like a debug dump), ``dpl: warning: ...`` and
+    ``dpl: error: ...``. Messages carry no ``dpl:`` of their own: this adds it."""
+
     def format(self, record: logging.LogRecord) -> str:
-        level = "" if record.levelno == logging.INFO else record.levelname.lower() + ": "
+        if record.levelno >= logging.ERROR:
+            level = "error: "
+        elif record.levelno >= logging.WARNING:
+            level = "warning: "
+        elif record.levelno >= logging.INFO:
+            level = ""
+        else:
+            level = "  "
         text = f"dpl: {level}{record.getMessage()}"
         return text + "\n" + self.formatException(record.exc_info) if record.exc_info else text
 
 
+class _Handler(logging.StreamHandler):
+    """A log line goes above a progress line drawn on the same stream, never into it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from dpl.runtime.progress import above_progress
+
+        with above_progress(self.stream):
+            super().emit(record)
+
+
 def _configure_logging(verbose: int, quiet: int) -> logging.Handler:
     """The ``dpl`` logger on stderr at INFO, DEBUG with -v, ERROR with -q."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Handler(sys.stderr)
     handler.setFormatter(_Formatter())
     log.addHandler(handler)
     log.setLevel(logging.ERROR if quiet > verbose else logging.DEBUG if verbose > quiet else logging.INFO)
@@ -92,7 +115,8 @@ def _configure_logging(verbose: int, quiet: int) -> logging.Handler:
 
 
 def _log_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    log.warning("%s", message)
+    # a warning says "dpl:" itself, for a program that shows it without this logger
+    log.warning("%s", str(message).removeprefix("dpl: "))
 
 
 def main(argv: list[str] | None = None) -> int:

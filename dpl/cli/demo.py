@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 
+log = logging.getLogger(__name__)
 
 
 def cmd_demo(args) -> int:
@@ -24,11 +26,11 @@ def cmd_demo(args) -> int:
     main = mod["main"]
     n_ops = _count_ops(mod)
     print(f"model: a Llama-style decoder block shipped with dpl (RMSNorm, causal attention, SwiGLU MLP, residuals),"
-          f" input {main.params[0].ty}, {n_ops} ops written out as user code writes them")
+          f" input {main.params[0].ty}, {_ops(n_ops)} written out as user code writes them")
     patterns = as_pattern_set(["rewrites", "llm"])
     trace = Trace()
     fused = apply(mod, patterns, trace=trace)
-    print(f"1. rewrites (patterns/rewrites.dpl): {n_ops} ops -> {_count_ops(trace.rewritten)} "
+    print(f"1. rewrites (patterns/rewrites.dpl): {_ops(n_ops)} -> {_count_ops(trace.rewritten)} "
           f"(spelled-out RMSNorm, softmax and SiLU become nn.rms_norm, nn.softmax, nn.silu)")
     cov = trace.coverage(target="cpu")
     fc = cov[entry_functions(fused)[0]]
@@ -54,20 +56,24 @@ def cmd_demo(args) -> int:
     t_fused = best_time_ms(lambda: fused_exe(*x), args.budget)
     t_unfused = best_time_ms(lambda: unfused_exe(*x), args.budget)
     steps = lambda exe: sum(len(p.steps) for p in exe.plans.values())  # noqa: E731
-    print(f"5. time (best of repeated runs): fused {t_fused:.3f} ms in {steps(fused_exe)} kernel calls; "
-          f"op by op {t_unfused:.3f} ms in {steps(unfused_exe)} kernel calls (the same ops after the rewrites, one kernel each); "
+    print(f"5. time (best of repeated runs): fused {t_fused:.3f} ms in {_calls(steps(fused_exe))}; "
+          f"op by op {t_unfused:.3f} ms in {_calls(steps(unfused_exe))} (the same ops after the rewrites, one kernel each); "
           f"speed-up {t_unfused / t_fused:.2f}x")
     # what the runtime did when it planned the run above (compile errors included)
     cov = coverage(fused, trace, patterns, from_executable(fused_exe))
     print()
     print(cov.table())
     out = draw(None, trace=trace, title="dpl demo: a decoder block, before and after fusion", coverage=cov).save(args.output)
-    print(f"\nthe picture: {os.path.abspath(out)} (open it in a browser; click a box for its IR and generated C)")
+    log.info("wrote the picture: %s (open it in a browser; click a box for its IR and generated C)", os.path.abspath(out))
     return 0 if ok else 1
 
 
 def _ops(n: int) -> str:
     return f"{n} op{'s' if n != 1 else ''}"
+
+
+def _calls(n: int) -> str:
+    return f"{n} kernel call{'s' if n != 1 else ''}"
 
 
 def _count_ops(mod) -> int:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from dpl.cli.common import applied, fusion_config, module_parser
+
+log = logging.getLogger(__name__)
 
 
 def cmd_viz(args) -> int:
@@ -10,7 +14,7 @@ def cmd_viz(args) -> int:
 
     _, trace = applied(args)
     drawing = draw(None, trace=trace, target=args.target, config=fusion_config(args), dims=dict(args.dim), title=f"dpl: {args.file}")
-    print(f"wrote {drawing.save(args.output)}")
+    log.info("wrote %s", drawing.save(args.output))  # on stderr, as fuse -o says it; -q silences it
     return 0
 
 

@@ -82,7 +82,12 @@ def from_torch(model, example_args: Sequence[Any] = (), example_kwargs: Mapping[
 
 def load_exported(path, *, name: str = "main"):
     """The Module of an ExportedProgram saved with ``torch.export.save`` (a ``.pt2`` file).
-    Its symbolic dimensions keep torch's names (``s27``): the Dim names are not saved."""
+    Its symbolic dimensions keep torch's names (``s27``): the Dim names are not saved.
+
+    A program whose inputs or outputs are a container class (a transformers model saved with
+    ``return_dict=True`` returns a ``ModelOutput``) names that class in the file; torch reads
+    it back only once the class is defined in this process, so the transformers module that
+    defines it is imported first (:func:`_define_saved_containers`)."""
     import os
 
     torch = import_torch()
@@ -94,14 +99,73 @@ def load_exported(path, *, name: str = "main"):
     if not zipfile.is_zipfile(path):  # torch would log a traceback before raising
         raise FrontendError(f"'{path}' is not a readable torch.export program: it is no zip archive",
                             hint="write it with torch.export.save(torch.export.export(model, args), path)")
+    _define_saved_containers(torch, path)
     try:
         with warnings.catch_warnings():  # torch's own deprecations inside its loader, not the user's
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             program = torch.export.load(path)
     except Exception as err:  # a zip that is no .pt2, a version mismatch: torch's message says which
         raise FrontendError(f"'{path}' is not a readable torch.export program: {_first_line(err)}",
-                            hint="write it with torch.export.save(torch.export.export(model, args), path)") from None
+                            hint=f"torch {torch.__version__} could not read it back (its log above may say why); a "
+                                 "program saved by another torch release may need saving again with this one") from None
     return from_exported_program(program, name=name)
+
+
+def _saved_container_types(path: str) -> set[str]:
+    """The container classes (pytree node types, as torch serialises their names) of the
+    inputs and outputs of the programs saved in ``path``; empty when the file cannot say."""
+    import json
+    import zipfile
+
+    names: set[str] = set()
+
+    def walk(spec) -> None:
+        if isinstance(spec, dict):
+            if isinstance(spec.get("type"), str):
+                names.add(spec["type"])
+            for child in spec.get("children_spec") or ():
+                walk(child)
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            models = [n for n in archive.namelist() if "/models/" in n and n.endswith(".json")]
+            for name in models:
+                program = json.loads(archive.read(name))
+                for entry in program.get("graph_module", {}).get("module_call_graph", ()):
+                    signature = entry.get("signature") or {}
+                    for key in ("in_spec", "out_spec"):
+                        if isinstance(signature.get(key), str):
+                            walk(json.loads(signature[key])[1])  # [protocol, spec]
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, zipfile.BadZipFile):
+        return set()  # torch's loader says what is wrong with the file
+    return names
+
+
+def _define_saved_containers(torch, path: str) -> None:
+    """Make torch able to read back the containers ``path`` names: a transformers class is
+    defined by importing its module (transformers registers each ``ModelOutput`` with torch's
+    pytree as it is defined); any other class torch does not know is refused, saying which."""
+    import importlib
+
+    known = torch.utils._pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+    unknown = sorted(name for name in _saved_container_types(path) if name not in known)
+    for name in unknown:
+        module = name.rpartition(".")[0]
+        if name.split(".")[0] != "transformers" or not module:
+            continue  # dpl imports only transformers' modules, never a module a file names
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise FrontendError(f"'{path}' returns (or takes) a {name}, which needs transformers to read back: {err}",
+                                hint="pip install transformers, or export the model with return_dict=False "
+                                     "(its outputs a tuple of tensors)") from None
+    missing = [name for name in unknown if name not in known]
+    if missing:
+        raise FrontendError(f"'{path}' returns (or takes) {', '.join(missing)}, a container class torch does not know "
+                            "in this process, so it cannot read the program back",
+                            hint="export the model so it returns tensors or tuples of them (a transformers model: "
+                                 "return_dict=False), or load it with dpl.load after importing the module that "
+                                 "registers the class with torch.utils._pytree")
 
 
 def _first_line(err: Exception) -> str:

@@ -32,7 +32,7 @@ class BuildPool:
         self.workers = workers or os.cpu_count() or 1
         self._executor: ThreadPoolExecutor | None = None
         self.futures: list[Future] = []
-        self._progress = Progress(0, progress, title="dpl: compiling kernels ", end_when_done=False)
+        self._progress = Progress(None, progress, title="dpl: compiling kernels ")  # the total is known when the walk is over
 
     def submit(self, work: Callable[[], object], label: str = "") -> Future:
         if self._executor is None:
@@ -44,7 +44,8 @@ class BuildPool:
         return future
 
     def wait(self) -> list[BaseException]:
-        """Wait for every build; the errors of those that failed."""
+        """Wait for every build (the walk is over: no more will come); the errors of those that failed."""
+        self._progress.settle()
         wait(self.futures)
         return [f.exception() for f in self.futures if f.exception() is not None]
 

@@ -157,14 +157,14 @@ class LibraryCache:
         except (OSError, ValueError, KeyError, TypeError):
             return None  # missing, foreign or unreadable: (re)build
         if meta.get("key") != key or len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
-            log.info("dpl: cache entry %s does not match its manifest (truncated or replaced); rebuilding", lib_path)
+            log.info("cache entry %s does not match its manifest (truncated or replaced); rebuilding", lib_path)
             return None
         try:
             lib = ctypes.CDLL(str(lib_path))
             if symbol is not None:
                 getattr(lib, symbol)
         except (OSError, AttributeError) as err:
-            log.info("dpl: cache entry %s does not load (%s); rebuilding", lib_path, err)
+            log.info("cache entry %s does not load (%s); rebuilding", lib_path, err)
             return None
         try:
             os.utime(manifest)  # its last use, for eviction
@@ -221,7 +221,7 @@ class LibraryCache:
                         removed += 1
         except Timeout:
             return 0
-        log.info("dpl: evicted %d kernel(s) from %s (cap %d bytes)", removed, self.directory, self.max_bytes)
+        log.info("evicted %d kernel(s) from %s (cap %d bytes)", removed, self.directory, self.max_bytes)
         return removed
 
     def clear(self) -> int:
@@ -244,7 +244,7 @@ class LibraryCache:
         except (OSError, ValueError):
             meta = None
         if not isinstance(meta, dict) or meta.get("key") != key:
-            log.info("dpl: left %s alone: its manifest is not one dpl wrote", manifest)
+            log.info("left %s alone: its manifest is not one dpl wrote", manifest)
             return False
         manifest.unlink(missing_ok=True)  # first: a reader meets a missing manifest, a plain miss
         lib_path.unlink(missing_ok=True)
@@ -329,7 +329,7 @@ def _adopt(directory: Path, names: list[str]) -> bool:
     if not all(_ours(directory, n) for n in names):
         return False
     mark(directory, directory.name or "cache")
-    log.info("dpl: %s holds only dpl's cache entries: marked as dpl's store", directory)
+    log.info("%s holds only dpl's cache entries: marked as dpl's store", directory)
     return True
 
 
@@ -344,7 +344,7 @@ def _sweep_build(directory: Path, name: str, key: str, owned: bool) -> None:
     try:
         with FileLock(directory / LOCKS / f"{key[:2]}.lock", mode=FILE_MODE, timeout=0):
             shutil.rmtree(work, ignore_errors=True)
-            log.info("dpl: removed %s, left by a build that did not finish", work)
+            log.info("removed %s, left by a build that did not finish", work)
     except Timeout:
         pass  # a build of this bucket is running
 

@@ -13,7 +13,7 @@ from dpl.errors import DplError
 from dpl.ir.expr import Module
 from dpl.viz.coverage import Coverage
 from dpl.viz.graph import View, after_view, before_view, claims_by_binding
-from dpl.viz.html import STROKE, composite_fills, fill_of, page
+from dpl.viz.html import STROKE, composite_fills, fill_of, legend_entries, page
 
 
 class VizError(DplError):
@@ -31,7 +31,8 @@ class Drawing:
         return page(self.title, before, after, self.coverage.table())
 
     def dot(self):
-        """A ``graphviz.Digraph``: before and after side by side, a cluster each."""
+        """A ``graphviz.Digraph``: before and after side by side, a cluster each, and a legend
+        saying what each colour means (what claimed a group)."""
         try:
             import graphviz
         except ImportError:
@@ -55,6 +56,14 @@ class Drawing:
                 for e in view.edges:
                     if e.src in ids and e.dst in ids:
                         c.edge(ids[e.src], ids[e.dst], label=e.label)
+        with g.subgraph(name="cluster_legend", graph_attr={"label": "legend: what claimed each box", "color": "#cccccc"}) as c:
+            keys = []
+            for i, (fill, stroke, words) in enumerate(legend_entries(fills)):
+                keys.append(f"legend{i}")
+                dashed = ",dashed" if words.startswith("not in the result") else ""
+                c.node(keys[-1], label=words, fillcolor=fill, color=stroke, style="rounded,filled" + dashed)
+            for a, b in zip(keys, keys[1:]):  # one column, in the legend's order
+                c.edge(a, b, style="invis")
         return g
 
     def svg(self) -> str:

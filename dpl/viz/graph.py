@@ -270,8 +270,8 @@ def collapse_repeats(view: View) -> View | None:
     nid = f"{body[start + period].id}:repeats"
     names = f"{body[start + period].name} .. {body[start + period * count - 1].name}"
     placeholder = Node(nid, f"x{count - 1} more like the layer above", names, "repeat",
-                       (f"{period} boxes each ({first[0].name} .. {first[-1].name} is the first)",),
-                       {"repeated layers": f"{count} layers of {period} boxes each are alike (same ops, same claims); "
+                       (f"{period} box{'es' if period != 1 else ''} each ({first[0].name} .. {first[-1].name} is the first)",),
+                       {"repeated layers": f"{count} layers of {period} box{'es' if period != 1 else ''} each are alike (same ops, same claims); "
                                            f"the {count - 1} after the first are collapsed: {names}. "
                                            "Untick 'collapse repeated layers' to see them all."})
     nodes, placed = [], False

@@ -1,7 +1,9 @@
 """One self-contained HTML file (inline SVG, CSS and JS; nothing fetched): the entry function
 before and after ``dpl.apply`` side by side, groups coloured by what claimed them. Clicking a
 node shows its IR text, the pattern that claimed it, the runtime decision and the generated
-kernel source; a search box finds nodes by name or op; identical groups are listed once."""
+kernel source; a search box finds nodes by name or op; identical groups are listed once. Each
+panel zooms (the -/+ buttons, or Ctrl+wheel over it: a trackpad's pinch) and fits its picture
+to the panel ("fit"); "100%" goes back to the drawn size."""
 
 from __future__ import annotations
 
@@ -19,6 +21,16 @@ COMPOSITE_FILLS = ["#cfe0f3", "#e1d5f0", "#d3eef0", "#f3e1ef", "#dfe5f7", "#e8e3
 LEGEND = [("composite", "claimed by a composite pattern"), ("automatic", "automatic fusion (FuseOps)"),
           ("alone", "alone: no group claimed it"), ("fallback", "fallen back: runs op by op at run time"),
           ("rewritten", "not in the result (dashed: replaced by a rewrite)")]
+
+
+def legend_entries(fills: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(fill, stroke, words) per colour of the picture: each claim, then each composite's own fill."""
+    entries = []
+    for claim, words in LEGEND:
+        entries.append((FILL.get(claim) or next(iter(fills.values()), COMPOSITE_FILLS[0]), STROKE[claim], words))
+    for name, fill in fills.items():
+        entries.append((fill, STROKE["composite"], name))
+    return entries
 
 
 def composite_fills(views) -> dict[str, str]:
@@ -39,8 +51,9 @@ def fill_of(node, fills: dict[str, str]) -> str:
 def svg(view: View, fills: dict[str, str]) -> str:
     """The view as an SVG element (its nodes are ``<g class="node" data-id=...>``)."""
     boxes, width, height = layout(view)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-           f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="monospace" font-size="12">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" width="{width:.0f}" height="{height:.0f}" '
+           f'data-w="{width:.0f}" data-h="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" font-family="monospace" '
+           'font-size="12">',
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
            'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#777"/></marker></defs>']
     for e in view.edges:
@@ -94,6 +107,8 @@ body.collapsed .full.has-collapsed { display: none; }
 body:not(.collapsed) .collapsed-view { display: none; }
 body.hide-types g.edge text { display: none; }
 #groups li { cursor: pointer; margin: 2px 0; }
+#zoom button { min-width: 2.2em; }
+#zoom-level { display: inline-block; min-width: 3.5em; text-align: right; }
 #groups li:hover { text-decoration: underline; }
 """
 
@@ -139,6 +154,51 @@ document.getElementById('search').addEventListener('input', ev => {
 document.getElementById('hide-before').addEventListener('change', ev => document.body.classList.toggle('hide-before', ev.target.checked));
 document.getElementById('collapse').addEventListener('change', ev => document.body.classList.toggle('collapsed', ev.target.checked));
 document.getElementById('hide-types').addEventListener('change', ev => document.body.classList.toggle('hide-types', ev.target.checked));
+// zoom: each panel has its scale; the buttons act on every panel, Ctrl+wheel on the one under the pointer
+const panels = Array.from(document.querySelectorAll('section.panel'));
+function scaleOf(panel) { return parseFloat(panel.dataset.scale || '1'); }
+function zoom(panel, scale, cx, cy) {
+  scale = Math.min(8, Math.max(0.02, scale));
+  const old = scaleOf(panel);
+  if (cx === undefined) { cx = panel.clientWidth / 2; cy = panel.clientHeight / 2; }
+  const x = (panel.scrollLeft + cx) / old, y = (panel.scrollTop + cy) / old;  // the point kept in place
+  panel.dataset.scale = scale;
+  panel.querySelectorAll('svg.graph').forEach(s => {
+    s.setAttribute('width', (s.dataset.w * scale).toFixed(1));
+    s.setAttribute('height', (s.dataset.h * scale).toFixed(1));
+  });
+  panel.scrollLeft = x * scale - cx;
+  panel.scrollTop = y * scale - cy;
+  showScale();
+}
+function visibleGraph(panel) {
+  return Array.from(panel.querySelectorAll('svg.graph')).find(s => shown(s));
+}
+function fit(panel) {
+  const s = visibleGraph(panel);
+  if (!s) return;
+  const top = s.getBoundingClientRect().top - panel.getBoundingClientRect().top + panel.scrollTop;
+  const w = panel.clientWidth - 8, h = panel.clientHeight - top - 8;
+  zoom(panel, Math.min(w / s.dataset.w, h / s.dataset.h));
+  panel.scrollLeft = 0;
+  panel.scrollTop = 0;
+}
+function showPanels() { return panels.filter(p => shown(p)); }
+function showScale() {
+  const p = showPanels().pop();
+  document.getElementById('zoom-level').textContent = p ? Math.round(scaleOf(p) * 100) + '%' : '';
+}
+document.getElementById('zoom-in').addEventListener('click', () => showPanels().forEach(p => zoom(p, scaleOf(p) * 1.25)));
+document.getElementById('zoom-out').addEventListener('click', () => showPanels().forEach(p => zoom(p, scaleOf(p) / 1.25)));
+document.getElementById('zoom-fit').addEventListener('click', () => showPanels().forEach(fit));
+document.getElementById('zoom-reset').addEventListener('click', () => showPanels().forEach(p => zoom(p, 1)));
+panels.forEach(p => p.addEventListener('wheel', ev => {
+  if (!ev.ctrlKey && !ev.metaKey) return;  // a plain wheel scrolls the panel
+  ev.preventDefault();
+  const r = p.getBoundingClientRect();
+  zoom(p, scaleOf(p) * Math.exp(-ev.deltaY * 0.002), ev.clientX - r.left, ev.clientY - r.top);
+}, {passive: false}));
+showScale();
 const cursor = {};
 document.querySelectorAll('#groups li').forEach(li => li.addEventListener('click', () => {
   const ids = JSON.parse(li.dataset.ids);
@@ -152,12 +212,8 @@ document.querySelectorAll('#groups li').forEach(li => li.addEventListener('click
 def page(title: str, before: View | None, after: View, table: str) -> str:
     views = [v for v in (before, after) if v is not None]
     fills = composite_fills(views)
-    legend = []
-    for claim, words in LEGEND:
-        fill = FILL.get(claim) or next(iter(fills.values()), COMPOSITE_FILLS[0])
-        legend.append(f'<span><i style="background:{fill};border-color:{STROKE[claim]}"></i>{html.escape(words)}</span>')
-    for name, fill in fills.items():
-        legend.append(f'<span><i style="background:{fill};border-color:{STROKE["composite"]}"></i>{html.escape(name)}</span>')
+    legend = [f'<span><i style="background:{fill};border-color:{stroke}"></i>{html.escape(words)}</span>'
+              for fill, stroke, words in legend_entries(fills)]
     data = {"nodes": {n.id: {"title": n.title, "name": n.name, "claim": n.claim, "detail": dict(n.detail)}
                       for v in views for n in v.nodes}}
     # identical groups (one shared function, or the same composite over the same ops) listed once
@@ -194,7 +250,11 @@ def page(title: str, before: View | None, after: View, table: str) -> str:
 <div class="legend">{''.join(legend)}</div>
 <div id="tools"><input id="search" type="search" placeholder="find a binding or op (e.g. softmax)"> <span id="hits"></span>
  &nbsp; <label><input type="checkbox" id="hide-before"> only after</label>
- &nbsp; <label><input type="checkbox" id="hide-types"> hide edge types</label>{collapse}</div>
+ &nbsp; <label><input type="checkbox" id="hide-types"> hide edge types</label>{collapse}
+ &nbsp; <span id="zoom" title="zoom the pictures (or Ctrl+wheel over one)"><button id="zoom-out" title="zoom out">&minus;</button>
+<span id="zoom-level"></span> <button id="zoom-in" title="zoom in">+</button>
+<button id="zoom-fit" title="fit each picture to its panel">fit</button>
+<button id="zoom-reset" title="the drawn size">100%</button></span></div>
 </header>
 <main>{''.join(panels)}
 <aside id="side"><div id="detail"><p>Click a box to see its IR, the pattern that claimed it, the runtime decision and its
