@@ -41,6 +41,7 @@ class DplError(Exception):
     """Base of every error dpl reports to users."""
 
     kind = "error"
+    message_limit = MAX_MESSAGE  # longer messages are cut to their head and tail (excerpt)
 
     def __init__(self, message: str, span: Span | None = None, hint: str | None = None):
         super().__init__(message)
@@ -55,10 +56,11 @@ class DplError(Exception):
         return self
 
     def __str__(self) -> str:
+        message = excerpt(self.message, self.message_limit)
         if self.span is None:
-            text = f"{self.kind}: {excerpt(self.message)}"
+            text = f"{self.kind}: {message}"
         else:
-            text = f"{self.span}: {self.kind}: {excerpt(self.message)}"
+            text = f"{self.span}: {self.kind}: {message}"
             if self.span.source_line is not None:
                 text += "\n" + _quote(self.span)
         if self.hint:

@@ -682,9 +682,44 @@ def test_every_unsupported_op_type_is_listed_at_once_with_counts_and_source_line
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
     message = import_error(model)
     assert message.startswith("error: 3 op types are not supported by dpl's ONNX frontend:")
-    assert f"'Hardmax' x2, first at node #1 '/hardmax_1' ({__file__}:1: " in message
+    from dpl.frontend.errors import short_path
+
+    assert f"'Hardmax' x2, first at node #1 '/hardmax_1' ({short_path(__file__)}:1: " in message
     assert "'Shrink' x1, first at node #3" in message
     assert "'FusedMatMul' of domain 'com.microsoft' x1, first at node #4 'ms'" in message
+
+
+def test_a_long_list_of_unsupported_ops_keeps_every_op():
+    """A model missing many ops (a Mixtral import missed 12, and the message cut one from the
+    middle): every op and its count is listed; the places shrink instead."""
+    g = GraphWriter()
+    value = "x"
+    deep = "/" + "/".join(["very_long_folder_name"] * 12) + "/modeling.py"
+    for i in range(40):
+        value = g(f"CustomOperatorNumber{i:02d}", value)
+        g.nodes[-1].domain = "com.example"
+        g.nodes[-1].metadata_props.add(key="pkg.torch.onnx.stack_trace",
+                                       value=f'File "{deep}", line {i + 1}, in forward\n    y = f(x)')
+    graph = helper.make_graph(g.nodes, "model", [f32_input("x", [3, 4])], [f32_input(value, [3, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.example", 1)])
+    message = import_error(model)
+    assert message.startswith("error: 40 op types are not supported by dpl's ONNX frontend:")
+    for i in range(40):
+        assert f"'CustomOperatorNumber{i:02d}' of domain 'com.example' x1" in message
+    assert " ... " not in message.split("hint:")[0].splitlines()[0]
+
+
+def test_unsupported_ops_cut_places_then_labels_never_entries():
+    from dpl.frontend.errors import UnsupportedOpsError, unsupported_ops
+
+    few = unsupported_ops("2 ops:", [("a.b", 3, "m.py:1: y = b(x)"), ("a.c", 1, "m.py:2: z = c(y)")], hint="h")
+    assert str(few) == "error: 2 ops:\n  a.b x3, first at m.py:1: y = b(x)\n  a.c x1, first at m.py:2: z = c(y)\n  hint: h"
+    many = [(f"op{i}", i + 1, "x" * 300) for i in range(60)]
+    text = str(unsupported_ops("60 ops:", many, hint="h"))
+    assert all(f"  op{i} x{i + 1}" in text for i in range(60)) and len(text) < UnsupportedOpsError.message_limit + 100
+    hostile = [("n" * 10_000 + str(i), 1, "") for i in range(100)]
+    text = str(unsupported_ops("100 ops:", hostile, hint="h"))
+    assert text.count(" x1") == 100 and len(text) < 2 * UnsupportedOpsError.message_limit
 
 
 def test_unsupported_domain():

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dpl.errors import DplError
-from dpl.frontend.errors import FrontendError
+from dpl.frontend.errors import FrontendError, short_path, unsupported_ops
 from dpl.ir.builder import FunctionBuilder
 from dpl.ir.expr import Call, Constant, Expr, Function, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.types import TensorType
@@ -333,15 +333,15 @@ class _GraphImporter:
             index = next(iter(missing.values()))[0]
             node = self.graph.node[index]
             self._node(index, node, frozenset())  # raises the error of the one op, as a single error
-        lines = []
+        entries = []
         for (domain, op_type), indices in sorted(missing.items(), key=lambda item: (-len(item[1]), item[0])):
             node = self.graph.node[indices[0]]
             label = f"'{op_type}'" + (f" of domain '{domain}'" if domain not in ("", "ai.onnx") else "")
             where = f"node #{indices[0]}{f' {node.name!r}' if node.name else ''}"
             source = _source_line(node)
-            lines.append(f"  {label} x{len(indices)}, first at {where}" + (f" ({source})" if source else ""))
-        raise FrontendError(f"{len(missing)} op types are not supported by dpl's ONNX frontend:\n" + "\n".join(lines),
-                            hint="add an entry to ONNX_OPS in dpl/frontend/onnx_ops.py for each")
+            entries.append((label, len(indices), where + (f" ({source})" if source else "")))
+        raise unsupported_ops(f"{len(missing)} op types are not supported by dpl's ONNX frontend:", entries,
+                              hint="add an entry to ONNX_OPS in dpl/frontend/onnx_ops.py for each")
 
     def _node(self, index: int, node, used: frozenset[str]) -> None:
         from dpl.frontend.onnx_node import NodeContext
@@ -454,7 +454,7 @@ def _source_line(node) -> str:
 
         file, line = frames[-1]["file"], int(frames[-1]["line"])
         code = linecache.getline(file, line).strip()
-        return f"{file}:{line}" + (f": {code}" if code else "")
+        return f"{short_path(file)}:{line}" + (f": {code}" if code else "")
     return ""
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from dpl import dtypes
 from dpl.errors import DplError, Span
 from dpl.frontend import torch_merged
-from dpl.frontend.errors import FrontendError
+from dpl.frontend.errors import FrontendError, short_path, unsupported_ops
 from dpl.ir.builder import FunctionBuilder, const
 from dpl.ir.expr import Call, Constant, Expr, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.types import TensorType
@@ -272,13 +272,13 @@ class GraphImporter:
             count = f" ({len(nodes)} uses)" if len(nodes) > 1 else ""
             raise self.error(nodes[0], f"{name} is not supported by dpl's torch.export frontend{count}",
                              ADD_OP_HINT.format(name=name.removeprefix("aten.")))
-        lines = []
+        entries = []
         for name, nodes in sorted(missing.items(), key=lambda item: (-len(item[1]), item[0])):
             span = _source_span(nodes[0])
-            where = f"{span.file}:{span.line}: {span.source_line.strip()}" if span else f"node '{nodes[0].name}'"
-            lines.append(f"  {name} x{len(nodes)}, first at {where}")
-        raise FrontendError(f"{len(missing)} ops are not supported by dpl's torch.export frontend:\n" + "\n".join(lines),
-                            hint=ADD_OP_HINT.format(name="<op>") + " for each")
+            where = f"{short_path(span.file)}:{span.line}: {span.source_line.strip()}" if span else f"node '{nodes[0].name}'"
+            entries.append((name, len(nodes), where))
+        raise unsupported_ops(f"{len(missing)} ops are not supported by dpl's torch.export frontend:", entries,
+                              hint=ADD_OP_HINT.format(name="<op>") + " for each")
 
     def user_input(self, node) -> None:
         torch = import_torch()
