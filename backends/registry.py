@@ -424,25 +424,32 @@ class Choice:
     """The backend chosen for a unit, and every backend passed over before it, with reasons.
 
     ``by_prefix`` names the backends tried first because they own the unit's codegen prefix.
+    ``fell_back`` is the part of ``passed_over`` that is a fall-back: a backend that would have
+    run the unit but is unavailable or failed to compile it, an owner of its prefix that cannot
+    run it, or a prefix no backend owns (named by the prefix). The rest is the target's order
+    at work: a backend whose capability table does not cover the unit.
     """
 
     unit: Unit
     backend: Backend | None
     passed_over: tuple[tuple[str, str], ...]  # (backend name, reason)
     by_prefix: tuple[str, ...] = ()
+    fell_back: tuple[tuple[str, str], ...] = ()
 
     @property
     def by_fallback(self) -> bool:
-        return bool(self.passed_over)
+        return bool(self.fell_back)
 
     def explain(self) -> str:
         if self.backend is None:
             return "no backend of the target can run it: " + "; ".join(f"{n} {r}" for n, r in self.passed_over)
-        first = f"owns codegen prefix '{self.unit.prefix}'" if self.backend.name in self.by_prefix else "first choice"
-        if not self.passed_over:
-            return f"{self.backend.name} ({first})"
-        why = "; ".join(f"{n} {r}" for n, r in self.passed_over)
-        return f"{self.backend.name} by fall-back ({why})"
+        if self.fell_back:  # the order's own passes ("cpu does not own codegen prefix ...") would only add noise
+            return f"{self.backend.name} by fall-back (" + "; ".join(f"{n} {r}" for n, r in self.fell_back) + ")"
+        if self.passed_over:
+            return f"{self.backend.name} (" + "; ".join(f"{n} {r}" for n, r in self.passed_over) + ")"
+        if self.backend.name in self.by_prefix:
+            return f"{self.backend.name} (owns codegen prefix '{self.unit.prefix}')"
+        return f"{self.backend.name} (first choice)"
 
 
 def candidates(unit: Unit, target: Sequence[Backend]) -> tuple[tuple[Backend, ...], tuple[str, ...]]:
@@ -453,25 +460,42 @@ def candidates(unit: Unit, target: Sequence[Backend]) -> tuple[tuple[Backend, ..
     return (*owners, *(b for b in target if b.name not in names)), names
 
 
+def unowned_prefix(unit: Unit) -> str | None:
+    """The codegen prefix ``unit`` names (a ``Codegen`` wrapper's, a ``prefix.name``
+    composite's) when no registered backend declares it, else None."""
+    if unit.kind == "codegen" or (unit.kind == "composite" and "." in unit.name):
+        if not any(unit.prefix in b.prefixes for b in backends().values()):
+            return unit.prefix
+    return None
+
+
 def choose(unit: Unit, target: Sequence[Backend], skip: Mapping[str, str] | None = None) -> Choice:
     """The first backend that is available and capable for ``unit``: an owner of its codegen
     prefix, else the first of ``target``."""
     order, by_prefix = candidates(unit, target)
     passed: list[tuple[str, str]] = []
+    fell: list[tuple[str, str]] = []
+    prefix = unowned_prefix(unit)
+    if prefix is not None:
+        fell.append((prefix, f"is not a registered backend: no backend owns codegen prefix '{prefix}'"))
     for backend in order:
         if skip and backend.name in skip:
             passed.append((backend.name, skip[backend.name]))
+            fell.append(passed[-1])
             continue
         ok, why = backend.available()
         if not ok:
             passed.append((backend.name, f"is unavailable: {why}"))
+            fell.append(passed[-1])
             continue
         ok, why = backend.can_run(unit)
         if not ok:
             passed.append((backend.name, why))
+            if backend.name in by_prefix:  # it owns the prefix: the unit was meant for it
+                fell.append(passed[-1])
             continue
-        return Choice(unit, backend, tuple(passed), by_prefix)
-    return Choice(unit, None, tuple(passed), by_prefix)
+        return Choice(unit, backend, tuple(passed), by_prefix, tuple(fell))
+    return Choice(unit, None, tuple(passed), by_prefix, tuple(fell))
 
 
 # ---------------------------------------------------------------------------------------------

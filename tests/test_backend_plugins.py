@@ -122,9 +122,11 @@ def test_a_compile_error_falls_back_to_running_the_group_op_by_op(plugin):
     np.testing.assert_array_equal(exe(*args), dpl.interpret(mod, *args))
     assert [s.label for s in exe.plan(*args).steps] == ["op nn.silu", "op multiply", "op nn.relu"]
     text = exe.summary()
-    assert "primitive function 'fused_silu_multiply'" in text and "-> testplug (first choice)" in text
+    assert ("primitive function 'fused_silu_multiply'     -> testplug (first choice); op by op, by fall-back, where testplug "
+            "failed to compile it") in text
     assert ("compile error on testplug (testplug cannot generate code for 'fused_silu_multiply'); runs op by op") in text
-    assert "op nn.silu" in text and "numpy by fall-back (testplug runs no op functions)" in text
+    # testplug claims no single ops: the target's order, not a fall-back
+    assert "op nn.silu" in text and "-> numpy (testplug runs no op functions)" in text
     [record] = [f for f in exe.fallbacks if f.runs_on == "op by op"]
     assert record.unit == "primitive function 'fused_silu_multiply'" and record.skipped == "testplug"
     assert record.reason == "failed to compile: testplug cannot generate code for 'fused_silu_multiply'"
@@ -313,8 +315,8 @@ def test_a_prefix_backend_that_fails_falls_back_along_the_target_with_its_reason
         args = inputs_for(mod, {})
         np.testing.assert_allclose(exe(*args), dpl.interpret(mod, *args), rtol=1e-6)
         assert failing.seen == ["c"] and exe.choices["c"].backend.name == "numpy"
-        assert ("-> numpy by fall-back (mylib failed to compile: mylib cannot compile 'c'; "
-                "cpu has no kernel for composite 'mylib.tanh')") in exe.summary()
+        assert "-> numpy by fall-back (mylib failed to compile: mylib cannot compile 'c')\n" in exe.summary()
+        assert "cpu has no kernel for composite" not in exe.summary()  # the target's order, not a reason
         [record] = [f for f in exe.fallbacks if f.skipped == "mylib"]
         assert record.unit == "composite 'mylib.tanh' (c)" and record.runs_on == "numpy"
     finally:
@@ -396,8 +398,8 @@ def test_an_installed_library_is_applied_and_its_composites_reach_their_backend(
     exe = dpl.build(fused, "cpu")  # testplug owns the prefix but runs no codegen wrappers: the target runs it
     args = inputs_for(mod, {})
     np.testing.assert_allclose(exe(*args), dpl.interpret(mod, *args), rtol=1e-6)
-    assert ("codegen 'testplug' (fused_add_tanh_testplug) -> numpy by fall-back (testplug runs no codegen functions; "
-            "cpu does not own codegen prefix 'testplug')") in exe.summary()
+    assert ("codegen 'testplug' (fused_add_tanh_testplug) -> numpy by fall-back (testplug runs no codegen functions)\n"
+            in exe.summary())
     assert "testplug available (owns codegen prefix 'testplug', outside the target)" in exe.summary()
 
 

@@ -64,7 +64,7 @@ TABLE = {
 # command -> (--json arguments, the documented keys)
 JSON_KEYS = {
     "run": (["m.ir", "--target", "numpy", "--check", "--time", "--repeat", "2"],
-            {"file", "entry", "target", "patterns", "outputs", "check", "time"}),
+            {"file", "entry", "target", "patterns", "outputs", "ran_on", "fallbacks", "check", "time"}),
     "check": (["p.dpl"], {"rules", "count", "shadowed"}),
     "fuse": (["m.ir", "-p", "p.dpl", "--report"], {"module", "output", "events"}),
     "profile": (["m.ir", "--dim", "n=4", "--repeat", "1", "--target", "numpy"], {"module", "output", "fused_first", "groups"}),
@@ -134,6 +134,7 @@ def test_json_outputs(command, files, capsys):
     if command == "run":
         assert out["check"]["ok"] is True and out["check"]["max_abs_error"] == 0.0
         assert out["time"]["runs"] == 2 and out["time"]["median_ms"] > 0
+        assert out["ran_on"] == {"fused_matmul_add_nn_relu": "numpy"} and out["fallbacks"] == []  # dpl.apply fused the three ops
         [o] = out["outputs"]
         assert o["shape"] == [8, 4] and o["dtype"] == "float32" and o["checksum"] > 0  # relu: non-negative, not all 0
     if command == "check":
@@ -164,7 +165,9 @@ def test_run_check_reports_a_mismatch_and_exits_1(files, capsys, monkeypatch):
     import dpl.runtime
 
     class Wrong:
-        def __init__(self, mod, target, entry="main"):
+        plans, fallbacks = {}, []
+
+        def __init__(self, mod, target, entry="main", strict=False):
             self.mod = mod
 
         def __call__(self, *args):
@@ -173,11 +176,15 @@ def test_run_check_reports_a_mismatch_and_exits_1(files, capsys, monkeypatch):
         def summary(self):
             return "wrong on purpose"
 
+        def ran_on(self):
+            return {}
+
     monkeypatch.setattr(dpl.runtime, "build", Wrong)
     assert main(["run", "m.ir", "--target", "numpy", "--check"]) == 1
     text = capsys.readouterr()
     assert "max abs error 0.5" in text.out and "MISMATCH" in text.out
-    assert "differs from the interpreter beyond rtol=0.0001" in text.err
+    # the bound printed is the one used: atol scaled by the output's largest magnitude
+    assert "differs from the interpreter beyond the bound |got - want| <= " in text.err and " + 0.0001 * |want|" in text.err
     assert main(["run", "m.ir", "--target", "numpy", "--check", "--atol", "1"]) == 0  # within a loose tolerance
 
 

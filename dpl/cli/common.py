@@ -5,12 +5,13 @@ and a did-you-mean for a misspelt pattern library or target before any work is d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import logging
 import os
 import sys
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -162,6 +163,42 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (tuple, set)):
         return list(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+@contextlib.contextmanager
+def each_warning_once() -> Iterator[None]:
+    """Within a command, a warning logged again (the target's up-front warning, said by the
+    command before any work and by the build; one per Executable a command builds) is shown
+    once on stderr."""
+    seen: set[str] = set()
+
+    def first_time(record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        message = record.getMessage()
+        if message in seen:
+            return False
+        seen.add(message)
+        return True
+
+    handlers = list(logging.getLogger("dpl").handlers)
+    for h in handlers:
+        h.addFilter(first_time)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(first_time)
+
+
+def early_target_check(target, strict: bool) -> None:
+    """Say before any work that the target's first backend is unavailable, and what runs
+    instead, in the words the build uses (``--strict``: an error, exit 1)."""
+    from dpl.runtime import check_target
+
+    note = check_target(target, strict=strict)
+    if note is not None:
+        logging.getLogger("dpl.runtime.executable").warning("%s", note)  # as the build says it: shown once
 
 
 def target_arg(text: str):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from dpl.cli.common import add_patterns_option, dim_arg, entry_function, load_module, parse_dims, print_json, target_arg
+from dpl.cli.common import (add_patterns_option, dim_arg, each_warning_once, early_target_check, entry_function, load_module, parse_dims,
+                            print_json, target_arg)
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ def add_profile_command(sub) -> None:
     add_patterns_option(p)
     p.add_argument("--dim", action="append", default=[], type=dim_arg, metavar="NAME=SIZE", help="size of a symbolic dim (default 1024)")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per kernel (the median is kept)")
+    p.add_argument("--strict", action="store_true", help="a fall-back is an error (exit 1): a backend of the target that is "
+                                                        "unavailable or fails to compile, a codegen prefix no backend owns")
     p.add_argument("--json", action="store_true", help="print the result as JSON (keys: module, output, fused_first, groups)")
     p.set_defaults(func=cmd_profile)
 
@@ -35,8 +38,15 @@ def is_fused(mod) -> bool:
 
 
 def cmd_profile(args) -> int:
+    with each_warning_once():
+        return _profile(args)
+
+
+def _profile(args) -> int:
     from dpl.runtime import profile_module
 
+    target = target_arg(args.target)
+    early_target_check(target, args.strict)
     mod = load_module(args.module)
     dims = parse_dims(args.dim, entry_function(mod, "main", args.module))
     fuse_first = bool(args.patterns) or not is_fused(mod)
@@ -47,7 +57,7 @@ def cmd_profile(args) -> int:
         log.info("%s: %s first (dpl.apply, then automatic fusion)", args.module, why)
         mod = apply(mod, args.patterns)
     quiet = logging.getLogger("dpl").getEffectiveLevel() > logging.INFO
-    data = profile_module(mod, args.output, target=target_arg(args.target), dims=dims, repeat=args.repeat,
+    data = profile_module(mod, args.output, target=target, dims=dims, repeat=args.repeat, strict=args.strict,
                           progress=sys.stderr if sys.stderr.isatty() and not (quiet or args.json) else None)
     if not data.groups:
         log.warning("%s: no group to profile (every op runs alone)", args.module)

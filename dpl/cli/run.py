@@ -1,6 +1,11 @@
 """``dpl run``: run a module on random inputs; with ``--target`` / ``-p`` the built module
 (``dpl.apply`` with the pattern libraries, then ``dpl.build``); ``--check`` compares it with the
-interpreter on the unfused module, ``--time`` gives the median of several runs."""
+interpreter on the unfused module, ``--time`` gives the median of several runs.
+
+What ran is what is reported: every fall-back is a warning on stderr (a target whose first
+backend is unavailable is said before any work), the text names the backends that ran, and
+``--json`` gives ``ran_on`` per unit and the ``fallbacks``; ``--strict`` makes a fall-back an
+error (exit 1)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ import time
 
 import numpy as np
 
-from dpl.cli.common import add_patterns_option, dim_arg, entry_function, load_module, parse_dims, print_json, random_inputs, target_arg
+from dpl.cli.common import (add_patterns_option, dim_arg, each_warning_once, early_target_check, entry_function, load_module, parse_dims,
+                            print_json, random_inputs, target_arg)
 from dpl.errors import DplError
 
 log = logging.getLogger(__name__)
@@ -40,7 +46,10 @@ def add_run_command(sub) -> None:
                                                       "(default by dtype: 1e-4 for f32, 1e-2 for f16)")
     p.add_argument("--time", action="store_true", help="time the run: the median of --repeat runs after a warm-up")
     p.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs of --time (default 10)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON (keys: file, entry, target, outputs, check, time)")
+    p.add_argument("--strict", action="store_true", help="a fall-back is an error (exit 1): a backend of the target that is "
+                                                        "unavailable or fails to compile, a codegen prefix no backend owns")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (keys: file, entry, target, patterns, outputs, "
+                                                       "ran_on, fallbacks, check, time)")
     p.set_defaults(func=cmd_run)
 
 
@@ -56,11 +65,13 @@ def _describe(outputs) -> list[dict]:
 
 def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float | None, atol: float | None) -> dict:
     """Max absolute and relative error of ``got`` against ``want``; ok when every element is
-    within ``atol * max(1, max|want|) + rtol * |want|`` (integers and booleans must be equal)."""
+    within ``atol * max(1, max|want|) + rtol * |want|`` (integers and booleans must be equal).
+    ``bounds``: per floating output, the bound used, ``abs + rtol * |want|`` with ``abs`` the
+    scaled atol."""
     max_abs = max_rel = 0.0
     ok = len(got) == len(want)
-    tolerances = []
-    for g, w in zip(got, want):
+    tolerances, bounds = [], []
+    for i, (g, w) in enumerate(zip(got, want)):
         if g.shape != w.shape:
             ok = False
             continue
@@ -78,11 +89,23 @@ def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float | None, a
         if diff.size:
             finite = np.where(np.isfinite(w64), np.abs(w64), 0.0)
             scale = max(1.0, float(np.max(finite)))
+            bounds.append({"output": i, "abs": a * scale, "rtol": r})
             max_abs = max(max_abs, float(np.max(diff)))
             max_rel = max(max_rel, float(np.max(diff / np.maximum(finite, np.finfo(np.float64).tiny))))
             ok = ok and bool(np.all(diff <= a * scale + r * finite))
     rtol_used, atol_used = tolerances[0] if tolerances else (rtol or 0.0, atol or 0.0)
-    return {"ok": ok, "max_abs_error": max_abs, "max_rel_error": max_rel, "rtol": rtol_used, "atol": atol_used}
+    return {"ok": ok, "max_abs_error": max_abs, "max_rel_error": max_rel, "rtol": rtol_used, "atol": atol_used, "bounds": bounds}
+
+
+def bound_text(check: dict) -> str:
+    """The bound the comparison used, e.g. ``|got - want| <= 0.00032 + 0.0001 * |want|``."""
+    bounds = check.get("bounds") or []
+    texts = [f"|got - want| <= {b['abs']:.3g} + {b['rtol']:g} * |want|" for b in bounds]
+    if len(set(texts)) == 1:
+        return texts[0]
+    if not texts:
+        return "exact (no floating-point output)"
+    return "; ".join(f"output {b['output']}: {t}" for b, t in zip(bounds, texts))
 
 
 def _median_ms(run, repeat: int) -> dict:
@@ -96,14 +119,24 @@ def _median_ms(run, repeat: int) -> dict:
 
 
 def cmd_run(args) -> int:
+    with each_warning_once():
+        return _run(args)
+
+
+def _run(args) -> int:
     from dpl.interpret import interpret
 
+    target = None if args.target is None else target_arg(args.target)
+    if target is not None:
+        early_target_check(target, args.strict)
+    elif args.strict:
+        log.info("--strict without --target: the interpreter runs, it never falls back")
     mod = load_module(args.file)
     fn = entry_function(mod, args.entry, args.file)
     if args.repeat < 1:
         raise DplError(f"--repeat takes a positive count, got {args.repeat}")
     inputs = random_inputs(fn, args.seed, parse_dims(args.dim, fn))
-    target = None if args.target is None else target_arg(args.target)
+    exe = None
     if target is None and not args.patterns:
         run = lambda: interpret(mod, *inputs, entry=args.entry)  # noqa: E731
         what = "interpreter"
@@ -117,13 +150,17 @@ def cmd_run(args) -> int:
         else:
             from dpl.runtime import build
 
-            exe = build(fused, target, entry=args.entry)
+            exe = build(fused, target, entry=args.entry, strict=args.strict)
             run = lambda: exe(*inputs)  # noqa: E731
-            what = f"target {args.target}"
-            log.debug("%s", exe.summary())
     outputs = _outputs(run())
     report = {"file": args.file, "entry": args.entry, "target": args.target, "patterns": list(args.patterns),
-              "outputs": _describe(outputs), "check": None, "time": None}
+              "outputs": _describe(outputs), "ran_on": None, "fallbacks": [], "check": None, "time": None}
+    if exe is not None:  # what ran, which is not always what the target asked for
+        log.debug("%s", exe.summary())
+        ran = dict.fromkeys(s.backend for plan in exe.plans.values() for s in plan.steps)
+        what = f"target {args.target} (ran on {', '.join(ran) or 'nothing: no kernel'})"
+        report["ran_on"] = exe.ran_on()
+        report["fallbacks"] = [f.as_dict() for f in exe.fallbacks]
     if args.check:
         report["check"] = compare(outputs, _outputs(interpret(mod, *inputs, entry=args.entry)), args.rtol, args.atol)
     if args.time:
@@ -134,7 +171,7 @@ def cmd_run(args) -> int:
         print(_text(report, what))
     if report["check"] is not None and not report["check"]["ok"]:
         c = report["check"]
-        print(f"dpl: error: {what} differs from the interpreter beyond rtol={c['rtol']:g}, atol={c['atol']:g} "
+        print(f"dpl: error: {what} differs from the interpreter beyond the bound {bound_text(c)} "
               f"(max abs error {c['max_abs_error']:.3g}, max rel error {c['max_rel_error']:.3g})", file=sys.stderr)
         return 1
     return 0
@@ -147,7 +184,7 @@ def _text(report: dict, what: str) -> str:
         c = report["check"]
         verdict = "ok" if c["ok"] else "MISMATCH"
         lines.append(f"check: {what} vs the interpreter: max abs error {c['max_abs_error']:.3g}, "
-                     f"max rel error {c['max_rel_error']:.3g} (rtol {c['rtol']:g}, atol {c['atol']:g}): {verdict}")
+                     f"max rel error {c['max_rel_error']:.3g} (bound {bound_text(c)}): {verdict}")
     if report["time"] is not None:
         t = report["time"]
         lines.append(f"time: {what}: median {t['median_ms']:.4g} ms, min {t['min_ms']:.4g} ms over {t['runs']} run{'s' if t['runs'] != 1 else ''}")

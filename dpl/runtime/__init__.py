@@ -7,7 +7,7 @@ profile file the heuristics read.
 
 from dpl.runtime.cache import KernelCache
 from dpl.runtime.config import FusionConfig
-from dpl.runtime.executable import Executable, Fallback, ProfileReport, RunError, build
+from dpl.runtime.executable import Executable, Fallback, FallbackError, ProfileReport, RunError, build, check_target
 from dpl.runtime.heuristics import SEED_FUSION_OPS, FusionDecision, FusionHeuristics
 from dpl.runtime.keys import compatible_key, exact_key, graph_structure
 from dpl.runtime.plan import Plan
@@ -17,8 +17,8 @@ from dpl.runtime.scheduler import FusionError, FusionScheduler, ScheduledGroup
 from dpl.runtime.shapes import ShapeError
 
 __all__ = [
-    "Executable", "Fallback", "FusionConfig", "FusionDecision", "FusionError", "FusionHeuristics", "FusionScheduler",
+    "Executable", "Fallback", "FallbackError", "FusionConfig", "FusionDecision", "FusionError", "FusionHeuristics", "FusionScheduler",
     "KernelCache", "Plan", "ProfileData", "ProfileError", "ProfileReport", "RunError", "SEED_FUSION_OPS",
-    "ScheduledGroup", "ShapeError", "build", "compatible_key", "exact_key", "graph_structure", "load_profile",
+    "ScheduledGroup", "ShapeError", "build", "check_target", "compatible_key", "exact_key", "graph_structure", "load_profile",
     "profile_module", "save_profile",
 ]

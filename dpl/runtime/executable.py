@@ -7,6 +7,20 @@ kernel cache, and keeps one memory-planned :class:`~dpl.runtime.plan.Plan` per s
 input shapes. A kernel that fails to compile falls back to the next backend of the target
 (composites, codegen functions, single ops) or to running its ops one by one (groups).
 
+Fall-backs are loud: a unit that does not run where it was meant to (its backend is
+unavailable or failed to compile it, its codegen prefix's owner cannot run it, or no backend
+owns its prefix) is a :class:`Fallback`, logged as a warning on the ``dpl`` logger once per
+distinct reason per Executable, listed by ``exe.summary()`` and ``exe.fallbacks``; a target
+whose first backend is unavailable is said once, up front. A backend passed over because its
+capability table does not cover the unit is the target's order at work, not a fall-back.
+``strict=True`` makes every fall-back a :class:`FallbackError` instead. What the plans run each
+unit on is :meth:`Executable.ran_on`.
+
+When compiling happens: a module whose inputs have static shapes is planned, and so compiled,
+at build, so ``summary()`` says the same before and after the first call; with symbolic shapes
+each input signature is planned at its first call, and until then ``summary()`` marks every
+function "not compiled yet" (it may still fall back then).
+
 Builds: while a plan is made, the C compiler runs for several kernels at once
 (:mod:`dpl.runtime.build_pool`), with a progress line on a terminal; the plan is handed out
 once every build is done. A build that fails there makes the plan again with builds in turn,
@@ -31,8 +45,8 @@ import attrs
 import numpy as np
 
 from dpl import dtypes as dt
-from dpl.backends.registry import (Backend, BackendError, Choice, Unit, choose, classify, function_dtypes, get_backend, leaf_types,
-                                   resolve_target)
+from dpl.backends.registry import (Backend, BackendError, Choice, Unit, backends, choose, classify, function_dtypes, get_backend,
+                                   leaf_types, resolve_target)
 from dpl.errors import DplError
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
 from dpl.ir.types import TupleType
@@ -53,9 +67,16 @@ class RunError(DplError):
     """Arrays given to an Executable that do not fit its entry function or its outputs."""
 
 
+class FallbackError(DplError):
+    """A strict build met a fall-back: a unit would not run on the backend meant for it."""
+
+
 @attrs.frozen
 class Fallback:
-    """A backend passed over for a unit, and why; ``runs_on`` is where the unit went instead."""
+    """A unit that does not run where it was meant to: ``skipped`` is the backend asked for it
+    (or the codegen prefix no backend owns), ``reason`` why it did not run there (read after
+    the name: "is unavailable: ...", "failed to compile: ..."), ``runs_on`` what runs it
+    instead: a backend, "op by op" (a fused group), or None (nothing)."""
 
     unit: str
     skipped: str
@@ -63,7 +84,61 @@ class Fallback:
     runs_on: str | None
 
     def __str__(self) -> str:
-        return f"{self.unit}: {self.skipped} {self.reason} -> runs on {self.runs_on or 'nothing'}"
+        return self.describe("runs")
+
+    def describe(self, runs: str = "runs") -> str:
+        """One line: the unit, what ``runs`` it instead of which backend, and why."""
+        if self.runs_on == "op by op":
+            instead = f"{runs} op by op instead of as one {self.skipped} kernel"
+        elif self.runs_on is None:
+            instead = f"has no backend to run it instead of {self.skipped}"
+        else:
+            instead = f"{runs} on {self.runs_on} instead of {self.skipped}"
+        return f"{self.unit} {instead} ({self.skipped} {self.reason})"
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"unit": self.unit, "asked": self.skipped, "ran_on": self.runs_on, "reason": f"{self.skipped} {self.reason}"}
+
+
+def target_name(target: Any) -> str:
+    """``target`` as the summary and messages write it."""
+    if isinstance(target, str):
+        return target
+    if isinstance(target, Backend):
+        return target.name
+    return "[" + ", ".join(t if isinstance(t, str) else t.name for t in target) + "]"
+
+
+def unavailable_head(backends: tuple[Backend, ...]) -> tuple[list[tuple[str, str]], Backend | None]:
+    """The backends at the head of a target that are unavailable, with their reasons, and the
+    first available one, which runs what they would have run."""
+    skipped = []
+    for b in backends:
+        ok, why = b.available()
+        if ok:
+            return skipped, b
+        skipped.append((b.name, why))
+    return skipped, None
+
+
+def check_target(target: Any, *, strict: bool = False, name: str | None = None) -> str | None:
+    """What a build for ``target`` says up front when the target's first backend is unavailable
+    (``--target cuda`` without CuPy or a device): the warning text, or None when it is
+    available. With ``strict`` that is a :class:`FallbackError` instead. ``name``: how to
+    write the target (default :func:`target_name`)."""
+    skipped, first = unavailable_head(resolve_target(target))
+    if not skipped:
+        return None
+    name = name or target_name(target)
+    why = "; ".join(f"{b} is unavailable: {reason}" for b, reason in skipped)
+    if first is None:
+        instead = "no backend of it is available"
+    else:
+        instead = f"{first.name} runs instead"
+    if strict:
+        raise FallbackError(f"target {name}: {why}; a strict build does not fall back",
+                            hint=f"without strict (--strict), {instead}, with a warning" if first is not None else None)
+    return f"target {name}: {why}; {instead}"
 
 
 class Executable(Compiler):
@@ -76,14 +151,15 @@ class Executable(Compiler):
 
     def __init__(self, module: Module, target: Any = "cpu", config: FusionConfig | None = None, *, entry: str = "main",
                  cache: KernelCache | None = None, progress: TextIO | bool | None = True, threads: int | None = None,
-                 adapt_threads: bool = True):
+                 adapt_threads: bool = True, strict: bool = False):
         if not isinstance(module, Module):
             raise DplError(f"build takes a Module, got {type(module).__name__}")
         if entry not in module.functions:
             raise DplError(f"module has no function '{entry}' (it has: {', '.join(module.functions)})")
         self.module, self.entry = module, module[entry]
         self.target: tuple[Backend, ...] = resolve_target(target)
-        self.target_name = target if isinstance(target, str) else "[" + ", ".join(t if isinstance(t, str) else t.name for t in target) + "]"
+        self.target_name = target_name(target)
+        self.strict = strict  # every fall-back is a FallbackError
         self.config = config or FusionConfig()
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise DplError(f"threads must be a positive integer or None, got {threads!r}")
@@ -92,11 +168,17 @@ class Executable(Compiler):
         self.progress = terminal_stderr() if progress is True else (progress or None)  # where build progress is drawn
         self.scheduler = FusionScheduler(self.config, cache=cache)
         self.fallbacks: list[Fallback] = []
+        self._warned: set[tuple[str, str]] = set()  # (backend, reason) logged as a warning already
+        self._compiled: set[str] = set()  # choice keys some plan compiled
         self.choices: dict[str, Choice] = {}  # by module function name, or "op NAME dtypes"
         self._failed: dict[str, dict[str, str]] = {}  # choice key -> {backend: compile error}
         self._plans: dict[tuple, Plan] = {}
         self._planning = threading.RLock()  # plans and the compile state they change, one thread at a time
         self._resident: Any = None  # the device runner (see _device_runner), False: none
+        head = check_target(self.target, strict=strict, name=self.target_name)  # said once here, not again per unit
+        if head is not None:
+            log.warning("%s", head)
+            self._warned.update((name, f"is unavailable: {why}") for name, why in unavailable_head(self.target)[0])
         for name in _called_functions(module, self.entry):
             unit = classify(module[name], module)
             self._choose(name, unit)
@@ -106,16 +188,31 @@ class Executable(Compiler):
     # -- choosing and compiling ------------------------------------------------------------------
     def _choose(self, key: str, unit: Unit) -> Choice:
         choice = choose(unit, self.target, self._failed.get(key))
+        runs_on = choice.backend.name if choice.backend else "op by op" if unit.kind == "primitive" else None
+        for name, reason in choice.fell_back:
+            self._fall_back(Fallback(unit.describe(), name, reason, runs_on))
         self.choices[key] = choice
-        seen = {(f.unit, f.skipped) for f in self.fallbacks}
-        for name, reason in choice.passed_over:
-            if (unit.describe(), name) not in seen:
-                self.fallbacks.append(Fallback(unit.describe(), name, reason, choice.backend.name if choice.backend else None))
         return choice
+
+    def _fall_back(self, fallback: Fallback) -> None:
+        """Record a fall-back and warn about it (once per distinct reason); strict: raise."""
+        if self.strict:
+            hint = "without strict=True (--strict) it falls back, with a warning"
+            if fallback.skipped not in backends():  # a codegen prefix nothing owns
+                hint = (f"register a backend for codegen prefix '{fallback.skipped}' (dpl.register_codegen) or install "
+                        f"the plugin that provides it; {hint}")
+            raise FallbackError(f"strict build for target {self.target_name}: {fallback.describe('would run')}", hint=hint)
+        if any((f.unit, f.skipped) == (fallback.unit, fallback.skipped) for f in self.fallbacks):
+            return
+        self.fallbacks.append(fallback)
+        if (fallback.skipped, fallback.reason) not in self._warned:
+            self._warned.add((fallback.skipped, fallback.reason))
+            log.warning("fall-back: %s", fallback)
 
     def _compile(self, key: str, unit: Unit, shapes, dtypes):
         """Compile ``unit`` on its chosen backend, falling back along the target on errors."""
         choice = self.choices.get(key) or self._choose(key, unit)
+        self._compiled.add(key)
         while True:
             backend = choice.backend
             if backend is None:
@@ -145,12 +242,13 @@ class Executable(Compiler):
 
     def group(self, fn: Function, shapes, dtypes) -> tuple[ScheduledGroup, str | None]:
         choice = self.choices.get(fn.name) or self._choose(fn.name, classify(fn, self.module))
+        self._compiled.add(fn.name)
         if choice.backend is None:
             decision = FusionDecision(False, "backend", "no backend of the target compiles this group")
             return ScheduledGroup(None, decision, "runs op by op"), None
         group = self.scheduler.prepare(fn, choice.backend, shapes, dtypes, self.module)
         if group.error is not None:
-            self.fallbacks.append(Fallback(choice.unit.describe(), choice.backend.name, f"failed to compile: {group.error}", "op by op"))
+            self._fall_back(Fallback(choice.unit.describe(), choice.backend.name, f"failed to compile: {group.error}", "op by op"))
         return group, choice.backend.name
 
     # -- plans ----------------------------------------------------------------------------------
@@ -175,7 +273,7 @@ class Executable(Compiler):
             failed = pool.wait()
         if not failed:
             return plan
-        log.info("dpl: %d kernel build(s) failed; planning again with builds in turn", len(failed))
+        log.info("%d kernel build(s) failed; planning again with builds in turn", len(failed))
         self.scheduler.cache.keep_only(kept)
         del self.fallbacks[fallbacks:]
         with serial_builds():
@@ -261,7 +359,35 @@ class Executable(Compiler):
         return ProfileReport(tuple(rows))
 
     # -- reporting ------------------------------------------------------------------------------
+    def ran_on(self) -> dict[str, str]:
+        """What runs each unit in the plans made so far: by module function (a Primitive group,
+        a composite, a codegen wrapper) and by ``op NAME`` for the ops outside them. The value
+        is a backend name, ``op by op on B`` for a group whose ops run one by one (on B, the
+        backends of its ops), or ``views (no kernel)``. A unit that runs differently in two
+        plans (input signatures) lists both ways, comma-separated."""
+        ways: dict[str, dict[str, None]] = {}
+        for plan in self._plans.values():
+            loose: dict[str, dict[str, None]] = {}  # group -> backends of its ops run one by one
+            for step in plan.steps:
+                fn = self.module.functions.get(step.function)
+                if step.label.startswith("op ") and fn is not None and fn.attrs.get("Primitive"):
+                    loose.setdefault(step.function, {})[step.backend] = None
+                elif step.label.startswith("op "):
+                    ways.setdefault(step.label, {})[step.backend] = None
+                else:
+                    ways.setdefault(step.function, {})[step.backend] = None
+            for name, used in loose.items():
+                ways.setdefault(name, {})[f"op by op on {', '.join(used)}"] = None
+            for name in plan.view_groups:
+                ways.setdefault(name, {})["views (no kernel)"] = None
+        return {name: ", ".join(how) for name, how in ways.items()}
+
     def summary(self) -> str:
+        """The target and its backends; every function with the backend that runs it (or "not
+        compiled yet" before the first call of a module with symbolic input shapes); each plan
+        made so far; last, the fall-backs. The same before and after the first call where the
+        inputs have static shapes: those modules compile at build."""
+        self._device_runner()  # what the first call would settle, so the plan lines do not change with it
         lines = [f"target {self.target_name}: " + " -> ".join(b.name for b in self.target)]
         for b in self.target:
             ok, why = b.available()
@@ -273,9 +399,18 @@ class Executable(Compiler):
             ok, why = get_backend(name).available()
             lines.append(f"  {name:<8} {'available' if ok else 'unavailable: ' + why} (owns codegen prefix '{prefix}', outside the target)")
         lines.append("functions:")
+        broke = {f.unit for f in self.fallbacks if f.runs_on == "op by op"}  # groups whose fused kernel failed
         for key, choice in self.choices.items():
             unit = choice.unit
-            lines.append(f"  {unit.describe():<44} -> {choice.explain()}")
+            text = choice.explain()
+            if unit.describe() in broke and choice.backend is not None:
+                text += f"; op by op, by fall-back, where {choice.backend.name} failed to compile it"
+            if key not in self._compiled:
+                text += "; not compiled yet"
+            lines.append(f"  {unit.describe():<44} -> {text}")
+        if not self._plans:
+            lines.append("  (no plan yet: the inputs have symbolic shapes, so each input shape is planned and compiled, ops outside "
+                         "groups included, at its first call)")
         for sig, plan in self._plans.items():
             shapes = ", ".join(f"{dt.short(dt.from_numpy(np.dtype(d)))}{list(s)}" for s, d in sig)
             lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel call{'s' if len(plan.steps) != 1 else ''}, {plan.view_count} view(s) (no kernel, no copy), "
@@ -296,6 +431,8 @@ class Executable(Compiler):
                 note = getattr(step.kernel, "note", None)
                 if note:
                     lines.append(f"  {step.label} ({step.function}) on {step.backend}: {note}")
+        lines.append(f"fall-backs: {len(self.fallbacks) or 'none'}")
+        lines.extend(f"  {f}" for f in self.fallbacks)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -362,7 +499,8 @@ def _called_functions(module: Module, fn: Function) -> list[str]:
 
 
 def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = None, entry: str = "main", cache: KernelCache | None = None,
-          progress: TextIO | bool | None = True, threads: int | None = None, adapt_threads: bool = True) -> Executable:
+          progress: TextIO | bool | None = True, threads: int | None = None, adapt_threads: bool = True,
+          strict: bool = False) -> Executable:
     """Build ``mod`` for ``target``: ``"cpu"``, ``"numpy"``, ``"cuda"``, a backend name, a
     Backend, comma-separated names (``"mylib,cpu"``), or a list of them tried in order. A
     function carrying a codegen prefix goes first to the backend registered for that prefix,
@@ -371,6 +509,13 @@ def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = Non
     every call, for the BLAS and the OpenMP kernels alike (None: each pool's own default;
     :mod:`dpl.runtime.threads`). ``adapt_threads``: where the budget allows several threads,
     each call runs on them or on one, whichever recent calls found faster (a loaded machine
-    makes more threads far slower; :mod:`dpl.runtime.timed_choice`); False: always the budget."""
+    makes more threads far slower; :mod:`dpl.runtime.timed_choice`); False: always the budget.
+
+    Fall-backs (a unit whose backend is unavailable or fails to compile it, a codegen prefix no
+    backend owns, a fused group run op by op after a compile error, a target whose first
+    backend is unavailable) are warnings on the ``dpl`` logger, once per distinct reason, and
+    are listed by ``exe.fallbacks`` and ``exe.summary()``. ``strict``: each is a
+    :class:`FallbackError` naming the unit, the backend and the reason instead, raised by the
+    build, or by the first call of an input shape where the inputs have symbolic shapes."""
     return Executable(mod, target, config, entry=entry, cache=cache, progress=progress, threads=threads,
-                      adapt_threads=adapt_threads)
+                      adapt_threads=adapt_threads, strict=strict)

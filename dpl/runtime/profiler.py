@@ -9,6 +9,7 @@ group as one fused kernel; the medians go into the profile file (see
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -21,13 +22,14 @@ from dpl.backends.registry import flatten, leaf_types, unflatten
 from dpl.ir.expr import Call, Constant, Function, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TupleType
 from dpl.runtime.config import FusionConfig
-from dpl.runtime.executable import build
+from dpl.runtime.executable import FallbackError, build
 from dpl.runtime.keys import compatible_key, exact_key, group_ops
 from dpl.runtime.plan import single_op_function
 from dpl.runtime.profile_data import ProfileData, load_profile, save_profile
 from dpl.runtime.progress import Progress
 from dpl.runtime.shapes import bind_dims, concrete
 
+log = logging.getLogger(__name__)
 
 def _median_ms(run, repeat: int) -> float:
     run()  # warm up (and compile caches)
@@ -62,18 +64,21 @@ def profile_module(
     repeat: int = 20,
     seed: int = 0,
     progress: TextIO | bool | None = True,
+    strict: bool = False,
 ) -> ProfileData:
     """Measure the Primitive groups of ``mod`` and write (merge into) the profile at ``path``
     (None: write nothing, just return the measurements).
 
     Inputs are ``inputs`` or random arrays, symbolic dims taking their size from ``dims``
     (default 1024 so groups are big enough to be worth measuring). ``progress`` draws a bar on
-    stderr (True), on a given stream, or not at all (None / False).
+    stderr (True), on a given stream, or not at all (None / False). Fall-backs are warnings, as
+    in :func:`~dpl.runtime.build`, and so is a group whose fused kernel fails to compile (no
+    fused time); ``strict``: each is a :class:`~dpl.runtime.FallbackError`.
     """
     if progress is True:
         progress = sys.stderr
     rng = np.random.default_rng(seed)
-    exe = build(mod, target, config=FusionConfig(enable_fusion=False))
+    exe = build(mod, target, config=FusionConfig(enable_fusion=False), strict=strict)
     if inputs is None:
         dims = dict(dims or {})
         inputs = []
@@ -102,7 +107,7 @@ def profile_module(
         choice = exe.choices.get(fn.name)
         fused_ms = None
         if choice is not None and choice.backend is not None:
-            fused_ms = _time_fused(exe, choice.backend, fn, arrays, repeat)
+            fused_ms = _time_fused(exe, choice.backend, fn, arrays, repeat, strict)
         for op, ms in op_ms:
             single[op] = ms
         separate[key] = sep
@@ -158,10 +163,15 @@ def _time_ops(exe, fn: Function, arrays, repeat: int) -> list[tuple[str, float]]
     return out
 
 
-def _time_fused(exe, backend, fn: Function, arrays, repeat: int) -> float | None:
+def _time_fused(exe, backend, fn: Function, arrays, repeat: int, strict: bool = False) -> float | None:
     try:
         kernel = backend.compile(fn, module=exe.module, shapes=tuple(a.shape for a in arrays))
-    except Exception:  # no fused time: the heuristics then decide by profile_fallback
+    except Exception as err:  # no fused time: the heuristics then decide by profile_fallback
+        why = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
+        text = f"group '{fn.name}': {backend.name} failed to compile it ({why}); no fused time"
+        if strict:
+            raise FallbackError(f"strict profile: {text}") from None
+        log.warning("fall-back: %s", text)
         return None
     dims = bind_dims([t for p in fn.params for t in leaf_types(p.ty)], [a.shape for a in arrays], [p.name for p in fn.params])
     outs = _empty_like_type(concrete(fn.ret.ty, dims, fn.name))
