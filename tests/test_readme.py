@@ -133,3 +133,17 @@ def test_readme_step(index, workspace):
     workspace.run_through(index)
     workspace.done = index + 1  # run once, pass or fail
     workspace.run(step)
+
+
+def test_every_link_of_the_readme_and_docs_resolves():
+    """Relative links in the README and docs/ name files that exist; the README links the
+    language reference, and ``dpl check --help`` names it."""
+    from dpl.cli import build_parser
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
+    assert "](docs/language.md)" in README
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert "docs/language.md" in sub.choices["check"].format_help()

@@ -10,7 +10,9 @@ log = logging.getLogger("dpl")
 
 
 def add_check_command(sub) -> None:
-    p = sub.add_parser("check", help="validate .dpl pattern files (or shipped library names) and list their rules")
+    p = sub.add_parser("check", help="validate .dpl pattern files (or shipped library names) and list their rules",
+                       epilog="The reference of the .dpl language, every construct with an example, is "
+                              "docs/language.md in dpl's source tree.")
     p.add_argument("files", nargs="+", help=".dpl files, shipped library names, or - for stdin")
     p.add_argument("--json", action="store_true", help="print the rules as JSON (keys: rules, count; each rule: kind, name, "
                                                       "root_op, ops, variants, codegen, doc, location)")
