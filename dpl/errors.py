@@ -15,6 +15,11 @@ MAX_EXCERPT = 160
 MAX_MESSAGE = 1000
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun, singular for one: "1 thread", "4 buffers" (messages count things)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def excerpt(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` cut to about ``limit`` characters, keeping its head and tail."""
     if len(text) <= limit:

@@ -245,7 +245,7 @@ def test_kernels_compile_for_the_architecture_of_the_device(nvrtc, cxx, capabili
     args = random_args(mod["main"], 0)
     assert_close(dpl.interpret(mod, *args), exe(*args))
     assert fake.sources and fake.arch == f"compute_{capability}"
-    assert exe.target[0].available() == (True, f"1 CUDA device(s), sm_{capability}")
+    assert exe.target[0].available() == (True, f"1 CUDA device, sm_{capability}")
 
 
 def test_the_cuda_benchmark_says_there_is_no_device():

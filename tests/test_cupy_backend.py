@@ -72,7 +72,7 @@ def test_with_cupy_but_no_device_the_cuda_target_falls_back_to_the_cpu():
 
 def test_zero_devices_is_unavailable():
     assert CupyBackend(cupy=FakeCupy(devices=0)).available() == (False, "no CUDA device")
-    assert CupyBackend(cupy=FakeCupy(devices=2)).available() == (True, "2 CUDA device(s), sm_90")
+    assert CupyBackend(cupy=FakeCupy(devices=2)).available() == (True, "2 CUDA devices, sm_90")
 
 
 def _check_cuda_falls_back(backend, reason):

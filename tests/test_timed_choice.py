@@ -39,7 +39,7 @@ def test_the_faster_count_runs_and_the_slower_is_retried_for_a_small_share_of_th
     tries = picked.count(1)
     assert picked.count(2) > 1900 and tries >= 1
     assert tries * (times[1] - times[2]) <= 1.5 * tc.PROBE_SHARE * sum(times[n] for n in picked)
-    assert "2 thread(s) now, the faster" in choice.describe()
+    assert "2 threads now, the faster" in choice.describe()
 
 
 def test_a_hopeless_count_gets_one_call_not_its_full_turns():
@@ -49,7 +49,7 @@ def test_a_hopeless_count_gets_one_call_not_its_full_turns():
     picked = feed(choice, times, 1 + 1 + tc.SAMPLES + 200)
     assert picked[0] == 2  # the warm-up
     assert picked[1:].count(2) == 1  # its one timed call, then retries only after 0.3 / PROBE_SHARE s
-    assert choice.describe().startswith("threads: 1 thread(s) now")
+    assert choice.describe().startswith("threads: 1 thread now")
 
 
 def test_two_options_about_as_fast_are_retried_every_few_calls():
@@ -145,7 +145,7 @@ def test_either_count_computes_the_same_numbers(cpu, monkeypatch):
         monkeypatch.setattr(plan.thread_choice, "pick", lambda n=n: n)
         for got, w in zip(exe(*args), want):
             np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
-    assert "threads: 2 thread(s) or 1" in exe.summary() or "now, the faster" in exe.summary()
+    assert "threads: 2 threads or 1" in exe.summary() or "now, the faster" in exe.summary()
 
 
 def test_one_thread_one_core_or_adapt_threads_false_means_no_choice(cpu, monkeypatch):

@@ -48,6 +48,7 @@ from dpl.backends.cuda.emitter import BLOCK, BLOCK_ROWS_FROM, emit_cuda, launch_
 from dpl.backends.cuda.resident import DeviceRunner, bits as _bits, bits_dtype as _bits_dtype
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, function_dtypes, wrapped_composite
 from dpl.backends.cpu.segments import NotSegmentable, Part, is_product, segment, segment_runner
+from dpl.errors import count as plural
 from dpl.transform.normalize import normalize_function
 
 SYMBOL = "dpl_kernel"
@@ -125,7 +126,7 @@ class CupyBackend(Backend):
             return False, f"no CUDA device ({type(err).__name__}: {err})"
         if count == 0:
             return False, "no CUDA device"
-        return True, f"{count} CUDA device(s){_arch_note(cp)}"
+        return True, f"{plural(count, 'CUDA device')}{_arch_note(cp)}"
 
     def resident(self) -> DeviceRunner:
         """What runs an Executable's calls with every intermediate on the device."""

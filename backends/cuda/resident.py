@@ -31,7 +31,7 @@ import numpy as np
 
 from dpl import dtypes as dt
 from dpl.backends.cuda.graph import GraphRunner
-from dpl.errors import DplError
+from dpl.errors import DplError, count
 from dpl.ir.types import TupleType
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class DeviceRunner:
         found = self._plans.get(id(plan))
         if found is None:
             return "device-resident: not run yet"
-        host = f"; {len(found.host_steps)} step(s) on the host" if found.host_steps else ""
+        host = f"; {count(len(found.host_steps), 'step')} on the host" if found.host_steps else ""
         return f"device-resident, arena {sum(found.plan.slot_sizes)} bytes on the device{host}; {found.graph_note}"
 
     def run(self, exe, arrays, out=None):

@@ -47,7 +47,7 @@ from filelock import FileLock, Timeout
 
 from dpl.cache_dir import (FILE_MODE, MARKER, is_marked, make_private_dirs, mark, private_dir, read_own_file,
                            write_private_file)
-from dpl.errors import DplError
+from dpl.errors import DplError, count
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class LibraryCache:
                         removed += 1
         except Timeout:
             return 0
-        log.info("evicted %d kernel(s) from %s (cap %d bytes)", removed, self.directory, self.max_bytes)
+        log.info("evicted %s from %s (cap %d bytes)", count(removed, "kernel"), self.directory, self.max_bytes)
         return removed
 
     def clear(self) -> int:

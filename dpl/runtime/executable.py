@@ -47,7 +47,7 @@ import numpy as np
 from dpl import dtypes as dt
 from dpl.backends.registry import (Backend, BackendError, Choice, Unit, backends, choose, classify, function_dtypes, get_backend,
                                    leaf_types, resolve_target)
-from dpl.errors import DplError
+from dpl.errors import DplError, count
 from dpl.ir.expr import Call, Function, GlobalVar, Module, Tuple, TupleGetItem
 from dpl.ir.types import TupleType
 from dpl.runtime.build_pool import parallel_builds, serial_builds
@@ -413,8 +413,8 @@ class Executable(Compiler):
                          "groups included, at its first call)")
         for sig, plan in self._plans.items():
             shapes = ", ".join(f"{dt.short(dt.from_numpy(np.dtype(d)))}{list(s)}" for s, d in sig)
-            lines.append(f"plan for ({shapes}): {len(plan.steps)} kernel call{'s' if len(plan.steps) != 1 else ''}, {plan.view_count} view(s) (no kernel, no copy), "
-                         f"arena {plan.peak_bytes} bytes in {len(plan.slot_sizes)} buffer(s) "
+            lines.append(f"plan for ({shapes}): {count(len(plan.steps), 'kernel call')}, {count(plan.view_count, 'view')} (no kernel, no copy), "
+                         f"arena {plan.peak_bytes} bytes in {count(len(plan.slot_sizes), 'buffer')} "
                          f"(without reuse {plan.unplanned_bytes}), outputs {plan.output_bytes} bytes")
             if self._resident:
                 lines.append(f"  {self._resident.note(plan)}")
@@ -436,7 +436,7 @@ class Executable(Compiler):
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"<Executable of '{self.entry.name}' for target {self.target_name}, {len(self._plans)} plan(s)>"
+        return f"<Executable of '{self.entry.name}' for target {self.target_name}, {count(len(self._plans), 'plan')}>"
 
 
 @attrs.frozen

@@ -26,6 +26,7 @@ from typing import Collection, Sequence
 
 import attrs
 
+from dpl.errors import count
 from dpl.ir.expr import Function
 from dpl.runtime.config import FusionConfig
 from dpl.runtime.cost import group_cost
@@ -81,7 +82,7 @@ class FusionHeuristics:
         if not cfg.enable_fusion:
             return FusionDecision(False, "rule 0", "fusion is disabled")
         if len(ops) < cfg.min_nodes_for_fusion:
-            return FusionDecision(False, "rule 1", f"{len(ops)} op(s) < min_nodes_for_fusion {cfg.min_nodes_for_fusion}")
+            return FusionDecision(False, "rule 1", f"{count(len(ops), 'op')} < min_nodes_for_fusion {cfg.min_nodes_for_fusion}")
         if len(ops) > cfg.max_graph_size:
             return FusionDecision(False, "rule 2", f"{len(ops)} ops > max_graph_size {cfg.max_graph_size}")
         for param, shape in zip(graph.params, input_shapes):

@@ -43,7 +43,7 @@ import numpy as np
 
 from dpl import dtypes as dt
 from dpl.backends.registry import flatten, leaf_types
-from dpl.errors import DplError
+from dpl.errors import DplError, count
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
@@ -344,7 +344,7 @@ class Planner:
         note = "OpenMP kernels on one thread: the plan also calls BLAS" if mixed else None
         if self.threads is not None:
             note = f"{note}; " if note else ""
-            note += f"thread budget {self.threads}: BLAS, torch and OpenMP kernels on at most {self.threads} thread(s)"
+            note += f"thread budget {self.threads}: BLAS, torch and OpenMP kernels on at most {count(self.threads, 'thread')}"
         return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note, self.threads,
                     self.view_groups, single_steps)
 

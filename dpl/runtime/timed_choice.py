@@ -36,6 +36,8 @@ import threading
 import time
 from collections import deque
 
+from dpl.errors import count
+
 SAMPLES = 3  # timed calls of each option before choosing
 WINDOW = 5  # recent calls an option's median is taken over
 HOPELESS = 4.0  # a first call this many times the other's best ends that option's turns early
@@ -115,7 +117,7 @@ class TimedChoice:
 
 def thread_choice(many: int | None) -> TimedChoice:
     """A plan's thread budget ``many`` (an int > 1, or None: each pool's own threads) or one thread."""
-    return TimedChoice((many, 1), ("each pool's own threads" if many is None else f"{many} thread(s)", "1 thread(s)"), "threads")
+    return TimedChoice((many, 1), ("each pool's own threads" if many is None else count(many, "thread"), "1 thread"), "threads")
 
 
 class RacedKernel:
