@@ -41,3 +41,16 @@ if __name__ == "__main__" and "--regen" in sys.argv:
     for path in CASES:
         path.with_suffix(".err").write_text(diagnostic(path))
         print(path.with_suffix(".err").name)
+
+
+def test_rules_given_as_a_string_to_load_patterns_point_to_parse_patterns():
+    import dpl
+
+    with pytest.raises(DplError) as err:
+        dpl.load_patterns("codegen kernel\npattern p { out = nn.relu(x) }")
+    assert "is neither a .dpl file nor a library name" in str(err.value)
+    assert "dpl.parse_patterns(text)" in str(err.value)
+    with pytest.raises(DplError) as err:
+        dpl.load_patterns("no-such-file")
+    assert "parse_patterns" not in str(err.value)
+    assert dpl.parse_patterns("codegen kernel\npattern p { out = nn.relu(x) }").patterns

@@ -14,7 +14,7 @@ import stat
 import sys
 from typing import Sequence
 
-from dpl.errors import DplError
+from dpl.errors import DplError, excerpt
 from dpl.lang import ast
 from dpl.lang.libraries import LibraryError, read_library
 from dpl.limits import MAX_SOURCE_BYTES, LimitError
@@ -56,7 +56,9 @@ def read_source(path: str) -> str:
 def library(name: str) -> tuple[str, str]:
     """(text, filename) of a library by name: shipped, or installed by a plugin."""
     if not name.isidentifier():
-        raise PatternFileError(f"'{name}' is neither a .dpl file nor a library name")
+        looks_like_rules = any(word in name for word in ("pattern ", "rewrite ", "codegen ", "{"))
+        raise PatternFileError(f"'{excerpt(name, 80)}' is neither a .dpl file nor a library name",
+                               hint="to load rules written in a string, call dpl.parse_patterns(text)" if looks_like_rules else None)
     try:
         return read_library(name)
     except LibraryError as err:
