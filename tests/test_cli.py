@@ -141,6 +141,7 @@ def test_json_outputs(command, files, capsys):
         assert out["count"] == 1 and out["rules"][0]["name"] == "mylib.mm_bias" and out["rules"][0]["location"].startswith("p.dpl:")
     if command == "fuse":
         assert [e["pattern"] for e in out["events"]] == ["mylib.mm_bias"] and out["events"][0]["accepted"] is True
+        assert f'func {out["events"][0]["composite"]}(' in out["module"]  # the composite the match became
         assert '@composite("mylib.mm_bias")' in out["module"] and out["output"] is None
     if command == "profile":
         assert out["fused_first"] is True and out["output"] is None and len(out["groups"]) == 1

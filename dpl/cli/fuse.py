@@ -15,7 +15,7 @@ def add_fuse_command(sub) -> None:
     add_patterns_option(p)
     p.add_argument("--report", action="store_true", help="also print which matches were accepted or rejected, and why")
     p.add_argument("--json", action="store_true", help="print JSON (keys: module, output, events; each event: pattern, "
-                                                      "function, root, members, accepted, reason; with --time-passes, "
+                                                      "function, root, members, accepted, reason, composite; with --time-passes, "
                                                       "passes: pass, ms, changed)")
     p.add_argument("--no-codegen", action="store_true", help="leave composites unwrapped (no Codegen functions)")
     p.add_argument("--no-auto", action="store_true", help="skip automatic fusion of what no pattern claimed")
