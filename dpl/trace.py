@@ -124,7 +124,11 @@ class Trace:
                 lines.append(f"  + {e.function}: {', '.join(e.members)}")
             for e in rej:
                 lines.append(f"  - {e.function}: {', '.join(e.members)}: {e.reason}")
-        if not lines:
+        matched = {e.pattern for e in self.events}
+        quiet = [p.name for p in getattr(self.patterns, "patterns", ()) if p.name not in matched]
+        if quiet:  # a rule that never matched is said too, not left out of the list
+            lines.append(f"no match: {', '.join(quiet)} (dpl explain shows each one's closest misses)")
+        elif not lines:
             lines.append("no pattern matched anything")
         if self.result is not None:
             lines += ["", self.coverage().table()]

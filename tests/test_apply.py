@@ -160,3 +160,14 @@ def test_fuse_reductions_makes_a_decomposed_rmsnorm_one_kernel():
     for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
         np.testing.assert_allclose(np.asarray(g, np.float64), w.astype(np.float64), rtol=5e-3, atol=5e-3)
     assert_same_numbers(mod, rows, mod["main"])
+
+
+def test_the_report_names_the_rules_that_never_matched():
+    """A rule with no match is said in the report (a fresh user's rule was silently missing)."""
+    mod = dpl.parse((Path(__file__).resolve().parents[1] / "examples" / "mlp.ir").read_text())
+    trace = dpl.Trace()
+    dpl.apply(mod, dpl.parse_patterns("codegen kernel\npattern act { out = nn.gelu(x) }\n"
+                                      "pattern never { out = nn.relu(x) }\n"), trace=trace)
+    report = trace.report()
+    assert "kernel.act: 1 accepted, 0 rejected" in report
+    assert "no match: kernel.never (dpl explain shows each one's closest misses)" in report

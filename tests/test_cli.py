@@ -198,6 +198,9 @@ def test_compare_treats_nans_integers_and_shapes():
     assert compare([a], [b], 0.0, 1e-4)["ok"]  # atol counts in units of the largest magnitude, 100
     got = compare([a], [b], 0.0, 1e-6)
     assert not got["ok"] and got["max_abs_error"] == pytest.approx(1e-3, rel=1e-3) and got["max_rel_error"] == pytest.approx(1e-3, rel=1e-2)
+    # a value near 0 against another near 0 is within the absolute bound: no relative "100%"
+    tiny = compare([np.array([-0.0, 5.0], "float32")], [np.array([-8e-38, 5.0], "float32")], None, None)
+    assert tiny["ok"] and tiny["max_rel_error"] == 0.0 and tiny["max_abs_error"] == pytest.approx(8e-38)
 
 
 def test_unknown_dims_name_the_dims_that_exist(files, capsys):
@@ -250,7 +253,8 @@ def test_warnings_go_through_the_dpl_logger(files, capsys, monkeypatch):
     import warnings
 
     def warn(args):
-        warnings.warn("something to know", RuntimeWarning)
+        warnings.warn("dpl: something to know", RuntimeWarning)  # dpl's own say "dpl:"
+        np.exp(np.array([1000.0], "float32"))  # another library's: whose, and where
         return 0
 
     real = build_parser
@@ -263,7 +267,9 @@ def test_warnings_go_through_the_dpl_logger(files, capsys, monkeypatch):
 
     monkeypatch.setattr(dpl.cli.command, "build_parser", patched)
     assert main(["demo"]) == 0
-    assert capsys.readouterr().err == "dpl: warning: something to know\n"
+    line = warn.__code__.co_firstlineno + 2
+    assert capsys.readouterr().err == ("dpl: warning: something to know\n"
+                                       f"dpl: warning: RuntimeWarning from tests/test_cli.py:{line}: overflow encountered in exp\n")
     assert main(["demo", "-q"]) == 0
     assert capsys.readouterr().err == ""
 

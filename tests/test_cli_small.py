@@ -248,3 +248,12 @@ def test_a_repeat_of_one_box_says_box():
     [placeholder] = [n for n in short.nodes if n.claim == "repeat"]
     assert placeholder.lines[0].startswith("1 box each (")
     assert "12 layers of 1 box each are alike" in placeholder.detail["repeated layers"]
+
+
+def test_check_warns_of_a_codegen_prefix_no_backend_owns(tmp_path, capsys):
+    (tmp_path / "nobody.dpl").write_text("codegen nobody\npattern g { out = nn.gelu(x) }\n")
+    assert main(["check", str(tmp_path / "nobody.dpl")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: codegen 'nobody' (nobody.g): no registered backend owns this prefix" in err
+    assert main(["check", "llm", "cublas"]) == 0
+    assert "no registered backend owns" not in capsys.readouterr().err  # kernel and cublas are the shipped backends'

@@ -91,13 +91,28 @@ def test_used_names_the_composite(files):
     assert "at out (s, out): used: became fused_add_nn_rms_norm" in str(rule(report, "add_rms_norm"))
 
 
-def test_taken_by_a_higher_priority_rule_names_it_and_its_composite():
+def test_taken_by_an_earlier_rule_names_it_and_its_composite():
+    """add_rms_norm and rms_norm are both priority 0: the earlier rule of the file wins, and
+    explain says so rather than calling it higher-priority."""
     text = str(rule(explain_module(dpl.parse(TWO_NORMS_IR), ["llm"]), "rms_norm"))
     assert "matches at 2 bindings: 1 used, 1 taken" in text
     assert "at a: used: became fused_nn_rms_norm" in text
-    assert ("at out: taken by kernel.add_rms_norm (llm.dpl:20:1), a higher-priority rule: its match at out (s, out) "
-            "became fused_add_nn_rms_norm") in text
+    assert ("at out: taken by kernel.add_rms_norm (llm.dpl:20:1), an earlier rule of the same priority (0: the order "
+            "of the files and rules decides): its match at out (s, out) became fused_add_nn_rms_norm") in text
     assert "closest miss" not in text
+
+
+PRODUCT_NORM_IR = """func main(x: f32[n, 64], r: f32[n, 64], w: f32[64, 64], g: f32[64]) -> f32[n, 64] {
+  mm = matmul(x, w)
+  s = add(r, mm)
+  out = nn.rms_norm(s, g, axes=[-1], epsilon=1e-06)
+  return out
+}"""
+
+
+def test_taken_by_a_higher_priority_rule_says_both_priorities():
+    text = str(rule(explain_module(dpl.parse(PRODUCT_NORM_IR), ["llm"]), "add_rms_norm"))
+    assert "taken by kernel.matmul_add_rms_norm (llm.dpl:94:1), a higher-priority rule (priority 5, this one 0)" in text
 
 
 def test_a_leak_is_a_rejection_not_a_match(files):
@@ -167,7 +182,7 @@ def test_explain_json(files, capsys):
     sites = {s["binding"]: s for s in rules["kernel.rms_norm"]["sites"]}
     assert sites["a"]["fate"] == "used" and sites["a"]["composite"] == "fused_nn_rms_norm"
     assert sites["out"]["fate"] == "taken" and sites["out"]["by"] == "kernel.add_rms_norm"
-    assert sites["out"]["composite"] == "fused_add_nn_rms_norm" and "higher-priority" in sites["out"]["detail"]
+    assert sites["out"]["composite"] == "fused_add_nn_rms_norm" and "earlier rule of the same priority" in sites["out"]["detail"]
     assert set(sites["out"]) == {"function", "binding", "members", "fate", "detail", "composite", "by"}
 
     leak = files("leak.ir", LEAK_IR)

@@ -1,6 +1,6 @@
 """Fall-backs are loud and true (issue 34, item 1): each way a unit can miss the backend meant
 for it — the cuda target without CUDA, a backend whose compile() raises CompileError, a codegen
-prefix no backend owns — is a warning (once per reason per Executable), shows in ``ran_on`` and
+prefix no backend owns — is a warning naming each unit, shows in ``ran_on`` and
 ``fallbacks`` of ``dpl run --json`` and in ``exe.summary()``, and is an error under strict."""
 
 from __future__ import annotations
@@ -242,3 +242,32 @@ def test_check_prints_the_bound_it_used(files, capsys):
     text = capsys.readouterr().out
     assert f"(bound |got - want| <= {1e-4 * scale:.3g} + 0.0001 * |want|): ok" in text
     assert "check: target numpy (ran on numpy) vs the interpreter" in text
+
+
+def wide_module(count: int) -> str:
+    """``count`` independent matmul + bias pairs of different widths: one composite function
+    each under mm_bias (equal ones would be one shared function)."""
+    params = ", ".join(f"x{i}: f32[4, {8 + i}], w{i}: f32[{8 + i}, 4], b{i}: f32[4]" for i in range(count))
+    body = "".join(f"  m{i} = matmul(x{i}, w{i})\n  o{i} = add(m{i}, b{i})\n" for i in range(count))
+    outs = ", ".join(f"o{i}" for i in range(count))
+    types = ", ".join(["f32[4, 4]"] * count)
+    return f"func main({params}) -> ({types}) {{\n{body}  return ({outs})\n}}\n"
+
+
+@pytest.mark.parametrize("count", [2, 12])
+def test_every_unit_that_falls_back_is_named_even_for_one_reason(count, caplog):
+    """Two composites with an unowned prefix: both are named (the fresh user saw only the
+    first); past WARNED_PER_REASON, one line says where the rest are listed."""
+    from dpl.runtime.executable import WARNED_PER_REASON
+
+    fused = dpl.apply(dpl.parse(wide_module(count)), dpl.parse_patterns(patterns("nobody")))
+    with caplog.at_level(logging.WARNING, logger="dpl"):
+        exe = dpl.build(fused, "cpu")
+    warned = fallback_warnings(caplog)
+    assert len(exe.fallbacks) == count
+    named = [f for f in exe.fallbacks if any(f.unit in w for w in warned)]
+    assert len(named) == min(count, WARNED_PER_REASON)
+    assert "prefix 'nobody'" in warned[0] and all("(the same reason)" in w for w in warned[1:min(count, WARNED_PER_REASON)])
+    if count > WARNED_PER_REASON:
+        assert warned[-1] == "fall-back: more units fall back from nobody for the same reason: exe.fallbacks (--json) lists them"
+    assert len(warned) == min(count, WARNED_PER_REASON + 1)

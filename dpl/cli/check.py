@@ -33,11 +33,31 @@ def cmd_check(args) -> int:
                     "count": len(rules),
                     "shadowed": [{"name": d.name, "location": str(d.span), "earlier": str(k.span)} for d, k in shadowed]})
         _warn_if_no_rules(args.files, len(rules))
+        _warn_of_unowned_prefixes(rules)
         return 0
     report = check_report(args.files)
     print(report)
     _warn_if_no_rules(args.files, int(report.splitlines()[-1].split()[0]))  # its last line: "N rules ok"
+    from dpl.lang import _load
+
+    _warn_of_unowned_prefixes(_load(args.files)[0])
     return 0
+
+
+def _warn_of_unowned_prefixes(rules) -> None:
+    """A codegen prefix no registered backend owns is valid (its backend may be registered at
+    run time), but its matches would run on the NumPy reference: said here, before a build."""
+    from dpl.backends import backends
+
+    owned = {prefix for backend in backends().values() for prefix in getattr(backend, "prefixes", ())}
+    unowned: dict[str, list[str]] = {}
+    for r in rules:
+        if r.kind == "pattern" and r.codegen and r.codegen not in owned:
+            unowned.setdefault(r.codegen, []).append(r.name)
+    for prefix, names in unowned.items():
+        log.warning("codegen '%s' (%s): no registered backend owns this prefix; its matches run on the NumPy "
+                    "reference, with a fall-back warning, unless a backend registers it (docs/writing-a-backend.md)",
+                    prefix, ", ".join(names))
 
 
 def _warn_if_no_rules(files: list[str], count: int) -> None:

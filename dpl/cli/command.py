@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from dpl.cli.cache import add_cache_command
 from dpl.cli.check import add_check_command
@@ -115,8 +116,18 @@ def _configure_logging(verbose: int, quiet: int) -> logging.Handler:
 
 
 def _log_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    # a warning says "dpl:" itself, for a program that shows it without this logger
-    log.warning("%s", str(message).removeprefix("dpl: "))
+    text = str(message)
+    if text.startswith("dpl: ") or _is_dpls(filename):  # dpl's own (a "dpl:" said for programs without this logger)
+        log.warning("%s", text.removeprefix("dpl: "))
+    else:  # another library's (NumPy's overflow inside a plugin's kernel): said as whose and where
+        log.warning("%s from %s:%d: %s", category.__name__, "/".join(Path(filename).parts[-2:]), lineno, text)
+
+
+def _is_dpls(filename: str) -> bool:
+    import dpl.backends
+
+    here = Path(filename).resolve()
+    return any(here.is_relative_to(Path(root).resolve()) for root in [*dpl.__path__, *dpl.backends.__path__])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,10 @@ input shapes. A kernel that fails to compile falls back to the next backend of t
 
 Fall-backs are loud: a unit that does not run where it was meant to (its backend is
 unavailable or failed to compile it, its codegen prefix's owner cannot run it, or no backend
-owns its prefix) is a :class:`Fallback`, logged as a warning on the ``dpl`` logger once per
-distinct reason per Executable, listed by ``exe.summary()`` and ``exe.fallbacks``; a target
-whose first backend is unavailable is said once, up front. A backend passed over because its
+owns its prefix) is a :class:`Fallback`, logged as a warning on the ``dpl`` logger naming the
+unit (the first of a reason in full, the next ones shortened, past ``WARNED_PER_REASON`` one
+line saying where the rest are), listed by ``exe.summary()`` and ``exe.fallbacks``; a target
+whose first backend is unavailable is said once, up front, for all its units. A backend passed over because its
 capability table does not cover the unit is the target's order at work, not a fall-back.
 ``strict=True`` makes every fall-back a :class:`FallbackError` instead. What the plans run each
 unit on is :meth:`Executable.ran_on`.
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 
 class RunError(DplError):
     """Arrays given to an Executable that do not fit its entry function or its outputs."""
+
+
+WARNED_PER_REASON = 8  # units named in warnings per fall-back reason; the rest are in exe.fallbacks
 
 
 class FallbackError(DplError):
@@ -168,7 +172,8 @@ class Executable(Compiler):
         self.progress = terminal_stderr() if progress is True else (progress or None)  # where build progress is drawn
         self.scheduler = FusionScheduler(self.config, cache=cache)
         self.fallbacks: list[Fallback] = []
-        self._warned: set[tuple[str, str]] = set()  # (backend, reason) logged as a warning already
+        self._warned: set[tuple[str, str]] = set()  # (backend, reason) the target's head warning said for every unit
+        self._reasons: dict[tuple[str, str], int] = {}  # (backend, reason) -> units warned of so far
         self._compiled: set[str] = set()  # choice keys some plan compiled
         self.choices: dict[str, Choice] = {}  # by module function name, or "op NAME dtypes"
         self._failed: dict[str, dict[str, str]] = {}  # choice key -> {backend: compile error}
@@ -195,7 +200,7 @@ class Executable(Compiler):
         return choice
 
     def _fall_back(self, fallback: Fallback) -> None:
-        """Record a fall-back and warn about it (once per distinct reason); strict: raise."""
+        """Record a fall-back and warn about it (every unit named; see the module docstring); strict: raise."""
         if self.strict:
             hint = "without strict=True (--strict) it falls back, with a warning"
             if fallback.skipped not in backends():  # a codegen prefix nothing owns
@@ -205,9 +210,19 @@ class Executable(Compiler):
         if any((f.unit, f.skipped) == (fallback.unit, fallback.skipped) for f in self.fallbacks):
             return
         self.fallbacks.append(fallback)
-        if (fallback.skipped, fallback.reason) not in self._warned:
-            self._warned.add((fallback.skipped, fallback.reason))
+        reason = (fallback.skipped, fallback.reason)
+        if reason in self._warned:  # the target's head warning said it for every unit
+            return
+        # every unit is named: the first in full, the next few with their reason shortened,
+        # then one line saying where the rest are listed
+        seen = self._reasons[reason] = self._reasons.get(reason, 0) + 1
+        if seen == 1:
             log.warning("fall-back: %s", fallback)
+        elif seen <= WARNED_PER_REASON:
+            log.warning("fall-back: %s (the same reason)", fallback.describe("runs").split(f" ({fallback.skipped} ")[0])
+        elif seen == WARNED_PER_REASON + 1:
+            log.warning("fall-back: more units fall back from %s for the same reason: exe.fallbacks (--json) lists them",
+                        fallback.skipped)
 
     def _compile(self, key: str, unit: Unit, shapes, dtypes):
         """Compile ``unit`` on its chosen backend, falling back along the target on errors."""
@@ -513,7 +528,7 @@ def build(mod: Module, target: Any = "cpu", *, config: FusionConfig | None = Non
 
     Fall-backs (a unit whose backend is unavailable or fails to compile it, a codegen prefix no
     backend owns, a fused group run op by op after a compile error, a target whose first
-    backend is unavailable) are warnings on the ``dpl`` logger, once per distinct reason, and
+    backend is unavailable) are warnings on the ``dpl`` logger, each unit named, and
     are listed by ``exe.fallbacks`` and ``exe.summary()``. ``strict``: each is a
     :class:`FallbackError` naming the unit, the backend and the reason instead, raised by the
     build, or by the first call of an input shape where the inputs have symbolic shapes."""

@@ -253,6 +253,7 @@ class _Fates:
         ran = [p.name for p in trace.patterns.patterns] if trace.patterns is not None else []
         self.rank = {name: i for i, name in enumerate(ran)}  # the order the fusion patterns ran in
         self.origin = {r.name: _origin(r) for r in rules}
+        self.priority = {r.name: getattr(r, "priority", 0) for r in rules}
 
     def of(self, r, site: Site) -> Site:
         """A site of the module fusion met."""
@@ -287,7 +288,13 @@ class _Fates:
 
     def _taken(self, r, site: Site, taker) -> Site:
         earlier = self.rank.get(taker.pattern, -1) < self.rank.get(r.name, -1)
-        rank = "a higher-priority rule" if earlier else "a rule that ran after this one refused it"
+        mine, theirs = self.priority.get(r.name, 0), self.priority.get(taker.pattern, 0)
+        if not earlier:
+            rank = "a rule that ran after this one refused it"
+        elif theirs > mine:
+            rank = f"a higher-priority rule (priority {theirs}, this one {mine})"
+        else:  # the same priority: the order of the files, and of the rules in a file
+            rank = f"an earlier rule of the same priority ({mine}: the order of the files and rules decides)"
         detail = (f"by {taker.pattern} ({self.origin.get(taker.pattern, '?')}), {rank}: its match at {taker.root} "
                   f"({_few(taker.members)}) became {taker.composite}")
         return attrs.evolve(site, fate="taken", detail=detail, composite=taker.composite, by=taker.pattern)
