@@ -36,6 +36,10 @@ def __getattr__(name: str):
         from dpl.frontend.torch_export import from_torch
 
         return from_torch
+    if name == "compile":  # torch.compile(model, backend=dpl's backend)
+        from dpl.frontend.dynamo import compile
+
+        return compile
     raise AttributeError(f"module 'dpl' has no attribute {name!r}")
 
 
@@ -57,4 +61,6 @@ __all__ = [
     "draw",
     # frontends (each loads its framework on first use)
     "from_onnx", "from_torch",
+    # torch.compile with dpl's backend (loads torch on first use)
+    "compile",
 ]

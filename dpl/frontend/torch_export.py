@@ -272,10 +272,7 @@ def _functional(program, table):
     torch = import_torch()
     if _translated_as_is(program, table):
         return program
-    decompositions = torch.export.default_decompositions()
-    for op in list(decompositions.keys()):
-        if str(op) in table:
-            decompositions.pop(op)
+    decompositions = kept_decompositions(table)
     had_asserts = any(str(node.target) in torch_guards.ASSERT_OPS for node in program.graph.nodes)
     try:
         with warnings.catch_warnings():  # torch's own deprecations (its TreeSpec copies), not the user's
@@ -286,6 +283,17 @@ def _functional(program, table):
     if not had_asserts:  # the retrace inserts again the asserts dpl proved and took out (_export_past_unproved_guards)
         torch_guards.drop_runtime_asserts(torch, decomposed)
     return decomposed
+
+
+def kept_decompositions(table):
+    """torch's default decomposition table without the ops ``table`` translates: what is left
+    decomposes into core ATen, and the ops dpl knows stay as the user wrote them (the module
+    docstring; the torch.compile backend, :mod:`dpl.frontend.dynamo`, decomposes the same way)."""
+    decompositions = import_torch().export.default_decompositions()
+    for op in list(decompositions.keys()):
+        if str(op) in table:
+            decompositions.pop(op)
+    return decompositions
 
 
 def _translated_as_is(program, table) -> bool:

@@ -163,8 +163,18 @@ class NodeContext:
 
 
 class GraphImporter:
-    def __init__(self, program, table: Mapping[str, Callable], *, bind_params: bool, dim_names: dict[str, str], name: str):
+    """Translates one functional ATen graph. ``program`` is an ExportedProgram, whose signature
+    says which placeholders are the user's inputs and which are weights, or a GraphModule whose
+    placeholders are all inputs (AOTAutograd's forward graph, a partition of it: the torch.compile
+    backend, :mod:`dpl.frontend.dynamo`); there ``weights`` names the placeholders that are
+    weights, ``{placeholder name: (weight name, tensor)}``, and every other placeholder is a
+    parameter of the function, in order."""
+
+    def __init__(self, program, table: Mapping[str, Callable], *, bind_params: bool, dim_names: dict[str, str], name: str,
+                 weights: Mapping[str, tuple[str, Any]] | None = None):
         self.program = program
+        exported = hasattr(program, "graph_signature")
+        self.given_weights = None if exported else dict(weights or {})  # None: the signature says
         self.table = table
         self.bind_params = bind_params
         self.dim_names = dim_names
@@ -227,21 +237,16 @@ class GraphImporter:
     def run(self):
         self.check_pure()
         self.check_ops()
-        signature = self.program.graph_signature
-        specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")}
-        placeholders = [n for n in self.program.graph.nodes if n.op == "placeholder"]
         lifted = []
-        for node in placeholders:  # user inputs first: they are the function's leading parameters
-            spec = specs.get(node.name)
-            kind = spec.kind.name if spec is not None else "USER_INPUT"
+        for node, kind, target in self.inputs():  # user inputs first: they are the function's leading parameters
             if kind == "USER_INPUT":
                 self.user_input(node)
             elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
-                lifted.append((node, spec))
+                lifted.append((node, kind, target))
             else:
                 raise FrontendError(f"input '{node.name}' of kind {kind} is not supported")
-        for node, spec in lifted:
-            self.lifted_input(node, spec)
+        for node, kind, target in lifted:
+            self.lifted_input(node, kind, target)
         for node in self.program.graph.nodes:
             if node.op == "call_function":
                 self.call_function(node)
@@ -251,6 +256,28 @@ class GraphImporter:
                 raise self.error(node, f"{node.op} node '{node.name}' ({node.target}) is not supported",
                                  "control flow (torch.cond, loops) and submodule calls are not translated")
         raise FrontendError("the exported graph has no output")
+
+    def inputs(self):
+        """``(placeholder, kind, weight name)`` of each placeholder, in order: the kind is the
+        ExportedProgram's (``USER_INPUT``, ``PARAMETER``, ...), or for a GraphModule
+        ``PARAMETER`` where ``weights`` names the placeholder and ``USER_INPUT`` elsewhere."""
+        placeholders = [n for n in self.program.graph.nodes if n.op == "placeholder"]
+        if self.given_weights is not None:
+            for node in placeholders:
+                weight = self.given_weights.get(node.name)
+                yield (node, "USER_INPUT", None) if weight is None else (node, "PARAMETER", weight[0])
+            return
+        specs = {s.arg.name: s for s in self.program.graph_signature.input_specs if hasattr(s.arg, "name")}
+        for node in placeholders:
+            spec = specs.get(node.name)
+            yield (node, "USER_INPUT", None) if spec is None else (node, spec.kind.name, spec.target)
+
+    def weight_tensor(self, node, target: str):
+        """The tensor of weight ``target`` (placeholder ``node``), or None."""
+        if self.given_weights is not None:
+            return self.given_weights[node.name][1]
+        value = self.program.state_dict.get(target)
+        return self.program.constants.get(target) if value is None else value
 
     def check_ops(self) -> None:
         """Every op the table does not translate, listed in one error before any is translated:
@@ -289,14 +316,11 @@ class GraphImporter:
         ty = self.tensor_type(value, f"input '{node.name}'")
         self.env[node] = self.fb.param(self.unique(node.name), ty.dtype, ty.shape)
 
-    def lifted_input(self, node, spec) -> None:
+    def lifted_input(self, node, kind: str, target: str) -> None:
         torch = import_torch()
-        target = spec.target
-        value = self.program.state_dict.get(target)
-        if value is None:
-            value = self.program.constants.get(target)
+        value = self.weight_tensor(node, target)
         if not isinstance(value, torch.Tensor):
-            raise FrontendError(f"weight '{target}' ({spec.kind.name.lower()}) is not a tensor")
+            raise FrontendError(f"weight '{target}' ({kind.lower()}) is not a tensor")
         array = to_numpy(value, self.dtype(value.dtype))
         name = self.unique(target)
         if self.bind_params:
@@ -418,7 +442,10 @@ class GraphImporter:
 
     def check_pure(self) -> None:
         """A model that updates its state (BatchNorm's statistics in training mode, an in-place
-        update of an input) is no pure function; the signature says so before any op is read."""
+        update of an input) is no pure function; the signature says so before any op is read. A
+        GraphModule has no signature: AOTAutograd returns an input's update as an output."""
+        if not hasattr(self.program, "graph_signature"):
+            return
         for spec in self.program.graph_signature.output_specs:
             if spec.kind.name != "USER_OUTPUT":
                 what = getattr(spec, "target", None) or spec.arg.name

@@ -1,0 +1,92 @@
+"""The call of one dpl partition inside a torch graph: tensors in, tensors out.
+
+Inputs go to the Executable as NumPy views of the tensors' memory (a copy only where a tensor
+is not contiguous); its outputs come back as tensors over the arrays' memory
+(``torch.from_numpy``; a copy only where an array is read-only: a view of a weight). Size
+arguments (dynamo's SymInts) are not passed: dpl reads every size from the tensors' shapes.
+
+What never gives a wrong result: the weights were bound into the build as constants, so each
+call checks that every weight tensor is the one built with, unchanged (its storage and
+version counter); a weight changed in place since (an optimizer step) sends the partition to
+torch for good, with a warning. Any error of a dpl call (an input size it cannot plan) does the
+same, and that call's result is torch's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from dpl import dtypes
+
+logger = logging.getLogger(__name__)
+
+
+def as_array(tensor: torch.Tensor) -> np.ndarray:
+    t = tensor.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(dtypes.to_numpy("bfloat16"))
+    return t.numpy()
+
+
+def as_tensor(array) -> torch.Tensor:
+    a = np.asarray(array)
+    if not a.flags.writeable:  # a weight's memory (or a view of it): never hand it out writable
+        a = a.copy()
+    if a.dtype == dtypes.to_numpy("bfloat16"):
+        return as_tensor(a.view(np.int16)).view(torch.bfloat16)
+    try:
+        return torch.from_numpy(a)
+    except ValueError:  # negative strides, which torch cannot view
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+
+class DplCall(torch.nn.Module):
+    """Runs ``exe`` on the tensor arguments at ``tensor_at``; ``weights`` are ``(position, name,
+    tensor)`` of the arguments built in as constants; ``fallback`` is the partition's torch
+    GraphModule (same arguments, a tuple of results); ``record`` its report entry."""
+
+    def __init__(self, exe, fallback, tensor_at, weights, record):
+        super().__init__()
+        self.exe = exe
+        self.fallback = fallback
+        self.tensor_at = tuple(tensor_at)
+        self.weights = [(i, name, w, w.untyped_storage().data_ptr(), w.storage_offset(), w._version) for i, name, w in weights]
+        self.record = record
+        self.in_torch = False
+
+    def forward(self, *args):
+        if self.in_torch:
+            return self.fallback(*args)
+        changed = self._changed_weight(args)
+        if changed is not None:
+            return self._to_torch(args, f"weight '{changed}' changed since the build (dpl built it in as a constant); "
+                                        "compile again (torch._dynamo.reset()) to build with the new values")
+        try:
+            out = self.exe(*[as_array(args[i]) for i in self.tensor_at])
+        except Exception as err:  # any failure of a dpl call: this partition is torch's from now on
+            return self._to_torch(args, f"dpl failed at run time: {_first_line(err)}")
+        outs = out if isinstance(out, tuple) else (out,)
+        return tuple(as_tensor(o) for o in outs)
+
+    def _changed_weight(self, args) -> str | None:
+        for i, name, _built, ptr, offset, version in self.weights:  # _built: keeps the memory dpl reads alive
+            t = args[i]
+            if t._version != version or t.untyped_storage().data_ptr() != ptr or t.storage_offset() != offset:
+                return name
+        return None
+
+    def _to_torch(self, args, why: str):
+        logger.warning("%s runs in torch from now on: %s", self.record.name, why)
+        self.record.to_torch(why)
+        self.in_torch = True
+        return self.fallback(*args)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -1,0 +1,118 @@
+"""What the torch.compile backend did with each graph dynamo gave it: its partitions, which ran
+in dpl (how many ATen ops, which composites the patterns made) and which stayed in torch, and
+why. ``dpl.compile(model).dpl_report`` holds the graphs of that model,
+:func:`dpl.frontend.dynamo.reports` every graph the backend compiled in this process.
+
+A record is live: a partition that fails at run time (an input size dpl cannot plan) or whose
+weights changed since its build goes to torch for good, and its record says so from then on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import attrs
+
+
+@attrs.define
+class PartitionRecord:
+    """One piece of a graph: ``runs`` is ``"dpl"`` or ``"torch"``; ``ops`` the ATen ops by
+    name and count; ``why`` the reason a torch piece is not dpl's (empty for a dpl one)."""
+
+    name: str
+    runs: str
+    ops: dict[str, int]
+    why: str = ""
+    composites: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def op_count(self) -> int:
+        return sum(self.ops.values())
+
+    def to_torch(self, why: str) -> None:
+        """The partition runs in torch from now on (a failure at run time)."""
+        self.runs, self.why = "torch", why
+
+    def line(self) -> str:
+        ops = ", ".join(f"{name.removeprefix('aten.')} x{n}" if n > 1 else name.removeprefix("aten.")
+                        for name, n in sorted(self.ops.items(), key=lambda item: (-item[1], item[0])))
+        if self.runs == "dpl":
+            made = ", ".join(f"{c} x{n}" if n > 1 else c for c, n in sorted(self.composites.items()))
+            return f"{self.name}: dpl, {self.op_count} ops" + (f", composites {made}" if made else "") + f" ({ops})"
+        return f"{self.name}: torch, {self.op_count} ops ({ops}): {self.why}"
+
+
+@attrs.define
+class GraphRecord:
+    """One graph dynamo captured (a model without graph breaks has one per input signature
+    and grad mode). ``note`` says why the whole graph ran in torch, where it did."""
+
+    index: int
+    inputs: str
+    parts: list[PartitionRecord] = attrs.field(factory=list)
+    note: str = ""
+
+    def ops(self, runs: str) -> int:
+        return sum(p.op_count for p in self.parts if p.runs == runs)
+
+    def in_torch(self) -> dict[str, str]:
+        """The ops that run in torch, each with the reason (the first one met)."""
+        out: dict[str, str] = {}
+        for part in self.parts:
+            if part.runs == "torch":
+                for op in part.ops:
+                    out.setdefault(op, part.why)
+        return out
+
+    def headline(self) -> str:
+        if self.note:
+            return f"graph {self.index} ({self.inputs}): all in torch: {self.note}"
+        calls = sum(1 for p in self.parts if p.runs == "dpl")
+        return (f"graph {self.index} ({self.inputs}): {self.ops('dpl')} ops in dpl ({calls} call{'s' if calls != 1 else ''}), "
+                f"{self.ops('torch')} in torch")
+
+    def text(self) -> str:
+        return "\n".join([self.headline(), *(f"  {p.line()}" for p in self.parts)])
+
+
+@attrs.define
+class Report:
+    """The graphs of one compiled model (or of the whole process), in the order compiled."""
+
+    graphs: list[GraphRecord] = attrs.field(factory=list)
+
+    def add(self, record: GraphRecord) -> None:
+        self.graphs.append(record)
+
+    def in_torch(self) -> dict[str, str]:
+        """Every op that ran in torch in some graph, with a reason."""
+        out: dict[str, str] = {}
+        for graph in self.graphs:
+            for op, why in graph.in_torch().items():
+                out.setdefault(op, why)
+        return out
+
+    def ops(self, runs: str) -> int:
+        return sum(g.ops(runs) for g in self.graphs)
+
+    def text(self) -> str:
+        if not self.graphs:
+            return "no graph compiled yet (torch.compile compiles at the first call)"
+        return "\n".join(g.text() for g in self.graphs)
+
+    __str__ = text
+
+
+def count_ops(nodes) -> dict[str, int]:
+    """The ops of ``nodes`` by name: ATen's (``aten.add.Tensor``), or in a graph of dynamo's the
+    torch function or method (``linear``); getitem, which only picks a result, left out."""
+    import operator
+
+    names = []
+    for n in nodes:
+        if n.op == "call_method":
+            names.append(str(n.target))
+        elif n.op == "call_function" and n.target is not operator.getitem:
+            text = str(n.target)
+            names.append(text if text.startswith(("aten.", "prims.")) else getattr(n.target, "__name__", text))
+    return dict(Counter(names))
