@@ -8,13 +8,17 @@ import attrs
 
 from dpl import dtypes
 from dpl.errors import TypeInferenceError
+from dpl.ir.dims import DimExpr
 from dpl.limits import MAX_TENSOR_BYTES, MAX_TENSOR_ELEMENTS, LimitError, excerpt, shape_size_error
 
-Dim = Union[int, str]  # a string dimension is symbolic (bound from the inputs at run time)
+# a dimension: an int, a str (a symbol, bound from the inputs at run time), or a DimExpr (an
+# expression of symbols, n * 4 or (n - 3) // 2 + 1, in the canonical form of dpl.ir.dims, which
+# never holds a lone symbol or a constant)
+Dim = Union[int, str, DimExpr]
 
 
 def _shape(value) -> tuple[Dim, ...]:
-    return tuple(d if isinstance(d, str) else int(d) for d in value)
+    return tuple(d if isinstance(d, (str, DimExpr)) else int(d) for d in value)
 
 
 @attrs.frozen(cache_hash=True)  # types key many dicts (CSE, shared functions): hashed once
