@@ -162,3 +162,30 @@ def test_a_budget_caps_torch_for_the_call_and_restores_it():
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_blas_loaded_later_is_capped_too(monkeypatch):
+    """The BLAS controllers are found again once modules were imported since (torch.compile
+    loaded a BLAS after the first scan, which then ran uncapped)."""
+    import sys
+    import types
+
+    import threadpoolctl
+
+    from dpl.runtime import threads
+
+    scans = []
+
+    class Controller:
+        def __init__(self):
+            scans.append(1)
+
+        def select(self, user_api):
+            return types.SimpleNamespace(lib_controllers=[object()] * len(scans))
+
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", Controller)
+    monkeypatch.setattr(threads, "_CONTROLLERS", None)
+    assert len(threads._blas_controllers()) == 1
+    assert len(threads._blas_controllers()) == 1 and len(scans) == 1  # nothing imported: no rescan
+    monkeypatch.setitem(sys.modules, "a_module_bringing_a_blas", types.ModuleType("a_module_bringing_a_blas"))
+    assert len(threads._blas_controllers()) == 2 and len(scans) == 2

@@ -87,16 +87,20 @@ def one_pool_kernels(kernels: Iterable[Callable], budget: int | None = None) -> 
 
 
 _CONTROLLERS: list | None = None
+_CONTROLLERS_SEEN = -1  # len(sys.modules) when the controllers were found
 _CONTROLLERS_LOCK = threading.Lock()
 
 
 def _blas_controllers() -> list:
-    """threadpoolctl's controllers of the BLAS libraries loaded in this process (found once)."""
-    global _CONTROLLERS
+    """threadpoolctl's controllers of the BLAS libraries loaded in this process, found again
+    whenever modules were imported since (a BLAS comes with an extension module: torch's, SciPy's;
+    one found only once left a BLAS loaded later uncapped)."""
+    global _CONTROLLERS, _CONTROLLERS_SEEN
     with _CONTROLLERS_LOCK:
-        if _CONTROLLERS is None:
+        if _CONTROLLERS is None or _CONTROLLERS_SEEN != len(sys.modules):
             from threadpoolctl import ThreadpoolController
 
+            _CONTROLLERS_SEEN = len(sys.modules)
             _CONTROLLERS = list(ThreadpoolController().select(user_api="blas").lib_controllers)
         return _CONTROLLERS
 
