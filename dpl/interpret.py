@@ -13,19 +13,22 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError, InterpretError
+from dpl.ir.dim_binding import DimMismatch, bind_shapes, concrete_shape
+from dpl.ir.dims import DimExpr, evaluate, free_symbols
 from dpl.ir.expr import Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType, TupleType, Type
 from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.ops.registry import DIM_ATTR_KINDS, get_op
 
 
-def _bind_type(ty: Type, value: Any, dims: dict[str, int], what: str) -> None:
-    """Check ``value`` against ``ty``, binding symbolic dims in ``dims``."""
+def _check_value(ty: Type, value: Any, what: str, entries: list) -> None:
+    """Check ``value``'s structure, dtypes, ranks and static dims against ``ty``, collecting
+    ``(declared shape, shape, what)`` of each tensor leaf for :func:`bind_shapes`."""
     if isinstance(ty, TupleType):
         if not isinstance(value, tuple) or len(value) != len(ty.fields):
             raise InterpretError(f"{what} must be a tuple of {len(ty.fields)} arrays")
         for i, (t, v) in enumerate(zip(ty.fields, value)):
-            _bind_type(t, v, dims, f"{what}[{i}]")
+            _check_value(t, v, f"{what}[{i}]", entries)
         return
     if not isinstance(value, np.ndarray):
         raise InterpretError(f"{what} must be a NumPy array of type {ty}, got {type(value).__name__}")
@@ -33,20 +36,33 @@ def _bind_type(ty: Type, value: Any, dims: dict[str, int], what: str) -> None:
         raise InterpretError(f"{what} expects dtype {dtypes.short(ty.dtype)}, got {value.dtype}")
     if value.ndim != ty.ndim:
         raise InterpretError(f"{what} expects rank {ty.ndim} ({ty}), got shape {value.shape}")
-    for axis, (want, got) in enumerate(zip(ty.shape, value.shape)):
-        if isinstance(want, str):
-            bound = dims.setdefault(want, got)
-            if bound != got:
-                raise InterpretError(f"{what} has {got} in dimension {axis}, but '{want}' is already {bound}")
-        elif want != got:
-            raise InterpretError(f"{what} expects shape {ty}, got {value.shape}")
+    if any(type(want) is int and want != got for want, got in zip(ty.shape, value.shape)):
+        raise InterpretError(f"{what} expects shape {ty}, got {value.shape}")
+    entries.append((ty.shape, value.shape, what))
+
+
+def _bind_type(ty: Type, value: Any, dims: dict[str, int], what: str) -> None:
+    """Check ``value`` against ``ty``, binding symbolic dims in ``dims``."""
+    _bind_types([(ty, value, what)], dims)
+
+
+def _bind_types(items: list, dims: dict[str, int], fallback: dict[str, int] | None = None) -> None:
+    """Check each ``(type, value, what)``, binding the symbols of all of them together (plain
+    symbols, then linear expressions solved, then every expression checked)."""
+    entries: list = []
+    for ty, value, what in items:
+        _check_value(ty, value, what, entries)
+    try:
+        bind_shapes(entries, dims, fallback)
+    except DimMismatch as err:
+        raise InterpretError(err.message) from None
 
 
 def _resolve_dims(value: Any, dims: dict[str, int]) -> Any:
     if isinstance(value, tuple):
         return tuple(_resolve_dims(v, dims) for v in value)
-    if isinstance(value, str) and value in dims:
-        return dims[value]
+    if isinstance(value, (str, DimExpr)) and free_symbols(value) <= dims.keys():
+        return evaluate(value, dims)
     return value
 
 
@@ -79,10 +95,18 @@ class _Frame:
         op = get_op(c.op)
         attrs = {k: _resolve_dims(v, self.dims) if op.attrs[k].kind in DIM_ATTR_KINDS else v for k, v in c.attrs.items()}
         for k, v in attrs.items():
-            unbound = [d for d in (v if isinstance(v, tuple) else (v,)) if isinstance(d, str)] if op.attrs[k].kind in DIM_ATTR_KINDS else []
+            unbound = [s for d in (v if isinstance(v, tuple) else (v,)) if isinstance(d, (str, DimExpr))
+                       for s in sorted(free_symbols(d))] if op.attrs[k].kind in DIM_ATTR_KINDS else []
             if unbound:
                 raise InterpretError(f"op '{c.op}': attribute '{k}' names the symbolic dimension '{unbound[0]}', which "
                                      f"no input of '{self.fn.name}' binds")
+        if _mentions_symbolic_dims(c):  # a size the type computes must be one before the reference runs
+            for leaf in (c.ty.fields if isinstance(c.ty, TupleType) else (c.ty,)):
+                try:
+                    concrete_shape(leaf.shape, self.dims, f"the result of {c.op}, {leaf}")
+                except DimMismatch as err:
+                    raise InterpretError(f"op '{c.op}' at {_bound(self.dims)}: {err.message}; its type {c.ty} assumes "
+                                         "more of the symbolic dimensions than these inputs give") from None
         result = op.ref(*args, **attrs)
         result = tuple(np.asarray(r) for r in result) if isinstance(result, tuple) else np.asarray(result)
         try:
@@ -91,12 +115,15 @@ class _Frame:
             if _mentions_symbolic_dims(c):
                 # a type over symbolic dims may assume something of their values (a slice ending
                 # at 'T' assumes T is within the sliced dimension); these inputs break it
-                bound = ", ".join(f"{d}={n}" for d, n in sorted(self.dims.items()))
-                raise InterpretError(f"op '{c.op}' at {bound}: {err.message}; its type {c.ty} assumes more of the "
+                raise InterpretError(f"op '{c.op}' at {_bound(self.dims)}: {err.message}; its type {c.ty} assumes more of the "
                                      "symbolic dimensions than these inputs give (a slice end beyond the sliced "
                                      "dimension?)") from None
             raise DplError(f"internal error: {err.message}") from None  # the reference disagrees with type inference
         return result
+
+
+def _bound(dims: dict[str, int]) -> str:
+    return ", ".join(f"{d}={n}" for d, n in sorted(dims.items()))
 
 
 def _as_value(ty: Type, a: Any) -> Any:
@@ -109,7 +136,7 @@ def _as_value(ty: Type, a: Any) -> Any:
 def _mentions_symbolic_dims(c: Call) -> bool:
     types = [a.ty for a in c.args] + [c.ty]
     leaves = [t for ty in types for t in (ty.fields if isinstance(ty, TupleType) else (ty,))]
-    return any(isinstance(d, str) for t in leaves if isinstance(t, TensorType) for d in t.shape)
+    return any(not isinstance(d, int) for t in leaves if isinstance(t, TensorType) for d in t.shape)
 
 
 def run_function(mod: Module | None, fn: Function, arrays: list[Any], outer_dims: dict[str, int] | None = None,
@@ -122,12 +149,12 @@ def run_function(mod: Module | None, fn: Function, arrays: list[Any], outer_dims
         raise InterpretError(f"function '{fn.name}' takes {len(fn.params)} inputs ({names}), got {len(arrays)}")
     dims: dict[str, int] = {}
     frame = _Frame(mod, fn, dims, _depth)
+    inputs = []
     for p, a in zip(fn.params, arrays):
         a = _as_value(p.ty, a)
-        _bind_type(p.ty, a, dims, f"parameter '{p.name}' of '{fn.name}'")
+        inputs.append((p.ty, a, f"parameter '{p.name}' of '{fn.name}'"))
         frame.env[id(p)] = a
-    for d, n in (outer_dims or {}).items():
-        dims.setdefault(d, n)
+    _bind_types(inputs, dims, outer_dims)
     for b in fn.bindings:
         try:
             frame.env[id(b.var)] = frame.eval(b.value)

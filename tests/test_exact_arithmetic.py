@@ -33,14 +33,15 @@ from dpl.kernel import lower_function
 
 N = 64  # elements a kernel runs on per example
 INTS = ("i8", "u8", "i16", "i32", "i64")
-INT_BINARY = ("add", "subtract", "multiply", "maximum", "minimum")
-INT_UNARY = ("negative", "abs", "square", "nn.relu")
+INT_BINARY = ("add", "subtract", "multiply", "maximum", "minimum", "mod", "floor_mod")
+INT_UNARY = ("negative", "abs", "square", "nn.relu", "sign")
 FLOATS = ("f16", "bf16")
 # computed in float and rounded once: the interpreter's float64 rounded to 16 bits, bit for bit
-FLOAT_EXACT_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum")
-FLOAT_EXACT_UNARY = ("negative", "abs", "square", "sqrt", "nn.relu")
+FLOAT_EXACT_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "mod", "floor_mod")
+FLOAT_EXACT_UNARY = ("negative", "abs", "square", "sqrt", "nn.relu", "floor", "ceil", "round", "trunc", "sign")
 # through libm in float: within one 16-bit ulp of the interpreter (float64 rounded)
-FLOAT_LIBM_UNARY = ("exp", "log", "tanh", "sigmoid", "nn.silu", "nn.gelu", "nn.gelu_tanh", "rsqrt", "sin", "erf")
+FLOAT_LIBM_UNARY = ("exp", "log", "tanh", "sigmoid", "nn.silu", "nn.gelu", "nn.gelu_tanh", "rsqrt", "sin", "erf", "log1p",
+                    "expm1", "nn.softplus")
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

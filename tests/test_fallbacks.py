@@ -271,3 +271,18 @@ def test_every_unit_that_falls_back_is_named_even_for_one_reason(count, caplog):
     if count > WARNED_PER_REASON:
         assert warned[-1] == "fall-back: more units fall back from nobody for the same reason: exe.fallbacks (--json) lists them"
     assert len(warned) == min(count, WARNED_PER_REASON + 1)
+
+
+def test_an_op_without_a_c_kernel_is_routed_not_fallen_back(caplog):
+    """topk has no C kernel: the cpu target's next backend runs it, which is the target's order
+    at work (no warning, and strict builds accept it), as for every op the kernel IR lacks."""
+    mod = dpl.parse("func main(x: f32[n, 8]) -> f32[n, 2] {\n  e = exp(x)\n  t = topk(e, k=2)\n  v = t[0]\n"
+                    "  out = add(v, 1.0)\n  return out\n}\n")
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype("float32")
+    with caplog.at_level(logging.WARNING, logger="dpl"):
+        exe = dpl.build(mod, "cpu", strict=True)
+        got = exe(x)
+    np.testing.assert_allclose(got, dpl.interpret(mod, x), rtol=1e-6, atol=1e-6)
+    assert exe.fallbacks == [] and fallback_warnings(caplog) == []
+    assert exe.ran_on().get("op topk") == "numpy"
+    assert "numpy (cpu has no kernel for op topk)" in exe.summary()

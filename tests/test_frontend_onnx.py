@@ -262,6 +262,34 @@ OP_CASES = [
     Case("Trilu", [In((3, 4), "int64")], {"upper": 0}, id="int"),
     Case("Range", [C(1, "int64"), C(9, "int64"), C(3, "int64")], id="ints"),
     Case("Range", [C(0.5, F), C(-1.0, F), C(-0.25, F)], id="floats"),
+    # remainders, roundings, activations (tests/test_elementwise_padding.py has more of them)
+    Case("Mod", [In((3, 4), "int32", -9, 10), In((3, 4), "int32", -4, 5)], id="floor_ints_zero_divisors"),
+    Case("Mod", [In((3, 4), "int64", -9, 10), In((4,), "int64", -4, 5)], {"fmod": 1}, id="fmod_ints"),
+    Case("Mod", [In((3, 4), low=-5.0, high=5.0), In((3, 4), low=0.5, high=2.0)], {"fmod": 1}, id="fmod_floats"),
+    Case("Mod", [In((3, 4), low=-5.0, high=5.0), C(-1.5, F)], opset=28, id="floor_floats_v28"),
+    Case("Floor", [In((3, 4), low=-3.0, high=3.0)]),
+    Case("Ceil", [In((3, 4), low=-3.0, high=3.0)]),
+    Case("Round", [In((3, 4), low=-3.0, high=3.0)]),
+    Case("Round", [C([[0.5, 1.5, 2.5, -0.5, -2.5, 3.49]], F)], id="ties_to_even"),
+    Case("Sign", [x34]),
+    Case("Sign", [In((3, 4), "int32", -2, 3)], id="ints"),
+    Case("Softplus", [In((3, 4), low=-30.0, high=30.0)]),
+    Case("HardSigmoid", [In((3, 4), low=-6.0, high=6.0)]),
+    Case("HardSigmoid", [In((3, 4), low=-6.0, high=6.0)], {"alpha": 0.3, "beta": 0.4}, id="alpha_beta"),
+    Case("HardSwish", [In((3, 4), low=-6.0, high=6.0)], opset=14),
+    Case("Mish", [In((3, 4), low=-10.0, high=10.0)], opset=18),
+    # padding and tiling
+    Case("Pad", [x234], {"pads": [0, 1, 2, 0, 0, 1], "value": 0.5}, opset=10, id="v2_attributes"),
+    Case("Pad", [x234], {"pads": [0, 1, 2, 1, 2, 3], "mode": "reflect"}, opset=10, id="v2_reflect_wide"),
+    # onnx's reference pads with np.pad, which takes no negative pad: the spec crops
+    Case("Pad", [x234, C([0, 1, -1, 0, 2, 3], "int64"), C(-2.0, F)], opset=13, id="constant_crop",
+         spec=lambda x: [np.pad(x[:, :, 1:], [(0, 0), (1, 2), (0, 3)], constant_values=-2.0)]),
+    Case("Pad", [x234, C([1, 0, 2, 1, 1, 1], "int64")], {"mode": "edge"}, opset=13, id="edge"),
+    Case("Pad", [In((2, 3, 4), "int64"), C([0, 0, 1, 0, 0, 2], "int64"), C(7, "int64")], opset=13, id="ints"),
+    Case("Pad", [x234, C([2, 1, 3, 1], "int64"), None, C([-1, 1], "int64")], {"mode": "reflect"}, opset=18, id="axes"),
+    Case("Pad", [x234, C([1, 5, 0, 9], "int64"), None, C([0, 2], "int64")], {"mode": "wrap"}, opset=19, id="wrap"),
+    Case("Tile", [x34, C([2, 3], "int64")]),
+    Case("Tile", [x234, C([1, 2, 1], "int64")], id="one_axis"),
     # logic and the gathers of masks (torch.onnx's exports of transformers' models)
     Case("IsNaN", [C([1.0, np.nan, -np.inf, 0.0], F)], opset=20),
     Case("And", [In((3, 4), "bool"), In((4,), "bool")]),
@@ -273,6 +301,13 @@ OP_CASES = [
     Case("GatherElements", [In((1, 6), "int64"), C([[2, 0, 5]], "int64")], {"axis": 1}, id="row"),
     Case("GatherND", [In((3, 5)), C(np.stack(np.broadcast_arrays(np.arange(3)[:, None], 1 + np.arange(4)[None, :]), -1),
                                     "int64")], id="range_grid"),
+    # indexing, scattering, selection (more in tests/test_ops_indexing.py)
+    Case("ArgMax", [x234], {"axis": 1, "keepdims": 0}, id="middle"),
+    Case("ArgMin", [x234], {"axis": -1, "select_last_index": 1}, opset=13, id="last_index"),
+    Case("TopK", [x234, C([2], "int64")], {"axis": -1}, outputs=2, opset=11, id="largest"),
+    Case("ScatterND", [In((4, 3)), C([[1], [3]], "int64"), In((2, 3))], opset=16, id="rows"),
+    Case("ScatterElements", [In((3, 4)), C([[0, 2], [3, 1]], "int64"), In((2, 2))], {"axis": 1, "reduction": "add"},
+         opset=16, id="add"),
     Case("Constant", [], {"value_ints": [3, 1, 4]}, id="ints"),
     Case("ConstantOfShape", [C([2, 3], "int64")], {"value": numpy_helper.from_array(np.array([1.5], F))}),
     # normalisation
@@ -290,6 +325,21 @@ OP_CASES = [
          spec=lambda x, w: reference_node("Conv", [x, w], pads=[1, 1, 1, 1], strides=[2, 2])),
     Case("Conv", [img, In((3, 4, 2, 2))], {"auto_pad": "SAME_LOWER"}, id="same_lower"),
     Case("Conv", [In((2, 3, 9)), In((5, 3, 3)), In((5,))], {"pads": [1, 2], "strides": [2]}, id="one_d"),
+    # interpolation, transposed convolution, group and instance norm (more in tests/test_ops_vision.py)
+    Case("Resize", [img, None, C([1, 1, 2, 1.5], "float32")],
+         {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, opset=13, id="nearest_scales"),
+    Case("Resize", [img, None, None, C([2, 4, 9, 5], "int64")], {"mode": "linear"}, opset=13, id="linear_sizes"),
+    Case("Resize", [img, C([], "float32"), C([1, 1, 1.5, 2], "float32")],
+         {"mode": "cubic", "coordinate_transformation_mode": "align_corners", "cubic_coeff_a": -0.5, "exclude_outside": 1},
+         opset=11, id="cubic_exclude"),
+    # onnx's reference evaluator fails on grouped ConvTranspose: tests/test_ops_vision.py checks groups against torch
+    Case("ConvTranspose", [img, In((4, 3, 3, 2)), In((3,))],
+         {"strides": [2, 1], "pads": [1, 0, 0, 1], "output_padding": [1, 0], "dilations": [1, 2]}, id="output_padding"),
+    Case("InstanceNormalization", [img, In((4,)), In((4,))], {"epsilon": 1e-3}, id="affine"),
+    Case("GroupNormalization", [img, In((4,)), In((4,))], {"num_groups": 2}, opset=21, id="per_channel"),
+    Case("ReduceL1", [x234], {"axes": [-1]}, opset=13, id="last"),
+    Case("ReduceL2", [x234, C([0, 2], "int64")], {"keepdims": 0}, opset=18, id="axes_input"),
+    Case("ReduceSumSquare", [x234], opset=13, id="all"),
     Case("MaxPool", [img], {"kernel_shape": [2, 2], "strides": [2, 2]}, id="k2s2"),
     Case("MaxPool", [img], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, id="k3_pad"),
     Case("MaxPool", [In((2, 4, 8, 8))], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, opset=12, id="ceil"),
@@ -757,13 +807,14 @@ def test_dynamic_reshape_shape_is_a_clear_error():
 
 
 def test_symbolic_shape_used_as_data_is_a_clear_error():
+    # arithmetic on a symbolic shape is computed at import (tests/test_dims_frontends.py); the
+    # shape as float data is a value of run time
     g = GraphWriter()
-    s = g("Shape", "x")
-    doubled = g("Mul", s, g.ints(2, 1))
-    y = g("Reshape", "x", doubled)
-    model = g.model([f32_input("x", ["batch", 4])], [f32_input(y, [None, None])])
+    s = g("Cast", g("Shape", "x"), to=TensorProto.FLOAT)
+    y = g("Add", "x", s)
+    model = g.model([f32_input("x", ["batch", 2])], [f32_input(y, [None, None])])
     message = import_error(model)
-    assert "(Mul, opset 17)" in message and "is a shape with symbolic dimensions [batch, 4], used here as data" in message
+    assert "(Add, opset 17)" in message and "is a shape with symbolic dimensions [batch, 2], used here as data" in message
 
 
 def test_symbolic_shapes_flow_into_reshape_targets():
@@ -918,11 +969,11 @@ def test_masks_at_the_symbolic_length_become_range_and_triangle_ops():
 
 def test_a_range_whose_length_is_no_dimension_names_the_node():
     g = GraphWriter()
-    length = g("Squeeze", g("Gather", g("Shape", "x"), g.ints(0), axis=0), g.ints(0))
-    r = g("Range", g.weight(value=np.array(1, np.int64)), length, g.weight(value=np.array(1, np.int64)))
+    step = g("Squeeze", g("Gather", g("Shape", "x"), g.ints(0), axis=0), g.ints(0))
+    r = g("Range", g.weight(value=np.array(0, np.int64)), g.weight(value=np.array(10, np.int64)), step)
     model = g.model([f32_input("x", ["batch", 4])], [helper.make_tensor_value_info(r, TensorProto.INT64, [None])])
     message = import_error(model)
-    assert "(Range, opset 17)" in message and "must start at 0 with step 1" in message, message
+    assert "(Range, opset 17)" in message and "step batch must be a number" in message, message
 
 
 def test_average_pooling_is_the_pooling_op_not_a_convolution():

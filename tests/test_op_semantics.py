@@ -294,10 +294,30 @@ SAMPLES = {
     "nn.max_pool2d": ((X4,), dict(pool_size=2, padding=1)),
     "nn.avg_pool2d": ((X4,), dict(pool_size=2, padding=1)),
     "nn.adaptive_avg_pool2d": ((X4,), dict(output_size=3)),
+    "nn.pad": (((3, 4),), dict(pad_width=(1, 2, 2, 1), pad_mode="reflect")),
+    # indexing (dpl/ops/indexing.py): the swept int64 indices lie in -3..3, within 4
+    "topk": (((3, 4),), dict(k=2)),
+    "gather_nd": (((4, 5), (2, 1)), {}),
+    "gather_elements": (((4, 4), (2, 4)), {}),
+    "scatter_elements": (((4, 4), (2, 4), (2, 4)), {}),
+    "scatter_nd": (((4, 5), (2, 1), (2, 5)), {}),
+    "index_put": (((4, 5), ((2,),), (2, 5)), {}),
+    "slice_scatter": (((4, 4), (4, 2)), dict(axes=(1,), begin=(1,), end=(3,))),
+    # dpl/ops/image.py
+    "image.resize": (((1, 2, 3, 4),), dict(size=(5, 2))),
+    "nn.conv1d": (((1, 2, 5), (3, 2, 2)), {}),
+    "nn.conv3d": (((1, 2, 3, 3, 3), (2, 2, 2, 2, 2)), {}),
+    "nn.conv1d_transpose": (((1, 2, 5), (2, 3, 2)), dict(strides=2)),
+    "nn.conv2d_transpose": (((1, 2, 3, 3), (2, 3, 2, 2)), {}),
+    "nn.conv3d_transpose": (((1, 2, 2, 2, 2), (2, 1, 2, 2, 2)), {}),
+    "nn.group_norm": (((2, 4, 3), (4,), (4,)), dict(num_groups=2)),
 }
 FIXED_DTYPE = {("where", 0): "bool", ("take", 1): "int64"}  # operands whose dtype is not swept
+FIXED_DTYPE.update({(op, 1): "int64" for op in ("gather_nd", "gather_elements", "scatter_elements", "scatter_nd",
+                                                 "index_put")})
 # the op x dtype pairs whose reference has no answer: their type rules reject them
 REJECTED = {("subtract", "bool"), ("negative", "bool"), ("square", "bool"), ("nn.max_pool2d", "bool")}
+REJECTED |= {("mod", "bool"), ("floor_mod", "bool"), ("sign", "bool")}  # a bool's sign is itself; no remainder
 
 
 def random_value(shape, dtype: str, rng) -> np.ndarray:
@@ -364,7 +384,8 @@ def test_astype_between_every_pair_of_dtypes_computes():
 
 @pytest.mark.parametrize("name, dtype", sorted(REJECTED))
 def test_bool_arithmetic_is_a_located_type_error(name, dtype):
-    call = {"subtract": "subtract(x, x)", "nn.max_pool2d": "nn.max_pool2d(x)"}.get(name, f"{name}(x)")
+    call = {"subtract": "subtract(x, x)", "mod": "mod(x, x)", "floor_mod": "floor_mod(x, x)",
+            "nn.max_pool2d": "nn.max_pool2d(x)"}.get(name, f"{name}(x)")
     shape = "1, 1, 2, 2" if name == "nn.max_pool2d" else "4"
     text = f"func main(x: bool[{shape}]) -> bool[{shape}] {{\n  y = {call}\n  return y\n}}\n"
     with pytest.raises(TypeInferenceError) as info:

@@ -106,6 +106,7 @@ a34, b34, row4, col3 = rand(3, 4), rand(3, 4), rand(4), rand(3, 1)
 p34 = pos(3, 4)
 x2d, w2d = rand(5, 8), rand(8, 6)
 x3d = rand(2, 3, 4)
+TIES = np.array([[1, 3, 3], [2, 2, 2]], np.float32)
 img, ker = rand(2, 4, 7, 7), rand(6, 2, 3, 3)
 cond = rng.random((3, 4)) < 0.5
 idx = np.array([[0, 2], [1, 1]], dtype="int64")
@@ -202,6 +203,68 @@ CASES = {
                ((np.array([[1, 1, 0], [0, 1, 1]], np.int64),), {"axis": -1}, np.array([[1, 2, 2], [0, 1, 2]], np.int64))],
     "triu": [((x3d,), {}, x3d * (np.arange(4)[None, :] >= np.arange(3)[:, None])), ((a34,), {"k": 2}, None)],
     "tril": [((x3d,), {"k": -1}, x3d * (np.arange(4)[None, :] <= np.arange(3)[:, None] - 1)), ((a34,), {"k": 1}, None)],
+    # remainders, roundings, elementwise functions and padding (tests/test_elementwise_padding.py compares them
+    # with torch and ONNX)
+    "mod": [((np.float32([5, -5, 5, -5, 6]), np.float32([3, 3, -3, -3, 3])), {}, np.float32([2, -2, 2, -2, 0])),
+            ((np.int32([7, -7, 7, -7, 5]), np.int32([2, 2, -2, -2, 0])), {}, np.int32([1, -1, 1, -1, 0]))],
+    "floor_mod": [((np.float32([5, -5, 5, -5, 6]), np.float32([3, 3, -3, -3, 3])), {}, np.float32([2, 1, -1, -2, 0])),
+                  ((np.int32([7, -7, 7, -7, 5]), np.int32([2, 2, -2, -2, 0])), {}, np.int32([1, 1, -1, -1, 0]))],
+    "floor": [((a34,), {}, np.floor(a34))],
+    "ceil": [((a34,), {}, np.ceil(a34))],
+    "round": [((np.float32([0.5, 1.5, 2.5, -0.5, -1.5, 0.4]),), {}, np.float32([0, 2, 2, -0.0, -2, 0]))],
+    "trunc": [((a34 * 3,), {}, np.trunc(a34 * 3))],
+    "sign": [((a34,), {}, np.sign(a34)), ((np.int8([-3, 0, 4]),), {}, np.int8([-1, 0, 1]))],
+    "log1p": [((p34,), {}, np.log1p(p34.astype(np.float64)))],
+    "expm1": [((a34,), {}, np.expm1(a34.astype(np.float64)))],
+    "nn.softplus": [((a34 * 10,), {"beta": 2.0, "threshold": 5.0},
+                     np.where(a34 * 20 > 5, a34 * 10, np.log1p(np.exp(a34.astype(np.float64) * 20)) / 2))],
+    "nn.pad": [((x3d,), {"pad_width": [0, 0, 1, 2, 3, 0], "pad_value": 0.5}, np.pad(x3d, [(0, 0), (1, 2), (3, 0)], constant_values=0.5)),
+               ((x3d,), {"pad_width": [1, 0, 2, 2, 0, 3], "pad_mode": "reflect"}, np.pad(x3d, [(1, 0), (2, 2), (0, 3)], "reflect")),
+               ((x3d,), {"pad_width": [0, 1, 2, 0, 3, 3], "pad_mode": "replicate"}, np.pad(x3d, [(0, 1), (2, 0), (3, 3)], "edge")),
+               ((x3d,), {"pad_width": [0, 0, 3, 1, 4, 5], "pad_mode": "circular"}, np.pad(x3d, [(0, 0), (3, 1), (4, 5)], "wrap")),
+               ((x3d,), {"pad_width": [0, 0, -1, 1, 2, -3]}, np.pad(x3d[:, 1:, :1], [(0, 0), (0, 1), (2, 0)]))],
+    # indexing (dpl/ops/indexing.py); tests/test_ops_indexing.py compares them with torch and ONNX
+    "argmax": [((TIES,), {"axis": 1}, np.array([1, 0], np.int64)),
+               ((TIES,), {"axis": 1, "select_last_index": True, "keepdims": True}, np.array([[2], [2]], np.int64))],
+    "argmin": [((TIES,), {}, np.array(0, np.int64)), ((TIES[::-1].copy(),), {"axis": 0}, np.array([1, 0, 0], np.int64))],
+    "sort": [((TIES,), {"descending": True}, (np.array([[3, 3, 1], [2, 2, 2]], np.float32),
+                                              np.array([[1, 2, 0], [0, 1, 2]], np.int64)))],
+    "topk": [((TIES,), {"k": 2, "largest": False}, (np.array([[1, 3], [2, 2]], np.float32),
+                                                    np.array([[0, 1], [0, 1]], np.int64)))],
+    "histc": [((np.array([0.0, 0.5, 1.0, 2.0, -0.1], np.float32),), {"bins": 2, "min": 0.0, "max": 1.0},
+               np.array([1, 2], np.float32))],
+    "gather_nd": [((a34, np.array([[2, 0], [0, -1]])), {}, np.array([a34[2, 0], a34[0, 3]]))],
+    "gather_elements": [((a34, np.array([[2, 0, 1, 1]])), {}, np.array([[a34[2, 0], a34[0, 1], a34[1, 2], a34[1, 3]]]))],
+    "scatter_nd": [((np.zeros((3, 2), np.float32), np.array([[1], [1]]), np.ones((2, 2), np.float32)), {"reduction": "add"},
+                    np.array([[0, 0], [2, 2], [0, 0]], np.float32))],
+    "scatter_elements": [((np.zeros((2, 3), np.float32), np.array([[2, 2]]), np.array([[4.0, 5.0]], np.float32)),
+                          {"axis": 1, "reduction": "max"}, np.array([[0, 0, 5], [0, 0, 0]], np.float32))],
+    "index_put": [((np.zeros((2, 3), np.float32), (np.array([0, 0]),), np.array([1.0], np.float32)), {"accumulate": True},
+                   np.array([[2, 2, 2], [0, 0, 0]], np.float32))],
+    "slice_scatter": [((np.zeros((2, 4), np.float32), np.ones((2, 2), np.float32)), {"axes": [1], "begin": [0], "end": [4],
+                                                                                   "strides": [2]},
+                       np.array([[1, 0, 1, 0], [1, 0, 1, 0]], np.float32))],
+    # interpolation, convolutions of other ranks, group norm (dpl/ops/image.py; tests/test_ops_vision.py has more)
+    "image.resize": [
+        ((np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2),),
+         {"size": [4, 4], "coordinate_transformation_mode": "asymmetric", "rounding_method": "floor"},
+         np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2).repeat(2, 2).repeat(2, 3)),
+        ((np.array([[0, 3]], np.float32),), {"size": [4], "method": "linear", "coordinate_transformation_mode": "align_corners"},
+         np.array([[0, 1, 2, 3]], np.float32)),
+        ((np.full((1, 1, 3, 3), 5, np.float32),), {"size": [5, 4], "method": "cubic"}, np.full((1, 1, 5, 4), 5, np.float32)),
+    ],
+    "nn.conv1d": [((np.array([[[1, 2, 3, 4]]], np.float32), np.array([[[1, 0, -1]]], np.float32)), {},
+                   np.array([[[-2, -2]]], np.float32))],
+    "nn.conv3d": [((np.ones((1, 1, 2, 2, 2), np.float32), np.ones((1, 1, 2, 2, 2), np.float32)), {},
+                   np.full((1, 1, 1, 1, 1), 8, np.float32))],
+    "nn.conv1d_transpose": [((np.array([[[1, 2]]], np.float32), np.ones((1, 1, 3), np.float32)), {"strides": 2},
+                             np.array([[[1, 1, 3, 2, 2]]], np.float32))],
+    "nn.conv2d_transpose": [((np.ones((1, 1, 1, 1), np.float32), np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)), {},
+                             np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2))],
+    "nn.conv3d_transpose": [((np.full((1, 1, 1, 1, 1), 2, np.float32), np.ones((1, 1, 1, 1, 2), np.float32)), {},
+                             np.full((1, 1, 1, 1, 2), 2, np.float32))],
+    "nn.group_norm": [((np.array([[[1, 3], [5, 7]]], np.float32), np.ones(2, np.float32), np.zeros(2, np.float32)),
+                       {"num_groups": 1, "epsilon": 0.0}, np.array([[[-3, -1], [1, 3]]], np.float32) / np.sqrt(5))],
 }
 
 
@@ -310,11 +373,23 @@ def test_a_slice_beyond_its_dimension_is_an_error_not_a_shorter_tensor(shape, at
         dpl.interpret(mod, *args)
 
 
+@pytest.mark.parametrize("attrs, length, want", [  # lengths that are expressions of n (dpl.ir.dims)
+    (dict(axes=[0], begin=[1], end=["n"]), "n - 1", lambda x: x[1:]),
+    (dict(axes=[0], begin=[0], end=[2**40], strides=[2]), "(n + 1) // 2", lambda x: x[::2]),
+    (dict(axes=[0], begin=[1], end=[-1]), "n - 2", lambda x: x[1:-1]),
+    (dict(axes=[0], begin=[1], end=[2**40], strides=[3]), "(n + 1) // 3", lambda x: x[1::3]),
+])
+def test_slices_whose_length_is_an_expression(attrs, length, want):
+    mod, x, extra = symbolic_slice(("n", 3), **attrs)
+    assert str(mod["main"].ret.ty) == f"f32[{length}, 3]"
+    for n in (2, 5, 6, 7):
+        data = rand(n, 3)
+        np.testing.assert_array_equal(dpl.interpret(mod, data), want(data))
+
+
 @pytest.mark.parametrize("attrs, message", [
-    (dict(axes=[0], begin=[1], end=["n"]), "has length n - 1, which is no dimension"),
-    (dict(axes=[0], begin=[0], end=[2**40], strides=[2]), "only stride 1 slices a symbolic dimension"),
     (dict(axes=[0], begin=[-2], end=[3]), "has a length that depends on n"),
-    (dict(axes=[0], begin=[1], end=[-1]), "has a length that depends on n"),
+    (dict(axes=[0], begin=[2**40], end=[0], strides=[-1]), "only a positive stride slices a symbolic dimension"),
 ])
 def test_slices_whose_length_is_no_dimension_are_refused(attrs, message):
     with pytest.raises(dpl.errors.TypeInferenceError, match=message):
@@ -328,8 +403,9 @@ def test_arange_to_a_symbolic_end_takes_its_length_from_an_input():
     assert str(r.ty) == "i64[n]"
     mod = Module([fb.ret(r)])
     np.testing.assert_array_equal(dpl.interpret(mod, rand(6, 2)), np.arange(6))
-    with pytest.raises(dpl.errors.TypeInferenceError, match="must start at 0 with step 1"):
-        fb.emit("arange", start=1, end="n")
+    assert str(fb.emit("arange", start=1, end="n").ty) == "i64[max(n, 1) - 1]"  # none at n = 0, as range(1, 0)
+    with pytest.raises(dpl.errors.TypeInferenceError, match="must have integer bounds and step"):
+        fb.emit("arange", start=0.5, end="n")
     lonely = FunctionBuilder("main")
     with pytest.raises(dpl.errors.InterpretError, match="names the symbolic dimension 'm', which no input of 'main' binds"):
         dpl.interpret(Module([lonely.ret(lonely.emit("zeros", shape=["m"]))]))

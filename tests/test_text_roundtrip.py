@@ -217,6 +217,18 @@ def every_op_module():
     g = const(np.ones(8, np.float32), name="gamma")
     fb.emit("nn.layer_norm", x, g, g, epsilon=1e-3, center=False, name="v_layer_norm")
     fb.emit("nn.conv2d", img, k, strides=[2, 2], padding=[1, 1, 0, 0], dilation=1, groups=2, out_dtype="f32", name="v_conv2d")
+    seq = fb.emit("reshape", img, shape=[1, 4, 81], name="v_seq")
+    fb.emit("nn.conv1d", seq, fb.param("k1", "f16", (2, 4, 3)), strides=[2], padding=[1, 0], name="v_conv1d")
+    vol = fb.emit("reshape", img, shape=[1, 4, 9, 9, 1], name="v_vol")
+    fb.emit("nn.conv3d", vol, fb.param("k3", "f16", (2, 4, 3, 3, 1)), name="v_conv3d")
+    fb.emit("nn.conv1d_transpose", seq, fb.param("kt1", "f16", (4, 2, 3)), strides=[2], output_padding=[1],
+            name="v_conv1d_transpose")
+    fb.emit("nn.conv2d_transpose", img, k, strides=[2, 2], groups=2, name="v_conv2d_transpose")
+    fb.emit("nn.conv3d_transpose", vol, fb.param("kt3", "f16", (4, 1, 2, 2, 1)), name="v_conv3d_transpose")
+    fb.emit("nn.group_norm", img, const(np.ones(4, np.float16), name="gn_g"), const(np.zeros(4, np.float16), name="gn_b"),
+            num_groups=2, epsilon=1e-3, name="v_group_norm")
+    fb.emit("image.resize", img, size=[18, 5], method="cubic", coordinate_transformation_mode="align_corners",
+            cubic_alpha=-0.5, name="v_resize")
     fb.emit("nn.max_pool2d", img, pool_size=3, strides=2, padding=1, ceil_mode=True, name="v_max_pool2d")
     fb.emit("nn.avg_pool2d", img, pool_size=[3, 2], strides=2, padding=[1, 0], dilation=[1, 2], ceil_mode=True,
             count_include_pad=True, name="v_avg_pool2d")
@@ -246,6 +258,30 @@ def every_op_module():
     fb.emit("triu", sq, k=1, name="v_triu")
     fb.emit("cumsum", sq, axis=1, dtype="i64", name="v_cumsum")
     fb.emit("tril", fb.emit("full", const(float("-inf")), shape=["n", "n"], name="v_full_symbolic"), k=-2, name="v_tril")
+    # indexing, scattering and sorting (dpl/ops/indexing.py)
+    i64 = const(np.array([[1], [-2]], np.int64), name="rows")
+    fb.emit("argmax", x, axis=1, keepdims=True, name="v_argmax")
+    fb.emit("argmin", sq, select_last_index=True, name="v_argmin")
+    fb.emit("sort", x, axis=0, descending=True, name="v_sort")
+    fb.emit("topk", x, k=3, largest=False, sorted=False, name="v_topk")
+    fb.emit("histc", sq, bins=5, min=-1.0, max=1.0, name="v_histc")
+    fb.emit("gather_nd", sq, i64, name="v_gather_nd")
+    fb.emit("gather_elements", sq, const(np.zeros((2, 8), np.int64), name="zero_rows"), axis=0, name="v_gather_elements")
+    fb.emit("scatter_nd", sq, i64, fb.emit("zeros", shape=[2, 8], name="v_rows0"), reduction="max", name="v_scatter_nd")
+    fb.emit("scatter_elements", sq, const(np.zeros((2, 8), np.int64), name="zero_rows2"), fb.emit("ones", shape=[2, 8], name="v_rows1"),
+            axis=0, reduction="add", name="v_scatter_elements")
+    fb.emit("index_put", sq, (const(np.array([0, 7], np.int64), name="ix"),), fb.emit("ones", shape=[8], name="v_row1"),
+            accumulate=True, name="v_index_put")
+    fb.emit("slice_scatter", x, fb.emit("strided_slice", x, axes=[1], begin=[0], end=[2], name="v_two"), axes=[1], begin=[4],
+            end=[8], strides=[2], name="v_slice_scatter")
+    # remainders, roundings, elementwise functions and padding
+    for op in ["mod", "floor_mod"]:
+        fb.emit(op, x, 1.5, name=f"v_{op}")
+    for op in ["floor", "ceil", "round", "trunc", "sign", "log1p", "expm1"]:
+        fb.emit(op, x, name=f"v_{op}")
+    fb.emit("nn.softplus", x, beta=2.0, threshold=10.0, name="v_softplus")
+    fb.emit("nn.pad", img, pad_width=[0, 0, 0, 0, 1, 2, -1, 3], pad_mode="reflect", name="v_pad")
+    fb.emit("nn.pad", x, pad_width=[0, 0, 1, 1], pad_value=float("-inf"), name="v_pad_constant")
     last = fb.emit("add", x, const(float("inf")), name="v_inf")
     return Module([fb.ret(last, fb.emit("multiply", x, const(-0.0), name="v_negzero"))])
 

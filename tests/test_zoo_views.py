@@ -107,7 +107,7 @@ def test_dpl_viz_draws_the_zoo(saved, suffix, tmp_path, capsys):
     _name, path = saved
     out = tmp_path / f"out{suffix}"
     assert dpl_main(["viz", str(path), "-o", str(out)] + [x for lib in LIBS for x in ("-p", lib)]) == 0
-    assert str(out) in capsys.readouterr().out
+    assert str(out) in capsys.readouterr().err  # "wrote ..." goes through the dpl logger
     trace = _trace(path)
     text = out.read_text()
     if suffix == ".html":

@@ -36,6 +36,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.backends.cgen.names import CNames, EmitError
+from dpl.ir import dims as dimexpr
 from dpl.kernel.ir import (C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, substitute,
                           op_c, to_c, walk, walk_exprs)
 from dpl.kernel.loop_split import split_index_loops
@@ -97,16 +98,27 @@ static inline int64_t dpl_nt_head(const void *p, int64_t size, int64_t n) {
 # integer division as the interpreter defines it (dpl/ops/elementwise.py): truncated toward zero,
 # 0 for a zero divisor, the most negative value over -1 wrapping to itself. C leaves both to
 # chance and x86 traps on them: a zero divisor in the data had killed the process (SIGFPE).
+# The remainders ``mod`` (truncated, C's %) and ``floor_mod`` (the sign of the divisor) are 0
+# for a zero divisor, as ``divide``'s quotient is, and 0 for the most negative value over -1 (its
+# true remainder), which C's % traps on too.
 # Written once for C and CUDA C++ (``inline`` is the qualifier each puts in front).
 INT_DIVIDE = """\
 #define DPL_DIV_SIGNED(N, T, U) static {inline} T dpl_div_##N(T a, T b) {{ \\
-  return b == 0 ? (T)0 : b == (T)-1 ? (T)(0 - (U)a) : (T)(a / b); }}
-#define DPL_DIV_UNSIGNED(N, T) static {inline} T dpl_div_##N(T a, T b) {{ return b == 0 ? (T)0 : (T)(a / b); }}
+  return b == 0 ? (T)0 : b == (T)-1 ? (T)(0 - (U)a) : (T)(a / b); }} \\
+static {inline} T dpl_mod_##N(T a, T b) {{ return b == 0 || b == (T)-1 ? (T)0 : (T)(a % b); }} \\
+static {inline} T dpl_floor_mod_##N(T a, T b) {{ \\
+  const T m = dpl_mod_##N(a, b); return m != 0 && (m < 0) != (b < 0) ? (T)(m + b) : m; }}
+#define DPL_DIV_UNSIGNED(N, T) static {inline} T dpl_div_##N(T a, T b) {{ return b == 0 ? (T)0 : (T)(a / b); }} \\
+static {inline} T dpl_mod_##N(T a, T b) {{ return b == 0 ? (T)0 : (T)(a % b); }} \\
+static {inline} T dpl_floor_mod_##N(T a, T b) {{ return dpl_mod_##N(a, b); }}
 DPL_DIV_SIGNED(int64, int64_t, uint64_t) DPL_DIV_SIGNED(int32, int32_t, uint32_t)
 DPL_DIV_SIGNED(int16, int16_t, uint16_t) DPL_DIV_SIGNED(int8, int8_t, uint8_t)
 DPL_DIV_UNSIGNED(uint8, uint8_t) DPL_DIV_UNSIGNED(bool, bool)
 """
+# a call of the dims.C_HELPERS (a dimension expression's floor division, modulo, min or max)
+DIM_HELPER_CALL = re.compile(r"\bdpl_(floordiv|mod|min|max)\(")
 INT_DIVIDE_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+INT_DIVIDING_OPS = ("divide", "mod", "floor_mod")  # integer ops spelled by the helpers above
 
 # The rest of the IR's arithmetic, which C's is not of itself. Every op's result is a value of its
 # IR type, as the interpreter computes it (NumPy, op by op):
@@ -181,7 +193,7 @@ STREAM_PUT = {"float32": "dpl_put_f32", "float64": "dpl_put_f64"}
 
 # a row reduction's folded value that a later loop over the row computes again is kept in a
 # per-thread row buffer when it is this costly (a libm call) and the row this small
-COSTLY_C = ("exp(", "log(", "tanh(", "erf(", "sin(", "cos(", "pow(", "sqrt(")
+COSTLY_C = ("exp(", "log(", "tanh(", "erf(", "sin(", "cos(", "pow(", "sqrt(", "log1p(", "expm1(", "fmod(")
 KEEP_ROW_BYTES = 64 << 10
 
 # a loop nest that transposes (see CpuEmitter.transposes) runs in tiles of this many elements
@@ -269,7 +281,13 @@ class StatementEmitter:
     # -- expressions ------------------------------------------------------------------------
 
     def dim(self, d) -> str:
-        return self.names[d] if isinstance(d, str) else f"{int(d)}LL"
+        """A buffer's dimension as C: a symbol by its name, an expression through
+        ``dims.to_c`` (its floor division and min/max by the ``dims.C_HELPERS``)."""
+        if isinstance(d, str):
+            return self.names[d]
+        if isinstance(d, int):
+            return f"{int(d)}LL"
+        return dimexpr.to_c(d, self.names.__getitem__)
 
     def dtype_of(self, buffer: str) -> str:
         return self.buffers[buffer].dtype if buffer in self.buffers else _dtype_of(self.const_buffers[buffer])
@@ -295,14 +313,15 @@ class StatementEmitter:
 
     def op(self, e: Op, args: list[str]) -> str | None:
         """The C for a registry op where the template alone does not compute the IR's value
-        (None: the template): an integer ``divide`` by the ``INT_DIVIDE`` helpers, int32/int64
+        (None: the template): an integer ``divide``, ``mod`` or ``floor_mod`` by the ``INT_DIVIDE`` helpers, int32/int64
         arithmetic wrapping, narrow integers converted back and 16-bit floats rounded to their
         type (see ``WRAPPING``). float32, float64 and the other int32/int64 ops are templates."""
         if e.op == "astype":
             to = dict(e.attrs)["dtype"]
             return self.rounded(to, args[0]) if to in SIXTEEN_BIT_FLOATS else None
-        if e.op == "divide" and e.dtype in INT_DIVIDE_DTYPES:
-            return f"dpl_div_{e.dtype}({args[0]}, {args[1]})"  # a value of its type
+        if e.op in INT_DIVIDING_OPS and e.dtype in INT_DIVIDE_DTYPES:
+            helper = "div" if e.op == "divide" else e.op
+            return f"dpl_{helper}_{e.dtype}({args[0]}, {args[1]})"  # a value of its type
         if e.dtype in WRAP_UNSIGNED:
             if e.op in WRAPPING:
                 return WRAPPING[e.op].format(*args, T=self.ctype(e.dtype), U=WRAP_UNSIGNED[e.dtype])
@@ -858,6 +877,7 @@ def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = 
     body = CpuEmitter(unroll_short_axes(split_index_loops(kernel)), stream_bytes).function(symbol)
     streams = STREAMING if "dpl_sfence();" in body else ""
     turns = TRANSPOSE16 if "dpl_transpose16(" in body else ""
-    divides = INT_DIVIDE.format(inline="inline") if "dpl_div_" in body else ""
+    divides = INT_DIVIDE.format(inline="inline") if re.search(r"\bdpl_(div|mod|floor_mod)_", body) else ""
     rounds = BF16_ROUND if "dpl_bf16_round(" in body else ""
-    return PRELUDE + streams + turns + divides + rounds + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"
+    floors = dimexpr.C_HELPERS if DIM_HELPER_CALL.search(body) else ""
+    return PRELUDE + floors + streams + turns + divides + rounds + (VECTOR_MATH if vector_math else "") + "\n" + body + "\n"

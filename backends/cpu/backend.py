@@ -21,15 +21,14 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
-from dpl.backends.cpu import blas, im2col
-from dpl.backends.cpu import max_pool, packed_gemm
-from dpl.backends.cpu import products_choice
+from dpl.backends.cpu import blas, im2col, max_pool, packed_gemm, products_choice
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.cpu.segments import NotSegmentable, Part, Product, fold_epilogues, is_product, segment, segment_runner
 from dpl.ir.expr import Call, Constant, Var
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
+from dpl.kernel.lower import op_lowering
 from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES
 from dpl.runtime.heap import keep_mapped
@@ -91,6 +90,16 @@ class CpuBackend(Backend):
         pools = f"threads: products on {p.pool_of(_MATMUL)}, convolutions on {p.pool_of(_CONV)}"
         packed = f"; {blas.PACKED}, on {OPENMP}" if p.packs else ""
         return (f"products: {p.name} ({p.library}; {pools}){packed}; {p.why}", self._heap)
+
+    def can_run(self, unit):
+        """The capability table, and for a single op whether it has a C kernel here: one the
+        kernel IR lowers, or a lone ``take`` or ``cumsum`` (their NumPy runners); the rest
+        (``topk``, the scatters) go to the target's next backend, which is routing, not a
+        fall-back."""
+        ok, why = super().can_run(unit)
+        if ok and unit.kind == "op" and unit.name not in RUNNERS and not op_lowering(unit.name)[0]:
+            return False, f"has no kernel for op {unit.name}"
+        return ok, why
 
     def available(self) -> tuple[bool, str]:
         if self._has_cc is None:  # looked up once: asked for every function a build places
@@ -277,6 +286,9 @@ def _remember(key, lowered) -> None:
     _LOWERED[key] = lowered
 
 
+RUNNERS = ("take", "cumsum")  # lone ops the backend runs without the kernel IR (below)
+
+
 def _take_runner(function):
     """A lone ``take`` along an axis (an embedding lookup) as NumPy's take writing straight into
     the output, or None: the reference backend ran it through its interpreter, then copied it
@@ -383,9 +395,11 @@ def _c_runner(name, kernel, source, library: _Library, threads):
     constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
     dim_names = kernel.dims
     n_params = len(kernel.params)
-    # (position among inputs and outputs, axis, dim) of each symbolic dim: none at static shapes
-    symbolic = [(i, k, d) for i, buf in enumerate((*kernel.params, *kernel.outputs)) for k, d in enumerate(buf.shape)
-                if isinstance(d, str)]
+    # (position among inputs and outputs, axis, dim) of each lone symbol: none at static shapes
+    buffers = (*kernel.params, *kernel.outputs)
+    symbolic = [(i, k, d) for i, buf in enumerate(buffers) for k, d in enumerate(buf.shape) if isinstance(d, str)]
+    # an expression dim (n * 2) binds its symbols by solving and is checked against the arrays
+    expressions = any(not isinstance(d, (int, str)) for buf in buffers for d in buf.shape)
     static = not (symbolic or dim_names or kernel.requires)  # nothing to bind or check per call
     no_dims = (ctypes.c_int64 * 1)(0)
 
@@ -394,10 +408,13 @@ def _c_runner(name, kernel, source, library: _Library, threads):
         if static:
             dims = no_dims
         else:
-            arrays_ = (*inputs, *outputs)
-            bound: dict[str, int] = {}
-            for i, k, d in symbolic:
-                bound.setdefault(d, int(arrays_[i].shape[k]))
+            arrays_ = (*inputs[:n_params], *outputs)
+            if expressions:
+                bound = kernel.bind_dims([a.shape for a in arrays_])
+            else:
+                bound: dict[str, int] = {}
+                for i, k, d in symbolic:
+                    bound.setdefault(d, int(arrays_[i].shape[k]))
             kernel.check_requires(bound)
             dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
         targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]

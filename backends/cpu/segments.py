@@ -17,10 +17,13 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
+from dpl.ir.dim_binding import bind_shapes
 from dpl.ir.expr import Binding, Call, Constant, Function, Tuple, Var
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
 from dpl.ir.traverse import substitute
+from dpl.kernel.ir import dim_symbols, dim_value
+from dpl.kernel.lower import undetermined
 from dpl.ops.registry import get_op
 
 
@@ -69,10 +72,11 @@ def segment(function: Function, is_product: Callable[[Binding], bool] = is_produ
     ``starts_part`` which bindings begin a new part, the values before them written out (a pool:
     generated C would recompute its input's epilogue for every window)."""
     params = list(function.params)
-    known = {d for p in params for d in p.ty.shape if isinstance(d, str)}
+    shapes = [p.ty.shape for p in params if isinstance(p.ty, TensorType)]
+    known = {s for shape in shapes for d in shape for s in dim_symbols(d)} - set(undetermined(shapes))
     rets = list(vars_in(function.ret))
     if not isinstance(function.ret, (Var, Tuple)) or any(not isinstance(b.var.ty, TensorType) or
-                                                         set(d for d in b.var.ty.shape if isinstance(d, str)) - known
+                                                         {s for d in b.var.ty.shape for s in dim_symbols(d)} - known
                                                          for b in function.bindings):
         raise NotSegmentable
     bindings = list(function.bindings)
@@ -263,7 +267,7 @@ def _glu(xp, full, gate_first: bool, out):
 
 
 def _shape(ty, dims) -> tuple[int, ...]:
-    return tuple(dims[d] if isinstance(d, str) else d for d in ty.shape)
+    return tuple(dim_value(d, dims) for d in ty.shape)
 
 
 def segment_runner(function: Function, steps: Sequence[Product | Part], kernels: Sequence[Callable], xp,
@@ -347,7 +351,7 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
 
     def run(inputs, outputs):
         env = {id(p): a for p, a in zip(params, inputs)}
-        dims = {d: n for p, a in zip(params, inputs) for d, n in zip(p.ty.shape, a.shape) if isinstance(d, str)}
+        dims = bind_shapes([(p.ty.shape, a.shape, f"input '{p.name}' of '{function.name}'") for p, a in zip(params, inputs)])
         # a result the group returns is written straight into its output (first place only)
         direct = {}
         for k, v in enumerate(rets):

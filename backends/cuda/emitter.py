@@ -35,7 +35,10 @@ import attrs
 
 from dpl.backends.cgen.emitter import INT_DIVIDE, EmitError, StatementEmitter
 from dpl.backends.cuda.rows import ITEMSIZE, STAGE_BYTES, VECTOR, staged_rows, vector_stores
+from dpl.errors import DplError
+from dpl.ir import dims as dimexpr
 from dpl.kernel.ir import Bin, Const, Kernel, Let, Loop, Reduce, Store, Var, free_vars
+from dpl.kernel.ir import index_value as ir_index_value
 
 BLOCK = 256  # threads per block on a GPU
 MAX_GRID = 65535  # blocks per launch; grid-stride loops cover the rest
@@ -72,6 +75,12 @@ template <typename T> DPL_INLINE double cos(T x) { return cos((double)x); }
 template <typename A, typename B> DPL_INLINE double pow(A a, B b) { return pow((double)a, (double)b); }
 template <typename T> DPL_INLINE T dpl_shfl_down(T v, unsigned o) { return (T)__shfl_down_sync(0xffffffffu, v, o); }
 """
+
+# a dimension expression's floor division, modulo, min and max (dims.C_HELPERS) after the
+# prelude's int64_t typedef: NVRTC has no <stdint.h>, and the host twin's prelude includes it
+_STDINT = "#ifndef __CUDACC_RTC__\n#include <stdint.h>\n#endif\n"
+assert _STDINT in dimexpr.C_HELPERS
+DIM_HELPERS = dimexpr.C_HELPERS.replace(_STDINT, "")
 
 # both targets: 16-bit floats as bits, computed in float
 HELPERS = """\
@@ -113,7 +122,7 @@ static DPL_INLINE uint16_t dpl_bf16_store(float f) {
 #endif
 static DPL_INLINE float dpl_f16_round(float f) { return dpl_f16_load(dpl_f16_store(f)); }
 static DPL_INLINE float dpl_bf16_round(float f) { return dpl_bf16_load(dpl_bf16_store(f)); }
-""" + INT_DIVIDE.format(inline="DPL_INLINE")
+""" + INT_DIVIDE.format(inline="DPL_INLINE") + DIM_HELPERS
 
 _ROUND = {"float16": "dpl_f16_round", "bfloat16": "dpl_bf16_round"}
 
@@ -438,14 +447,10 @@ def emit_cuda(kernel: Kernel, symbol: str = "dpl_kernel", block_rows_from: int =
 
 def index_value(e, dims: dict[str, int]) -> int:
     """An extent (index arithmetic over constants and symbolic dims) at concrete dims."""
-    if isinstance(e, Const):
-        return int(e.value)
-    if isinstance(e, Var):
-        return int(dims[e.name])
-    if isinstance(e, Bin) and e.op in "+-*/%":
-        a, b = index_value(e.a, dims), index_value(e.b, dims)
-        return {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0, "%": a % b if b else 0}[e.op]
-    raise EmitError(f"extent {e!r} is not index arithmetic")
+    try:
+        return ir_index_value(e, dims)
+    except (ValueError, KeyError) as err:
+        raise EmitError(f"extent {e!r} is not index arithmetic at these dims ({err})") from None
 
 
 def launch_config(source: CudaSource, dims: dict[str, int], block: int = BLOCK, max_grid: int = MAX_GRID) -> tuple[int, int]:
@@ -471,6 +476,7 @@ def launch_arguments(source: CudaSource, inputs, outputs, constants=None) -> tup
         raise EmitError(f"kernel '{kernel.name}' takes {len(kernel.params)} inputs and {len(kernel.outputs)} outputs, "
                         f"got {len(inputs)} and {len(outputs)}")
     bound: dict[str, int] = {}
+    expressions = False
     for buf, arr in zip((*kernel.params, *kernel.outputs), (*inputs[:len(kernel.params)], *outputs)):
         if len(arr.shape) != len(buf.shape):
             raise EmitError(f"kernel '{kernel.name}': buffer {buf.name} has rank {len(buf.shape)}, got shape {tuple(arr.shape)}")
@@ -478,8 +484,15 @@ def launch_arguments(source: CudaSource, inputs, outputs, constants=None) -> tup
             if isinstance(d, str):
                 if bound.setdefault(d, int(size)) != int(size):
                     raise EmitError(f"kernel '{kernel.name}': dim {d} is {bound[d]} and {size}")
+            elif not isinstance(d, int):
+                expressions = True
             elif int(d) != int(size):
                 raise EmitError(f"kernel '{kernel.name}': buffer {buf.name} has shape {buf.shape}, got {tuple(arr.shape)}")
+    if expressions:  # then dims linear in one unknown (n * 2) solved, and every dim checked
+        try:
+            kernel.bind_dims([tuple(a.shape) for a in (*inputs[:len(kernel.params)], *outputs)], bound)
+        except DplError as err:
+            raise EmitError(err.message) from None
     if constants is None:
         constants = [kernel.constants[name] for name in kernel.constants]
     return [*inputs[:len(kernel.params)], *constants, *outputs], [bound[d] for d in kernel.dims]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import attrs
 
-from dpl.kernel.ir import Const, Let, Load, Loop, Reduce, Select, Store, Var, free_vars, walk, walk_exprs
+from dpl.kernel.ir import Const, Let, Load, Loop, Reduce, Select, Store, Var, dim_expr, free_vars, walk, walk_exprs
 
 STAGE_BYTES = 32 << 10  # shared memory a block's staged rows may take (of a block's 48 KiB of static shared memory)
 VECTOR = 16  # bytes per vector load or store (uint4)
@@ -90,6 +90,8 @@ def _same_extent(extent, dim) -> bool:
     """The IR extent of a row walk is the buffer dim ``dim`` (an int or a symbolic name)."""
     if isinstance(dim, str):
         return isinstance(extent, Var) and extent.name == dim
+    if not isinstance(dim, int):  # an expression: the lowering spells it as dim_expr does
+        return extent == dim_expr(dim)
     return isinstance(extent, Const) and int(extent.value) == int(dim)
 
 
@@ -146,7 +148,7 @@ def staged_rows(kernel, loops, body, names, itemsize=ITEMSIZE, budget: int = STA
 
 
 def _extent(dim):
-    return Var(dim) if isinstance(dim, str) else Const(int(dim), "int64")
+    return dim_expr(dim)
 
 
 def vector_stores(kernel, loop: Loop) -> list[Store]:

@@ -12,7 +12,6 @@ inference checks them call by call, so they are shown as not declared.
 
 from __future__ import annotations
 
-import dis
 import inspect
 from pathlib import Path
 from typing import Any
@@ -124,31 +123,10 @@ def pattern_kinds(rule, seen: set | None = None) -> tuple[list, bool]:
 
 
 def kernel_lowering(op) -> tuple[bool, str]:
-    """Whether dpl's kernel IR lowers ``op``, and how, as ``Lowerer.call`` decides: by a rule of
-    its own (one that only raises refuses the op: ``take``), else by its C template; an op with
-    a tuple result lowers item by item when the tuple-item rule names it (``split``)."""
-    from dpl.kernel.lower import RULES, TUPLE_ITEM  # the dpl.kernel package, imported first, fills RULES
+    """Whether dpl's kernel IR lowers ``op``, and how (``dpl.kernel.lower.op_lowering``)."""
+    from dpl.kernel.lower import op_lowering  # the dpl.kernel package, imported first, fills its rules
 
-    rule = RULES.get(op.name)
-    if rule is not None:
-        if not _returns(rule):
-            return False, f"its rule {_name(rule)} only raises LoweringError: the op never joins a dpl kernel"
-        return True, f"its rule {_name(rule)}"
-    if op.c_expr is not None:
-        return True, "its C template"
-    item = RULES[TUPLE_ITEM]
-    if op.name in item.__code__.co_consts:
-        return True, f"the tuple-item rule {_name(item)}, one item at a time"
-    return False, "the kernel IR has no lowering for it: it runs by its NumPy reference"
-
-
-def _returns(fn) -> bool:
-    """Whether ``fn`` can return at all (a function whose body only raises has no return)."""
-    return any(i.opname.startswith("RETURN") for i in dis.get_instructions(fn))
-
-
-def _name(fn) -> str:
-    return f"{fn.__module__}.{fn.__name__}"  # dpl.kernel.rules._softmax
+    return op_lowering(op.name)
 
 
 def cuda_shares_c_ops() -> bool:

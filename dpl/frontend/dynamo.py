@@ -47,6 +47,7 @@ import attrs
 from dpl.errors import DplError
 from dpl.frontend.dynamo_report import GraphRecord, PartitionRecord, Report, count_ops
 from dpl.frontend.torch_graph import GraphImporter, import_torch, sanitize
+from dpl.ir import dims
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +340,7 @@ def _symbols(ty) -> set[str]:
     fields = getattr(ty, "fields", None)
     if fields is not None:
         return set().union(*(_symbols(f) for f in fields))
-    return {str(d) for d in getattr(ty, "shape", ()) if not isinstance(d, int)}
+    return set().union(*(dims.free_symbols(d) for d in getattr(ty, "shape", ())))
 
 
 # -- whole graphs in torch -----------------------------------------------------------------------

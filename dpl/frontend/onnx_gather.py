@@ -6,7 +6,7 @@ as ``GatherND(mask, Concat(Unsqueeze(Expand(range_b)), Unsqueeze(Expand(range_kv
 index component a range (``Range(0, n, 1)``, or a constant holding 0..n-1) varying along one
 axis of the index shape. Such a gather selects a slice of the data and lays it out along those
 axes, and is translated so (strided_slice, permute_dims, expand_dims, broadcast_to): no gather
-at run time. Other GatherND indices are refused with a message that says so.
+at run time. Other GatherND indices (and batch_dims) are the general ``gather_nd`` op.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpl import dtypes
+from dpl.frontend import onnx_indexing as indexing
 from dpl.frontend.onnx_node import NodeContext, ShapeValue
 from dpl.ir.expr import Constant
 
@@ -78,7 +79,7 @@ def _range_of(ctx: NodeContext, name: str):
                 end = int(np.asarray(limit.value))
             else:
                 return None
-            if isinstance(end, str):
+            if not isinstance(end, (int, np.integer)):  # a symbolic length
                 return (end, offset) if begin == 0 else None
             return int(end) - begin, offset + begin
         else:
@@ -105,7 +106,7 @@ def gather_nd(ctx: NodeContext):
     data = ctx.input(0)
     indices = ctx.input(1)
     if ctx.attr("batch_dims", 0) != 0:
-        raise ctx.unsupported("batch_dims", ctx.attr("batch_dims"), "0")
+        return indexing.gather_nd(ctx)
     if indices.ty.ndim < 1:
         raise ctx.error(f"indices are 0-d ({indices.ty}); GatherND's indices have rank >= 1, their last axis holding "
                         "the index tuples")
@@ -117,9 +118,8 @@ def gather_nd(ctx: NodeContext):
     out_lead = list(indices.ty.shape[:-1])
     rank = len(out_lead)
     found = _constant_grid(indices, k) if isinstance(indices, Constant) else _computed_grid(ctx, k, rank)
-    if found is None:
-        raise ctx.error("GatherND is supported where each index component is a range (arange(n) + c) along one axis, "
-                        "as in transformers' masks; these indices are computed otherwise")
+    if found is None:  # indices computed otherwise: the general gather
+        return indexing.gather_nd(ctx)
     x = data
     placed = []
     for axis, (length, offset, varying) in enumerate(found):
@@ -211,9 +211,8 @@ def gather_elements(ctx: NodeContext):
         raise ctx.error(f"indices are {idx.ty}; GatherElements' indices are int32 or int64")
     axis = ctx.axis(ctx.attr("axis", 0), x.ty.ndim)
     others = [i for i in range(idx.ty.ndim) if i != axis]
-    if any(idx.ty.shape[i] != 1 for i in others):
-        raise ctx.error(f"indices of shape {list(idx.ty.shape)} are supported only where their axes other than {axis} "
-                        "have size 1")
+    if any(idx.ty.shape[i] != 1 for i in others):  # the general gather
+        return indexing.gather_elements(ctx)
     if any(x.ty.shape[i] != 1 for i in others):
         x = ctx.emit("strided_slice", x, axes=tuple(others), begin=(0,) * len(others), end=(1,) * len(others),
                      strides=(1,) * len(others))

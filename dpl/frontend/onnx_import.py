@@ -101,6 +101,10 @@ def _load(onnx, model: Any):
 # initializers up to this many elements stay in the skeleton: shape inference reads their values
 _SKELETON_ELEMENTS = 64
 
+# what marks a dim_param as an expression rather than a name ("seq-len" is a name; sympy writes
+# "n - 1" with spaces)
+_DIM_EXPRESSION = re.compile(r"[*/%()+]| - ")
+
 
 def _prepare(onnx, model, shapes):
     """The model's skeleton, checked, with ``shapes`` applied and local functions inlined, and its
@@ -217,6 +221,7 @@ class _GraphImporter:
         self.param_of: dict[str, str] = {}  # initializer -> parameter name, for those that may become params
         self.params: dict[str, Var] = {}
         self.bound: dict[int, tuple[Expr, Var]] = {}  # id(unbound call) -> (the call, its variable)
+        self.flat: dict[str, Var] = {}  # ONNX name of a MergedValue -> its flattened reshape
         # the types the model states (its outputs, the exporter's value_info): a contract
         self.declared = _tensor_types(list(self.graph.value_info) + list(self.graph.output))
         self.translated: dict[str, tuple[str, TensorType]] = {}  # output -> (node, its dpl type)
@@ -266,11 +271,28 @@ class _GraphImporter:
         for axis, d in enumerate(ttype.shape.dim):
             if d.HasField("dim_value"):
                 dims.append(d.dim_value)
+            elif d.HasField("dim_param"):
+                dims.append(self._dim_param(d.dim_param))
             else:
-                dims.append(self._symbol(d.dim_param if d.HasField("dim_param") else f"{name}_dim{axis}"))
+                dims.append(self._symbol(f"{name}_dim{axis}"))
         var = self.fb.param(name, dtype, dims)
         self.values[value_info.name] = var
         return var
+
+    def _dim_param(self, text: str):
+        """A dim_param: a name, or an expression over names where torch.onnx writes a derived
+        Dim (``2*batch``, sympy's text): the expression over the names' symbols. Text that does
+        not parse as one (``floor(n/2)``) is a name of its own, as any other dim_param."""
+        from dpl.ir import dims
+
+        if _DIM_EXPRESSION.search(text):
+            try:
+                d = dims.parse(text.replace("Min(", "min(").replace("Max(", "max("))
+            except DplError:
+                d = None
+            if d is not None and not isinstance(d, int):
+                return dims.substitute(d, {s: self._symbol(s) for s in dims.free_symbols(d)})
+        return self._symbol(text)
 
     def _symbol(self, dim_param: str) -> str:
         if dim_param not in self.dim_symbols:
@@ -295,11 +317,6 @@ class _GraphImporter:
         v = self._lookup(name)
         if v is None:
             raise FrontendError(f"graph output '{name}' is not computed by any node")
-        from dpl.frontend.onnx_node import MergedValue
-
-        if isinstance(v, MergedValue):
-            raise FrontendError(f"graph output '{name}' merges a symbolic dimension with others ([-1, ...]), which no "
-                                "dpl type can hold")
         if isinstance(v, ShapeValue):
             if not v.is_static:
                 raise FrontendError(f"graph output '{name}' is a shape with symbolic dimensions {v}")
@@ -307,7 +324,16 @@ class _GraphImporter:
         return self._tensor_of(name, v)
 
     def _tensor_of(self, name: str, v: Expr) -> Expr:
-        """An initializer read as a tensor is a parameter when the caller keeps them as inputs."""
+        """An initializer read as a tensor is a parameter when the caller keeps them as inputs;
+        a MergedValue read as a tensor is reshaped to the shape ONNX gives it (once)."""
+        from dpl.frontend.onnx_node import MergedValue, flat_shape
+        from dpl.ops.registry import make_call
+
+        if isinstance(v, MergedValue):
+            if name not in self.flat:
+                call = make_call("reshape", (v.value,), {"shape": flat_shape(v)})
+                self.flat[name] = self._bind(call, f"{name}_flat")
+            return self.flat[name]
         if name not in self.param_of:
             return v
         if name not in self.params:
@@ -371,7 +397,8 @@ class _GraphImporter:
         lookup, lead = self._lookup, None
         if node.op_type not in ("Reshape", "Transpose") and any(
                 isinstance(self.values.get(n), MergedValue) for n in node.input if n):
-            lookup, lead = unmerged_lookup(where, node, self._lookup)
+            # row-wise ops run on the unmerged tensors; any other reads them flattened
+            lookup, lead = unmerged_lookup(where, node, self._lookup) or (self._lookup, None)
         ctx = NodeContext(node, index, self.opset, version, lookup, self._tensor_of, used,
                           producer=self.producers.get, is_initializer=self.weights.__contains__)
         try:
@@ -381,10 +408,10 @@ class _GraphImporter:
             unread = ctx.unread_attributes()
             if unread:
                 raise ctx.error(f"attribute {unread[0]} is not supported")
-        except FrontendError:
-            raise
+        except FrontendError as err:
+            raise _with_source(err, node) from None
         except DplError as err:
-            raise FrontendError(f"{where}: {err.message}", hint=err.hint) from None
+            raise _with_source(FrontendError(f"{where}: {err.message}", hint=err.hint), node) from None
         results = result if isinstance(result, list) else [result]
         for i, name in enumerate(node.output):
             if name and i < len(results):
@@ -441,6 +468,14 @@ class _GraphImporter:
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
+def _with_source(err: FrontendError, node) -> FrontendError:
+    """``err`` naming the user's source line of ``node`` too, where the exporter recorded one."""
+    source = _source_line(node)
+    if not source or source in err.message:
+        return err
+    return type(err)(f"{err.message} ({source})", span=err.span, hint=err.hint)
+
+
 def _source_line(node) -> str:
     """``file:line: code`` of the innermost frame of the stack the exporter recorded for the
     node (torch.onnx's ``pkg.torch.onnx.stack_trace``), or ''."""
@@ -477,7 +512,7 @@ def _agrees(ty: TensorType, elem: int, dims) -> bool:
         return False
     if dims is None:
         return True
-    return len(dims) == ty.ndim and all(want is None or isinstance(have, str) or want == have for want, have in zip(dims, ty.shape))
+    return len(dims) == ty.ndim and all(want is None or not isinstance(have, int) or want == have for want, have in zip(dims, ty.shape))
 
 
 def _show_type(elem: int, dims) -> str:

@@ -8,9 +8,11 @@ the spot, so weight transposes, ``Shape -> Gather -> Concat`` chains and the lik
 the module.
 
 Shapes computed from symbolic dimensions (``Shape`` of a ``[batch, 16]`` input) are carried as
-a :class:`ShapeValue` rather than as tensors: they can flow through the few ops that shape
-arithmetic uses and end as a ``Reshape``/``Expand`` target, and anything else asks for them is
-a :class:`FrontendError` that says the model computes on shapes at run time.
+a :class:`ShapeValue` rather than as tensors: they can flow through the ops that shape
+arithmetic uses (``Gather``, ``Concat``, ``Mul``, ``Div``..., computed as dimension expressions
+by :mod:`dpl.frontend.onnx_dims`) and end as a ``Reshape``/``Expand`` target, and anything
+else that asks for them is a :class:`FrontendError` that says the model computes on shapes at
+run time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from onnx import numpy_helper
 from dpl import dtypes
 from dpl.errors import DplError
 from dpl.frontend.errors import FrontendError
+from dpl.ir import dims
 from dpl.ir.expr import Call, Constant, Expr, Tuple
 from dpl.ir.types import TensorType
 from dpl.limits import MAX_FOLD_ELEMENTS
@@ -84,10 +87,12 @@ def tensor_to_array(tensor: onnx.TensorProto, what: str) -> np.ndarray:
 
 @attrs.frozen(eq=False)
 class ShapeValue:
-    """An int64 vector (or scalar) of dimensions some of which are symbolic names: the value of
-    ``Shape(x)`` for an ``x`` with symbolic dims, and what shape arithmetic makes of it."""
+    """An int64 vector (or scalar) of dimensions some of which are symbolic (names or
+    expressions, :mod:`dpl.ir.dims`): the value of ``Shape(x)`` for an ``x`` with symbolic
+    dims, and what shape arithmetic makes of it."""
 
-    dims: np.ndarray  # object array of ints and strs, 0-d or 1-d
+    dims: np.ndarray  # object array of ints, strs and DimExprs, 0-d or 1-d
+    dtype: str = "int64"  # float32 or float64 for a size cast to a float (a float range's bound)
 
     @property
     def is_static(self) -> bool:
@@ -100,16 +105,25 @@ class ShapeValue:
 @attrs.frozen(eq=False)
 class MergedValue:
     """A tensor reshaped to ``[-1, ...]`` where the -1 merges a symbolic dimension with others
-    (``[batch, 4, 17, 16]`` to ``[-1, 17, 16]``), which no dpl type can hold: carried unmerged
-    (``value``, whose first ``lead`` axes are the merged one) through Transposes that keep the
-    merged axis first, until a Reshape restores the leading axes. torch.onnx writes a key's
-    transpose in attention so."""
+    (``[batch, 4, 17, 16]`` to ``[-1, 17, 16]``): carried unmerged (``value``, whose first
+    ``lead`` axes are the merged one) through Transposes that keep the merged axis first, until
+    a Reshape restores the leading axes. torch.onnx writes a key's transpose in attention so,
+    and the patterns claim the unmerged form. Any other use reads it flattened, its first
+    dimension the expression ``batch * 4`` (:func:`flat_shape`)."""
 
     value: Expr
     lead: int
 
 
 Value = Expr | ShapeValue | MergedValue
+
+
+def flat_shape(v: MergedValue) -> tuple:
+    """The shape of a MergedValue as ONNX sees it: the merged axes' product, then the rest."""
+    first = 1
+    for d in v.value.ty.shape[:v.lead]:
+        first = dims.mul(first, d)
+    return (first,) + tuple(v.value.ty.shape[v.lead:])
 
 # ops whose output row i depends only on row i of their (first) operands, translated on the
 # unmerged tensor: elementwise ops, products with a weight, normalisations over the last axes
@@ -120,27 +134,24 @@ _ROW_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Relu", "Gelu", "Tanh",
 
 def unmerged_lookup(where: str, node, lookup: Callable[[str], Value | None]):
     """A lookup that reads each MergedValue input of ``node`` unmerged, and the count of leading
-    axes the result keeps merged; an error where the op is not row-wise or its operands do not
-    broadcast over the merged axis alone."""
+    axes the result keeps merged; None where the op is not row-wise or its operands do not
+    broadcast over the merged axis alone (the node then reads its inputs flattened)."""
     if node.op_type not in _ROW_OPS or (node.op_type == "Gemm" and any(
             a.name == "transA" and a.i for a in node.attribute)):
-        raise FrontendError(f"{where}: an input was reshaped to [-1, ...] merging a symbolic dimension with others; "
-                            "dpl follows such a tensor only through row-wise ops (elementwise, MatMul/Gemm with a "
-                            "weight, normalisations) and back through Reshape")
-    for a in node.attribute:
-        if a.name == "axis" and a.i >= 0:
-            raise FrontendError(f"{where}: axis {a.i} counts from the axis that merges a symbolic dimension with others")
+        return None
+    if any(a.name == "axis" and a.i >= 0 for a in node.attribute):  # it counts from the merged axis
+        return None
     merged = {n: lookup(n) for n in node.input if n and isinstance(lookup(n), MergedValue)}
     leads = {(m.lead, tuple(m.value.ty.shape[:m.lead])) for m in merged.values()}
     if len(leads) != 1:
-        raise FrontendError(f"{where}: inputs merge different dimensions")
+        return None
     lead = next(iter(leads))[0]
     rank = next(iter(merged.values())).value.ty.ndim - lead + 1  # the rank torch sees
     for i, n in enumerate(node.input):
         v = lookup(n) if n else None
         weight = node.op_type in ("Gemm", "MatMul") and i == 1
         if n and n not in merged and hasattr(v, "ty") and v.ty.ndim >= rank and not weight:
-            raise FrontendError(f"{where}: input '{n}' of rank {v.ty.ndim} does not broadcast over the merged axis alone")
+            return None
 
     def read(name: str):
         v = lookup(name)
@@ -239,16 +250,16 @@ class NodeContext:
     def input(self, i: int) -> Expr:
         """Input ``i`` as a tensor expression."""
         v = self.value(i)
-        if isinstance(v, MergedValue):
-            raise self.error(f"input '{self.node.input[i]}' was reshaped to [-1, ...] merging a symbolic dimension with "
-                             "others; dpl follows such a tensor only through Transpose and back through Reshape")
+        if isinstance(v, MergedValue):  # the importer reads it flattened
+            return self.tensor_of(self.node.input[i], v)
         if isinstance(v, ShapeValue):
             if v.is_static:
-                return Constant(np.asarray(v.dims.astype(np.int64)))
+                return Constant(np.asarray(v.dims.astype(np.int64)).astype(dtypes.to_numpy(v.dtype)))
             raise self.error(
                 f"input '{self.node.input[i]}' is a shape with symbolic dimensions {v}, used here as data",
-                hint="dpl follows symbolic shapes only into Reshape, Expand and ConstantOfShape targets; "
-                     "give static sizes with from_onnx(..., shapes={...})",
+                hint="dpl computes on symbolic shapes at import (their arithmetic, and Reshape, Expand, "
+                     "ConstantOfShape and Range operands), not as data of run time; give static sizes with "
+                     "from_onnx(..., shapes={...})",
             )
         return self.tensor_of(self.node.input[i], v)
 
@@ -260,7 +271,7 @@ class NodeContext:
         expression); a FrontendError saying the value is computed at run time otherwise."""
         v = self.value(i)
         if isinstance(v, ShapeValue) and v.is_static:
-            return v.dims.astype(np.int64)
+            return v.dims.astype(np.int64).astype(dtypes.to_numpy(v.dtype))
         if isinstance(v, Constant):
             return np.asarray(v.value)
         raise self.error(
@@ -290,11 +301,11 @@ class NodeContext:
             raise self.error(f"{what} (input '{self.node.input[i]}') must hold numbers, got a tensor of {value.dtype}")
         return value
 
-    def dims_input(self, i: int, what: str) -> list[int | str]:
+    def dims_input(self, i: int, what: str) -> list[dims.Dim]:
         """A shape operand: constant ints, or a ShapeValue whose entries may be symbolic."""
         v = self.value(i)
         if isinstance(v, ShapeValue):
-            return [d if isinstance(d, str) else int(d) for d in v.dims.reshape(-1)]
+            return [d if isinstance(d, (str, dims.DimExpr)) else int(d) for d in v.dims.reshape(-1)]
         return self.ints_input(i, what)
 
     def output_used(self, i: int) -> bool:

@@ -22,9 +22,13 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
+from dpl.frontend import onnx_dims as shape_math
 from dpl.frontend import onnx_gather as gather
+from dpl.frontend import onnx_indexing as indexing
+from dpl.frontend import onnx_image
 from dpl.frontend import onnx_shapes as shapes
 from dpl.frontend.onnx_node import ONNX_DTYPES, NodeContext, ShapeValue, onnx_dtype_name
+from dpl.ir import dims
 from dpl.ir.expr import Constant, Expr
 from dpl.ir.types import TensorType
 
@@ -79,14 +83,14 @@ def _window(ctx: NodeContext, x: TensorType, kernel: list[int], what: str):
         raise ctx.error(f"kernel {kernel}, strides {strides} and dilations {dilations} must be positive and pads {pads} "
                         "not negative")
     spatial = x.shape[2:]
-    for axis, d in enumerate(spatial):
-        if isinstance(d, str):
-            raise ctx.error(f"spatial dimension '{d}' of the input must be static for {what}")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pads = [0] * (2 * n)
         for i in range(n):
-            out = -(-spatial[i] // strides[i])
-            total = max((out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - spatial[i], 0)
+            out = dims.floordiv(dims.add(spatial[i], strides[i] - 1), strides[i])  # ceil(size / stride)
+            total = dims.dmax(dims.add(dims.mul(dims.sub(out, 1), strides[i]), (kernel[i] - 1) * dilations[i] + 1 - spatial[i]), 0)
+            if not isinstance(total, int):  # a pad that depends on the symbolic size: no static attribute holds it
+                raise ctx.error(f"auto_pad {auto_pad} of the symbolic spatial dimension '{spatial[i]}' pads by {dims.text(total)}, "
+                                f"which depends on it; dpl's {what} pads are static")
             small, big = total // 2, total - total // 2
             pads[i], pads[i + n] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
     elif auto_pad == "VALID":
@@ -147,7 +151,11 @@ def _cast(ctx: NodeContext):
     dtype = ONNX_DTYPES[to]
     v = ctx.value(0)
     if isinstance(v, ShapeValue) and dtype in ("int64", "int32"):
-        return v
+        return ShapeValue(v.dims)
+    if isinstance(v, ShapeValue) and not v.is_static and dtype in ("float32", "float64"):
+        # a size as a float, as torch.onnx writes the bound of a float arange; exact for sizes
+        # below 2**24 (float32), and only Range and Cast read it (shape arithmetic refuses floats)
+        return ShapeValue(v.dims, dtype)
     x = ctx.input(0)
     return x if x.ty.dtype == dtype else ctx.emit("astype", x, dtype=dtype)
 
@@ -180,6 +188,55 @@ def _gelu(ctx: NodeContext):
 
 def _where(ctx: NodeContext):
     return ctx.emit("where", ctx.input(0), ctx.input(1), ctx.input(2))
+
+
+def _mod(ctx: NodeContext):
+    """``fmod=1``: C's fmod, the sign of the dividend (``mod``); ``fmod=0``: the sign of the
+    divisor (``floor_mod``), for floats from Mod-28 (onnx's reference computes NumPy's mod before
+    it too), a zero result with the divisor's sign as Mod-28 says. Integers over 0 give 0, as
+    dpl's integer ``divide`` does (the spec leaves it undefined)."""
+    fmod = ctx.attr("fmod", 0)
+    if fmod not in (0, 1):
+        raise ctx.unsupported("fmod", fmod, "0 and 1")
+    return _binary_of(ctx, "mod" if fmod else "floor_mod", ctx.input(0), ctx.input(1))
+
+
+def _rounding(op: str):
+    """Floor, Ceil, Round: an integer input (outside the spec's types) is its own rounding."""
+
+    def translate(ctx: NodeContext):
+        x = ctx.input(0)
+        return ctx.emit(op, x) if x.ty.dtype.startswith(("float", "bfloat")) else x
+
+    return translate
+
+
+def _softplus(ctx: NodeContext):
+    """ln(exp(x) + 1), as Relax's and torch's softplus with beta 1: x itself above 20, where
+    ln(1 + exp(-x)) is below float32's resolution of x (onnx's reference is NumPy's logaddexp)."""
+    return ctx.emit("nn.softplus", ctx.input(0), beta=1.0, threshold=20.0)
+
+
+def _hard_sigmoid_of(ctx: NodeContext, x: Expr, alpha: float, beta: float) -> Expr:
+    """max(0, min(1, alpha * x + beta)), computed as the spec writes it: a clip of a multiply-add."""
+    return ctx.emit("clip", ctx.emit("add", ctx.emit("multiply", x, ctx.scalar(alpha, x)), ctx.scalar(beta, x)),
+                    min=0.0, max=1.0)
+
+
+def _hard_sigmoid(ctx: NodeContext):
+    return _hard_sigmoid_of(ctx, ctx.input(0), ctx.attr("alpha", 0.2), ctx.attr("beta", 0.5))
+
+
+def _hard_swish(ctx: NodeContext):
+    """x * HardSigmoid(x) with alpha 1/6 and beta 0.5: the function body of the spec."""
+    x = ctx.input(0)
+    return ctx.emit("multiply", x, _hard_sigmoid_of(ctx, x, float(np.float32(1 / 6)), 0.5))
+
+
+def _mish(ctx: NodeContext):
+    """x * tanh(softplus(x)): the function body of the spec."""
+    x = ctx.input(0)
+    return ctx.emit("multiply", x, ctx.emit("tanh", _softplus(ctx)))
 
 
 # -- matrix products, softmax, normalisations -------------------------------------------------
@@ -371,8 +428,8 @@ def _trilu(ctx: NodeContext):
 
 
 def _range(ctx: NodeContext):
-    """A range of constants folds; a range to a symbolic length (``Range(0, Gather(Shape(x), 1),
-    1)``) is the ``arange`` op, which needs start 0 and delta 1."""
+    """A range of constants folds; a range with a symbolic bound (``Range(0, Gather(Shape(x), 1),
+    1)``, a bound computed from shapes) is the ``arange`` op, whose length is an expression."""
     bounds, dtype = [], None
     for i, what in enumerate(("start", "limit", "delta")):
         v = ctx.value(i)
@@ -380,13 +437,16 @@ def _range(ctx: NodeContext):
             if v.dims.ndim != 0:
                 raise ctx.error(f"{what} must be a scalar, got the shape {v}")
             d = v.dims[()]
-            bounds.append(d if isinstance(d, str) else int(d))
+            bounds.append(d if isinstance(d, (str, dims.DimExpr)) else int(d))
+            dtype = v.dtype if dtype is None else dtype
             continue
         value = ctx.constant(i, what)
         if value.size != 1:
             raise ctx.error(f"{what} must be a scalar, got shape {list(value.shape)}")
         bounds.append(value.item())
         dtype = dtypes.from_numpy(value.dtype)
+    if any(isinstance(b, (str, dims.DimExpr)) for b in bounds):  # a float range to a size: whole numbers as ints
+        bounds = [int(b) if isinstance(b, float) and b.is_integer() else b for b in bounds]
     start, end, step = bounds
     return ctx.emit("arange", start=start, end=end, step=step, dtype=dtype or "int64")
 
@@ -395,13 +455,13 @@ def _range(ctx: NodeContext):
 
 ONNX_OPS: dict[str, OnnxOp] = {
     # elementwise arithmetic (numpy broadcasting since version 7)
-    "Add": OnnxOp(_binary("add"), 7, 14),
-    "Sub": OnnxOp(_binary("subtract"), 7, 14),
-    "Mul": OnnxOp(_binary("multiply"), 7, 14),
-    "Div": OnnxOp(_binary("divide"), 7, 14),
+    "Add": OnnxOp(shape_math.binary(_binary("add")), 7, 14),
+    "Sub": OnnxOp(shape_math.binary(_binary("subtract")), 7, 14),
+    "Mul": OnnxOp(shape_math.binary(_binary("multiply")), 7, 14),
+    "Div": OnnxOp(shape_math.binary(_binary("divide")), 7, 14),
     "Pow": OnnxOp(_pow, 7, 15),
-    "Max": OnnxOp(_variadic("maximum"), 8, 13),
-    "Min": OnnxOp(_variadic("minimum"), 8, 13),
+    "Max": OnnxOp(shape_math.variadic(_variadic("maximum")), 8, 13),
+    "Min": OnnxOp(shape_math.variadic(_variadic("minimum")), 8, 13),
     "Equal": OnnxOp(_binary("equal"), 7, 19),
     "Less": OnnxOp(_binary("less"), 7, 13),
     "LessOrEqual": OnnxOp(_binary("less_equal"), 12, 16),
@@ -418,12 +478,23 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "Erf": OnnxOp(_unary("erf"), 9, 13),
     "Sin": OnnxOp(_unary("sin"), 7, 22),
     "Cos": OnnxOp(_unary("cos"), 7, 22),
-    "Neg": OnnxOp(_unary("negative"), 6, 13),
+    "Neg": OnnxOp(shape_math.negate(_unary("negative")), 6, 13),
     "Abs": OnnxOp(_unary("abs"), 6, 13),
     "Relu": OnnxOp(_unary("nn.relu"), 6, 14),
     "Gelu": OnnxOp(_gelu, 20, 20),
     "Clip": OnnxOp(_clip, 6, 13),
     "Cast": OnnxOp(_cast, 6, 24),
+    "Mod": OnnxOp(shape_math.mod(_mod), 10, 28),
+    "Floor": OnnxOp(_rounding("floor"), 6, 13),
+    "Ceil": OnnxOp(_rounding("ceil"), 6, 13),
+    "Round": OnnxOp(_rounding("round"), 11, 22),
+    "Sign": OnnxOp(_unary("sign"), 9, 13),
+    # activations, decomposed into the ops above (so they fuse as those do; HardSwish and Mish as
+    # the spec's function bodies), Softplus the op
+    "Softplus": OnnxOp(_softplus, 1, 22),
+    "HardSigmoid": OnnxOp(_hard_sigmoid, 6, 22),
+    "HardSwish": OnnxOp(_hard_swish, 14, 22),
+    "Mish": OnnxOp(_mish, 18, 22),
     # matrix products, softmax, normalisation
     "MatMul": OnnxOp(gather.matmul, 1, 13),
     "Gemm": OnnxOp(_gemm, 7, 13),
@@ -437,7 +508,7 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "ReduceSum": OnnxOp(_reduce("sum", 13), 1, 13),
     "ReduceMax": OnnxOp(_reduce("max", 18), 1, 20),
     "ReduceMin": OnnxOp(_reduce("min", 18), 1, 20),
-    "ReduceProd": OnnxOp(_reduce("prod", 18), 1, 18),
+    "ReduceProd": OnnxOp(shape_math.reduce_prod(_reduce("prod", 18)), 1, 18),
     # convolution and pooling (NCHW)
     "Conv": OnnxOp(_conv, 1, 22),
     "MaxPool": OnnxOp(_max_pool, 1, 22),
@@ -455,6 +526,8 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "Unsqueeze": OnnxOp(shapes.unsqueeze, 1, 24),
     "Squeeze": OnnxOp(shapes.squeeze, 1, 24),
     "Expand": OnnxOp(shapes.expand, 8, 13),
+    "Pad": OnnxOp(shapes.pad, 2, 25),
+    "Tile": OnnxOp(shapes.tile, 6, 13),
     "Shape": OnnxOp(shapes.shape_of, 1, 24),
     "Size": OnnxOp(shapes.size_of, 1, 24),
     "Constant": OnnxOp(shapes.constant, 1, 24),
@@ -467,10 +540,19 @@ ONNX_OPS: dict[str, OnnxOp] = {
     "Or": OnnxOp(gather.logical("maximum"), 7, 7),
     "Xor": OnnxOp(gather.logical("not_equal"), 7, 7),
     "Not": OnnxOp(gather.logical_not, 1, 1),
-    "GatherND": OnnxOp(gather.gather_nd, 12, 13),
+    "GatherND": OnnxOp(gather.gather_nd, 11, 13),
     "GatherElements": OnnxOp(gather.gather_elements, 11, 13),
     "CumSum": OnnxOp(gather.cumsum, 11, 14),
     # masks and ranges
     "Trilu": OnnxOp(_trilu, 14, 14),
     "Range": OnnxOp(_range, 11, 11),
+    # indexing, scattering and sorting (onnx_indexing.py)
+    "ArgMax": OnnxOp(indexing.arg_extreme("argmax"), 1, 13),
+    "ArgMin": OnnxOp(indexing.arg_extreme("argmin"), 1, 13),
+    "TopK": OnnxOp(indexing.topk, 1, 11),
+    "ScatterND": OnnxOp(indexing.scatter_nd, 11, 18),
+    "ScatterElements": OnnxOp(indexing.scatter_elements, 11, 18),
 }
+
+# interpolation, transposed convolution, group and instance norm, norms of vectors: onnx_image.py
+ONNX_OPS.update({op: OnnxOp(fn, first, last) for op, (fn, first, last) in onnx_image.TABLE.items()})

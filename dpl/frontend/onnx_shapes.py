@@ -1,6 +1,6 @@
 """ONNX translations of data movement, shape arithmetic and constants: Reshape, Flatten,
-Transpose, Concat, Split, Slice, Gather, Unsqueeze/Squeeze, Expand, Shape, Size, Constant,
-ConstantOfShape, Identity, Dropout. Their entries are in :data:`dpl.frontend.onnx_ops.ONNX_OPS`.
+Transpose, Concat, Split, Slice, Gather, Unsqueeze/Squeeze, Expand, Pad, Tile, Shape, Size,
+Constant, ConstantOfShape, Identity, Dropout. Their entries are in :data:`dpl.frontend.onnx_ops.ONNX_OPS`.
 
 Several of them also compute on :class:`~dpl.frontend.onnx_node.ShapeValue`s, which is how a
 ``Shape -> Gather -> Concat -> Reshape`` chain over a symbolic batch folds into one reshape.
@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from dpl.frontend.onnx_node import MergedValue, NodeContext, ShapeValue
+from dpl.frontend.onnx_node import MergedValue, NodeContext, ShapeValue, flat_shape
+from dpl.ir import dims
 from dpl.ir.expr import Constant, TupleGetItem
 
 
@@ -22,6 +23,8 @@ def reshape(ctx: NodeContext):
     v = ctx.value(0)
     if isinstance(v, MergedValue):
         return _unmerge(ctx, v, shape)
+    if isinstance(v, ShapeValue):  # shape arithmetic: Reshape(Mul(batch, 4), [-1])
+        return _reshape_shape(ctx, v, shape, allowzero)
     x = ctx.input(0)
     merged = _merge(x, shape)
     if merged is not None:
@@ -37,8 +40,42 @@ def reshape(ctx: NodeContext):
             out.append(dims[i])
         else:
             out.append(d)
-    y = ctx.emit("reshape", x, shape=tuple(out))
+    y = ctx.emit("reshape", x, shape=_known(x.ty.shape, out))
     return x if y.ty == x.ty else y
+
+
+def _known(have, shape) -> tuple:
+    """``shape`` with its -1 worked out where ``have`` is symbolic: the dims both hold cancel
+    (``[batch, -1]`` of ``[batch, n * 2, 4]`` is ``[batch, n * 8]``), and what is left of the
+    input divides exactly by what is left of the target. Unchanged where that fails: the
+    reshape says why."""
+    if -1 not in shape or all(isinstance(d, int) for d in have):
+        return tuple(shape)
+    rest, known = list(have), []
+    for d in shape:
+        if d == -1:
+            continue
+        if d in rest:
+            rest.remove(d)
+        else:
+            known.append(d)
+    total, divisor = _dims_product(rest), _dims_product(known)
+    if divisor == 0:
+        return tuple(shape)
+    quotient = dims.floordiv(total, divisor)
+    if not dims.provably_equal(dims.mul(quotient, divisor), total):
+        return tuple(shape)
+    return tuple(quotient if d == -1 else d for d in shape)
+
+
+def _reshape_shape(ctx: NodeContext, v: ShapeValue, shape, allowzero: bool) -> ShapeValue:
+    if any(not isinstance(d, int) for d in shape):
+        raise ctx.error(f"reshapes the shape {v} to the symbolic {shape}; dpl reshapes a shape to a constant shape")
+    target = [v.dims.shape[i] if d == 0 and not allowzero and i < v.dims.ndim else d for i, d in enumerate(shape)]
+    try:
+        return ShapeValue(v.dims.reshape(target), v.dtype)
+    except ValueError:
+        raise ctx.error(f"cannot reshape the shape {v} to {shape}") from None
 
 
 def _merge(x, shape):
@@ -50,7 +87,7 @@ def _merge(x, shape):
     k = x.ty.ndim - len(rest)
     if k >= 2 and tuple(x.ty.shape[k:]) == rest:
         return None if all(isinstance(d, int) for d in x.ty.shape[:k]) else MergedValue(x, k)
-    if any(isinstance(d, str) for d in rest):
+    if any(not isinstance(d, int) for d in rest):
         return None
     # the trailing axes are regrouped too ([2, seq, 4, 16] to [-1, 64]): regroup them first
     for k in range(2, x.ty.ndim):
@@ -73,7 +110,7 @@ def _unmerge(ctx: NodeContext, v: MergedValue, shape):
         return MergedValue(ctx.emit("reshape", x, shape=lead + rest), v.lead)
     if merged is not None:
         return merged
-    return ctx.emit("reshape", x, shape=tuple(shape))
+    return ctx.emit("reshape", x, shape=_known(x.ty.shape, shape))
 
 
 def flatten(ctx: NodeContext):
@@ -83,27 +120,21 @@ def flatten(ctx: NodeContext):
     if not -len(shape) <= axis <= len(shape):
         raise ctx.error(f"axis {axis} is out of range for an input of rank {len(shape)}")
     axis = axis + len(shape) if axis < 0 else axis
-    head, tail = _dims_product(shape[:axis]), _dims_product(shape[axis:])
-    if head is None and tail is None:
-        raise ctx.error(f"cannot flatten {x.ty} at axis {axis}: both sides hold several symbolic dimensions")
-    return ctx.emit("reshape", x, shape=(-1 if head is None else head, -1 if tail is None else tail))
+    return ctx.emit("reshape", x, shape=(_dims_product(shape[:axis]), _dims_product(shape[axis:])))
 
 
-def _dims_product(dims):
-    """The product of dims as one dim (an int, or a lone symbolic name), or None."""
-    syms = [d for d in dims if isinstance(d, str)]
-    n = math.prod(d for d in dims if isinstance(d, int))
-    if not syms:
-        return n
-    return syms[0] if len(syms) == 1 and n == 1 else None
+def _dims_product(shape):
+    """The product of dims as one dim (an int, a symbol or an expression, :mod:`dpl.ir.dims`)."""
+    out = 1
+    for d in shape:
+        out = dims.mul(out, d)
+    return out
 
 
 def transpose(ctx: NodeContext):
     v = ctx.value(0)
-    if isinstance(v, MergedValue):
+    if isinstance(v, MergedValue) and list(ctx.attr("perm"))[0] == 0:  # else it moves the merged axis: flattened
         perm = list(ctx.attr("perm"))
-        if perm[0] != 0:
-            raise ctx.error(f"perm {perm} moves the axis that merges a symbolic dimension with others")
         k = v.lead
         axes = tuple(range(k)) + tuple(p + k - 1 for p in perm[1:])
         return MergedValue(ctx.emit("permute_dims", v.value, axes=axes), k)
@@ -123,7 +154,8 @@ def concat(ctx: NodeContext):
     if any(isinstance(v, ShapeValue) for v in values):
         parts = [v.dims if isinstance(v, ShapeValue) else np.asarray(ctx.constant(i, "a shape part")).astype(object)
                  for i, v in enumerate(values)]
-        return ShapeValue(np.concatenate([p.reshape(-1) for p in parts]))
+        dtype = next(v.dtype for v in values if isinstance(v, ShapeValue))  # ONNX's Concat parts share one
+        return ShapeValue(np.concatenate([p.reshape(-1) for p in parts]), dtype)
     args = ctx.inputs()
     ndim = args[0].ty.ndim
     return ctx.emit("concat", args, axis=ctx.axis(axis, ndim))
@@ -142,11 +174,11 @@ def split(ctx: NodeContext):
     else:
         if ctx.version >= 18 and ctx.attr("num_outputs", count) != count:
             raise ctx.error(f"num_outputs {ctx.attr('num_outputs')} differs from the node's {count} outputs")
-        if isinstance(size, str):
+        if not isinstance(size, int):
             raise ctx.error(f"cannot split symbolic dimension '{size}'")
         step = -(-size // count)
         sizes = [min(step, size - i * step) for i in range(count)]
-    if isinstance(size, str) or sum(sizes) != size or len(sizes) != len(ctx.node.output) or min(sizes) < 0:
+    if not isinstance(size, int) or sum(sizes) != size or len(sizes) != len(ctx.node.output) or min(sizes) < 0:
         raise ctx.error(f"split sizes {sizes} do not cut dimension {axis} of {x.ty} into {len(ctx.node.output)} outputs")
     points = tuple(int(p) for p in np.cumsum(sizes)[:-1])
     tup = ctx.emit("split", x, indices_or_sections=points, axis=axis)
@@ -169,11 +201,11 @@ def slice_tensor(ctx: NodeContext):
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length")
     if isinstance(v, ShapeValue):
-        if any(isinstance(e, str) for e in ends):
+        if any(not isinstance(e, int) for e in ends):
             raise ctx.error(f"ends {ends} of a slice of a shape must be constant")
         if len(axes) != 1 or ctx.axis(axes[0], 1) != 0:
             raise ctx.error(f"axes {axes} do not fit a shape vector, which has one axis")
-        return ShapeValue(v.dims[slice(starts[0], ends[0], steps[0])])
+        return ShapeValue(v.dims[slice(starts[0], ends[0], steps[0])], v.dtype)
     x = ctx.input(0)
     shape = x.ty.shape
     keep = ([], [], [], [])
@@ -182,7 +214,7 @@ def slice_tensor(ctx: NodeContext):
         if s == 0:
             raise ctx.error("steps must not be 0")
         size = shape[a]
-        if isinstance(e, str):  # x[:seq] for a symbolic seq: its length is the dimension
+        if not isinstance(e, int):  # x[:seq] for a symbolic seq: its length is the dimension
             if e == size and b == 0 and s == 1:
                 continue
             if b != 0 or s != 1:
@@ -190,7 +222,7 @@ def slice_tensor(ctx: NodeContext):
             for lst, val in zip(keep, (a, b, e, s)):
                 lst.append(val)
             continue
-        if isinstance(size, str):
+        if not isinstance(size, int):
             if b == 0 and s == 1 and e >= _INT_MAX:
                 continue  # the whole symbolic axis
             raise ctx.error(f"cannot slice symbolic dimension '{size}' (axis {a}) with start {b}, end {e}, step {s}")
@@ -210,7 +242,7 @@ def gather(ctx: NodeContext):
     axis = ctx.attr("axis", 0)
     if isinstance(v, ShapeValue):
         idx = ctx.constant(1, "indices")
-        return ShapeValue(np.asarray(np.take(v.dims, idx, axis=ctx.axis(axis, 1)), dtype=object))
+        return ShapeValue(np.asarray(np.take(v.dims, idx, axis=ctx.axis(axis, 1)), dtype=object), v.dtype)
     x, idx = ctx.input(0), ctx.input(1)
     a = ctx.axis(axis, x.ty.ndim)
     size = x.ty.shape[a]
@@ -225,7 +257,7 @@ def unsqueeze(ctx: NodeContext):
     axes = ctx.ints_input(1, "axes") if ctx.version >= 13 else list(ctx.attr("axes"))
     v = ctx.value(0)
     if isinstance(v, ShapeValue):
-        return ShapeValue(np.expand_dims(v.dims, tuple(a % (v.dims.ndim + len(axes)) for a in axes)))
+        return ShapeValue(np.expand_dims(v.dims, tuple(a % (v.dims.ndim + len(axes)) for a in axes)), v.dtype)
     x = ctx.input(0)
     ndim = x.ty.ndim + len(axes)
     return ctx.emit("expand_dims", x, axis=tuple(sorted(ctx.axis(a, ndim) for a in axes)))
@@ -238,7 +270,7 @@ def squeeze(ctx: NodeContext):
         axes = ctx.attr("axes", None)
     v = ctx.value(0)
     if isinstance(v, ShapeValue):
-        return ShapeValue(np.squeeze(v.dims, None if axes is None else tuple(axes)))
+        return ShapeValue(np.squeeze(v.dims, None if axes is None else tuple(axes)), v.dtype)
     x = ctx.input(0)
     axis = None if axes is None else tuple(sorted(ctx.axis(a, x.ty.ndim) for a in axes))
     return ctx.emit("squeeze", x, axis=axis)
@@ -262,22 +294,84 @@ def expand(ctx: NodeContext):
     return x if tuple(out) == x.ty.shape else ctx.emit("broadcast_to", x, shape=tuple(out))
 
 
+# ONNX's pad modes as Relax names them
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+
+def pad(ctx: NodeContext):
+    """``nn.pad``: ONNX's pads are all the begins then all the ends, over every axis or over
+    ``axes`` (Pad-18); dpl's pad_width is a (before, after) pair per axis. Before Pad-11 the pads
+    and the value are attributes; from it, constant inputs (an initializer, a Constant node, a
+    folded expression). A negative pad crops."""
+    x = ctx.input(0)
+    ndim = x.ty.ndim
+    mode = ctx.attr("mode", "constant")
+    if mode not in _PAD_MODES:  # wrap is Pad-19's, and torch.onnx writes it at opset 18 as well
+        raise ctx.unsupported("mode", mode, "constant, reflect, edge and wrap")
+    if ctx.version < 11:
+        pads, value = list(ctx.attr("pads")), ctx.attr("value", 0.0)
+    else:
+        pads = ctx.ints_input(1, "pads")
+        value = ctx.scalar_input(2, "constant_value") if ctx.has_input(2) else 0
+    axes = list(range(ndim))
+    if ctx.version >= 18 and ctx.has_input(3):
+        given = ctx.ints_input(3, "axes")
+        axes = [ctx.axis(a, ndim, "axes") for a in given]
+        if len(set(axes)) != len(axes):
+            raise ctx.error(f"axes {given} repeat an axis")
+    if len(pads) != 2 * len(axes):
+        raise ctx.error(f"pads {pads} must hold a begin and an end for each of the {len(axes)} padded axes")
+    widths = [0] * (2 * ndim)
+    for k, axis in enumerate(axes):
+        widths[2 * axis], widths[2 * axis + 1] = pads[k], pads[k + len(axes)]
+    if not any(widths):
+        return x
+    if mode != "constant" or x.ty.dtype.startswith(("float", "bfloat")):
+        value = float(value)  # one spelling of the default (0.0) for the text form
+    return ctx.emit("nn.pad", x, pad_width=tuple(widths), pad_mode=_PAD_MODES[mode],
+                    pad_value=value if mode == "constant" else 0.0)
+
+
+def tile(ctx: NodeContext):
+    """``Tile``: each axis repeated, as ``broadcast_to`` over an interleaved unit axis and a
+    ``reshape`` merging each pair (as torch's ``repeat`` comes in); a symbolic axis ``n``
+    repeated r times is ``n * r``."""
+    x = ctx.input(0)
+    reps = ctx.ints_input(1, "repeats")
+    if len(reps) != x.ty.ndim or min(reps, default=0) < 0:
+        raise ctx.error(f"repeats {reps} must hold one count of at least 0 for each of the {x.ty.ndim} axes")
+    if all(r == 1 for r in reps):
+        return x
+    shape = list(x.ty.shape)
+    final = []
+    for r, d in zip(reps, shape):
+        final.append(dims.mul(r, d))
+    pairs = ctx.emit("expand_dims", x, axis=tuple(2 * i for i in range(len(shape))))
+    tiled = ctx.emit("broadcast_to", pairs, shape=tuple(v for r, d in zip(reps, shape) for v in (r, d)))
+    return ctx.emit("reshape", tiled, shape=tuple(final))
+
+
 def shape_of(ctx: NodeContext):
     x = ctx.value(0)
-    dims = list(x.dims.shape) if isinstance(x, ShapeValue) else list(ctx.input(0).ty.shape)
+    if isinstance(x, ShapeValue):
+        shape = list(x.dims.shape)
+    else:
+        shape = list(flat_shape(x) if isinstance(x, MergedValue) else ctx.input(0).ty.shape)
     start = ctx.attr("start", 0) if ctx.version >= 15 else 0
-    end = ctx.attr("end", len(dims)) if ctx.version >= 15 else len(dims)
-    dims = dims[slice(start, end)]
-    if all(isinstance(d, int) for d in dims):
-        return Constant(np.asarray(dims, dtype=np.int64))
-    return ShapeValue(np.asarray(dims, dtype=object))
+    end = ctx.attr("end", len(shape)) if ctx.version >= 15 else len(shape)
+    shape = shape[slice(start, end)]
+    if all(isinstance(d, int) for d in shape):
+        return Constant(np.asarray(shape, dtype=np.int64))
+    return ShapeValue(np.asarray(shape, dtype=object))
 
 
 def size_of(ctx: NodeContext):
-    shape = ctx.input(0).ty.shape
-    if any(isinstance(d, str) for d in shape):
-        raise ctx.error(f"the size of a tensor with symbolic dimensions {list(shape)} is not known at import time")
-    return Constant(np.asarray(math.prod(shape), dtype=np.int64))
+    v = ctx.value(0)
+    shape = flat_shape(v) if isinstance(v, MergedValue) else ctx.input(0).ty.shape
+    size = _dims_product(shape)
+    if not isinstance(size, int):  # a symbolic element count: shape arithmetic
+        return ShapeValue(np.asarray(size, dtype=object))
+    return Constant(np.asarray(size, dtype=np.int64))
 
 
 def constant(ctx: NodeContext):

@@ -34,8 +34,10 @@ of this one, which torch.export could not return anyway. The model's other outpu
 Symbolic shapes. A ``torch.export.Dim("seq")`` in ``dynamic_shapes`` becomes the symbolic
 dimension ``"seq"`` of the dpl parameter (any other dynamic dimension keeps torch's symbol
 name, ``s27``). Torch's bounds (``min``/``max``) have no place in dpl's types and are dropped.
-A dimension that is an expression of symbols (``2*seq``) cannot be written in a dpl type and is
-an error naming where it appears. Where torch cannot prove a guard on a named Dim ("Constraints
+A dimension that is an expression of symbols (``2*seq``, ``(n - 3)//2 + 1``, ``Min(n, 64)``) is
+the same expression over the Dim names in dpl (:mod:`dpl.ir.dims`, via
+:mod:`dpl.frontend.torch_dims`); a part no dim expression holds (a true division) is an error
+naming it. Where torch cannot prove a guard on a named Dim ("Constraints
 violated"), dpl exports again with that guard deferred to a runtime assert and proves it
 itself, with a warning; a guard that does not hold over the Dim's range stays an error naming
 the Dim and the guard (:mod:`dpl.frontend.torch_guards`).
@@ -321,12 +323,18 @@ def _translated_as_is(program, table) -> bool:
 
 
 def _dim_names(model, args, kwargs, dynamic_shapes, program) -> dict[str, str]:
-    """torch's shape symbols -> the names of the ``torch.export.Dim`` objects the user gave."""
+    """torch's shape symbols -> the names of the ``torch.export.Dim`` objects the user gave (of
+    the root Dim, for a derived one such as ``4 * k``, whose axis torch sizes ``4*s6``)."""
     torch = import_torch()
     names: dict[str, str] = {}
     for dim, size in _named_axes(model, args, kwargs, dynamic_shapes, program):
-        if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
-            names.setdefault(str(size.node.expr), sanitize(dim.__name__))
+        if not isinstance(size, torch.SymInt):
+            continue
+        expr, root = size.node.expr, getattr(dim, "root", None)
+        if expr.is_Symbol:
+            names.setdefault(str(expr), sanitize(dim.__name__))
+        elif root is not None and len(expr.free_symbols) == 1 and getattr(root, "__name__", None):
+            names.setdefault(str(next(iter(expr.free_symbols))), sanitize(root.__name__))
     return names
 
 

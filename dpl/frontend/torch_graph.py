@@ -22,6 +22,8 @@ from dpl import dtypes
 from dpl.errors import DplError, Span
 from dpl.frontend import torch_merged
 from dpl.frontend.errors import FrontendError, short_path, unsupported_ops
+from dpl.frontend.torch_dims import sympy_dim
+from dpl.ir import dims
 from dpl.ir.builder import FunctionBuilder, const
 from dpl.ir.expr import Call, Constant, Expr, Module, Tuple, TupleGetItem, Var, replace
 from dpl.ir.types import TensorType
@@ -188,6 +190,7 @@ class GraphImporter:
         self.names: set[str] = set()
         self.torch = import_torch()
         self.weights: dict[str, np.ndarray] = {}
+        self.flat: dict[Any, Var] = {}  # fx node of a Merged value -> its reshape to torch's shape
 
     # -- metadata conversions
     def dtype(self, torch_dtype) -> str:
@@ -197,7 +200,8 @@ class GraphImporter:
         return TORCH_DTYPES[name]
 
     def dim(self, value, where: str):
-        """An int, a SymInt or a node holding one -> a dpl dimension (int or symbol name)."""
+        """An int, a SymInt or a node holding one -> a dpl dimension: an int, a symbol name, or
+        an expression over them (``256*s99`` as ``batch * 256``, :mod:`dpl.frontend.torch_dims`)."""
         torch = import_torch()
         if hasattr(value, "meta"):
             value = value.meta.get("val")
@@ -209,13 +213,12 @@ class GraphImporter:
             expr = value.node.expr
             if expr.is_Integer:
                 return int(expr)
-            if expr.is_Symbol:
-                return self.dim_names.get(str(expr), sanitize(str(expr)))
-            shown = expr.xreplace({s: type(s)(self.dim_names[str(s)]) for s in expr.free_symbols if str(s) in self.dim_names})
-            raise FrontendError(f"{where} is the expression {shown} of symbolic dimensions, which a dpl type cannot hold",
-                                hint="give each dynamic dimension of the inputs its own torch.export.Dim, and keep "
-                                     "reshapes from merging a symbolic dimension with another")
+            return sympy_dim(expr, self.symbol, where)
         raise FrontendError(f"{where}: expected a dimension, got {value!r}")
+
+    def symbol(self, name: str) -> str:
+        """The dpl name of torch's shape symbol ``name``: the user's Dim name, else torch's."""
+        return self.dim_names.get(name, sanitize(name))
 
     def tensor_type(self, meta, where: str) -> TensorType:
         torch = import_torch()
@@ -371,7 +374,7 @@ class GraphImporter:
         if hasattr(arg, "op") and hasattr(arg, "meta"):  # an fx Node
             value = self.env[arg]
             if isinstance(value, torch_merged.Merged):
-                raise FrontendError(f"'{arg.name}' is a tensor whose symbolic dimension torch merged with others")
+                return torch_merged.flatten(self, arg)
             torch = import_torch()
             if isinstance(value, torch.SymInt):
                 return self.dim(value, f"size '{arg.name}'")
@@ -391,8 +394,10 @@ class GraphImporter:
         except DplError as err:
             raise self.error(node, err.message, err.hint) from None
 
-    def bind(self, result, node):
-        """Bind what a translation returned: nested calls in order, named after the node."""
+    def bind(self, result, node, check: bool = True):
+        """Bind what a translation returned: nested calls in order, named after the node; its
+        type is checked against torch's unless ``check`` is false (an unmerged value,
+        :mod:`dpl.frontend.torch_merged`)."""
         if isinstance(result, (tuple, list)):
             return tuple(result)  # bound item by item when a getitem uses it
         if isinstance(result, Unavailable):
@@ -423,7 +428,8 @@ class GraphImporter:
             return var
 
         var = visit(result, True)
-        self.check_type(var, node)
+        if check:
+            self.check_type(var, node)
         return var
 
     def check_type(self, value: Expr, node) -> None:
@@ -437,8 +443,24 @@ class GraphImporter:
             want = self.tensor_type(meta, "")
         except FrontendError:
             return  # a shape dpl cannot write; the ops that use it will say so
-        if want != value.ty:
+        if want != value.ty and not self._same_at_example(want, value.ty, meta):
             raise FrontendError(f"translated to {value.ty}, but torch computes {want} (a bug in the translation)")
+
+    def _same_at_example(self, want: TensorType, have: TensorType, meta) -> bool:
+        """Whether two types differ only in dim expressions that agree at the sizes torch
+        exported with: torch simplifies with what it knows of its symbols' ranges (``Max(1, n)``
+        is ``n`` for ``n >= 2``), dpl only that they are >= 0, so equal sizes may be written
+        differently."""
+        if want.dtype != have.dtype or len(want.shape) != len(have.shape):
+            return False
+        shape_env = next((d.node.shape_env for d in meta.shape if isinstance(d, self.torch.SymInt)), None)
+        if shape_env is None:
+            return False
+        example = {self.symbol(str(k)): int(v) for k, v in shape_env.var_to_val.items()}
+        try:
+            return all(a == b or dims.evaluate(a, example) == dims.evaluate(b, example) for a, b in zip(want.shape, have.shape))
+        except dims.DimError:
+            return False
 
     def check_pure(self) -> None:
         """A model that updates its state (BatchNorm's statistics in training mode, an in-place
@@ -457,6 +479,8 @@ class GraphImporter:
         values = []
         for i, arg in enumerate(node.args[0]):
             value = self.env.get(arg) if hasattr(arg, "op") else arg
+            if isinstance(value, torch_merged.Merged):
+                value = torch_merged.flatten(self, arg)
             if not hasattr(value, "ty"):
                 raise FrontendError(f"output {i} of the model is {value!r}, not a tensor; dpl functions return tensors")
             values.append(value)

@@ -1,22 +1,23 @@
 """Reshapes that merge a symbolic dimension with others, as Hugging Face code writes them:
 GPT-2's ``Conv1D`` computes ``addmm(b, x.view(-1, x.size(-1)), w).view(b, seq, n)`` and OPT's
 decoder layer runs its MLP on ``hidden_states.reshape(-1, hidden)``. Torch's dimension there is
-``2*seq``, an expression no dpl type can hold.
+``2*seq``.
 
 Such a value is carried as :class:`Merged`: the tensor as it was before the merge (``[2, seq,
 64]``), with the count of leading axes torch merged into its first. The ops that act row by
 row (elementwise arithmetic, linear layers, normalisations over the last axes, casts) are
 translated on the unmerged tensor, giving a Merged again; a reshape that restores the leading
-axes (``view(b, seq, n)``) ends it. Any other op meeting a Merged value is an error naming it.
+axes (``view(b, seq, n)``) ends it. Any other op meeting a Merged value, and a model output,
+reads it flattened (:func:`flatten`): reshaped to torch's shape, whose first dimension is the
+expression ``seq * 2``, as a dpl type holds it since dims are expressions (:mod:`dpl.ir.dims`).
+The unmerged form stays the first choice: the patterns of ``llm.dpl`` claim a linear layer on
+``[2, seq, 64]``, and a reshape of a symbolic input is Opaque to FuseOps.
 """
 
 from __future__ import annotations
 
-
-
 import attrs
 
-from dpl.frontend.errors import FrontendError
 from dpl.ir.expr import Expr
 
 # view-like ops: they start, keep or end a merge
@@ -77,14 +78,13 @@ def translate(importer, node, translate_fn, invoke, context):
     source = importer.env.get(node.args[0]) if node.args and hasattr(node.args[0], "op") else None
     if name in VIEWS:
         return _view(importer, node, meta, source)
-    if name not in ROW_OPS:
-        raise FrontendError(f"{name} takes a tensor whose symbolic dimension torch merged with others "
-                            "(a reshape to [-1, ...]); dpl follows such a tensor only through row-wise ops",
-                            hint="keep the leading dimensions (x.view(*x.shape[:-1], n)) or make them static")
-    leads = {importer.env[a].lead for a in _tensors(node.args) if isinstance(importer.env.get(a), Merged)}
+    leads = {_lead_key(importer.env[a]) for a in _tensors(node.args) if isinstance(importer.env.get(a), Merged)}
     firsts = [importer.env[a] for a in _tensors(node.args) if isinstance(importer.env.get(a), Merged)]
-    if len(leads) != 1 or not _merged_first(importer, meta):
-        raise FrontendError(f"{name} mixes tensors merged differently")
+    if name not in ROW_OPS or len(leads) != 1 or not _merged_first(importer, meta):
+        # not row-wise, or operands merged differently: the op reads them flattened
+        args = [importer.value(a) for a in node.args]
+        kwargs = {k: importer.value(v) for k, v in node.kwargs.items()}
+        return importer.bind(invoke(translate_fn, context(importer, node), args, kwargs), node)
     first = firsts[0]
     lead_dims = tuple(first.value.ty.shape[:first.lead])
     unmerged = {a: importer.env[a] for a in _tensors(node.args)}
@@ -94,7 +94,23 @@ def translate(importer, node, translate_fn, invoke, context):
     args = [_value(importer, a, swapped) for a in node.args]
     kwargs = {k: _value(importer, v, swapped) for k, v in node.kwargs.items()}
     result = invoke(translate_fn, cx, args, kwargs)
-    return Merged(importer.bind(result, node), first.lead)
+    return Merged(importer.bind(result, node, check=False), first.lead)
+
+
+def _lead_key(m: Merged) -> tuple:
+    return tuple(m.value.ty.shape[:m.lead])
+
+
+def flatten(importer, arg):
+    """The Merged value of fx node ``arg`` reshaped to torch's shape of it (its first dimension
+    the product of the merged axes), bound once and reused."""
+    var = importer.flat.get(arg)
+    if var is None:
+        m = importer.env[arg]
+        shape = importer.tensor_type(arg.meta.get("val"), f"the result of node '{arg.name}'").shape
+        var = importer.fb.bind(_reshape(m.value, shape), importer.unique(f"{arg.name}_flat"))
+        importer.flat[arg] = var
+    return var
 
 
 def _value(importer, arg, swapped):
@@ -113,15 +129,21 @@ def _view(importer, node, meta, source):
         if not _merged_first(importer, meta):  # the leading axes come back: a plain reshape
             shape = importer.tensor_type(meta, f"the result of node '{node.name}'").shape
             return importer.bind(_reshape(x, shape), node)
-        rest = tuple(importer.dim(d, f"dimension of node '{node.name}'") for d in meta.shape[1:])
-        shape = tuple(x.ty.shape[:source.lead]) + rest
-        return Merged(importer.bind(_reshape(x, shape), node), source.lead)
-    x = importer.env[node.args[0]]
+        first = importer.dim(meta.shape[0], f"dimension 0 of node '{node.name}'")
+        if first == _product(x.ty.shape[:source.lead]):  # the same axes stay merged
+            rest = tuple(importer.dim(d, f"dimension of node '{node.name}'") for d in meta.shape[1:])
+            shape = tuple(x.ty.shape[:source.lead]) + rest
+            return Merged(importer.bind(_reshape(x, shape), node, check=False), source.lead)
+        x = flatten(importer, node.args[0])
+    else:
+        x = importer.env[node.args[0]]
     rest = tuple(importer.dim(d, f"dimension of node '{node.name}'") for d in meta.shape[1:])
     k = x.ty.ndim - len(rest)
     if k < 2 or tuple(x.ty.shape[k:]) != rest or not _same_product(importer, node.args[0].meta["val"].shape[:k], meta.shape[0]):
-        raise FrontendError(f"node '{node.name}' reshapes {x.ty} to a first dimension {meta.shape[0]} that merges symbolic "
-                            "dimensions with others in a way dpl cannot follow")
+        # a merge the unmerged form cannot follow (batch with channels, 256 * batch): a plain
+        # reshape, to torch's shape with its expression
+        shape = importer.tensor_type(meta, f"the result of node '{node.name}'").shape
+        return importer.bind(_reshape(x, shape), node)
     assert isinstance(x.ty, TensorType)
     return Merged(x, k)
 
@@ -133,6 +155,15 @@ def _same_product(importer, dims, merged) -> bool:
     product = math.prod(dims)
     expr = product.node.expr if isinstance(product, torch.SymInt) else product
     return bool((expr - merged.node.expr) == 0) or str(expr) == str(merged.node.expr)
+
+
+def _product(shape) -> object:
+    from dpl.ir import dims
+
+    out = 1
+    for d in shape:
+        out = dims.mul(out, d)
+    return out
 
 
 def _reshape(x, shape):

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from dpl.frontend.errors import FrontendError
+from dpl.frontend import torch_image
 
 ATEN_OPS: dict[str, Callable] = {}
 
@@ -242,6 +243,115 @@ def _leaky_relu(cx, self, negative_slope=0.01):
     x, dtype = cx.tensor(self), cx.out_dtype
     positive = cx.call("greater", x, cx.scalar(0, dtype))
     return cx.call("where", positive, x, cx.call("multiply", x, cx.scalar(negative_slope, dtype)))
+
+
+aten("log1p.default")(_unary("log1p"))
+aten("expm1.default")(_unary("expm1"))
+
+
+# -- remainders, roundings, sign ---------------------------------------------------------------
+
+
+def _remainder(dpl_op: str):
+    """``fmod`` truncates (``mod``), ``remainder`` floors (``floor_mod``). Integers over 0 give 0,
+    as dpl's integer ``divide`` does, where torch's CPU kernels raise ZeroDivisionError."""
+
+    def translate(cx, self, other):
+        dtype = cx.out_dtype
+        return cx.call(dpl_op, cx.operand(self, dtype), cx.operand(other, dtype))
+
+    return translate
+
+
+aten("fmod.Tensor", "fmod.Scalar")(_remainder("mod"))
+aten("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")(_remainder("floor_mod"))
+
+
+def _is_float(x) -> bool:
+    return x.ty.dtype.startswith(("float", "bfloat"))
+
+
+def _rounding(dpl_op: str):
+    """floor, ceil, trunc and round (half to even): torch rounds an integer to itself."""
+
+    def translate(cx, self):
+        x = cx.tensor(self)
+        return cx.call(dpl_op, x) if _is_float(x) else x
+
+    return translate
+
+
+for _name, _op in [("floor", "floor"), ("ceil", "ceil"), ("trunc", "trunc"), ("fix", "trunc"), ("round", "round")]:
+    aten(f"{_name}.default")(_rounding(_op))
+
+
+@aten("round.decimals")
+def _round_decimals(cx, self, *, decimals=0):
+    """torch's: x * 10^d rounded, divided by 10^d (by 10^-d, rounded, times 10^-d for d < 0),
+    10^d a value of x's dtype."""
+    x = cx.tensor(self)
+    if not _is_float(x) or decimals == 0:
+        return _rounding("round")(cx, x)
+    scale = cx.scalar(10.0 ** abs(decimals), x.ty.dtype)
+    if decimals > 0:
+        return cx.call("divide", cx.call("round", cx.call("multiply", x, scale)), scale)
+    return cx.call("multiply", cx.call("round", cx.call("divide", x, scale)), scale)
+
+
+@aten("sign.default", "sgn.default")
+def _sign(cx, self):
+    """dpl's sign is NumPy's (NaN for NaN); torch's sign of NaN is 0, so floats select it. A
+    bool is its own sign."""
+    x = cx.tensor(self)
+    if x.ty.dtype == "bool":
+        return x
+    s = cx.call("sign", x)
+    if not _is_float(x):
+        return s
+    return cx.call("where", cx.call("not_equal", x, x), cx.scalar(0, x.ty.dtype), s)
+
+
+# -- activations -------------------------------------------------------------------------------
+#
+# softplus is the op; hardswish, hardsigmoid and mish are decomposed into ops that fuse, with
+# torch's kernels' arithmetic (in float for 16-bit floats, rounded once, as torch computes them)
+
+
+@aten("softplus.default")
+def _softplus(cx, self, beta=1, threshold=20):
+    return cx.call("nn.softplus", cx.tensor(self), beta=float(beta), threshold=float(threshold))
+
+
+def _in_float(cx, x, fn):
+    """``fn(x)``, computed in float32 for a 16-bit float ``x`` and rounded back once."""
+    if x.ty.dtype in ("float16", "bfloat16"):
+        return cx.cast(fn(cx.cast(x, "float32")), x.ty.dtype)
+    return fn(x)
+
+
+def _relu6_of(cx, x):
+    """min(max(x + 3, 0), 6): the clamp both hard activations share."""
+    return cx.call("clip", cx.call("add", x, cx.scalar(3, x.ty.dtype)), min=0.0, max=6.0)
+
+
+@aten("hardswish.default")
+def _hardswish(cx, self):
+    """x * min(max(x + 3, 0), 6) / 6, multiplied then divided, as torch's kernel computes it."""
+    return _in_float(cx, cx.tensor(self), lambda x: cx.call(
+        "divide", cx.call("multiply", x, _relu6_of(cx, x)), cx.scalar(6, x.ty.dtype)))
+
+
+@aten("hardsigmoid.default")
+def _hardsigmoid(cx, self):
+    """min(max(x + 3, 0), 6) / 6."""
+    return _in_float(cx, cx.tensor(self), lambda x: cx.call("divide", _relu6_of(cx, x), cx.scalar(6, x.ty.dtype)))
+
+
+@aten("mish.default")
+def _mish(cx, self):
+    """x * tanh(log1p(exp(x))), torch's kernel (no threshold: exp overflows to inf and x comes out)."""
+    return _in_float(cx, cx.tensor(self), lambda x: cx.call(
+        "multiply", x, cx.call("tanh", cx.call("log1p", cx.call("exp", x)))))
 
 
 # -- casts and identities ----------------------------------------------------------------------
@@ -497,8 +607,8 @@ def _string_padding(cx, padding: str, w, stride, dilation) -> list[int]:
 
 @aten("convolution.default")
 def _convolution(cx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed:
-        raise FrontendError("argument 'transposed=True' is not supported (dpl has no transposed convolution)")
+    if transposed or cx.tensor(input).ty.ndim != 4:  # other ranks and transposed ones: torch_image.py
+        return torch_image.conv(cx, input, weight, bias, stride, padding, dilation, groups, transposed, output_padding)
     return _conv2d(cx, input, weight, bias, stride, padding, dilation, groups)
 
 
@@ -544,6 +654,8 @@ def _view(cx, self, size):
     shape = list(size)
     if shape == list(x.ty.shape):
         return x
+    if -1 in shape and not x.ty.is_static:  # torch knows the -1 (``n * 8``), as an expression
+        shape = list(cx.out_shape)
     return cx.call("reshape", x, shape=shape)
 
 
@@ -665,7 +777,7 @@ def _slice(cx, self, dim=0, start=None, end=None, step=1):
     size = x.ty.shape[axis]
     start = 0 if start is None else start
     end = _TO_END if end is None else end
-    if isinstance(start, str):
+    if not isinstance(start, int):
         raise FrontendError(f"slice start '{start}' is symbolic; dpl slices from a static start")
     if isinstance(size, int) and isinstance(end, int):
         end = min(end, size)
@@ -742,15 +854,13 @@ def _new_zeros_ones(cx, self, size, *, dtype=None):
 
 @aten("arange.default", "arange.start", "arange.start_step")
 def _arange(cx, start, end=None, step=1, *, dtype=None):
-    """A static range is a constant; a range to a symbolic length ``torch.arange(seq)`` is the
-    ``arange`` op (it must start at 0 with step 1, so its length is the dimension)."""
+    """A static range is a constant; a range with a symbolic bound (``torch.arange(seq)``,
+    ``torch.arange(1, n + 1)``) is the ``arange`` op, whose length is an expression."""
     start, end = (0, start) if end is None else (start, end)
-    if isinstance(end, str) and not isinstance(start, str) and not isinstance(step, str):
+    if not isinstance(step, (int, float)):
+        raise FrontendError(f"a range with the symbolic step '{step}' has no dpl op", hint="the step of a range must be a number")
+    if not (isinstance(start, (int, float)) and isinstance(end, (int, float))):
         return cx.call("arange", start=start, end=end, step=step, dtype=cx.out_dtype)
-    for name, value in (("start", start), ("end", end), ("step", step)):
-        if not isinstance(value, (int, float)):
-            raise FrontendError(f"a range with the symbolic {name} '{value}' has no dpl op",
-                                hint="only the end of a range may be symbolic")
     return cx.scalar(np.arange(start, end, step), cx.out_dtype)
 
 
@@ -805,12 +915,11 @@ def _index(cx, self, indices):
     if len(given) == 1:  # x[:, :, idx]: the axes before it whole, as NumPy's one advanced index
         axis, idx, _ = given[0]
         return cx.call("take", x, _wrapped(cx, cx.tensor(idx), x.ty.shape[axis]), axis=axis)
-    if any(v is None for v in indices):
-        raise FrontendError("indexing with None between tensor indices is not supported")
+    if any(v is None for v in indices):  # x[:, i, j]
+        return _gather_tuples(cx, x, indices)
     ranges = [_arange_of(node) for _axis_, _value, node in given]
-    if any(r is None for r in ranges):
-        raise FrontendError("indexing with several tensor indices is supported where each is a range (arange(n) + c), "
-                            "as transformers' masks use them")
+    if any(r is None for r in ranges):  # computed indices: a gather of the index tuples
+        return _gather_tuples(cx, x, indices)
     rank = max(cx.tensor(v).ty.ndim for _a, v, _n in given)
     placed = []  # (axis of the result, axis of x) for each index
     for (axis, value, _node), (length, offset) in zip(given, ranges):
@@ -837,6 +946,27 @@ def _index(cx, self, indices):
         x = cx.call("expand_dims", x, axis=missing)
     out = list(cx.out_shape)
     return x if list(x.ty.shape) == out else cx.call("broadcast_to", x, shape=out)
+
+
+def _gather_tuples(cx, x, indices):
+    """``x[i0, i1, ...]`` with computed index tensors: they broadcast, stack into index tuples
+    along a new last axis, and ``gather_nd`` reads them (a leading ``x[:, i, j]`` as ranges)."""
+    from dpl.ir.expr import Tuple
+
+    tensors = _index_tensors(cx, x, indices)
+    shape = list(_broadcast_dims([t.ty.shape for t in tensors]))
+    parts = [cx.call("expand_dims", t if list(t.ty.shape) == shape else cx.call("broadcast_to", t, shape=shape),
+                     axis=[len(shape)]) for t in tensors]
+    return cx.call("gather_nd", x, cx.call("concat", Tuple(tuple(parts)), axis=len(shape)))
+
+
+def _broadcast_dims(shapes) -> tuple:
+    ndim = max(len(s) for s in shapes)
+    out = []
+    for a in range(ndim):
+        dims = [s[a - ndim + len(s)] for s in shapes if a - ndim + len(s) >= 0]
+        out.append(next((d for d in dims if d != 1), 1))
+    return tuple(out)
 
 
 def _wrapped(cx, idx, size):
@@ -870,9 +1000,8 @@ def _gather(cx, self, dim, index, *, sparse_grad=False):
             all(idx.ty.shape[i] == x.ty.shape[i] for i in others):
         # an index repeated along the other axes (GPT-J's position ids per rotary channel)
         return cx.call("take", x, cx.reshape(index_base, [index_base.ty.shape[axis]]), axis=axis)
-    if any(idx.ty.shape[i] != 1 for i in others):
-        raise FrontendError(f"gather with an index of shape {list(idx.ty.shape)} is supported only where the index's "
-                            f"axes other than {axis} have size 1, or it repeats one such index")
+    if any(idx.ty.shape[i] != 1 for i in others):  # a general gather (DeBERTa's relative positions)
+        return cx.call("gather_elements", x, idx, axis=axis)
     if any(x.ty.shape[i] != 1 for i in others):
         x = cx.call("strided_slice", x, axes=others, begin=[0] * len(others), end=[1] * len(others),
                     strides=[1] * len(others))
@@ -904,6 +1033,61 @@ def _cumsum(cx, self, dim, *, dtype=None):
     return cx.call("cumsum", x, axis=_axis(dim, x.ty.ndim), dtype=cx.out_dtype)
 
 
+# -- padding -----------------------------------------------------------------------------------
+
+
+def _pad_width(x, pad) -> list[int]:
+    """torch's pad, (before, after) pairs from the last axis backwards, as the op's pad_width:
+    (before, after) pairs from the first axis on, 0 for the axes torch leaves alone."""
+    pad = list(pad)
+    if any(not isinstance(p, int) for p in pad):
+        raise FrontendError(f"pad {pad} holds a symbolic size; dpl pads by static widths")
+    ndim = x.ty.ndim
+    if len(pad) % 2 or len(pad) > 2 * ndim:
+        raise FrontendError(f"pad {pad} must hold (before, after) pairs for at most the {ndim} axes of the input")
+    widths = [0] * (2 * ndim)
+    for k in range(len(pad) // 2):
+        axis = ndim - 1 - k
+        widths[2 * axis], widths[2 * axis + 1] = pad[2 * k], pad[2 * k + 1]
+    return widths
+
+
+def _padded(cx, self, pad, mode: str, value=None):
+    x = cx.tensor(self)
+    widths = _pad_width(x, pad)
+    if not any(widths):
+        return x
+    if mode != "constant" or value is None:
+        value = 0
+    if _is_float(x):
+        value = float(value)
+    elif isinstance(value, float) and value == int(value):
+        value = int(value)  # a whole float padding integers (torch casts it)
+    return cx.call("nn.pad", x, pad_width=widths, pad_mode=mode, pad_value=value)
+
+
+@aten("constant_pad_nd.default")
+def _constant_pad_nd(cx, self, pad, value=0):
+    return _padded(cx, self, pad, "constant", value)
+
+
+for _n in (1, 2, 3):
+    aten(f"reflection_pad{_n}d.default")(lambda cx, self, padding: _padded(cx, self, padding, "reflect"))
+    aten(f"replication_pad{_n}d.default")(lambda cx, self, padding: _padded(cx, self, padding, "replicate"))
+
+
+@aten("_pad_circular.default")
+def _pad_circular(cx, self, pad):
+    return _padded(cx, self, pad, "circular")
+
+
+@aten("pad.default")
+def _pad(cx, self, pad, mode="constant", value=None):
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+        raise FrontendError(f"argument 'mode={mode!r}' is not supported (constant, reflect, replicate, circular)")
+    return _padded(cx, self, pad, mode, value)
+
+
 @aten("repeat.default")
 def _repeat(cx, self, repeats):
     """``x.repeat(r0, r1, ...)``: each axis tiled, as broadcast_to over an interleaved size-1
@@ -928,3 +1112,201 @@ def _repeat(cx, self, repeats):
     pairs = cx.call("expand_dims", x, axis=[2 * i for i in range(len(shape))])
     tiled = cx.call("broadcast_to", pairs, shape=[v for r, d in zip(reps, shape) for v in (r, d)])
     return cx.call("reshape", tiled, shape=final)
+
+
+# interpolation, convolutions of any rank, group and instance norm, vector norms: torch_image.py
+for _name, _fn in torch_image.ATEN_OPS.items():
+    if _name in ATEN_OPS:
+        raise ValueError(f"{_name} is translated twice")
+    ATEN_OPS[_name] = _fn
+
+
+# -- indexing, scattering and sorting (dpl/ops/indexing.py) ------------------------------------
+#
+# In-place writes reach here functionalised: ``y[:, 1:3] = v`` is slice_scatter, ``y[2] = v``
+# select_scatter, ``y[i] = v`` / ``y.index_put_(...)`` index_put, ``y.copy_(v)`` copy.
+
+
+def _items(call, n: int = 2) -> tuple:
+    from dpl.ir.expr import TupleGetItem
+
+    return tuple(TupleGetItem(call, i) for i in range(n))
+
+
+def _target(cx) -> str:
+    return str(cx.node.target)
+
+
+@aten("argmax.default", "argmin.default")
+def _argmax(cx, self, dim=None, keepdim=False):
+    x = cx.tensor(self)
+    op = "argmax" if _target(cx).startswith("aten.argmax") else "argmin"
+    return cx.call(op, x, axis=None if dim is None else _axis(dim, x.ty.ndim), keepdims=bool(keepdim))
+
+
+@aten("max.dim", "min.dim")
+def _max_dim(cx, self, dim, keepdim=False):
+    """``x.max(dim)``: (values, indices), the first index of equal values as torch documents."""
+    x = cx.tensor(self)
+    axis, keep = _axis(dim, x.ty.ndim), bool(keepdim)
+    big = _target(cx).startswith("aten.max")
+    return (cx.call("max" if big else "min", x, axis=[axis], keepdims=keep),
+            cx.call("argmax" if big else "argmin", x, axis=axis, keepdims=keep))
+
+
+@aten("topk.default")
+def _topk(cx, self, k, dim=-1, largest=True, sorted=True):
+    x = cx.tensor(self)
+    axis = _axis(dim, x.ty.ndim)
+    if not isinstance(k, int):  # x.topk(x.shape[d], d): every element, in order
+        if k != x.ty.shape[axis]:
+            raise FrontendError(f"topk with the symbolic k '{k}' along dimension {axis} of size {x.ty.shape[axis]} "
+                                "is not supported (dpl's k is a number, or the whole dimension)")
+        return _items(cx.call("sort", x, axis=axis, descending=bool(largest)))
+    return _items(cx.call("topk", x, k=int(k), axis=axis, largest=bool(largest), sorted=bool(sorted)))
+
+
+@aten("sort.default", "sort.stable")
+def _sort(cx, self, dim=-1, descending=False, *, stable=None):
+    """A stable sort always: torch leaves the order of equal values unspecified without stable=True."""
+    x = cx.tensor(self)
+    return _items(cx.call("sort", x, axis=_axis(dim, x.ty.ndim), descending=bool(descending)))
+
+
+@aten("histc.default")
+def _histc(cx, self, bins=100, min=0, max=0):
+    return cx.call("histc", cx.tensor(self), bins=int(bins), min=float(min), max=float(max))
+
+
+@aten("copy.default", "fill.Scalar", "fill.Tensor")
+def _copy(cx, self, src, non_blocking=False):
+    """``self.copy_(src)`` / ``self.fill_(v)``: src in self's dtype, broadcast to its shape."""
+    x = cx.tensor(self)
+    v = cx.operand(src, x.ty.dtype)
+    return v if v.ty.shape == x.ty.shape else cx.call("broadcast_to", v, shape=list(x.ty.shape))
+
+
+@aten("slice_scatter.default")
+def _slice_scatter(cx, self, src, dim=0, start=None, end=None, step=1):
+    x = cx.tensor(self)
+    s = cx.cast(cx.tensor(src), x.ty.dtype)
+    axis = _axis(dim, x.ty.ndim)
+    size = x.ty.shape[axis]
+    start = 0 if start is None else start
+    end = _TO_END if end is None else end
+    if not isinstance(start, int):
+        raise FrontendError(f"slice start '{start}' is symbolic; dpl writes into slices from a static start")
+    if isinstance(size, int) and isinstance(end, int):
+        end = min(end, size)
+    if start == 0 and step == 1 and (end == size or (isinstance(end, int) and end >= _TO_END)):
+        return s  # the whole tensor written over
+    return cx.call("slice_scatter", x, s, axes=[axis], begin=[start], end=[end], strides=[int(step)])
+
+
+@aten("select_scatter.default")
+def _select_scatter(cx, self, src, dim, index):
+    x = cx.tensor(self)
+    axis = _axis(dim, x.ty.ndim)
+    size = x.ty.shape[axis]
+    if not isinstance(index, int) or (isinstance(size, int) and not -size <= index < size):
+        raise FrontendError(f"index {index} is not a static index into dimension {axis} of size {size}")
+    if isinstance(size, int):
+        index %= size
+    end = _TO_END if index == -1 else index + 1
+    row = cx.call("expand_dims", cx.cast(cx.tensor(src), x.ty.dtype), axis=[axis])
+    return cx.call("slice_scatter", x, row, axes=[axis], begin=[index], end=[end], strides=[1])
+
+
+def _index_tensors(cx, x, indices) -> list:
+    """The int64 index tensors of ``x[indices]`` for dpl's index ops, which index the leading
+    axes: a leading ``None`` (``x[:, i]``) becomes a range along its axis, shaped to broadcast
+    before the others; trailing ``None``s are dropped. A ``None`` between tensors (NumPy moves
+    the indexed axes first then) is refused."""
+    given = list(indices)
+    while given and given[-1] is None:
+        given.pop()
+    lead = 0
+    while lead < len(given) and given[lead] is None:
+        lead += 1
+    if not given or any(i is None for i in given[lead:]):
+        raise FrontendError("indexing with None between tensor indices is not supported")
+    tensors = [cx.tensor(i) for i in given[lead:]]
+    if any(t.ty.dtype == "bool" for t in tensors):
+        raise FrontendError("a boolean mask index is supported only alone, writing one value (x[mask] = v)")
+    tensors = [cx.cast(t, "int64") for t in tensors]
+    rank = max(t.ty.ndim for t in tensors)
+    ranges = []
+    for j in range(lead):
+        d = x.ty.shape[j]
+        r = cx.scalar(np.arange(d), "int64") if isinstance(d, int) else cx.call("arange", end=d, dtype="int64")
+        trailing = list(range(1, lead - j + rank))
+        ranges.append(cx.call("expand_dims", r, axis=trailing) if trailing else r)
+    return ranges + tensors
+
+
+@aten("index_put.default")
+def _index_put(cx, self, indices, values, accumulate=False):
+    from dpl.ir.expr import Tuple
+
+    x = cx.tensor(self)
+    v = cx.operand(values, x.ty.dtype)
+    given = [i for i in indices if i is not None]
+    if len(given) == 1 and cx.tensor(given[0]).ty.dtype == "bool" and indices[0] is not None:
+        mask = cx.tensor(given[0])  # x[mask] = v: a where, when v is one value
+        if accumulate or any(d != 1 for d in v.ty.shape):
+            raise FrontendError("x[mask] = values is supported with one value (values of one element), not accumulated")
+        if mask.ty.ndim < x.ty.ndim:
+            mask = cx.call("expand_dims", mask, axis=list(range(mask.ty.ndim, x.ty.ndim)))
+        return cx.call("where", mask, cx.reshape(v, []), x)
+    tensors = _index_tensors(cx, x, indices)
+    return cx.call("index_put", x, Tuple(tuple(tensors)), v, accumulate=bool(accumulate))
+
+
+@aten("index_copy.default")
+def _index_copy(cx, self, dim, index, source):
+    from dpl.ir.expr import Tuple
+
+    x = cx.tensor(self)
+    axis = _axis(dim, x.ty.ndim)
+    tensors = _index_tensors(cx, x, [None] * axis + [index])
+    return cx.call("index_put", x, Tuple(tuple(tensors)), cx.cast(cx.tensor(source), x.ty.dtype))
+
+
+@aten("index_add.default")
+def _index_add(cx, self, dim, index, source, *, alpha=1):
+    from dpl.ir.expr import Tuple
+
+    x = cx.tensor(self)
+    axis = _axis(dim, x.ty.ndim)
+    src = cx.cast(cx.tensor(source), x.ty.dtype)
+    if alpha != 1:
+        src = cx.call("multiply", src, cx.scalar(alpha, x.ty.dtype))
+    tensors = _index_tensors(cx, x, [None] * axis + [index])
+    return cx.call("index_put", x, Tuple(tuple(tensors)), src, accumulate=True)
+
+
+_SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+@aten("scatter.src", "scatter.value", "scatter_add.default", "scatter_reduce.two")
+def _scatter(cx, self, dim, index, src, reduce=None, *, include_self=True):
+    """torch.scatter and its reductions: scatter_elements. torch reads only the part of src
+    that the index covers, so a larger src is sliced to the index's shape first."""
+    x, idx = cx.tensor(self), cx.tensor(index)
+    axis = _axis(dim, x.ty.ndim)
+    target = _target(cx)
+    reduction = "add" if target.startswith("aten.scatter_add") else "update"
+    if target == "aten.scatter_reduce.two":
+        if reduce not in _SCATTER_REDUCE or not include_self:
+            raise FrontendError(f"scatter_reduce with reduce={reduce!r}, include_self={include_self} is not supported "
+                                f"(dpl folds in with {', '.join(_SCATTER_REDUCE)}, including self)")
+        reduction = _SCATTER_REDUCE[reduce]
+    if isinstance(src, (bool, int, float)):
+        updates = cx.call("full", cx.scalar(src, x.ty.dtype), shape=list(idx.ty.shape))
+    else:
+        updates = cx.cast(cx.tensor(src), x.ty.dtype)
+        if updates.ty.shape != idx.ty.shape:
+            axes = [a for a in range(idx.ty.ndim) if updates.ty.shape[a] != idx.ty.shape[a]]
+            updates = cx.call("strided_slice", updates, axes=axes, begin=[0] * len(axes),
+                              end=[idx.ty.shape[a] for a in axes], strides=[1] * len(axes))
+    return cx.call("scatter_elements", x, idx, updates, axis=axis, reduction=reduction)

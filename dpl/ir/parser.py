@@ -17,6 +17,8 @@ from lark.exceptions import UnexpectedInput
 
 from dpl import dtypes
 from dpl.errors import AttributeValueError, DplError, Span, UnknownAttributeError
+from dpl.ir import dims as dimexpr
+from dpl.ir.dims import Dim
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.printer import DECORATORS, DEFAULT_LITERAL_DTYPE
 from dpl.ir.types import TensorType, TupleType, Type
@@ -71,6 +73,10 @@ class _Poisoned(Exception):
 
 _POISON = object()
 _DECORATOR_KEYS = {v: k for k, v in DECORATORS.items()}
+
+
+_DIM_OPS = {"dim_add": dimexpr.add, "dim_sub": dimexpr.sub, "dim_mul": dimexpr.mul, "dim_floordiv": dimexpr.floordiv,
+            "dim_mod": dimexpr.mod, "dim_neg": dimexpr.neg, "dim_min": dimexpr.dmin, "dim_max": dimexpr.dmax}
 
 
 def _number(token, src: _Source) -> int | float:
@@ -185,10 +191,28 @@ class _Reader:
         if node.data == "tuple_type":
             return TupleType(tuple(self.type(c) for c in node.children))
         dtype, *dims = node.children
-        shape = tuple(int_token(d.children[0], self.src, "dimension") if d.data == "dim_int" else str(d.children[0]) for d in dims)
+        shape = tuple(self.dim(d) for d in dims)
         try:
             return TensorType(shape, dtypes.canonical(str(dtype)))
         except DplError as err:
+            raise err.with_span(self.span(node)) from None
+
+    def dim(self, node: Tree) -> Dim:
+        """A dimension as :mod:`dpl.ir.dims` builds it (canonical; check_nesting bounded the
+        depth of the tree before anything walks it)."""
+        kind = node.data
+        if kind == "dim_int":
+            return int_token(node.children[0], self.src, "dimension")
+        if kind == "dim_sym":
+            name = str(node.children[0])
+            if name in ("min", "max"):
+                raise DplError(f"'{name}' is no symbol name: min and max are the functions min(a, b) and max(a, b)",
+                               self.span(node))
+            return name
+        args = [self.dim(c) for c in node.children]
+        try:
+            return _DIM_OPS[kind](*args)
+        except DplError as err:  # a division by the constant 0, an expression past MAX_DIM_SIZE
             raise err.with_span(self.span(node)) from None
 
     def _decorators(self, f: Tree) -> list[Tree]:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from dpl import dtypes
+from dpl.ir.dims import DimExpr, text as dim_text
 from dpl.ir.expr import TEXT_FORM, Call, Constant, Expr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import Type
 from dpl.syntax import escape_string
@@ -60,6 +61,8 @@ def format_attr_value(value: Any) -> str:
         return "none"
     if isinstance(value, str):
         return escape_string(value)
+    if isinstance(value, DimExpr):  # a dimension expression in a shape attribute: its text, which the op parses back
+        return escape_string(dim_text(value))
     if isinstance(value, tuple):
         return "[" + ", ".join(format_attr_value(v) for v in value) + "]"
     return format_scalar(value)

@@ -20,7 +20,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
-from dpl.kernel.ir import Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var
+from dpl.kernel.ir import Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, dim_value
 from dpl.ops.registry import get_op
 
 
@@ -31,6 +31,7 @@ class KernelEvalError(DplError):
 _REDUCERS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum, "minimum": np.minimum}
 _BIN = {
     "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.floor_divide, "%": np.mod,
+    "floordiv": np.floor_divide, "floormod": np.mod,
     "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
     "&&": np.logical_and,
 }
@@ -61,14 +62,13 @@ class _Run:
             a = np.asarray(a)
             if a.dtype != dtypes.to_numpy(buf.dtype) or a.ndim != len(buf.shape):
                 raise KernelEvalError(f"kernel '{kernel.name}': input '{buf.name}' expects {buf}, got {a.dtype}{list(a.shape)}")
-            for want, got in zip(buf.shape, a.shape):
-                if isinstance(want, str):
-                    want = self.dims.setdefault(want, got)
-                if want != got:
-                    raise KernelEvalError(f"kernel '{kernel.name}': input '{buf.name}' expects {buf}, got shape {list(a.shape)}")
             self.buffers[buf.name] = a
         for d, n in given_dims.items():
-            self.dims.setdefault(d, n)
+            self.dims[d] = n
+        try:  # lone symbols, then dims linear in one unknown (n * 2), then every dim checked
+            kernel.bind_dims([self.buffers[b.name].shape for b in kernel.params], self.dims)
+        except DplError as err:
+            raise KernelEvalError(err.message) from None
         unbound = [d for d in kernel.dims if d not in self.dims]
         if unbound:
             raise KernelEvalError(f"kernel '{kernel.name}': no input binds dimension '{unbound[0]}'; pass it in dims=")
@@ -80,7 +80,7 @@ class _Run:
         self.out: dict[str, np.ndarray] = {}
         self.written: dict[str, np.ndarray] = {}
         for buf in kernel.outputs:
-            shape = tuple(self.dims[d] if isinstance(d, str) else d for d in buf.shape)
+            shape = tuple(dim_value(d, self.dims) for d in buf.shape)
             self.out[buf.name] = np.zeros(shape, dtypes.to_numpy(buf.dtype))
             self.written[buf.name] = np.zeros(shape, bool)
 

@@ -33,6 +33,7 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
+from dpl.ir import dims as dimexpr
 from dpl.ir.types import Dim
 from dpl.ops.registry import get_op
 
@@ -72,12 +73,18 @@ class Op:
     dtype: str = "float32"
 
 
-BIN_OPS = ("+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "&&")
+BIN_OPS = ("+", "-", "*", "/", "%", "floordiv", "floormod", "<", "<=", ">", ">=", "==", "&&")
+# floor division and modulo for operands of any sign (a dimension expression's intermediates,
+# ``(n - 3) // 2`` at n = 0), printed as calls of the dims.C_HELPERS; ``/`` and ``%`` are C's
+FLOOR_OPS = {"floordiv": "dpl_floordiv", "floormod": "dpl_mod"}
+INDEX_OPS = ("+", "-", "*", "/", "%", "floordiv", "floormod")
 
 
 @attrs.frozen
 class Bin:
-    """Index arithmetic and logic: C operators on non-negative int64 (``/`` floors) or bool."""
+    """Index arithmetic and logic: C operators on int64 or bool. ``/`` and ``%`` are C's, on
+    non-negative operands only (where they floor); ``floordiv`` and ``floormod`` floor for any
+    sign (Python's ``//`` and ``%``)."""
 
     op: str
     a: "Expr"
@@ -85,7 +92,7 @@ class Bin:
 
     @property
     def dtype(self) -> str:
-        return INDEX if self.op in "+-*/%" else "bool"
+        return INDEX if self.op in INDEX_OPS else "bool"
 
 
 @attrs.frozen
@@ -191,21 +198,39 @@ class Kernel:
         from dpl.errors import DplError
 
         for small, large in self.requires:
-            a, b = (dims[d] if isinstance(d, str) else d for d in (small, large))
+            a, b = (dim_value(d, dims) for d in (small, large))
             if a > b:
-                got = ", ".join(f"{d}={v}" for d, v in ((small, a), (large, b)) if isinstance(d, str))
+                got = ", ".join(f"{dimexpr.text(d)}={v}" for d, v in ((small, a), (large, b)) if not isinstance(d, int))
                 raise DplError(f"kernel '{self.name}' needs {small} <= {large} (a slice must lie within its "
                                f"dimension), got {got}")
 
     @property
     def dims(self) -> tuple[str, ...]:
-        """Symbolic dimensions, in order of first appearance in the parameters and outputs."""
+        """The symbols of the parameters' and outputs' dims, in order of first appearance (the
+        symbols of one expression dim by name): a symbol that appears only inside an expression
+        (``n * 2``) is a dim of the kernel too."""
         seen: dict[str, None] = {}
         for b in self.params + self.outputs:
             for d in b.shape:
-                if isinstance(d, str):
-                    seen.setdefault(d)
+                for s in dim_symbols(d):
+                    seen.setdefault(s)
         return tuple(seen)
+
+    def bind_dims(self, shapes, dims: dict[str, int] | None = None) -> dict[str, int]:
+        """The value of every symbol in :attr:`dims` from the concrete ``shapes`` of the
+        parameters, then of the outputs where given (lone symbols, then dims linear in one
+        unknown, then every dim checked: :func:`dpl.ir.dim_binding.bind_shapes`). A DplError
+        names the buffer, the dim and the bindings that disagree."""
+        from dpl.errors import DplError
+        from dpl.ir.dim_binding import bind_shapes
+
+        entries = []
+        for k, (buf, shape) in enumerate(zip(self.params + self.outputs, shapes)):
+            what = f"kernel '{self.name}': {'input' if k < len(self.params) else 'output'} '{buf.name}'"
+            if len(shape) != len(buf.shape):
+                raise DplError(f"{what} expects {buf}, got shape {tuple(shape)}")
+            entries.append((buf.shape, tuple(shape), what))
+        return bind_shapes(entries, dims)
 
     def buffer(self, name: str) -> Buffer:
         for b in self.params + self.outputs:
@@ -215,6 +240,86 @@ class Kernel:
 
     def __str__(self) -> str:
         return print_kernel(self)
+
+
+def dim_symbols(d: Dim) -> tuple[str, ...]:
+    """The symbols of a dim, sorted: a lone symbol is itself whatever its spelling (a model's
+    ``a.b`` is a dim; only expressions require identifiers)."""
+    if isinstance(d, str):
+        return (d,)
+    return () if isinstance(d, int) else tuple(sorted(dimexpr.free_symbols(d)))
+
+
+def dim_value(d: Dim, dims: Mapping[str, int]) -> int:
+    """The value of a dim at bound symbols (a KeyError names a lone symbol ``dims`` lacks)."""
+    if isinstance(d, int):
+        return d
+    if isinstance(d, str):
+        return int(dims[d])
+    return dimexpr.evaluate(d, dict(dims))
+
+
+def dim_expr(d: Dim) -> "Expr":
+    """A dimension as index arithmetic: symbols are variables (the kernel's dims), ``//`` and
+    ``%`` floor (``floordiv`` / ``floormod``, or C's ``/`` and ``%`` where the dividend is
+    provably >= 0 and the divisor a positive constant), min and max selects."""
+    if isinstance(d, int):
+        return Const(int(d), INDEX)
+    if isinstance(d, str):
+        return Var(d, INDEX)
+    if isinstance(d, dimexpr.Poly):
+        out = None
+        for mono, coef in sorted(d.terms, key=lambda t: t[1] < 0):  # stable: the sums first
+            term = None
+            for atom in mono:
+                term = dim_expr(atom) if term is None else Bin("*", term, dim_expr(atom))
+            if term is None:
+                term = Const(abs(coef), INDEX)
+            elif abs(coef) != 1:
+                term = Bin("*", term, Const(abs(coef), INDEX))
+            if out is None:
+                out = term if coef > 0 else Bin("-", Const(0, INDEX), term)
+            else:
+                out = Bin("+" if coef > 0 else "-", out, term)
+        return out
+    if isinstance(d, dimexpr.MinMax):
+        pick = "<" if isinstance(d, dimexpr.Min) else ">"
+        out = dim_expr(d.args[-1])
+        for a in reversed(d.args[:-1]):
+            x = dim_expr(a)
+            out = Select(Bin(pick, x, out), x, out)
+        return out
+    a, b = dim_expr(d.a), dim_expr(d.b)
+    plain = isinstance(d.b, int) and d.b > 0 and dimexpr.provably_nonnegative(d.a)
+    if isinstance(d, dimexpr.FloorDiv):
+        return Bin("/" if plain else "floordiv", a, b)
+    return Bin("%" if plain else "floormod", a, b)
+
+
+_INDEX_VALUE = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "/": lambda a, b: a // b, "%": lambda a, b: a % b, "floordiv": lambda a, b: a // b, "floormod": lambda a, b: a % b,
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+    "==": lambda a, b: a == b, "&&": lambda a, b: bool(a and b),
+}
+
+
+def index_value(e: "Expr", dims: Mapping[str, int]) -> int:
+    """The value of index arithmetic (constants, the variables in ``dims``, :class:`Bin` and
+    :class:`Select`: a loop extent) as a Python int; a KeyError names a variable ``dims`` lacks,
+    a ValueError an expression that is not index arithmetic."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        return int(dims[e.name])
+    if isinstance(e, Bin):
+        a, b = index_value(e.a, dims), index_value(e.b, dims)
+        if e.op in ("/", "%", "floordiv", "floormod") and b == 0:
+            raise ValueError(f"division by zero in {to_c(e)}")
+        return _INDEX_VALUE[e.op](a, b)
+    if isinstance(e, Select):
+        return index_value(e.a if index_value(e.cond, dims) else e.b, dims)
+    raise ValueError(f"{to_c(e)} is not index arithmetic")
 
 
 # -- printing (as C) ---------------------------------------------------------------------------
@@ -287,6 +392,8 @@ def to_c(e: Expr, load=None, var=None, op=None) -> str:
         args = [to_c(a, load, var, op) for a in e.args]
         spelled = op(e, args) if op is not None else None
         return spelled if spelled is not None else op_c(e, args)
+    if isinstance(e, Bin) and e.op in FLOOR_OPS:
+        return f"{FLOOR_OPS[e.op]}({to_c(e.a, load, var, op)}, {to_c(e.b, load, var, op)})"
     if isinstance(e, Bin):
         return f"({to_c(e.a, load, var, op)} {e.op} {to_c(e.b, load, var, op)})"
     if isinstance(e, Select):

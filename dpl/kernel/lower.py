@@ -21,6 +21,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
+from dpl.ir.dims import free_symbols
 from dpl.ir.expr import Call, Constant, Expr as IRExpr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var as IRVar
 from dpl.ir.types import TensorType
 from dpl.kernel import ir
@@ -37,6 +38,32 @@ ELEMENTWISE, TUPLE_ITEM = "<elementwise>", "<tuple item>"
 
 class LoweringError(DplError):
     """A fused group holds something that has no place in a single kernel."""
+
+
+def op_lowering(name: str) -> tuple[bool, str]:
+    """Whether the kernel IR lowers op ``name``, and how, as the Lowerer decides: by a rule of
+    its own (one that only raises refuses the op: ``take``), else by its C template; an op with
+    a tuple result lowers item by item when the tuple-item rule names it (``split``). The
+    backends ask it which single ops they have kernels for; ``dpl ops`` prints it."""
+    import dis
+
+    def returns(fn) -> bool:  # a rule whose body only raises has no return
+        return any(i.opname.startswith("RETURN") for i in dis.get_instructions(fn))
+
+    def where(fn) -> str:
+        return f"{fn.__module__}.{fn.__name__}"
+
+    rule = RULES.get(name)
+    if rule is not None:
+        if not returns(rule):
+            return False, f"its rule {where(rule)} only raises LoweringError: the op never joins a dpl kernel"
+        return True, f"its rule {where(rule)}"
+    if get_op(name).c_expr is not None:
+        return True, "its C template"
+    item = RULES[TUPLE_ITEM]
+    if name in item.__code__.co_consts:
+        return True, f"the tuple-item rule {where(item)}, one item at a time"
+    return False, "the kernel IR has no lowering for it: it runs by its NumPy reference"
 
 
 def lower_function(fn: Function, name: str | None = None) -> Kernel:
@@ -99,7 +126,8 @@ def symbolic_dims(fn: Function) -> set[str]:
             for t in ty.fields:
                 visit(t)
         elif isinstance(ty, TensorType):
-            found.update(d for d in ty.shape if isinstance(d, str))
+            for d in ty.shape:
+                found.update(ir.dim_symbols(d))
 
     for v in (*fn.params, *(b.var for b in fn.bindings)):
         visit(v.ty)
@@ -127,7 +155,8 @@ def idx_const(v: int) -> Const:
 
 
 def dim(d) -> ir.Expr:
-    return Var(d, INDEX) if isinstance(d, str) else idx_const(d)
+    """A dimension (int, symbol or expression) as index arithmetic (see ``ir.dim_expr``)."""
+    return ir.dim_expr(d)
 
 
 def _is(e, v) -> bool:
@@ -480,12 +509,44 @@ class Lowerer:
         params = [Buffer(p.name, p.ty.shape, p.ty.dtype) for p in fn.params]
         kernel = Kernel(name, params, outputs, body, classify(body, self.anchors), self.constants,
                         tuple(dict.fromkeys(self.requires)))
-        requires = {d for pair in kernel.requires for d in pair if isinstance(d, str)}
+        requires = {s for pair in kernel.requires for d in pair for s in ir.dim_symbols(d)}
         unknown = sorted((ir.block_free_vars(body) | requires) - set(kernel.dims))
         if unknown:  # e.g. arange(end=n) reduced away: no buffer tells the kernel what n is
             raise LoweringError(f"function '{fn.name}': symbolic dimension(s) {', '.join(unknown)} appear in no "
                                 "parameter or result, so the kernel cannot know their values")
+        unsolved = undetermined([b.shape for b in (*params, *outputs)])
+        if unsolved:  # only n * m and m * k: the sizes give no one value of each
+            raise LoweringError(f"function '{fn.name}': the symbol(s) {', '.join(unsolved)} appear only in "
+                                "dimensions that no buffer's size determines (each must be a lone symbol or "
+                                "linear in one unknown once the others are bound)")
         return kernel
+
+
+def undetermined(shapes) -> list[str]:
+    """The symbols of ``shapes`` that ``dim_binding.bind_shapes`` cannot bind from sizes: it
+    binds lone symbols, then dims linear in their one unbound symbol, until nothing changes."""
+    from dpl.ir.dims import DimError, solve, substitute
+
+    dims = [d for shape in shapes for d in shape]
+    known = {d for d in dims if isinstance(d, str)}
+    progress = True
+    while progress:
+        progress = False
+        for d in dims:
+            if isinstance(d, (int, str)):
+                continue
+            rest = free_symbols(d) - known
+            if len(rest) != 1:
+                continue
+            probe = substitute(d, {s: 1 for s in known})  # linear in the one left, whatever they are?
+            try:
+                linear = solve(probe, 0) is not None
+            except DimError:
+                linear = True  # linear, with no solution at this value
+            if linear:
+                known |= rest
+                progress = True
+    return sorted({s for d in dims for s in ir.dim_symbols(d)} - known)
 
 
 def fit_axes(sub: tuple, shape: tuple) -> list | None:

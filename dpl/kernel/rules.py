@@ -2,7 +2,7 @@
 
 Elementwise and broadcast ops are their registry ``c_expr`` over broadcast-mapped operands
 (:func:`elementwise`); injective ops map the index onto their operand (transpose, reshape,
-slices, concat, split, expand/squeeze, broadcast); reductions, matrix products, convolution,
+slices, concat, split, expand/squeeze, broadcast, pads); reductions, matrix products, convolution,
 pooling and the high-level row ops (softmax, norms) build :class:`~dpl.kernel.ir.Reduce`
 statements through :meth:`Lowerer.reduce`, which hoists them to once per row.
 """
@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from dpl import dtypes
+from dpl.ir import dims as dimexpr
 from dpl.ir.expr import Call, Tuple, TupleGetItem, Var as IRVar
 from dpl.kernel import ir
 from dpl.kernel.ir import INDEX, Bin
@@ -136,10 +137,84 @@ def _strided_slice(lw, c, idx):
     src = list(idx)
     for sl in slice_axes(call_info(c), x.ty):
         # counted from the end of a symbolic n: n - k
-        start = add(dim(sl.start[0]), idx_const(sl.start[1])) if isinstance(sl.start, tuple) else idx_const(sl.start)
+        start = add(dim(sl.start[0]), idx_const(sl.start[1])) if isinstance(sl.start, tuple) else dim(sl.start)
         src[sl.axis] = add(start, mul(idx[sl.axis], idx_const(sl.stride)))
         lw.requires.extend(sl.requires)
     return lw.value(x, tuple(src))
+
+
+@rule("nn.pad")
+def _pad(lw, c, idx):
+    """Output index i reads x at ``j = i - before`` brought into the axis by the mode (see
+    ``dpl.ops.manipulation.pad_source``): clamped (replicate), mirrored (reflect), wrapped
+    (circular). A constant pad reads x clamped into bounds and selects its value outside, as
+    ``concat`` selects its fields: the load stays in bounds wherever it runs, so what it reads
+    (a producer fused before the pad, a local hoisted out of the select) needs no guard."""
+    x = c.args[0]
+    mode, widths = c.attrs["pad_mode"], c.attrs["pad_width"]
+    src, inside = list(idx), []
+    for axis, n in enumerate(x.ty.shape):
+        before, after = widths[2 * axis], widths[2 * axis + 1]
+        if before == 0 and after == 0:
+            continue
+        if n == 0:  # a constant pad of an empty axis: nothing but the value
+            return const(c.attrs["pad_value"], c.ty.dtype)
+        j = sub(idx[axis], idx_const(before))
+        if mode in ("reflect", "circular") and not isinstance(n, int):
+            raise LoweringError(f"a {mode} pad of axis {axis}, of the symbolic size {n}, has no kernel (its index "
+                                "wraps by a size known only at run time)")
+        if mode == "reflect":
+            src[axis] = _reflected(j, before, after, n)
+        elif mode == "circular":
+            src[axis] = _wrapped(j, before, after, n)
+        else:
+            src[axis] = _clamped(j, before > 0, after > 0, n)
+            if mode == "constant":
+                inside += [Bin(">=", j, idx_const(0))] if before > 0 else []
+                inside += [Bin("<", j, dim(n))] if after > 0 else []
+        src[axis] = lw.let(f"pad{axis}", src[axis])  # once per iteration of its own loop
+    value = lw.value(x, tuple(src))
+    cond = conj(*inside)
+    return value if cond is None else ir.Select(cond, value, const(c.attrs["pad_value"], c.ty.dtype))
+
+
+def _clamped(j, low: bool, high: bool, n):
+    """``j`` clamped into [0, n): only at the ends a pad can reach (a negative width crops); ``n``
+    may be symbolic."""
+    if low:
+        j = ir.Select(Bin("<", j, idx_const(0)), idx_const(0), j)
+    if high:
+        last = sub(dim(n), idx_const(1))
+        j = ir.Select(Bin(">", j, last), last, j)
+    return j
+
+
+def _reflected(j, before: int, after: int, n: int):
+    """``j`` mirrored into [0, n) about the edges, which are not repeated: one mirror per side
+    for widths below n (torch's bound, the common case), else periodically (period 2 (n - 1),
+    shifted to stay non-negative, as ``%`` of the kernel IR needs)."""
+    if n == 1:
+        return idx_const(0)
+    if max(before, after) <= n - 1:
+        if before > 0:
+            j = ir.Select(Bin("<", j, idx_const(0)), sub(idx_const(0), j), j)
+        if after > 0:
+            j = ir.Select(Bin(">", j, idx_const(n - 1)), sub(idx_const(2 * (n - 1)), j), j)
+        return j
+    period = 2 * (n - 1)
+    m = mod(add(j, idx_const(-(-max(before, 0) // period) * period)), idx_const(period))
+    return ir.Select(Bin("<", m, idx_const(n)), m, sub(idx_const(period), m))
+
+
+def _wrapped(j, before: int, after: int, n: int):
+    """``j`` modulo n: a select per side for widths up to n, else ``%`` of j shifted non-negative."""
+    if max(before, after) <= n:
+        if before > 0:
+            j = ir.Select(Bin("<", j, idx_const(0)), add(j, idx_const(n)), j)
+        if after > 0:
+            j = ir.Select(Bin(">", j, idx_const(n - 1)), sub(j, idx_const(n)), j)
+        return j
+    return mod(add(j, idx_const(-(-max(before, 0) // n) * n)), idx_const(n))
 
 
 def _tuple_fields(lw: Lowerer, t) -> tuple:
@@ -158,16 +233,16 @@ def _concat(lw, c, idx):
     offsets, at = [], 0
     for f in fields:
         offsets.append(at)
-        at += f.ty.shape[axis]
+        at = dimexpr.add(at, f.ty.shape[axis])  # symbolic sizes sum to an expression (n + m)
 
     def field_at(k):
         # clamped into the field, so its loads (and any reduction or local hoisted out of the
         # select) stay in bounds wherever they run; the select keeps the right field's value
-        i = sub(idx[axis], idx_const(offsets[k]))
+        i = sub(idx[axis], dim(offsets[k]))
         if k > 0:
             i = ir.Select(Bin("<", i, idx_const(0)), idx_const(0), i)
         if k < len(fields) - 1:
-            last = idx_const(fields[k].ty.shape[axis] - 1)
+            last = dim(dimexpr.sub(fields[k].ty.shape[axis], 1))
             i = ir.Select(Bin(">", i, last), last, i)
         src = list(idx)
         src[axis] = i
@@ -175,7 +250,7 @@ def _concat(lw, c, idx):
 
     out = field_at(len(fields) - 1)
     for k in reversed(range(len(fields) - 1)):
-        out = ir.Select(Bin("<", idx[axis], idx_const(offsets[k + 1])), field_at(k), out)
+        out = ir.Select(Bin("<", idx[axis], dim(offsets[k + 1])), field_at(k), out)
     return out
 
 
@@ -201,9 +276,11 @@ def tuple_item(lw: Lowerer, e: TupleGetItem, idx: tuple) -> ir.Expr:
     if isinstance(t, Call) and t.op == "split":
         x = t.args[0]
         axis = t.attrs["axis"] % x.ty.ndim
-        offset = sum(f.shape[axis] for f in t.ty.fields[: e.index % len(t.ty.fields)])
+        offset = 0
+        for f in t.ty.fields[: e.index % len(t.ty.fields)]:
+            offset = dimexpr.add(offset, f.shape[axis])
         src = list(idx)
-        src[axis] = add(idx[axis], idx_const(offset))
+        src[axis] = add(idx[axis], dim(offset))
         return lw.value(x, tuple(src))
     raise LoweringError(f"tuple item [{e.index}] of a {type(t).__name__} cannot be lowered")
 
@@ -363,8 +440,9 @@ def _window(lw, o, k, stride, dil, pad, size, out_size, ksize):
     needs (None where the window never leaves the input)."""
     pos = sub(add(mul(o, idx_const(stride)), mul(k, idx_const(dil))), idx_const(pad))
     lo = Bin(">=", pos, idx_const(0)) if pad > 0 else None
-    last = (out_size - 1) * stride + (ksize - 1) * dil - pad
-    hi = Bin("<", pos, dim(size)) if last >= size else None
+    last = dimexpr.add(dimexpr.mul(dimexpr.sub(out_size, 1), stride), (ksize - 1) * dil - pad)
+    # no test where the last window provably ends inside (sizes symbolic or not)
+    hi = None if dimexpr.provably_nonnegative(dimexpr.sub(dimexpr.sub(size, last), 1)) else Bin("<", pos, dim(size))
     return pos, conj(lo, hi)
 
 
@@ -570,3 +648,46 @@ def _layer_norm(lw, c, idx):
 def _take(lw, c, idx):
     raise LoweringError("op 'take' is opaque: a data-dependent gather is its own kernel, not part of a fused one")
 
+
+
+@rule("argmax", "argmin")
+def _arg_extreme(lw, c, idx):
+    """The extreme, then the first (last) index holding it: two reductions, ``max`` and then
+    ``min`` of ``x == m ? i : n``. NaN is the extreme (``maximum`` propagates it), so where a row
+    holds one, the positions compared are its NaNs (``x != x``)."""
+    x = c.args[0]
+    xt = x.ty
+    axes = _axes(None if c.attrs["axis"] is None else [c.attrs["axis"]], xt.ndim)
+    keep = c.attrs["keepdims"]
+
+    def at(rvars):
+        kept = iter(idx)
+        src = []
+        for d in range(xt.ndim):
+            if d in axes:
+                src.append(rvars[axes.index(d)])
+                if keep:
+                    next(kept)
+            else:
+                src.append(next(kept))
+        return tuple(src)
+
+    extents = [xt.shape[a] for a in axes]
+    extreme = lw.reduce(c.op, "maximum" if c.op == "argmax" else "minimum", xt.dtype, extents,
+                        lambda r: lw.value(x, at(r)))
+    last = c.attrs["select_last_index"]
+    n = idx_const(1)
+    for e in extents:
+        n = mul(n, dim(e))
+
+    def position(rvars):
+        flat = idx_const(0)
+        for r, e in zip(rvars, extents):
+            flat = add(mul(flat, dim(e)), r)
+        v = lw.value(x, at(rvars))
+        hit = lw.op("equal", v, extreme)
+        if dtypes.is_float(xt.dtype):
+            hit = lw.op("maximum", hit, lw.op("not_equal", v, v))
+        return lw.op("where", hit, flat, idx_const(-1) if last else n)
+
+    return lw.reduce(f"{c.op}_index", "maximum" if last else "minimum", "int64", extents, position)

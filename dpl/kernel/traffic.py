@@ -54,10 +54,11 @@ class Traffic:
 def _size(shape, dtype: str, dims: Mapping[str, int], what: str) -> int:
     n = 1
     for d in shape:
-        if isinstance(d, str):
-            if d not in dims:
-                raise DplError(f"traffic of {what} needs a value for the symbolic dimension '{d}'")
-            d = dims[d]
+        if not isinstance(d, int):
+            missing = sorted(set(ir.dim_symbols(d)) - dims.keys())
+            if missing:
+                raise DplError(f"traffic of {what} needs a value for the symbolic dimension '{missing[0]}'")
+            d = ir.dim_value(d, dims)
         n *= d
     return n * dtypes.to_numpy(dtype).itemsize
 
@@ -69,7 +70,13 @@ def _extent(e: ir.Expr, dims: Mapping[str, int], kernel: str) -> int:
         if e.name not in dims:
             raise DplError(f"traffic of kernel '{kernel}' needs a value for the symbolic dimension '{e.name}'")
         return dims[e.name]
-    raise DplError(f"kernel '{kernel}' has a loop extent that is not a dimension: {ir.to_c(e)}")
+    missing = sorted(ir.free_vars(e) - dims.keys())
+    if missing:
+        raise DplError(f"traffic of kernel '{kernel}' needs a value for the symbolic dimension '{missing[0]}'")
+    try:  # a dimension expression (n * 2, (n + 1) // 2)
+        return ir.index_value(e, dims)
+    except ValueError:
+        raise DplError(f"kernel '{kernel}' has a loop extent that is not a dimension: {ir.to_c(e)}") from None
 
 
 def _ops(e: ir.Expr) -> int:

@@ -9,6 +9,7 @@ from lark.exceptions import UnexpectedInput, VisitError
 
 from dpl import dtypes
 from dpl.errors import DplError, Span
+from dpl.ir import dims as dimexpr
 from dpl.limits import MAX_ALTERNATIVES, LimitError, check_int_digits
 from dpl.syntax import DplSyntaxError, Source as _Source, check_nesting, int_token, open_grammar, syntax_error, unescape_string
 from dpl.lang import ast
@@ -212,6 +213,36 @@ class _ToAst(Transformer):
 
     def dim_any(self, meta, c):
         return None
+
+    def _dim_op(self, op, meta, c):
+        try:
+            return op(*c)
+        except DplError as err:  # a division by the constant 0, an expression past MAX_DIM_SIZE
+            raise err.with_span(self.sp(meta)) from None
+
+    def dim_add(self, meta, c):
+        return self._dim_op(dimexpr.add, meta, c)
+
+    def dim_sub(self, meta, c):
+        return self._dim_op(dimexpr.sub, meta, c)
+
+    def dim_mul(self, meta, c):
+        return self._dim_op(dimexpr.mul, meta, c)
+
+    def dim_floordiv(self, meta, c):
+        return self._dim_op(dimexpr.floordiv, meta, c)
+
+    def dim_mod(self, meta, c):
+        return self._dim_op(dimexpr.mod, meta, c)
+
+    def dim_neg(self, meta, c):
+        return self._dim_op(dimexpr.neg, meta, c)
+
+    def dim_min(self, meta, c):
+        return self._dim_op(dimexpr.dmin, meta, c)
+
+    def dim_max(self, meta, c):
+        return self._dim_op(dimexpr.dmax, meta, c)
 
     # attribute values and literals
     def attr_list(self, meta, c):

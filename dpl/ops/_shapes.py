@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from dpl.ir.dims import mul
 from dpl.ir.types import Dim, TensorType
 from dpl.ops.registry import CallInfo
 
@@ -61,15 +62,13 @@ def normalize_axes(info: CallInfo, axes, ndim: int) -> tuple[int, ...]:
     return out
 
 
-def dim_product(dims: Sequence[Dim]) -> tuple[int, tuple[str, ...]]:
-    """A product of dims as (integer factor, sorted symbolic factors)."""
-    n, syms = 1, []
+def dim_product(dims: Sequence[Dim]) -> Dim:
+    """The product of dims, canonical (``b * 64`` for ``[b, 8, 8]``), so that two products
+    of the same elements compare equal."""
+    out: Dim = 1
     for d in dims:
-        if isinstance(d, str):
-            syms.append(d)
-        else:
-            n *= d
-    return n, tuple(sorted(syms))
+        out = mul(out, d)
+    return out
 
 
 def is_full_shape(arg: TensorType, out: TensorType) -> bool:

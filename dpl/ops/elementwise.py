@@ -54,12 +54,16 @@ def _infer_unary(info: CallInfo) -> TensorType:
     return info.tensor(0)
 
 
-# ops with no boolean form (NumPy refuses '-' on bools, and x * x of a bool is no bool), and the
+# ops with no boolean form (NumPy refuses '-' on bools, and x * x of a bool is no bool; nor has a bool
+# a remainder or a sign other than itself), and the
 # spelling of what was likely meant, over the operands' names
 _BOOL_HINTS = {
     "subtract": "for a boolean 'a and not b' write where({1}, false, {0}); for 'a xor b', not_equal({0}, {1})",
     "negative": "for a boolean 'not', write equal({0}, false); for -x as a number, astype({0}, dtype=i8) first",
     "square": "a bool squared is itself; for x * x as a number, astype({0}, dtype=i8) first",
+    "mod": "for the remainder of numbers, astype({0}, dtype=i8) and astype({1}, dtype=i8) first",
+    "floor_mod": "for the remainder of numbers, astype({0}, dtype=i8) and astype({1}, dtype=i8) first",
+    "sign": "a bool is its own sign: use {0} itself; for -1, 0 or 1 as a number, astype({0}, dtype=i8) first",
 }
 
 
@@ -118,12 +122,54 @@ def _divide(a, b):
     return np.where((rem != 0) & ((a < 0) != (b < 0)), floor + dtype.type(1), floor)
 
 
+def _fmod(a, b, dtype):
+    """C's fmod (truncated: the sign of the dividend), exact in float64 for every float dtype;
+    NumPy's integer fmod gives 0 for a zero divisor and for the most negative value over -1."""
+    if np.issubdtype(dtype, np.integer):
+        a, b = np.asarray(a, dtype), np.asarray(b, dtype)
+    else:
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.fmod(a, b), b
+
+
+def _mod(a, b):
+    """``a - trunc(a / b) * b``, the remainder of integer ``divide``: ONNX Mod with fmod=1, torch's
+    fmod. Floats: C's fmod (NaN for a zero divisor). Integers: exact, with what C leaves undefined
+    defined as ``divide`` defines it: 0 for a zero divisor, and 0 for the most negative value
+    over -1 (the generated C's ``dpl_mod_*`` helpers agree)."""
+    dtype = np.result_type(a, b)
+    m, _ = _fmod(a, b, dtype)
+    return m.astype(dtype)
+
+
+def _floor_mod(a, b):
+    """``a - floor(a / b) * b``, the sign of the divisor: torch's remainder, ONNX Mod with fmod=0,
+    Python's ``%``. Computed as NumPy's remainder is: ``m = fmod(a, b)``, plus ``b`` where ``m``
+    is not 0 and its sign differs from ``b``'s; a zero result has the divisor's sign (NumPy's,
+    Python's and ONNX Mod-28's; torch's keeps the dividend's). Integers as ``mod``: 0 for a zero
+    divisor."""
+    dtype = np.result_type(a, b)
+    m, b = _fmod(a, b, dtype)
+    with np.errstate(invalid="ignore"):
+        out = np.where((m != 0) & ((m < 0) != (b < 0)), m + b, m)
+    if not np.issubdtype(dtype, np.integer):
+        out = np.where(m == 0, np.copysign(0.0, b), out)
+    return out.astype(dtype)
+
+
 _binary("add", np.add, "({0} + {1})", "a + b")
 _binary("subtract", np.subtract, "({0} - {1})", "a - b", infer=_infer_arith_binary)
 _binary("multiply", np.multiply, "({0} * {1})", "a * b")
 _binary("divide", _divide, "({0} / {1})", "a / b")
 _binary("power", lambda a, b: np.power(np.asarray(a, np.float64), b), "pow({0}, {1})", "a ** b")
 # NumPy's maximum and minimum: a NaN operand gives NaN (``x != x`` is false for integers)
+_binary("mod", _mod, "fmod({0}, {1})", "a - trunc(a / b) * b (C's fmod; integers: 0 for a zero divisor)",
+        infer=_infer_arith_binary)
+_binary("floor_mod", _floor_mod,
+        "(fmod({0}, {1}) == 0 ? copysign(0.0, {1}) : (fmod({0}, {1}) < 0) != ({1} < 0) ? fmod({0}, {1}) + {1} "
+        ": fmod({0}, {1}))",
+        "a - floor(a / b) * b (Python's %; integers: 0 for a zero divisor)", infer=_infer_arith_binary)
 _binary("maximum", np.maximum, "(({0} > {1} || {0} != {0}) ? {0} : {1})", "max(a, b)")
 _binary("minimum", np.minimum, "(({0} < {1} || {0} != {0}) ? {0} : {1})", "min(a, b)")
 
@@ -143,10 +189,32 @@ _unary("sigmoid", _same_float(lambda x: 1.0 / (1.0 + np.exp(-x))), "(1 / (1 + ex
 _unary("erf", _same_float(erf), "erf({0})", "the error function")
 _unary("sin", _same_float(np.sin), "sin({0})", "sine")
 _unary("cos", _same_float(np.cos), "cos({0})", "cosine")
+_unary("log1p", _same_float(np.log1p), "log1p({0})", "log(1 + x), exact near 0")
+_unary("expm1", _same_float(np.expm1), "expm1({0})", "e ** x - 1, exact near 0")
+# the roundings: float operands only (of an integer each is the integer itself; the frontends
+# pass integers through). ``rint`` rounds half to even in C's default rounding mode, as NumPy,
+# torch and ONNX's Round do
+_unary("floor", np.floor, "floor({0})", "round toward -inf")
+_unary("ceil", np.ceil, "ceil({0})", "round toward +inf")
+_unary("round", np.rint, "rint({0})", "round to nearest, half to even")
+_unary("trunc", np.trunc, "trunc({0})", "round toward 0")
 _unary("negative", np.negative, "(-{0})", "-x", infer=_infer_arith_unary)
 # ``x + 0``: NumPy's |-0.0| is +0.0
 _unary("abs", np.abs, "({0} < 0 ? -{0} : {0} + 0)", "|x|", infer=_infer_unary)
 _unary("square", np.square, "({0} * {0})", "x * x", infer=_infer_arith_unary)
+
+
+def _sign(x):
+    """NumPy's sign: 1, -1, or x + 0 (+0.0 for either zero, NaN for NaN)."""
+    x = np.asarray(x)
+    one, zero = np.ones((), x.dtype), np.zeros((), x.dtype)
+    rest = x + zero if x.dtype.kind == "u" else np.where(x < 0, -one, x + zero)
+    return np.where(x > 0, one, rest).astype(x.dtype)
+
+
+# ``x + 0``: +0.0 for -0.0, NaN for NaN (NumPy's; torch's sign of NaN is 0, which its frontend adds)
+_unary("sign", _sign, "({0} > 0 ? 1 : {0} < 0 ? -1 : {0} + 0)", "1, -1 or 0 by the sign of x; NaN for NaN",
+       infer=_infer_arith_unary)
 # ``x <= 0`` is false for NaN, which passes through (NumPy's maximum); -0.0 gives +0.0
 _unary("nn.relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), "({0} <= 0 ? 0 : {0})", "max(x, 0)", infer=_infer_unary)
 _unary(
@@ -162,6 +230,27 @@ _unary(
     "GELU, tanh approximation",
 )
 _unary("nn.silu", _same_float(lambda x: x / (1.0 + np.exp(-x))), "({0} / (1 + exp(-{0})))", "x * sigmoid(x)")
+
+
+
+def _softplus_ref(x, beta, threshold):
+    x64 = np.asarray(x, np.float64)
+    scaled = x64 * beta
+    with np.errstate(over="ignore"):
+        return np.where(scaled > threshold, x64, np.log1p(np.exp(scaled)) / beta).astype(x.dtype)
+
+
+register(
+    "nn.softplus",
+    num_args=1,
+    attrs={"beta": AttrSpec("float", default=1.0), "threshold": AttrSpec("float", default=20.0)},
+    infer=_infer_float_unary,
+    kind=OpPatternKind.ELEMWISE,
+    # torch's softplus and Relax's: x itself where beta * x is above the threshold
+    ref=_softplus_ref,
+    c_expr="({0} * {beta} > {threshold} ? {0} : log1p(exp({0} * {beta})) / {beta})",
+    doc="log(1 + e ** (beta * x)) / beta; x where beta * x > threshold",
+)
 
 register(
     "clip",

@@ -1,5 +1,5 @@
 """Data movement and creation: reshape, transpose, concat/split, slicing, gather, broadcast,
-expand/squeeze, full/zeros/ones, arange, triu/tril. Injective in TVM unless the index map is simpler: a call that
+expand/squeeze, padding, full/zeros/ones, arange, triu/tril. Injective in TVM unless the index map is simpler: a call that
 reads its input at the output index (an identity permutation, a slice from 0 with stride 1, a
 split into one piece) is ElemWise, as TVM finds by looking at the loads of the kernel."""
 
@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from dpl import dtypes
+from dpl.ir.dims import add, dmax, floordiv, mul, provably_equal, sub, text
 from dpl.ir.types import TensorType, TupleType
 from dpl.ops._shapes import dim_product, fmt_dims, normalize_axes, normalize_axis
 from dpl.ops._slices import slice_axes, sliced_shape
@@ -28,24 +29,20 @@ def _infer_reshape(info: CallInfo) -> TensorType:
         raise info.error(f"shape {fmt_dims(shape)} may hold at most one -1")
     if any(isinstance(d, int) and d < -1 for d in shape):
         raise info.error(f"shape {fmt_dims(shape)} has a negative dimension")
-    have_n, have_syms = dim_product(x.shape)
+    total = dim_product(x.shape)
     if -1 in shape:
-        known = [d for d in shape if d != -1]
-        n, syms = dim_product(known)
-        rest = list(have_syms)
-        for s in syms:
-            if s not in rest:
-                raise info.error(f"cannot reshape {info.operand(0)} to {fmt_dims(shape)}: symbolic '{s}' is not a dimension of the input")
-            rest.remove(s)
-        if len(rest) == 1 and have_n == n:
-            inferred = rest[0]  # the -1 stands for the one symbolic dim left over
-        elif not rest and n and have_n % n == 0:
-            inferred = have_n // n
-        else:
-            raise info.error(f"cannot infer the -1 of {fmt_dims(shape)} from {info.operand(0)}")
+        known = dim_product([d for d in shape if d != -1])
+        if known == 0:
+            raise info.error(f"cannot infer the -1 of {fmt_dims(shape)} from {info.operand(0)}: the other dimensions hold "
+                             "no elements")
+        inferred = floordiv(total, known)  # exact division only: the product must come back
+        if not provably_equal(mul(inferred, known), total):
+            raise info.error(f"cannot infer the -1 of {fmt_dims(shape)} from {info.operand(0)}: {text(total)} elements "
+                             f"are not provably a multiple of {text(known)}")
         shape[shape.index(-1)] = inferred
-    if dim_product(shape) != (have_n, have_syms):
-        raise info.error(f"cannot reshape {info.operand(0)} to {fmt_dims(shape)}: element counts differ")
+    if not provably_equal(dim_product(shape), total):
+        raise info.error(f"cannot reshape {info.operand(0)} to {fmt_dims(shape)}: element counts differ "
+                         f"({text(total)} vs {text(dim_product(shape))})")
     return TensorType(tuple(shape), x.dtype)
 
 
@@ -103,22 +100,16 @@ def _infer_concat(info: CallInfo) -> TensorType:
         raise info.error(f"operand {info.operand(0)} must be a tuple of tensors")
     first = tup.fields[0]
     axis = normalize_axis(info, info.attrs["axis"], first.ndim)
-    total_n, total_syms = 0, []
+    total = 0
     for t in tup.fields:
         if not isinstance(t, TensorType) or t.ndim != first.ndim or t.dtype != first.dtype:
             raise info.error(f"tuple fields {tup} must be tensors of one rank and dtype")
         for i, (a, b) in enumerate(zip(t.shape, first.shape)):
             if i != axis and a != b:
                 raise info.error(f"tuple fields {tup} differ in dimension {i}, which is not the concat axis")
-        d = t.shape[axis]
-        if isinstance(d, str):
-            total_syms.append(d)
-        else:
-            total_n += d
-    if total_syms:
-        raise info.error(f"concat along a symbolic dimension ({', '.join(total_syms)}) is not supported")
+        total = add(total, t.shape[axis])  # n + m, canonical
     shape = list(first.shape)
-    shape[axis] = total_n
+    shape[axis] = total
     return TensorType(tuple(shape), first.dtype)
 
 
@@ -145,15 +136,15 @@ register(
 def _split_points(info: CallInfo, size):
     spec = info.attrs["indices_or_sections"]
     if isinstance(spec, int):
-        if isinstance(size, str) or spec <= 0 or size % spec:
+        step = floordiv(size, spec) if spec > 0 else None
+        if step is None or not provably_equal(mul(step, spec), size):  # n * 4 splits in 2, n does not
             raise info.error(f"cannot split dimension {size} into {spec} equal sections")
-        step = size // spec
-        return [step * i for i in range(1, spec)]
-    if isinstance(size, str):
-        raise info.error(f"cannot split symbolic dimension '{size}' at indices")
+        return [mul(step, i) for i in range(1, spec)]
     points = list(spec)
-    if points != sorted(points) or any(p < 0 or p > size for p in points):
+    if points != sorted(points) or any(p < 0 for p in points) or (isinstance(size, int) and any(p > size for p in points)):
         raise info.error(f"split indices {points} must be ascending and within 0..{size}")
+    # along a symbolic size the last piece is `size - last`, which assumes last <= size (the
+    # interpreter checks it, as it checks a slice's end)
     return points
 
 
@@ -165,7 +156,7 @@ def _infer_split(info: CallInfo) -> TupleType:
     fields = []
     for lo, hi in zip(bounds, bounds[1:]):
         shape = list(x.shape)
-        shape[axis] = hi - lo
+        shape[axis] = sub(hi, lo)
         fields.append(TensorType(tuple(shape), x.dtype))
     return TupleType(tuple(fields))
 
@@ -196,7 +187,7 @@ def _strided_slice_kind(info: CallInfo, out) -> OpPatternKind:
     # symbolic dimension legalizes into clamped, run-time index arithmetic: Opaque
     x = info.tensor(0)
     slices = slice_axes(info, x)
-    if any(isinstance(x.shape[sl.axis], str) for sl in slices):
+    if any(not isinstance(x.shape[sl.axis], int) for sl in slices):
         return K.OPAQUE
     if all(sl.stride == 1 and sl.start == 0 for sl in slices):
         return K.ELEMWISE
@@ -315,7 +306,7 @@ def _infer_squeeze(info: CallInfo) -> TensorType:
 def _squeeze_kind(info: CallInfo, out) -> OpPatternKind:
     # TVM cannot tell whether a symbolic dim is 1: squeezing every unit axis of such a tensor
     # is never legalized, so FuseOps sees an opaque op
-    if info.attrs["axis"] is None and any(isinstance(d, str) for d in info.tensor(0).shape):
+    if info.attrs["axis"] is None and not info.tensor(0).is_static:
         return K.OPAQUE
     return _broadcast_kind(info, out)
 
@@ -329,6 +320,117 @@ register(
     ref=lambda x, axis: np.squeeze(x, None if axis is None else tuple(a % x.ndim for a in axis)),
     doc="drop unit dimensions (all of them when no axis)",
 )
+
+# -- padding -----------------------------------------------------------------------------------
+
+PAD_MODES = ("constant", "reflect", "replicate", "circular")  # Relax's names (ONNX: edge, wrap)
+
+
+def pad_pairs(widths, ndim: int) -> list[tuple[int, int]]:
+    """Relax's flat ``pad_width`` as (before, after) per axis."""
+    return list(zip(widths[0::2], widths[1::2])) if len(widths) == 2 * ndim else []
+
+
+def pad_source(n: int, before: int, after: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """Along one axis of length ``n`` padded by (before, after): for each output position, the
+    input position it reads and whether that lies inside the input. Output position i reads
+    ``j = i - before`` (a negative width crops), brought into [0, n) by the mode: clamped
+    (``replicate``; ``constant`` reads there too and gives its value outside), mirrored about the
+    edges without repeating them (``reflect``: periodic with period 2 (n - 1), as NumPy and ONNX
+    pad wider than the axis; an axis of one element repeats it), or wrapped modulo n
+    (``circular``)."""
+    j = np.arange(n + before + after, dtype=np.int64) - before
+    inside = (j >= 0) & (j < n)
+    if n == 0:
+        return np.zeros_like(j), inside
+    if mode == "reflect" and n > 1:
+        period = 2 * (n - 1)
+        m = j % period
+        return np.where(m < n, m, period - m), inside
+    if mode == "circular":
+        return j % n, inside
+    return np.clip(j, 0, n - 1), inside
+
+
+def pad_value_error(value, dtype: str) -> str | None:
+    """Why ``value`` is no value of ``dtype`` (None when it is): integer and bool pads take whole
+    numbers of their range; a float pad any number (rounded to the dtype, as a cast rounds)."""
+    if dtypes.is_float(dtype):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value == int(value)):
+        return f"{value!r} is no value of {dtype}"
+    v = int(value)
+    lo, hi = (0, 1) if dtype == "bool" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+    return None if lo <= v <= hi else f"{value!r} is outside the range of {dtype}"
+
+
+def _infer_pad(info: CallInfo) -> TensorType:
+    x = info.tensor(0)
+    widths, mode = info.attrs["pad_width"], info.attrs["pad_mode"]
+    if mode not in PAD_MODES:
+        raise info.error(f"pad_mode {mode!r} is not one of {', '.join(repr(m) for m in PAD_MODES)}")
+    if len(widths) != 2 * x.ndim:
+        raise info.error(f"pad_width must hold a (before, after) pair for each of the {x.ndim} axes of "
+                         f"{info.operand(0)} ({2 * x.ndim} values), got {list(widths)}")
+    shape = []
+    for axis, (d, (before, after)) in enumerate(zip(x.shape, pad_pairs(widths, x.ndim))):
+        if before == 0 and after == 0:
+            shape.append(d)
+            continue
+        if not isinstance(d, int):  # n + 2; a crop (n - 2) assumes n >= 2, which run time checks
+            shape.append(add(d, before + after))
+            continue
+        size = d + before + after
+        if size < 0:
+            raise info.error(f"axis {axis} of size {d} padded by ({before}, {after}) would have a negative size")
+        if d == 0 and size > 0 and mode != "constant":
+            raise info.error(f"axis {axis} is empty: a {mode} pad has nothing to repeat (only a constant pad fills it)")
+        shape.append(size)
+    bad = pad_value_error(info.attrs["pad_value"], x.dtype)
+    if bad is not None:
+        raise info.error(f"pad_value {bad}")
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _pad_kind(info: CallInfo, out) -> OpPatternKind:
+    """TVM's: a constant pad is a select over the index (Injective), or x read at the output index
+    when no width is given (ElemWise); the other modes compute the index from x's sizes, which
+    with a symbolic size among them (padded or not) is arithmetic TVM leaves Opaque, and
+    otherwise Injective even with no width."""
+    if info.attrs["pad_mode"] == "constant":
+        return K.INJECTIVE if any(info.attrs["pad_width"]) else K.ELEMWISE
+    return K.OPAQUE if not info.tensor(0).is_static else K.INJECTIVE
+
+
+def _pad_ref(x, pad_width, pad_mode, pad_value):
+    pairs = pad_pairs(pad_width, x.ndim)
+    parts = [pad_source(n, before, after, pad_mode) for n, (before, after) in zip(x.shape, pairs)]
+    shape = tuple(len(src) for src, _ in parts)
+    with np.errstate(over="ignore"):  # a float pad beyond a 16-bit dtype's range is inf, as a cast
+        value = np.asarray(pad_value).astype(x.dtype)
+    if x.size == 0:  # every output element is padding (or there is none)
+        return np.full(shape, value, dtype=x.dtype)
+    out = x[np.ix_(*[src for src, _ in parts])] if x.ndim else x.copy()
+    if pad_mode != "constant" or x.ndim == 0:
+        return out
+    inside = np.ones(shape, dtype=bool)
+    for axis, (_, mask) in enumerate(parts):
+        inside = inside & mask.reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+    return np.where(inside, out, value)
+
+
+register(
+    "nn.pad",
+    num_args=1,
+    attrs={"pad_width": AttrSpec("ints"), "pad_mode": AttrSpec("str", default="constant"),
+           "pad_value": AttrSpec("scalar", default=0.0)},
+    infer=_infer_pad,
+    kind=_pad_kind,
+    ref=_pad_ref,
+    doc="pad each axis by (before, after) = pad_width[2 * axis : 2 * axis + 2] (negative widths crop): with "
+        "pad_value (constant), mirrored without the edge (reflect), the edge repeated (replicate) or wrapped (circular)",
+)
+
 
 # -- creation ----------------------------------------------------------------------------------
 
@@ -381,18 +483,20 @@ def _arange_dtype(start, end, step, dtype) -> str:
 def _infer_arange(info: CallInfo) -> TensorType:
     start, end, step = info.attrs["start"], info.attrs["end"], info.attrs["step"]
     dtype = _arange_dtype(**info.attrs)
-    if isinstance(start, str) or isinstance(step, str):
-        raise info.error(f"start {start!r} and step {step!r} must be numbers; only the end may be a symbolic dimension")
+    if not isinstance(step, (int, float)):
+        raise info.error(f"step {step} must be a number; only the start and the end may be symbolic dimensions")
     if step == 0:
         raise info.error("step must not be 0")
     bad = next((f"{k} {v}" for k, v in (("start", start), ("end", end), ("step", step)) if isinstance(v, float) and not math.isfinite(v)), None)
     if bad is not None:
         raise info.error(f"{bad} is not a finite number (the length of the range would be undefined)")
-    if isinstance(end, str):
-        if (start, step) != (0, 1):
-            raise info.error(f"a range to the symbolic end '{end}' must start at 0 with step 1 (its length must be a "
-                             f"dimension), got start {start} and step {step}")
-        return TensorType((end,), dtype)
+    if not (isinstance(start, (int, float)) and isinstance(end, (int, float))):
+        if any(isinstance(v, float) for v in (start, end, step)):
+            raise info.error(f"a range with a symbolic bound ({start} to {end}) must have integer bounds and step, "
+                             f"got step {step}")
+        # ceil((end - start) / step) elements, none where that is negative (Python's range)
+        span, stride = (sub(end, start), step) if step > 0 else (sub(start, end), -step)
+        return TensorType((dmax(0, floordiv(add(span, stride - 1), stride)),), dtype)
     return TensorType((max(0, math.ceil((end - start) / step)),), dtype)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from dpl import dtypes
-from dpl.ir.types import TensorType
+from dpl.ir.dims import add, dmax, dmin, floordiv, mul, sub
+from dpl.ir.types import Dim, TensorType
 from dpl.ops._shapes import broadcast_shapes, normalize_axes, normalize_axis, same_dtype
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
 
@@ -191,13 +192,13 @@ def _padding(info: CallInfo):
 
 
 def _window_out(info, size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode=False):
-    if isinstance(size, str):
-        raise info.error(f"spatial dimension '{size}' of {info.operand(0)} must be static")
-    if isinstance(kernel, str):
+    if not isinstance(kernel, int):
         raise info.error(f"window dimension '{kernel}' must be static")
     if kernel < 1 or stride < 1 or dilation < 1 or pad_lo < 0 or pad_hi < 0:
         raise info.error(f"window {kernel}, stride {stride} and dilation {dilation} must be positive and padding "
                          f"({pad_lo}, {pad_hi}) not negative")
+    if not isinstance(size, int):  # (n + 2p - d*(k-1) - 1) // s + 1; run time checks the window fits
+        return pool_out_dim(size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode)
     span = dilation * (kernel - 1) + 1
     total = size + pad_lo + pad_hi - span
     if total < 0:
@@ -213,6 +214,20 @@ def pool_out(size: int, kernel: int, stride: int, dilation: int, pad_lo: int, pa
         return total // stride + 1
     out = (total + stride - 1) // stride + 1
     return out - 1 if (out - 1) * stride >= size + pad_lo else out
+
+
+def pool_out_dim(size: Dim, kernel: int, stride: int, dilation: int, pad_lo: int, pad_hi: int, ceil_mode: bool) -> Dim:
+    """:func:`pool_out` of a symbolic size, as a dimension expression (exact wherever the
+    window fits the padded input). With ``ceil_mode`` the last window is dropped where it
+    would start in the trailing padding: ``out - [start >= size + pad_lo]``, the indicator
+    written ``min(1, max(0, x + 1))`` of ``x = start - size - pad_lo``, which the simplifier
+    folds where it can prove it."""
+    total = add(size, pad_lo + pad_hi - (dilation * (kernel - 1) + 1))
+    if not ceil_mode:
+        return add(floordiv(total, stride), 1)
+    out = add(floordiv(add(total, stride - 1), stride), 1)
+    last_start = mul(sub(out, 1), stride)
+    return sub(out, dmin(1, dmax(0, add(sub(last_start, add(size, pad_lo)), 1))))
 
 
 def _check_layout(info: CallInfo, key: str, want: str):
@@ -432,7 +447,7 @@ def _infer_adaptive_avg_pool2d(info: CallInfo) -> TensorType:
     if not x.dtype.startswith(("float", "bfloat")):
         raise info.error(f"operand {info.operand(0)} must have a floating-point dtype")
     for d in x.shape[2:]:
-        if isinstance(d, str):
+        if not isinstance(d, int):
             raise info.error(f"spatial dimension '{d}' of {info.operand(0)} must be static")
     return TensorType(x.shape[:2] + _adaptive_output(info, x), x.dtype)
 

@@ -18,6 +18,7 @@ import attrs
 from dpl import dtypes
 from dpl.errors import ArityError, AttributeValueError, DplError, TypeInferenceError, UnknownAttributeError, UnknownOpError
 from dpl.ir import printer as _printer
+from dpl.ir.dims import DimExpr, parse as parse_dim
 from dpl.ir.expr import Call, Constant, Expr, GlobalVar, Tuple, TupleGetItem, Var, freeze_attr_value, frozen_call
 from dpl.ir.types import TensorType, TupleType, Type
 
@@ -38,7 +39,7 @@ REQUIRED = object()  # an attribute default meaning "must be given"
 
 # attribute kinds and what each accepts
 ATTR_KINDS = ("int", "float", "bool", "str", "dtype", "ints", "axes", "axis", "shape", "scalar", "ints_or_int", "dims",
-              "scalar_or_dim")
+              "scalar_or_dim", "floats")
 # kinds whose values may name symbolic dimensions, which run time binds (the interpreter resolves them)
 DIM_ATTR_KINDS = ("shape", "dims", "scalar_or_dim")
 
@@ -77,9 +78,9 @@ class AttrSpec:
                 raise bad("a number or a boolean")
             return value
         if kind == "scalar_or_dim":
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise bad("a number or a symbolic dimension name")
-            return value
+            if isinstance(value, bool) or not isinstance(value, (int, float, str, DimExpr)):
+                raise bad("a number or a symbolic dimension")
+            return _dim_attr(value, bad) if isinstance(value, str) else value
         if kind == "bool":
             if not isinstance(value, bool):
                 raise bad("true or false")
@@ -105,13 +106,26 @@ class AttrSpec:
             if not isinstance(value, tuple) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
                 raise bad("a list of integers")
             return value
+        if kind == "floats":
+            if not isinstance(value, tuple) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+                raise bad("a list of numbers")
+            return tuple(float(v) for v in value)
         if kind in ("shape", "dims"):
             if not isinstance(value, tuple) or any(
-                isinstance(v, bool) or not isinstance(v, (int, str)) for v in value
+                isinstance(v, bool) or not isinstance(v, (int, str, DimExpr)) for v in value
             ):
-                raise bad("a list of dimensions (integers or symbolic names)")
-            return value
+                raise bad("a list of dimensions (integers, symbolic names or expressions such as \"n * 4\")")
+            return tuple(_dim_attr(v, bad) if isinstance(v, str) else v for v in value)
         raise AssertionError(f"unknown attribute kind {kind}")
+
+
+def _dim_attr(value: str, bad) -> Any:
+    """A dimension written as text in an attribute (``"seq"``, ``"n * 4"``): its canonical
+    form (the printer writes an expression back as that text)."""
+    try:
+        return parse_dim(value)
+    except DplError:
+        raise bad("a dimension: an integer, a symbolic name or an expression such as \"n * 4\"") from None
 
 
 def _beyond_int64(value: Any) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from dpl import dtypes
+from dpl.ir.dims import DimExpr, floordiv, free_symbols, provably_equal, sub, substitute
 from dpl.ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
 from dpl.ir.types import TensorType
 from dpl.pattern import nodes as n
@@ -216,7 +217,7 @@ def _shared_or_symbolic(root: n.Pattern) -> set[int]:
             stack.extend((c, False) for c in reversed(tuple(p.children())))
     dependent: set[int] = set()
     for p in order:
-        if uses[id(p)] > 1 or (isinstance(p, n.ShapePattern) and any(isinstance(d, str) for d in p.shape)) \
+        if uses[id(p)] > 1 or (isinstance(p, n.ShapePattern) and any(d is not None and not isinstance(d, int) for d in p.shape)) \
                 or any(id(c) in dependent for c in p.children()):
             dependent.add(id(p))
     return dependent
@@ -542,8 +543,15 @@ class Matcher:
         if ty.ndim != len(p.shape):
             return self.fail(p, raw, "shape", "expected rank {}, found {} of rank {}".format, len(p.shape), ty, ty.ndim)
         mark = self.mark()
-        for axis, (want, got) in enumerate(zip(p.shape, ty.shape)):
+        # names first, then expressions ("n * 4"), which compare once their names are bound
+        order = sorted(range(len(p.shape)), key=lambda a: isinstance(p.shape[a], DimExpr))
+        for axis, want, got in ((a, p.shape[a], ty.shape[a]) for a in order):
             if want is None:
+                continue
+            if isinstance(want, DimExpr):
+                if not self._dim_expr(want, got):
+                    self.rollback(mark)
+                    return self.fail(p, raw, "shape", _why_shape, p.shape, ty, axis, got, want)
                 continue
             if isinstance(want, int):
                 if want != got:
@@ -560,6 +568,29 @@ class Matcher:
                                  "symbolic dimension '{}' is already bound to {}, but dimension {} of {} is {}".format,
                                  want, bound, axis, ty, got)
         return self.visit(p.inner, raw)
+
+    def _dim_expr(self, want, got) -> bool:
+        """Whether the pattern's expression ``want`` is the graph's dim ``got``, binding the one
+        name it may leave unbound where ``want`` is linear in it (``n * 4`` against ``b * 64``
+        binds n to ``b * 16``)."""
+        bound = {s: self.syms[s] for s in free_symbols(want) if s in self.syms}
+        unknown = sorted(free_symbols(want) - bound.keys())
+        if not unknown:
+            return provably_equal(substitute(want, bound), got)
+        if len(unknown) != 1:
+            return False
+        s = unknown[0]  # renamed apart: the graph's dims may use the pattern's names
+        known = substitute(want, {**bound, s: _UNKNOWN})
+        offset = substitute(known, {_UNKNOWN: 0})
+        scale = sub(substitute(known, {_UNKNOWN: 1}), offset)
+        if type(scale) is not int or scale == 0:
+            return False
+        value = floordiv(sub(got, offset), scale)
+        if not provably_equal(substitute(known, {_UNKNOWN: value}), got):
+            return False
+        self.syms[s] = value
+        self.log.append(s)
+        return True
 
     # (a failed visit has rolled back what it added itself: the rollbacks below are guards)
     def _or(self, p: n.OrPattern, e, raw):
@@ -641,6 +672,9 @@ def _why_not_tensor(what, e) -> str:
 
 def _why_dtype(want, e, ty) -> str:
     return f"expected dtype {want}, found {ty.dtype} ({show(e, 0)}: {ty})"
+
+
+_UNKNOWN = "__dpl_pattern_unknown"  # no frontend or parser names a dim so
 
 
 def _why_shape(shape, ty, axis, got, want) -> str:

@@ -35,6 +35,7 @@ import numpy as np
 from dpl import dtypes
 from dpl.errors import DplError
 from dpl.limits import MAX_ALTERNATIVES, LimitError
+from dpl.ir.dims import DimExpr, parse as parse_dim
 from dpl.ir.expr import Expr, freeze_attr_value
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -104,10 +105,15 @@ class Pattern:
                 dims.append(None)
             elif isinstance(d, (int, np.integer)) and not isinstance(d, bool):
                 dims.append(int(d))
-            elif isinstance(d, str):
+            elif isinstance(d, DimExpr):
                 dims.append(d)
+            elif isinstance(d, str):  # a name binds; an expression ("n * 4") compares once its names are bound
+                try:
+                    dims.append(parse_dim(d))
+                except DplError as err:
+                    raise PatternError(f"has_shape: {err.message}") from None
             else:
-                raise PatternError(f"has_shape: a dimension must be an int, a symbolic name or None, got {d!r}")
+                raise PatternError(f"has_shape: a dimension must be an int, a symbolic name, an expression or None, got {d!r}")
         return ShapePattern(self, tuple(dims))
 
     def has_attr(self, attrs_: Mapping[str, Any]) -> "AttrPattern":

@@ -19,6 +19,7 @@ import numpy as np
 
 from dpl import dtypes as dt
 from dpl.backends.registry import flatten, leaf_types, unflatten
+from dpl.ir.dims import evaluate, free_symbols
 from dpl.ir.expr import Call, Constant, Function, Module, Tuple, TupleGetItem, Var
 from dpl.ir.types import TupleType
 from dpl.runtime.config import FusionConfig
@@ -83,7 +84,10 @@ def profile_module(
         dims = dict(dims or {})
         inputs = []
         for p in exe.entry.params:
-            leaves = [_random(tuple(dims.setdefault(d, 1024) if isinstance(d, str) else d for d in t.shape), t.dtype, rng) for t in leaf_types(p.ty)]
+            for t in leaf_types(p.ty):  # a symbol no one sized is 1024; an expression dim is evaluated
+                for s in sorted(set().union(*map(free_symbols, t.shape))):
+                    dims.setdefault(s, 1024)
+            leaves = [_random(tuple(evaluate(d, dims) for d in t.shape), t.dtype, rng) for t in leaf_types(p.ty)]
             inputs.append(tuple(leaves) if isinstance(p.ty, TupleType) else leaves[0])
     plan = exe.plan(*inputs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dpl.errors import DplError
+from dpl.ir.dim_binding import DimMismatch, bind_shapes, concrete_shape
 from dpl.ir.types import TensorType, TupleType, Type
 
 
@@ -13,26 +14,31 @@ class ShapeError(DplError):
 
 
 def bind_dims(types: Sequence[TensorType], shapes: Sequence[tuple[int, ...]], what: Sequence[str], dims: dict[str, int] | None = None) -> dict[str, int]:
-    """Bind the symbolic dims of ``types`` from ``shapes``; a mismatch names the value."""
+    """Bind the symbolic dims of ``types`` from ``shapes``: plain symbols first, then a dim
+    linear in one unbound symbol (``n * 2``) solved for it, then every dim evaluated and
+    compared (:func:`dpl.ir.dim_binding.bind_shapes`); a mismatch names the value and the
+    expression."""
     dims = {} if dims is None else dims
+    entries = []
     for ty, shape, name in zip(types, shapes, what):
         if len(shape) != ty.ndim:
             raise ShapeError(f"{name} expects rank {ty.ndim} ({ty}), got shape {tuple(shape)}")
-        for axis, (want, got) in enumerate(zip(ty.shape, shape)):
-            if isinstance(want, str):
-                bound = dims.setdefault(want, got)
-                if bound != got:
-                    raise ShapeError(f"{name} has {got} in dimension {axis}, but '{want}' is already {bound}")
-            elif want != got:
-                raise ShapeError(f"{name} expects shape {ty}, got {tuple(shape)}")
-    return dims
+        if any(type(want) is int and want != got for want, got in zip(ty.shape, shape)):
+            raise ShapeError(f"{name} expects shape {ty}, got {tuple(shape)}")
+        entries.append((ty.shape, shape, name))
+    try:
+        return bind_shapes(entries, dims)
+    except DimMismatch as err:
+        raise ShapeError(err.message) from None
 
 
 def concrete(ty: Type, dims: dict[str, int], what: str) -> Type:
-    """``ty`` with every symbolic dim replaced by its bound value."""
+    """``ty`` with every symbolic dim replaced by its value (expressions evaluated)."""
     if isinstance(ty, TupleType):
         return TupleType(tuple(concrete(t, dims, what) for t in ty.fields))
-    unbound = [d for d in ty.shape if isinstance(d, str) and d not in dims]
-    if unbound:
-        raise ShapeError(f"cannot plan {what}: dim '{unbound[0]}' of {ty} is not determined by the inputs")
-    return TensorType(tuple(dims[d] if isinstance(d, str) else d for d in ty.shape), ty.dtype)
+    if ty.is_static:
+        return ty
+    try:
+        return TensorType(concrete_shape(ty.shape, dims, f"{ty}"), ty.dtype)
+    except DimMismatch as err:
+        raise ShapeError(f"cannot plan {what}: {err.message}") from None

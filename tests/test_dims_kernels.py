@@ -1,0 +1,276 @@
+"""Kernels over dimension expressions (issue 32): a fused group whose types have dims such as
+``n * 2``, ``m + 1`` or ``(n - m) // 2 + m`` lowers to loops and index arithmetic over those
+expressions (symbols are the kernel's dims, ``//`` and ``%`` floor), its C equals the
+interpreter at several sizes, and its CUDA source compiles with NVRTC and, built for the host,
+computes the same numbers."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import dpl
+from dpl.backends.cgen.emitter import emit_kernel
+from dpl.backends.cuda.emitter import CUDA_PRELUDE, HELPERS, emit_cuda, launch_arguments
+from dpl.errors import DplError
+from dpl.ir import FunctionBuilder, Module
+from dpl.ir import dims as D
+from dpl.kernel import evaluate as kernel_evaluate, lower_function
+from dpl.kernel.ir import Bin, dim_expr, index_value, to_c
+from dpl.kernel.lower import LoweringError
+
+P = D.parse
+ALWAYS = dpl.FusionConfig(min_nodes_for_fusion=1, max_graph_size=10_000, min_tensor_elements=0, fallback_on_error=False)
+
+
+def group(name, params, body):
+    """A Primitive function and a main that calls it: ``params`` is [(name, shape)] (f32)."""
+    g = FunctionBuilder(name, attrs={"Primitive": True})
+    fn = g.ret(body(g, *[g.param(n, "f32", s) for n, s in params]))
+    fb = FunctionBuilder("main")
+    out = fb.call(fn, *[fb.param(n, "f32", s) for n, s in params])
+    return Module([fb.ret(out), fn]), fn
+
+
+def inputs(fn, bindings, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(tuple(D.evaluate(d, bindings) for d in p.ty.shape)).astype(np.float32) for p in fn.params]
+
+
+def assert_close(want, got, label=""):
+    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+    assert want.shape == got.shape, label
+    scale = float(np.abs(want).max()) if want.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * max(scale, 1), err_msg=label)
+
+
+# -- index arithmetic from dimension expressions -----------------------------------------------
+
+EXPRESSIONS = ["n * 2", "m + 1", "(n + 3) // 2", "(n - m) // 2 + m", "(n - m) % 3", "n - m * 3 - 4", "min(n, m) + 1",
+               "max(n, 4) * 2", "n % m", "(n - 7) // m", "(n * m + 5) // 4 - n"]
+
+
+@pytest.mark.parametrize("text", EXPRESSIONS)
+def test_a_dim_as_index_arithmetic_has_its_value_everywhere(text):
+    """``dim_expr`` keeps floor semantics where an intermediate is negative (``(n - m) // 2``
+    at n < m), in the kernel IR's evaluation and in its C through the dims' helpers."""
+    d = P(text)
+    e = dim_expr(d)
+    for n in range(0, 9):
+        for m in range(1, 6):
+            assert index_value(e, {"n": n, "m": m}) == D.evaluate(d, {"n": n, "m": m}), (text, n, m)
+
+
+def test_floor_ops_appear_only_where_a_dividend_may_be_negative():
+    """By a constant the simplifier leaves a dividend with non-negative coefficients, which C's
+    ``/`` floors; by a symbol the dividend may be negative and the helpers floor."""
+    assert to_c(dim_expr(P("(n + 3) // 2"))) == "(((n + 1) / 2) + 1)"
+    assert to_c(dim_expr(P("(n - m) // 2"))) == "(((m + n) / 2) - m)"
+    assert to_c(dim_expr(P("(n - 7) // m"))) == "dpl_floordiv((n - 7), m)"
+    assert to_c(dim_expr(P("(n - 7) % m"))) == "dpl_mod((n - 7), m)"
+    assert to_c(dim_expr(P("min(n, 64)"))) == "((n < 64) ? n : 64)"
+    assert Bin("floordiv", dim_expr("n"), dim_expr(2)).dtype == "int64"
+
+
+def test_the_c_helpers_floor_like_python(tmp_path):
+    """Every EXPRESSIONS dim through ``emit_kernel``'s spelling of a buffer's strides is what
+    Python computes: a kernel copying x: f32[k, <dim>] reads each row at the right stride."""
+    for text in ["(n - 7) // m + 3", "(n - 7) % m + 1", "(n - m) // 2 + m", "n % m + 1"]:
+        mod, fn = group("fused_copy", [("x", (4, P(text))), ("s", ("n", "m"))],
+                        lambda g, x, s: g.emit("add", x, g.emit("sum", s)))
+        source = emit_kernel(lower_function(fn))
+        assert "DPL_DIM_HELPERS" in source and ("dpl_floordiv(" in source or "dpl_mod(" in source)
+        exe = dpl.build(mod, "cpu", config=ALWAYS)
+        for n, m in [(1, 4), (5, 4), (9, 2), (3, 3)]:  # C's truncation would differ at the first two
+            if D.evaluate(P(text), {"n": n, "m": m}) < 0:
+                continue
+            args = inputs(fn, {"n": n, "m": m}, n * 7 + m)
+            assert_close(dpl.interpret(mod, *args), exe(*args), f"{text} n={n} m={m}")
+
+
+# -- kernels: the dims are the free symbols, bound by solving ------------------------------------
+
+
+def test_a_symbol_only_inside_an_expression_is_a_kernel_dim():
+    _, fn = group("fused_exp", [("x", (P("n * 2"), P("m + 1")))], lambda g, x: g.emit("exp", x))
+    k = lower_function(fn)
+    assert set(k.dims) == {"n", "m"}
+    assert k.bind_dims([(6, 5), (6, 5)]) == {"n": 3, "m": 4}
+    text = str(k)
+    assert "for i0 in [0, (n * 2)):" in text and "for i1 in [0, (m + 1)):" in text
+    with pytest.raises(DplError, match=r"n \* 2"):
+        k.bind_dims([(7, 5), (7, 5)])  # no n gives 7
+    with pytest.raises(DplError, match=r"m \+ 1"):
+        k.bind_dims([(6, 5), (6, 4)])  # the output disagrees with the input
+
+
+def test_symbols_no_buffer_determines_are_a_lowering_error():
+    _, fn = group("fused_neg", [("x", (P("n * m"), 4))], lambda g, x: g.emit("negative", x))
+    with pytest.raises(LoweringError, match="n, m|m, n"):
+        lower_function(fn)
+
+
+def test_the_kernel_evaluator_binds_expression_dims():
+    mod, fn = group("fused_exp", [("x", (P("(n + 3) // 2"), 8)), ("s", ("n",))],
+                    lambda g, x, s: g.emit("multiply", g.emit("exp", x), g.emit("sum", s)))
+    k = lower_function(fn)
+    for n in (0, 1, 4, 7):
+        args = inputs(fn, {"n": n}, n)
+        assert_close(dpl.interpret(mod, *args), kernel_evaluate(k, *args), f"n={n}")
+
+
+# -- whole groups on the cpu target --------------------------------------------------------------
+
+GROUPS = {
+    # name: (params, body, bindings)
+    "softmax": ([("x", (P("n * 2"), P("m + 1")))], lambda g, x: g.emit("nn.softmax", x, axis=-1),
+                [{"n": 1, "m": 0}, {"n": 3, "m": 4}, {"n": 5, "m": 17}]),
+    "half_rows": ([("x", (P("(n + 3) // 2"), 8)), ("b", (8,)), ("s", ("n",))],  # s binds n: (n + 3) // 2 cannot
+                  lambda g, x, b, s: g.emit("nn.relu", g.emit("add", g.emit("add", x, b), g.emit("sum", s))),
+                  [{"n": 0}, {"n": 4}, {"n": 9}]),
+    "floor_rows": ([("x", (P("(n - 7) // m + 3"), P("(n - 7) % m + 1"))), ("s", ("n", "m"))],
+                   lambda g, x, s: g.emit("multiply", x, g.emit("sum", s)),
+                   [{"n": 1, "m": 4}, {"n": 5, "m": 4}, {"n": 9, "m": 2}]),
+    "merge_rows": ([("x", (P("n * 2"), P("m + 1")))],
+                   lambda g, x: g.emit("reshape", g.emit("tanh", x), shape=[P("n"), P("m * 2 + 2")]),
+                   [{"n": 1, "m": 0}, {"n": 3, "m": 2}, {"n": 4, "m": 6}]),
+    "concat": ([("x", ("n", 4)), ("y", (P("m + 1"), 4))],
+               lambda g, x, y: g.emit("sigmoid", g.emit("concat", [x, y], axis=0)), [{"n": 0, "m": 0}, {"n": 3, "m": 2}]),
+    "transposed_sum": ([("x", (P("n * 2"), P("m + 1")))],
+                       lambda g, x: g.emit("sum", g.emit("permute_dims", x, axes=[1, 0]), axis=[1], keepdims=True),
+                       [{"n": 1, "m": 1}, {"n": 6, "m": 3}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS))
+def test_groups_over_expression_dims_equal_the_interpreter_on_cpu(name):
+    params, body, sizes = GROUPS[name]
+    mod, fn = group(f"fused_{name}", params, body)
+    exe = dpl.build(mod, "cpu", config=ALWAYS)
+    assert "fall-back" not in exe.summary()
+    for k, bindings in enumerate(sizes):
+        args = inputs(fn, bindings, k)
+        assert_close(dpl.interpret(mod, *args), exe(*args), f"{name} {bindings}")
+
+
+def test_a_shape_that_fits_no_binding_names_the_expression():
+    mod, fn = group("fused_exp", [("x", (P("n * 2"), 4))], lambda g, x: g.emit("exp", x))
+    exe = dpl.build(mod, "cpu", config=ALWAYS)
+    with pytest.raises(DplError, match=r"n \* 2"):
+        exe(np.zeros((5, 4), np.float32))
+
+
+# -- the property: random elementwise and reduction groups ----------------------------------------
+
+SHAPES = [  # (shape, symbols' ranges); a binder parameter s: f32[n, m] joins where a symbol hides
+    ((P("n * 2"), P("m + 1")), False),
+    ((P("(n + 3) // 2"), 8), True),
+    ((P("(n - m) // 2 + m"), 4), True),
+    ((P("(n - 7) // m + 3"), P("(n - 7) % m + 1")), True),
+    ((P("min(n, m) + 1"), 3), True),
+    ((P("n % 3 + 1"), P("m * 2 + 1")), True),
+]
+UNARY = ["tanh", "negative", "sigmoid", "nn.relu", "abs"]
+BINARY = ["add", "multiply", "subtract", "maximum"]
+REDUCE = ["sum", "max", "mean"]
+
+
+@st.composite
+def random_groups(draw):
+    shape, binder = draw(st.sampled_from(SHAPES))
+    steps = draw(st.lists(st.tuples(st.sampled_from(["unary", "binary", "row", "column"]), st.integers(0, 99)),
+                          min_size=1, max_size=4))
+    params = [("x", shape), ("y", shape if draw(st.booleans()) else (1, shape[1]))]
+    if binder:
+        params.append(("s", ("n", "m")))
+
+    def body(g, x, y, *s):
+        v = x
+        for kind, pick in steps:
+            if kind == "unary":
+                v = g.emit(UNARY[pick % len(UNARY)], v)
+            elif kind == "binary":
+                v = g.emit(BINARY[pick % len(BINARY)], v, y)
+            else:  # a reduction over one axis, kept and broadcast back onto the rows or columns
+                r = g.emit(REDUCE[pick % len(REDUCE)], v, axis=[1 if kind == "row" else 0], keepdims=True)
+                v = g.emit(BINARY[pick % len(BINARY)], v, r)
+        return g.emit("add", v, g.emit("sum", s[0])) if s else v
+
+    return params, body, steps
+
+
+SIZES = [{"n": 1, "m": 1}, {"n": 2, "m": 5}, {"n": 7, "m": 3}, {"n": 12, "m": 2}]
+
+
+@pytest.fixture(scope="module")
+def nvrtc_or_none():
+    from dpl.backends.cuda import nvrtc
+
+    ok, _ = nvrtc.available()
+    return nvrtc if ok else None
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(random_groups())
+def test_random_groups_over_expression_dims(nvrtc_or_none, case):
+    """The cpu target gives the interpreter's numbers at several sizes (dims of at least 1, so
+    every reduction has an identity-free value), and the same kernel's CUDA source compiles."""
+    params, body, steps = case
+    mod, fn = group("fused_random", params, body)
+    exe = dpl.build(mod, "cpu", config=ALWAYS)
+    for k, bindings in enumerate(SIZES):
+        if any(D.evaluate(d, bindings) < 1 for _, shape in params for d in shape):
+            continue
+        args = inputs(fn, bindings, k)
+        assert_close(dpl.interpret(mod, *args), exe(*args), f"{steps} {bindings}")
+    if nvrtc_or_none is not None:
+        for mode, rows_from in (("thread", 10**9), ("block", 0)):
+            source = emit_cuda(lower_function(fn), f"k_{mode}", rows_from)
+            ptx = nvrtc_or_none.compile_ptx(source.code, f"{mode}.cu")
+            assert f".entry k_{mode}(" in ptx
+
+
+# -- CUDA: NVRTC and the host twin ---------------------------------------------------------------
+
+
+def _cuda_groups():
+    out = []
+    for name in ("softmax", "floor_rows", "merge_rows", "concat", "transposed_sum"):
+        params, body, sizes = GROUPS[name]
+        mod, fn = group(f"fused_{name}", params, body)
+        out.append((name, mod, fn, sizes))
+    return out
+
+
+def test_cuda_kernels_over_expression_dims_compile_with_nvrtc(nvrtc):
+    for name, _, fn, _ in _cuda_groups():
+        source = emit_cuda(lower_function(fn), f"k_{name}", 0)
+        assert "DPL_DIM_HELPERS" in source.code
+        assert f".entry k_{name}(" in nvrtc.compile_ptx(source.code, f"{name}.cu")
+
+
+def test_cuda_twin_over_expression_dims_equals_the_interpreter(cxx):
+    from dpl.backends.cuda.host import HostTwin
+
+    cases = []
+    for name, mod, fn, sizes in _cuda_groups():
+        for mode, rows_from in (("thread", 10**9), ("block", 0)):
+            cases.append((name, mod, fn, sizes, emit_cuda(lower_function(fn), f"k_{name}_{mode}", rows_from)))
+    twin = HostTwin([c[-1] for c in cases], block=8)
+    for name, mod, fn, sizes, source in cases:
+        for k, bindings in enumerate(sizes):
+            args = inputs(fn, bindings, k)
+            want = np.asarray(dpl.interpret(mod, *args))
+            out = np.full_like(want, np.nan)
+            for grid in (None, 1, 3):
+                twin.run(source.name, args, [out], grid=grid)
+                assert_close(want, out, f"{source.name} {bindings} grid={grid}")
+
+
+def test_cuda_launch_arguments_solve_expression_dims():
+    _, fn = group("fused_exp", [("x", (P("n * 2"), P("m + 1")))], lambda g, x: g.emit("exp", x))
+    source = emit_cuda(lower_function(fn), "k")
+    x = np.zeros((6, 5), np.float32)
+    arrays, dims = launch_arguments(source, [x], [np.zeros_like(x)])
+    assert dict(zip(source.dims, dims)) == {"n": 3, "m": 4}
+    with pytest.raises(DplError, match=r"m \+ 1"):
+        launch_arguments(source, [x], [np.zeros((6, 4), np.float32)])
