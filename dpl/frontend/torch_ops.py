@@ -773,18 +773,26 @@ def _slice(cx, self, dim=0, start=None, end=None, step=1):
     """A slice; along a symbolic dimension, or to a symbolic end, it must have a length a dpl
     type can hold (``x[:, -1:]``, ``mask[:seq]``): the strided_slice op says which do."""
     x = cx.tensor(self)
+    axis, start, end, whole = _slice_bounds(x, dim, start, end, step, "slices")
+    if whole:
+        return x
+    return cx.call("strided_slice", x, axes=[axis], begin=[start], end=[end], strides=[int(step)])
+
+
+def _slice_bounds(x, dim, start, end, step, verb: str):
+    """(axis, start, end, whether it is the whole axis) of a slice of ``x``: a missing start is
+    0, a missing end the axis's end, a static end clamped to a static size; a symbolic start
+    is refused."""
     axis = _axis(dim, x.ty.ndim)
     size = x.ty.shape[axis]
     start = 0 if start is None else start
     end = _TO_END if end is None else end
     if not isinstance(start, int):
-        raise FrontendError(f"slice start '{start}' is symbolic; dpl slices from a static start")
+        raise FrontendError(f"slice start '{start}' is symbolic; dpl {verb} from a static start")
     if isinstance(size, int) and isinstance(end, int):
         end = min(end, size)
-    whole = end == size or (isinstance(end, int) and end >= _TO_END)
-    if start == 0 and step == 1 and whole:
-        return x
-    return cx.call("strided_slice", x, axes=[axis], begin=[start], end=[end], strides=[int(step)])
+    whole = start == 0 and step == 1 and (end == size or (isinstance(end, int) and end >= _TO_END))
+    return axis, start, end, whole
 
 
 @aten("select.int")
@@ -1190,15 +1198,8 @@ def _copy(cx, self, src, non_blocking=False):
 def _slice_scatter(cx, self, src, dim=0, start=None, end=None, step=1):
     x = cx.tensor(self)
     s = cx.cast(cx.tensor(src), x.ty.dtype)
-    axis = _axis(dim, x.ty.ndim)
-    size = x.ty.shape[axis]
-    start = 0 if start is None else start
-    end = _TO_END if end is None else end
-    if not isinstance(start, int):
-        raise FrontendError(f"slice start '{start}' is symbolic; dpl writes into slices from a static start")
-    if isinstance(size, int) and isinstance(end, int):
-        end = min(end, size)
-    if start == 0 and step == 1 and (end == size or (isinstance(end, int) and end >= _TO_END)):
+    axis, start, end, whole = _slice_bounds(x, dim, start, end, step, "writes into slices")
+    if whole:
         return s  # the whole tensor written over
     return cx.call("slice_scatter", x, s, axes=[axis], begin=[start], end=[end], strides=[int(step)])
 

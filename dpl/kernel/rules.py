@@ -334,17 +334,14 @@ def row_index(idx: tuple, axes: list[int], rvars: list) -> tuple:
     return tuple(src)
 
 
-@rule(*COMBINER)
-def _reduction(lw, c, idx):
-    x = c.args[0]
-    xt = x.ty
-    axes = _axes(c.attrs["axis"], xt.ndim)
-    keep = c.attrs["keepdims"]
+def _reduced_source(idx, axes, ndim: int, keep: bool):
+    """``at(rvars)``: the input index a reduction over ``axes`` reads for output index ``idx``
+    and the reduction variables ``rvars`` (a kept axis's output index is 0, so skipped)."""
 
     def at(rvars):
         kept = iter(idx)
         src = []
-        for d in range(xt.ndim):
+        for d in range(ndim):
             if d in axes:
                 src.append(rvars[axes.index(d)])
                 if keep:
@@ -352,6 +349,17 @@ def _reduction(lw, c, idx):
             else:
                 src.append(next(kept))
         return tuple(src)
+
+    return at
+
+
+@rule(*COMBINER)
+def _reduction(lw, c, idx):
+    x = c.args[0]
+    xt = x.ty
+    axes = _axes(c.attrs["axis"], xt.ndim)
+    keep = c.attrs["keepdims"]
+    at = _reduced_source(idx, axes, xt.ndim, keep)
 
     acc = accum_dtype(xt.dtype)
     extents = [xt.shape[a] for a in axes]
@@ -659,19 +667,7 @@ def _arg_extreme(lw, c, idx):
     xt = x.ty
     axes = _axes(None if c.attrs["axis"] is None else [c.attrs["axis"]], xt.ndim)
     keep = c.attrs["keepdims"]
-
-    def at(rvars):
-        kept = iter(idx)
-        src = []
-        for d in range(xt.ndim):
-            if d in axes:
-                src.append(rvars[axes.index(d)])
-                if keep:
-                    next(kept)
-            else:
-                src.append(next(kept))
-        return tuple(src)
-
+    at = _reduced_source(idx, axes, xt.ndim, keep)
     extents = [xt.shape[a] for a in axes]
     extreme = lw.reduce(c.op, "maximum" if c.op == "argmax" else "minimum", xt.dtype, extents,
                         lambda r: lw.value(x, at(r)))
