@@ -37,7 +37,9 @@ at once run at once.
 
 from __future__ import annotations
 
+import difflib
 import logging
+import re
 import threading
 import time
 from typing import Any, TextIO
@@ -66,6 +68,12 @@ log = logging.getLogger(__name__)
 
 class RunError(DplError):
     """Arrays given to an Executable that do not fit its entry function or its outputs."""
+
+
+def _loose_name(name: str) -> str:
+    """A name with what a frontend changes when it makes a parameter of it (characters other
+    than letters, digits and _, a leading _ added) taken out: ``input.1`` and ``input_1`` meet."""
+    return re.sub(r"\W", "_", name).lstrip("_")
 
 
 WARNED_PER_REASON = 8  # units named in warnings per fall-back reason; the rest are in exe.fallbacks
@@ -294,6 +302,33 @@ class Executable(Compiler):
         with serial_builds():
             return Planner(self.module, self.entry, self, self.threads, self.adapt_threads).plan(specs)
 
+    def _by_name(self, arrays: tuple, named: dict) -> tuple:
+        """``arrays`` and then the ``named`` inputs in the entry's parameter order."""
+        params = [p.name for p in self.entry.params]
+        loose = {}  # a name as a model spells it (input.1) -> the parameter it became (input_1)
+        for name in params:
+            loose.setdefault(_loose_name(name), []).append(name)
+        given: dict[str, Any] = {}
+        for key, value in named.items():
+            found = [key] if key in params else loose.get(_loose_name(key), [])
+            if len(found) != 1:
+                close = difflib.get_close_matches(key, params, n=1)
+                guess = f"; did you mean {close[0]!r}?" if close and not found else ""
+                why = "names no input" if not found else f"could be any of {', '.join(found)}"
+                raise RunError(f"'{self.entry.name}' got the keyword {key!r}, which {why}{guess}",
+                               hint=f"its inputs, in order: {', '.join(params)}")
+            given[found[0]] = value
+        if len(arrays) > len(params):
+            raise RunError(f"'{self.entry.name}' takes {len(params)} inputs ({', '.join(params)}), got {len(arrays)} by position")
+        twice = [n for n in params[:len(arrays)] if n in given]
+        if twice:
+            raise RunError(f"input {twice[0]!r} of '{self.entry.name}' is given by position and by name")
+        missing = [n for n in params[len(arrays):] if n not in given]
+        if missing:
+            raise RunError(f"'{self.entry.name}' misses the input{'s' if len(missing) > 1 else ''} {', '.join(missing)}",
+                           hint=f"its inputs, in order: {', '.join(params)}")
+        return (*arrays, *(given[n] for n in params[len(arrays):]))
+
     def _flat_inputs(self, arrays) -> list[np.ndarray]:
         params = self.entry.params
         if len(arrays) != len(params):
@@ -321,8 +356,12 @@ class Executable(Compiler):
         return dict(self._plans)
 
     # -- running --------------------------------------------------------------------------------
-    def __call__(self, *arrays, out=None) -> Any:
-        """Run the entry function; returns fresh arrays, or fills and returns ``out``."""
+    def __call__(self, *arrays, out=None, **named) -> Any:
+        """Run the entry function; returns fresh arrays, or fills and returns ``out``. Inputs go
+        by position, or by the entry's parameter names (``exe(input_ids=ids)``, as the model was
+        called when it was imported; a name as the model wrote it, ``input.1``, finds the
+        parameter it became, ``input_1``)."""
+        arrays = self._by_name(arrays, named) if named else arrays
         resident = self._device_runner()
         if resident is not None:  # the whole plan on the device (backends/cuda/resident.py)
             return resident.run(self, arrays, out)
