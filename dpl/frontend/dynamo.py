@@ -23,9 +23,11 @@ Weights. Parameters and buffers are inputs of dynamo's graph; dpl builds them in
 (its patterns and constant folding need them), read where they lie, and checks at each call
 that they are unchanged (see :mod:`dpl.frontend.dynamo_call`).
 
-Shapes. Dynamo's symbolic sizes (``s27``) become dpl's symbolic dimensions of that name; one
-build serves every size dynamo's guards let through. A size dpl cannot write (``2*s27``)
-sends the node that needs it to torch.
+Shapes. Dynamo's symbolic sizes (``s27``) become dpl's symbolic dimensions of that name, and
+its expressions of them (``2*s27``, ``(s27 - 1)//2``) dpl's dimension expressions
+(:mod:`dpl.frontend.torch_dims`); one build serves every size dynamo's guards let through. A size
+dpl cannot write, or an equality only torch's guards know (a flattened ``4*(h//2)**2`` that is
+the weight's 64), sends the nodes that need it to torch, saying which.
 
 Autograd. With grad enabled and an input (a parameter, say) that requires grad, the graph runs
 in torch as dynamo captured it, so gradients are torch's (logged once); under
