@@ -189,3 +189,30 @@ def test_a_blas_loaded_later_is_capped_too(monkeypatch):
     assert len(threads._blas_controllers()) == 1 and len(scans) == 1  # nothing imported: no rescan
     monkeypatch.setitem(sys.modules, "a_module_bringing_a_blas", types.ModuleType("a_module_bringing_a_blas"))
     assert len(threads._blas_controllers()) == 2 and len(scans) == 2
+
+
+def test_a_budget_leaves_alone_a_blas_no_step_uses(cpu, monkeypatch):
+    """Capping and restoring a BLAS costs about 10 us a call: a plan whose steps all declare
+    their pools, none the BLAS, leaves it alone; a step that declares nothing (a NumPy
+    reference may call the BLAS) keeps every pool capped."""
+    from dpl.runtime import threads as th
+
+    class Lib:
+        n, sets = 4, 0
+
+        def get_num_threads(self):
+            return self.n
+
+        def set_num_threads(self, n):
+            self.n, self.sets = n, self.sets + 1
+
+    lib = Lib()
+    monkeypatch.setattr(th, "_blas_controllers", lambda: [lib])
+    args = args_for(C_ONLY)
+    c_only = dpl.build(dpl.apply(C_ONLY), [cpu, "numpy"], config=FUSE_ALL, threads=1)
+    c_only(*args)
+    plan = c_only.plan(*args)
+    assert plan.pools is not None and BLAS not in plan.pools and lib.sets == 0
+    reference = dpl.build(C_ONLY, "numpy", threads=1)
+    reference(*args)
+    assert reference.plan(*args).pools is None and lib.sets == 2 and lib.n == 4  # capped, then restored

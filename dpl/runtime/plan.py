@@ -126,6 +126,10 @@ class Plan:
         # the same steps on one thread, and which of the two a call takes (dpl.runtime.timed_choice)
         self.single_steps = single_steps
         self.thread_choice = thread_choice(threads) if single_steps is not None else None
+        # the pools a call's budget must cap: every step declares its own (threads.pools_of), or
+        # None, when one does not, and every pool is capped (a NumPy reference may use the BLAS)
+        declared = [getattr(s.kernel, "thread_pools", None) for s in steps]
+        self.pools = None if any(d is None for d in declared) else frozenset().union(*declared)
         self.output_pool = OutputPool(out_specs)
         self.view_groups = tuple(view_groups)  # Primitive groups of views only, run as views
         self._plan_views()
@@ -260,7 +264,7 @@ class Plan:
     def _on(self, threads, steps, views, arrays, out, timer) -> Any:
         if threads is None:  # no budget: not even the context manager's microsecond
             return self._run(steps, views, arrays, out, timer)
-        with budget_threads(threads):
+        with budget_threads(threads, self.pools):
             return self._run(steps, views, arrays, out, timer)
 
     def _run(self, steps, views: list[Any], arrays, out, timer) -> Any:

@@ -127,17 +127,19 @@ def blas_threads(n: int | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def budget_threads(n: int | None) -> Iterator[None]:
+def budget_threads(n: int | None, pools: frozenset[str] | None = None) -> Iterator[None]:
     """A plan's thread budget for one call: the loaded BLAS libraries (:func:`blas_threads`) and,
     when torch is loaded, torch's intra-op threads (which its MKL products and oneDNN
     convolutions use; an OpenMP cap alone does not bind MKL, whose own setting wins: measured)
-    on at most ``n`` threads; restored after. ``torch.set_num_threads`` costs about 0.1 us."""
+    on at most ``n`` threads; restored after. ``torch.set_num_threads`` costs about 0.1 us;
+    capping and restoring a BLAS through threadpoolctl about 10 us, so ``pools``, the pools a
+    plan's steps declare (None: not known, every pool capped), leaves alone a BLAS no step uses."""
     torch = sys.modules.get("torch") if n is not None else None
     before = torch.get_num_threads() if torch is not None else None
     if before is not None and before > n:
         torch.set_num_threads(n)
     try:
-        with blas_threads(n):
+        with blas_threads(n if pools is None or BLAS in pools else None):
             yield
     finally:
         if before is not None and before > n:
