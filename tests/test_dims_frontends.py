@@ -172,10 +172,10 @@ def test_shape_arithmetic_imports_as_expressions_and_runs_on_the_interpreter(cid
 
 @pytest.mark.parametrize("path", ["torch", "onnx"])
 @pytest.mark.parametrize("cid", [c[0] for c in CASES])
-def test_shape_arithmetic_builds_for_the_cpu(cid, path):
+def test_shape_arithmetic_builds_for_the_cpu(cid, path, request):
     needs.c_compiler()
-    if (cid, path) in CPU_NOT_YET:
-        pytest.skip(CPU_NOT_YET[cid, path])
+    if (cid, path) in CPU_NOT_YET:  # it runs, and must fail until the gap is closed (then drop the entry)
+        request.applymarker(pytest.mark.xfail(strict=True, reason=CPU_NOT_YET[cid, path]))
     _, _, shapes, _, other, _ = next(c for c in CASES if c[0] == cid)
     model, mod = _imported(cid, path)
     exe = dpl.build(dpl.apply(mod), "cpu")
