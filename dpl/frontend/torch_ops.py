@@ -798,15 +798,21 @@ def _slice_bounds(x, dim, start, end, step, verb: str):
 @aten("select.int")
 def _select(cx, self, dim, index):
     x = cx.tensor(self)
+    axis, index, end = _select_bounds(x, dim, index)
+    row = cx.call("strided_slice", x, axes=[axis], begin=[index], end=[end], strides=[1])
+    return cx.call("squeeze", row, axis=[axis])
+
+
+def _select_bounds(x, dim, index):
+    """(axis, begin, end) of the one element ``index`` along ``dim`` of ``x``: a static index,
+    negative ones counted from a static size's end; along a symbolic size -1 is the last."""
     axis = _axis(dim, x.ty.ndim)
     size = x.ty.shape[axis]
     if not isinstance(index, int) or (isinstance(size, int) and not -size <= index < size):
         raise FrontendError(f"index {index} is not a static index into dimension {axis} of size {size}")
     if isinstance(size, int):
         index %= size
-    end = _TO_END if index == -1 else index + 1  # along a symbolic size, -1 is the last element
-    row = cx.call("strided_slice", x, axes=[axis], begin=[index], end=[end], strides=[1])
-    return cx.call("squeeze", row, axis=[axis])
+    return axis, index, _TO_END if index == -1 else index + 1
 
 
 @aten("embedding.default")
@@ -1207,13 +1213,7 @@ def _slice_scatter(cx, self, src, dim=0, start=None, end=None, step=1):
 @aten("select_scatter.default")
 def _select_scatter(cx, self, src, dim, index):
     x = cx.tensor(self)
-    axis = _axis(dim, x.ty.ndim)
-    size = x.ty.shape[axis]
-    if not isinstance(index, int) or (isinstance(size, int) and not -size <= index < size):
-        raise FrontendError(f"index {index} is not a static index into dimension {axis} of size {size}")
-    if isinstance(size, int):
-        index %= size
-    end = _TO_END if index == -1 else index + 1
+    axis, index, end = _select_bounds(x, dim, index)
     row = cx.call("expand_dims", cx.cast(cx.tensor(src), x.ty.dtype), axis=[axis])
     return cx.call("slice_scatter", x, row, axes=[axis], begin=[index], end=[end], strides=[1])
 
