@@ -15,30 +15,22 @@ comparison covers the real tokens.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import re
 import warnings
 
-import numpy as np
 import pytest
 
 import needs
-from zoo import ARCHS, torch_outputs
+from zoo import ARCHS, LENGTHS, check_module, import_onnx, import_torch
 
 transformers = needs.package("transformers", module_level=True)
 torch = needs.package("torch", module_level=True)
 
 import dpl  # noqa: E402
-from dpl.frontend.torch_export import tensor_outputs  # noqa: E402
 
 # T5's relative position buckets take log(0) where a later where() discards it, as torch does
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning",
                                         "ignore:invalid value encountered in cast:RuntimeWarning")
 
-RTOL, ATOL = 1e-4, 1e-5
-LENGTHS = {False: (8, 5), True: (2, 3)}  # tokens, or images in a batch
 
 # Kept near a minute (torch.export and torch.onnx.export cost seconds a model): every required
 # architecture and OPT (cumsum positions) through torch; one of each family through ONNX (Qwen2,
@@ -49,9 +41,6 @@ TORCH = ["llama", "qwen2", "mistral", "phi3", "gpt2", "opt", "bert", "t5", "vit"
 ONNX = ["llama", "gpt2", "bert", "vit", "resnet"]
 EAGER = ["llama", "bert"]  # eager attention as well as SDPA
 
-# ops dpl computes op by op on the host where no C kernel exists, by their nature
-OPAQUE_BY_NATURE = {"take": "a gather", "cumsum": "a scan"}
-
 
 @pytest.fixture(scope="module", params=[(name, "sdpa") for name in TORCH] + [(name, "eager") for name in EAGER],
                 ids=lambda p: f"{p[0]}-{p[1]}")
@@ -59,39 +48,8 @@ def imported(request):
     """(arch, model, the ExportedProgram, the stock inputs it was exported on, the dpl module)."""
     name, attn = request.param
     arch = ARCHS[name]
-    model = arch.build(attn)
-    inputs = arch.inputs(LENGTHS[arch.vision][0], mask=arch.mask)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mod = dpl.from_torch(model, (), inputs, dynamic_shapes=arch.dynamic_shapes(inputs))
+    model, inputs, mod = import_torch(arch, attn)
     return arch, attn, model, inputs, mod
-
-
-def check_module(arch, model, mod, *, real_tokens_only=False, libraries=("rewrites", "llm")):
-    fused = dpl.apply(mod, list(libraries))
-    for target in ("cpu", "numpy"):
-        exe = dpl.build(fused, target)
-        for i, length in enumerate(LENGTHS[arch.vision]):
-            inputs = arch.inputs(length, seed=10 + i, mask=arch.mask)
-            want = torch_outputs(model, inputs)
-            got = exe(*[v.numpy() for v in inputs.values()])
-            got = list(got) if isinstance(got, (tuple, list)) else [got]
-            assert len(got) == len(want)
-            for g, w in zip(got, want):
-                g = np.asarray(g)
-                if real_tokens_only and "attention_mask" in inputs and g.ndim == 3:
-                    keep = inputs["attention_mask"].numpy().astype(bool)
-                    g, w = g[keep], w[keep]
-                np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"{arch.name} on {target} at {length}")
-        check_fallbacks(exe)
-
-
-def check_fallbacks(exe):
-    """Every fall-back is an op opaque by nature, and says why."""
-    for fallback in exe.fallbacks:
-        ops = set(re.findall(r"[a-z_.0-9]+", fallback.unit))
-        assert ops & set(OPAQUE_BY_NATURE), f"unexpected fall-back: {fallback}"
-        assert fallback.reason, fallback
 
 
 def test_torch_import_matches_torch(imported):
@@ -181,17 +139,8 @@ def onnx_imported(request):
     """(arch, model, the dpl module) of the torch.onnx.export(dynamo=True) of a zoo model."""
     needs.package("onnxscript")
     arch = ARCHS[request.param]
-    model = arch.build("sdpa")
-    inputs = arch.inputs(LENGTHS[arch.vision][0], mask=arch.mask)
-    handle = model.register_forward_hook(lambda _m, _a, out: tensor_outputs(torch, out))
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-            program = torch.onnx.export(model, (), kwargs=inputs, dynamic_shapes=arch.dynamic_shapes(inputs), dynamo=True)
-    finally:
-        handle.remove()
-    return arch, model, dpl.from_onnx(program.model_proto)
+    model, mod = import_onnx(arch)
+    return arch, model, mod
 
 
 def test_onnx_import_matches_torch(onnx_imported):

@@ -7,10 +7,21 @@ whole zoo imports and runs through both frontends in about a minute.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import re
+import warnings
+
 import attrs
 import numpy as np
 
 VOCAB = 128
+RTOL, ATOL = 1e-4, 1e-5
+LENGTHS = {False: (8, 5), True: (2, 3)}  # tokens, or images in a batch
+
+# ops dpl computes op by op on the host where no C kernel exists, by their nature
+OPAQUE_BY_NATURE = {"take": "a gather", "cumsum": "a scan"}
 
 _DECODER = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128)
@@ -118,3 +129,68 @@ def torch_outputs(model, inputs: dict) -> list[np.ndarray]:
         out = model(**inputs)
     values = out.values() if hasattr(out, "values") else out
     return [v.numpy() for v in values if isinstance(v, torch.Tensor)]
+
+
+def import_torch(arch, attn: str = "sdpa"):
+    """(model, stock inputs, the dpl module) of ``arch`` through torch.export, with its dynamic dim."""
+    import dpl
+
+    model = arch.build(attn)
+    inputs = arch.inputs(LENGTHS[arch.vision][0], mask=arch.mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = dpl.from_torch(model, (), inputs, dynamic_shapes=arch.dynamic_shapes(inputs))
+    return model, inputs, mod
+
+
+def import_onnx(arch, attn: str = "sdpa"):
+    """(model, the dpl module) of ``arch`` through torch.onnx.export(dynamo=True), with its dynamic dim."""
+    import torch
+
+    import dpl
+    from dpl.frontend.torch_export import tensor_outputs
+
+    model = arch.build(attn)
+    inputs = arch.inputs(LENGTHS[arch.vision][0], mask=arch.mask)
+    handle = model.register_forward_hook(lambda _m, _a, out: tensor_outputs(torch, out))
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+            program = torch.onnx.export(model, (), kwargs=inputs, dynamic_shapes=arch.dynamic_shapes(inputs), dynamo=True)
+    finally:
+        handle.remove()
+    return model, dpl.from_onnx(program.model_proto)
+
+
+def check_module(arch, model, mod, *, real_tokens_only=False, libraries=("rewrites", "llm")):
+    """Fused with ``libraries`` and built for cpu and numpy, ``mod`` computes what ``model`` does at
+    both of the arch's sizes; only ops opaque by nature fall back."""
+    import dpl
+
+    fused = dpl.apply(mod, list(libraries))
+    for target in ("cpu", "numpy"):
+        exe = dpl.build(fused, target)
+        for i, length in enumerate(LENGTHS[arch.vision]):
+            inputs = arch.inputs(length, seed=10 + i, mask=arch.mask)
+            want = torch_outputs(model, inputs)
+            got = exe(*[v.numpy() for v in inputs.values()])
+            got = list(got) if isinstance(got, (tuple, list)) else [got]
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                g = np.asarray(g)
+                if real_tokens_only and "attention_mask" in inputs and g.ndim == 3:
+                    keep = inputs["attention_mask"].numpy().astype(bool)
+                    g, w = g[keep], w[keep]
+                np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"{arch.name} on {target} at {length}")
+        check_fallbacks(exe)
+
+
+def check_fallbacks(exe):
+    """Every fall-back is an op opaque by nature, and says why."""
+    for fallback in exe.fallbacks:
+        ops = set(re.findall(r"[a-z_.0-9]+", fallback.unit))
+        assert ops & set(OPAQUE_BY_NATURE), f"unexpected fall-back: {fallback}"
+        assert fallback.reason, fallback
+
+
