@@ -11,6 +11,8 @@ import numpy as np
 
 from dpl.backends.registry import KINDS, Backend, Capabilities, CompileError, flatten, leaf_types, unflatten
 from dpl.interpret import run_function
+from dpl.ir.dim_binding import DimMismatch, bind_shapes
+from dpl.ir.extent_symbols import with_extent_symbols
 from dpl.ir.expr import GlobalVar
 from dpl.runtime.threads import BLAS
 
@@ -27,12 +29,15 @@ class NumpyBackend(Backend):
         return super().can_run(unit)
 
     def compile(self, function, *, module=None, shapes=()):
+        # run alone, a function binds its symbols from its own arrays: an extent they do not
+        # determine ((n + 1) // 2 - 1 with no n) gets a symbol of its own
+        function = with_extent_symbols(function)
         types = [p.ty for p in function.params]
         out_types = leaf_types(function.ret.ty)
 
         def kernel(inputs, outputs):
             # dims only the results carry (arange(end=seq), full of [seq, seq]) are read off them
-            out_dims = {d: n for t, o in zip(out_types, outputs) for d, n in zip(t.shape, o.shape) if isinstance(d, str)}
+            out_dims = result_dims(out_types, outputs)
             result = run_function(module, function, unflatten(types, inputs), outer_dims=out_dims)
             for dst, src in zip(outputs, flatten(result)):
                 np.copyto(dst, src, casting="no")
@@ -41,6 +46,18 @@ class NumpyBackend(Backend):
         if _calls_matmul(function, module):
             kernel.thread_pools = frozenset({BLAS})  # NumPy's matmul runs on BLAS's threads
         return kernel
+
+
+def result_dims(out_types, outputs) -> dict[str, int]:
+    """The dims the results' sizes determine, for a group whose inputs do not: a lone symbol
+    (``arange(end=seq)``), or one an expression linear in it solves (Swin's shifted-window
+    mask, constants broadcast to ``[batch * 16, ...]``)."""
+    dims: dict[str, int] = {}
+    try:
+        bind_shapes([(t.shape, o.shape, f"result {i}") for i, (t, o) in enumerate(zip(out_types, outputs))], dims)
+    except DimMismatch:
+        pass  # what the results leave unbound or contradict, the run reports against its inputs
+    return dims
 
 
 def _calls_matmul(function, module, depth=0) -> bool:
@@ -75,7 +92,7 @@ class NumpyKernelBackend(Backend):
         out_types = leaf_types(function.ret.ty)
 
         def kernel(inputs, outputs):
-            out_dims = {d: n for t, o in zip(out_types, outputs) for d, n in zip(t.shape, o.shape) if isinstance(d, str)}
+            out_dims = result_dims(out_types, outputs)
             result = evaluate(lowered, *inputs, dims=out_dims)
             for dst, src in zip(outputs, flatten(result)):
                 np.copyto(dst, src, casting="no")

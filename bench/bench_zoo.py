@@ -1,11 +1,12 @@
-"""The model zoo (tests/zoo.py) end to end: dpl against torch eager and torch.compile, one
-process per model and thread count, at 1 and 2 threads.
+"""The model zoo (tests/zoo.py) end to end: dpl against torch eager, torch.compile, ONNX Runtime
+and OpenVINO, one process per model and thread count, at 1 and 2 threads.
 
     python bench/bench_zoo.py                          # the ten required architectures, 1 and 2 threads
     python bench/bench_zoo.py --models llama,resnet --threads 1 --shapes 1x128
     python bench/bench_zoo.py --hidden 512 --layers 4  # bigger models
     python bench/bench_zoo.py --smoke                  # the zoo's own tiny configs, one small shape
     python bench/bench_zoo.py --json out.json          # also every number, as JSON
+    python bench/bench_zoo.py --models gpt2,resnet --threads 1 --smoke --no-compile --settle 0.2  # peers' smoke check
 
 Each architecture is the zoo's (a Hugging Face transformers model from its config, random seeded
 weights, ``sdpa`` attention, called the stock way: ``model(input_ids, attention_mask=...)`` with
@@ -27,13 +28,19 @@ thread pool leaks from one model into the next), and per shape:
 - torch eager: ``model(**inputs)`` under ``torch.no_grad``, ``torch.set_num_threads(N)``.
 - torch.compile: ``torch.compile(model, dynamic=False)`` (inductor, caches in a fresh directory;
   its first call is its build), recompiled at each shape.
+- ONNX Runtime and OpenVINO (the optional ``bench`` extra; ``--peers`` picks them): one
+  ``torch.onnx.export(dynamo=True)`` of the model at the shape, the same file for both, each on
+  N threads (bench/peers.py says how). An engine that is not installed says so in its column.
 
 dpl's outputs are checked against torch eager first (max abs error printed; ``!`` marks one
-outside rtol 1e-3 / atol 1e-4, which is then reported on stderr). The runs are interleaved (dpl,
-eager, compile, dpl, ...), each sample long enough to be timed (>= 20 ms of calls), and the
-tables give the medians of ``--repeat`` samples per contender and the ratios dpl/eager and
-dpl/compile (< 1: dpl is faster), and dpl's time at N threads over its time at 1 (dpl/1thr; issue
-17 asks for <= 1). A third table holds each row against this machine's arithmetic floor
+outside rtol 1e-3 / atol 1e-4, which is then reported on stderr), and so are each peer's (``!``
+after its time: it computed something else, and is left out of dpl/peer). The runs are
+interleaved (dpl, eager, compile, ONNX Runtime, OpenVINO, dpl, ...), ``--settle`` seconds of
+sleep after each sample (so one engine's spinning threads have stopped before the next starts),
+each sample long enough to be timed (>= 20 ms of calls), and the tables give the medians of
+``--repeat`` samples per contender and the ratios dpl/eager, dpl/compile and dpl / the faster
+peer (< 1: dpl is faster), and dpl's time at N threads over its time at 1 (dpl/1thr; issue 17
+asks for <= 1). Every table is headed by the CPU's model and instruction sets. A third table holds each row against this machine's arithmetic floor
 (bench/roofline.py): the products' and convolutions' flops as written, at the float32 FMA peak
 of one core measured in the child times its thread count, and the share of that peak dpl, eager,
 torch.compile and issue 17's target (0.85 x torch.compile's time) use. dpl's fall-backs (``exe.fallbacks``) are listed after the
@@ -76,6 +83,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from zoo import ARCHS, torch_outputs  # noqa: E402
 
+import peers  # noqa: E402  (bench/, beside this file)
 from roofline import fma_peak, product_flops  # noqa: E402  (bench/, beside this file)
 
 MODELS = ["llama", "qwen2", "mistral", "phi3", "gpt2", "opt", "bert", "t5", "vit", "resnet"]
@@ -140,9 +148,9 @@ def timed(fn):
     return value, (time.perf_counter() - start) * 1e3
 
 
-def interleaved(contenders: dict, repeat: int) -> dict[str, float]:
+def interleaved(contenders: dict, repeat: int, settle: float = 0.0) -> dict[str, float]:
     """Median ms per call of each contender, sampled in turn ``repeat`` times; a sample runs as
-    many calls as take ``SAMPLE_S``."""
+    many calls as take ``SAMPLE_S``, and ``settle`` seconds of sleep follow each."""
     counts = {}
     for name, fn in contenders.items():
         fn()
@@ -151,6 +159,7 @@ def interleaved(contenders: dict, repeat: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(repeat):
         for name, fn in contenders.items():
+            time.sleep(settle)
             start = time.perf_counter()
             for _ in range(counts[name]):
                 fn()
@@ -178,8 +187,40 @@ def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
-def bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, threads, repeat, compile_too, cache_root, peak):
-    """One row: dpl's costs and check, then the interleaved runs."""
+def add_peers(torch, model, inputs, want, threads, engines, cache_root, row, contenders) -> None:
+    """Each of ``engines`` (bench/peers.py) fed one ONNX export of ``model``, checked against
+    ``want`` and added to ``contenders``; a missing package, a failed export or session and a
+    mismatch are recorded in ``row``, never raised."""
+    ready = []
+    for engine in engines:
+        why = peers.missing(engine)
+        if why is not None:
+            row[f"{engine}_missing"] = why
+        else:
+            ready.append(engine)
+    if not ready:
+        return
+    path = Path(tempfile.mkdtemp(dir=cache_root)) / "model.onnx"
+    try:
+        _, row["export_ms"] = timed(lambda: peers.export(torch, model, inputs, path))
+    except Exception as err:  # the exporter's failure is a finding about the peers' input, not dpl's
+        for engine in ready:
+            row[f"{engine}_error"] = f"export: {first_line(err)}"
+        return
+    feeds = {name: value.numpy() for name, value in inputs.items()}
+    for engine in ready:
+        try:
+            run = peers.session(engine, path, threads)
+            row[f"{engine}_max_err"], row[f"{engine}_ok"] = max_errors(run(feeds), want)
+        except Exception as err:  # an engine that cannot take the export: its cell says so
+            row[f"{engine}_error"] = first_line(err)
+            continue
+        contenders[engine] = lambda run=run: run(feeds)
+
+
+def bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, threads, repeat, compile_too, cache_root, peak,
+                engines=(), settle=0.0):
+    """One row: dpl's costs and check, the peers' checks, then the interleaved runs."""
     row = {"model": arch.name, "shape": label, "threads": threads, "peak_gflops": peak / 1e9}
     want = torch_outputs(model, inputs)
     arrays = [v.numpy() for v in inputs.values()]
@@ -213,7 +254,8 @@ def bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, threads, rep
             contenders["compile"] = lambda: compiled(**inputs)
         except Exception as err:  # inductor needs a working C++ toolchain; report, do not crash
             row["compile_error"] = first_line(err)
-    row.update({f"{name}_ms": ms for name, ms in interleaved(contenders, repeat).items()})
+    add_peers(torch, model, inputs, want, threads, engines, cache_root, row, contenders)
+    row.update({f"{name}_ms": ms for name, ms in interleaved(contenders, repeat, settle).items()})
     return row
 
 
@@ -243,7 +285,7 @@ def child_rows(opts) -> list[dict]:
         peak = fma_peak(1, KernelCache(Path(cache_root) / "probe")) * opts.threads
         for label, inputs in model_shapes(arch, shapes):
             rows.append(bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, opts.threads, opts.repeat,
-                                    not opts.no_compile, cache_root, peak))
+                                    not opts.no_compile, cache_root, peak, parse_peers(opts.peers), opts.settle))
     return rows
 
 
@@ -255,7 +297,7 @@ def run_child(model: str, threads: int, opts) -> list[dict]:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, __file__, "--child", model, "--threads", str(threads), "--shapes", opts.shapes,
                "--repeat", str(opts.repeat), "--hidden", str(opts.hidden), "--layers", str(opts.layers),
-               "--image", str(opts.image), "--json", str(out)]
+               "--image", str(opts.image), "--json", str(out), "--peers", opts.peers, "--settle", str(opts.settle)]
         cmd += ["--smoke"] * opts.smoke + ["--no-compile"] * opts.no_compile
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0 or not out.exists():
@@ -272,34 +314,72 @@ def ratio(row, a, b):
     return f"{row[a] / row[b]:.2f}" if row.get(a) and row.get(b) else "-"
 
 
-def print_tables(rows, out=sys.stdout):
+def parse_peers(text: str) -> list[str]:
+    engines = [e.strip() for e in text.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in peers.ENGINES]
+    if unknown:
+        raise SystemExit(f"bench_zoo: --peers takes {', '.join(peers.ENGINES)} (comma-separated, or ''), got {', '.join(unknown)}")
+    return engines
+
+
+def peer_cell(row, engine) -> str:
+    """A peer's ms, ``!`` after it where its outputs did not match torch's; else why there is none."""
+    if isinstance(row.get(f"{engine}_ms"), (int, float)):
+        return f"{row[f'{engine}_ms']:.2f}{'' if row.get(f'{engine}_ok') else '!'}"
+    if f"{engine}_missing" in row:
+        return "absent"
+    return "error" if f"{engine}_error" in row else "-"
+
+
+def best_peer_ms(row) -> float | None:
+    """The faster peer's ms among those whose outputs matched torch's."""
+    times = [row[f"{e}_ms"] for e in peers.ENGINES if isinstance(row.get(f"{e}_ms"), (int, float)) and row.get(f"{e}_ok")]
+    return min(times) if times else None
+
+
+def print_cpu(cpu: str, out) -> None:
+    print(f"CPU: {cpu}", file=out)
+
+
+def print_tables(rows, out=sys.stdout, cpu: str | None = None):
+    """The tables of ``rows``, each headed by ``cpu`` (the CPU they were measured on; default this one's)."""
+    from dpl.host_cpu import describe
+
+    cpu = cpu or describe()
     one = {(r["model"], r["shape"]): r for r in rows if r["threads"] == 1}
-    print(f"{'model':8} {'shape':14} {'thr':>3} {'dpl ms':>9} {'eager ms':>9} {'compile ms':>10} {'dpl/eager':>9} "
-          f"{'dpl/comp':>8} {'max err':>9} {'dpl/1thr':>8}", file=out)
+    print_cpu(cpu, out)
+    print(f"{'model':8} {'shape':14} {'thr':>3} {'dpl ms':>9} {'eager ms':>9} {'compile ms':>10} {'ort ms':>9} {'ov ms':>9} "
+          f"{'dpl/eager':>9} {'dpl/comp':>8} {'dpl/peer':>8} {'max err':>9} {'dpl/1thr':>8}", file=out)
     for r in rows:
         err = "-" if "max_err" not in r else f"{r['max_err']:.1e}{'' if r['ok'] else '!'}"
         base = one.get((r["model"], r["shape"]), {}) if r["threads"] != 1 else {}
         scaling = f"{r['dpl_ms'] / base['dpl_ms']:.2f}" if r.get("dpl_ms") and base.get("dpl_ms") else ""
+        best = best_peer_ms(r)
+        vs_peer = f"{r['dpl_ms'] / best:.2f}" if r.get("dpl_ms") and best else "-"
         print(f"{r['model']:8} {r['shape']:14} {r['threads']:3d} {cell(r, 'dpl_ms', '9.2f'):>9} {cell(r, 'eager_ms', '9.2f'):>9} "
-              f"{cell(r, 'compile_ms', '10.2f'):>10} {ratio(r, 'dpl_ms', 'eager_ms'):>9} {ratio(r, 'dpl_ms', 'compile_ms'):>8} {err:>9} "
+              f"{cell(r, 'compile_ms', '10.2f'):>10} {peer_cell(r, 'ort'):>9} {peer_cell(r, 'openvino'):>9} "
+              f"{ratio(r, 'dpl_ms', 'eager_ms'):>9} {ratio(r, 'dpl_ms', 'compile_ms'):>8} {vs_peer:>8} {err:>9} "
               f"{scaling:>8}", file=out)
     print("\nwhat it costs to get there, ms (dpl's import, apply, build with a fresh kernel cache and again warm;"
-          " torch.compile's first call)", file=out)
-    print(f"{'model':8} {'shape':14} {'thr':>3} {'import':>8} {'apply':>8} {'build cold':>10} {'build warm':>10} {'compile 1st':>11}", file=out)
+          " torch.compile's first call; the peers' ONNX export)", file=out)
+    print_cpu(cpu, out)
+    print(f"{'model':8} {'shape':14} {'thr':>3} {'import':>8} {'apply':>8} {'build cold':>10} {'build warm':>10} {'compile 1st':>11} "
+          f"{'export':>8}", file=out)
     for r in rows:
         print(f"{r['model']:8} {r['shape']:14} {r['threads']:3d} {cell(r, 'import_ms', '8.0f'):>8} {cell(r, 'apply_ms', '8.0f'):>8} "
-              f"{cell(r, 'build_cold_ms', '10.0f'):>10} {cell(r, 'build_warm_ms', '10.1f'):>10} {cell(r, 'compile_first_ms', '11.0f'):>11}",
-              file=out)
-    print_roofline(rows, out)
-    notes = sorted({f"{r['model']} {r['shape']} threads {r['threads']}: {k}: {r[k]}" for r in rows
-                    for k in ("dpl_error", "compile_error") if k in r})
+              f"{cell(r, 'build_cold_ms', '10.0f'):>10} {cell(r, 'build_warm_ms', '10.1f'):>10} {cell(r, 'compile_first_ms', '11.0f'):>11} "
+              f"{cell(r, 'export_ms', '8.0f'):>8}", file=out)
+    print_roofline(rows, out, cpu)
+    keys = ("dpl_error", "compile_error", *(f"{e}_{why}" for e in peers.ENGINES for why in ("error", "missing")))
+    notes = sorted({f"{r['model']} {r['shape']} threads {r['threads']}: {k}: {r[k]}" for r in rows for k in keys if k in r})
     by_fallback: dict[str, list[str]] = {}
     for r in rows:
         for f in r.get("fallbacks", ()):
             if r["model"] not in by_fallback.setdefault(f, []):
                 by_fallback[f].append(r["model"])
     falls = [f"{f}  [{', '.join(models)}]" for f, models in sorted(by_fallback.items())]
-    bad = sorted({f"{r['model']} {r['shape']} threads {r['threads']}: max err {r['max_err']:.2e}" for r in rows if r.get("ok") is False})
+    bad = sorted({f"{r['model']} {r['shape']} threads {r['threads']}: {who}max err {r[f'{key}max_err']:.2e}" for r in rows
+                  for who, key in [("", ""), *((f"{e}: ", f"{e}_") for e in peers.ENGINES)] if r.get(f"{key}ok") is False})
     print("\ndpl's fall-backs, failures and mismatches:", file=out)
     for line in notes + falls + bad or ["none"]:
         print(f"  {line}", file=out)
@@ -310,13 +390,14 @@ def share(row, key, peak_ms):
     return f"{100 * peak_ms / row[key]:.0f}%" if row.get(key) and peak_ms else "-"
 
 
-def print_roofline(rows, out):
+def print_roofline(rows, out, cpu: str):
     """Each row against the floor of bench/roofline.py: its products' flops at this machine's
     FMA peak for the row's threads, the share of that peak each contender used, and the share
     issue 17's target (0.85 x torch.compile's time) asks for."""
     peaks = sorted({f"{r['peak_gflops']:.0f} at {r['threads']}" for r in rows if r.get("peak_gflops")})
     print(f"\nagainst the float32 FMA peak (GFLOP/s at threads: {', '.join(peaks) or '-'}): the products' and"
           " convolutions' flops as written, the floor they set, the share of the peak each run used", file=out)
+    print_cpu(cpu, out)
     print(f"{'model':8} {'shape':14} {'thr':>3} {'GFLOP':>7} {'floor ms':>9} {'dpl':>5} {'eager':>6} {'compile':>7} "
           f"{'0.85 x compile':>14}", file=out)
     for r in rows:
@@ -339,6 +420,10 @@ def main(argv=None):
     parser.add_argument("--image", type=int, default=224, help="image size of ResNet and ViT (default: 224)")
     parser.add_argument("--smoke", action="store_true", help="the zoo's tiny configs at one small shape, few repeats")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--peers", default=",".join(peers.ENGINES),
+                        help=f"engines fed one ONNX export, comma-separated, '' for none (default: {','.join(peers.ENGINES)})")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help="sleep this long after each sample, so one engine's threads are idle before the next runs")
     parser.add_argument("--json", help="write every row to this file")
     parser.add_argument("--tables", metavar="JSON", help="print the tables of an earlier run's --json file and stop")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one model, in this process
@@ -346,10 +431,14 @@ def main(argv=None):
     opts.shapes = opts.shapes or (SMOKE_SHAPES if opts.smoke else SHAPES)
     opts.repeat = opts.repeat or (3 if opts.smoke else 10)
     parse_shapes(opts.shapes)
+    engines = parse_peers(opts.peers)
+    if opts.settle < 0:
+        parser.error("--settle takes seconds >= 0")
     if opts.tables:
-        rows = json.loads(Path(opts.tables).read_text())["rows"]
+        data = json.loads(Path(opts.tables).read_text())
+        rows = data["rows"]
         order = list(dict.fromkeys(r["model"] for r in rows))
-        print_tables(sorted(rows, key=lambda r: (order.index(r["model"]), r["shape"], r["threads"])))
+        print_tables(sorted(rows, key=lambda r: (order.index(r["model"]), r["shape"], r["threads"])), cpu=data.get("cpu"))
         return
     if opts.child:
         opts.threads = int(opts.threads)
@@ -364,9 +453,12 @@ def main(argv=None):
         threads = [int(t) for t in opts.threads.split(",")]
     except ValueError:
         parser.error(f"--threads takes integers separated by commas, got {opts.threads!r}")
+    from dpl.host_cpu import describe
+
     size = "the zoo's configs" if opts.smoke else f"hidden {opts.hidden}, {opts.layers} layers, images {opts.image}"
-    print(f"bench_zoo: {size}; shapes {opts.shapes}; median of {opts.repeat} interleaved samples; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
+    versions = ", ".join(f"{peers.TITLES[e]} {peers.version(e)}" for e in engines) or "no peers"
+    print(f"bench_zoo: {size}; shapes {opts.shapes}; median of {opts.repeat} interleaved samples, {opts.settle:g} s settle; "
+          f"{versions}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
     rows = []
     for model in models:
         for t in threads:
@@ -375,7 +467,7 @@ def main(argv=None):
             print(f"  {model} at {t} thread(s): {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
             if opts.json:  # after every model: a long run that stops early keeps what it measured
                 options = {k: v for k, v in vars(opts).items() if k not in ("child", "tables")}
-                Path(opts.json).write_text(json.dumps({"options": options, "rows": rows}, indent=1))
+                Path(opts.json).write_text(json.dumps({"options": options, "cpu": describe(), "rows": rows}, indent=1))
     rows.sort(key=lambda r: (models.index(r["model"]), r["shape"], r["threads"]))
     print_tables(rows)
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

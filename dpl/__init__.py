@@ -36,6 +36,10 @@ def __getattr__(name: str):
         from dpl.frontend.torch_export import from_torch
 
         return from_torch
+    if name in ("save_package", "load_package", "PackageError"):  # they import the CPU backend (0.3 s)
+        from dpl import package
+
+        return getattr(package, name)
     if name == "compile":  # torch.compile(model, backend=dpl's backend)
         from dpl.frontend.dynamo import compile
 
@@ -57,6 +61,8 @@ __all__ = [
     "Trace", "apply", "fold_constants", "fuse_ops", "fuse_ops_by_pattern",
     # runtime
     "FusionConfig", "build", "register_codegen",
+    # a built executable in one file, run where no C compiler is
+    "PackageError", "load_package", "save_package",
     # pictures of what fusion did
     "draw",
     # frontends (each loads its framework on first use)

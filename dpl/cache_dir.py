@@ -2,10 +2,12 @@
 
 Everything lives under platformdirs' user cache directory (``~/.cache/dpl`` on Linux, which
 follows ``XDG_CACHE_HOME`` as the platform's convention says), one folder per store:
-``kernels`` (the CPU backend's compiled kernels), ``cuda-twin`` (the host twins of the CUDA
+``kernels`` (the CPU backend's compiled kernels), ``packaged`` (the kernels of loaded packages,
+``dpl.package``, and the profiles they carry), ``cuda-twin`` (the host twins of the CUDA
 kernels), ``parsers`` (Lark's parse tables) and ``products`` (the measured choice of products
 library, ``dpl.backends.cpu.products_choice``). A caller may name another directory instead
-(``CpuBackend(cache_dir=...)``); nothing here reads an environment variable of dpl's own.
+(``CpuBackend(cache_dir=...)``); nothing here reads an environment variable of dpl's own. A folder
+several machines share (an NFS home) is safe to use at once: see ``dpl.runtime.disk_cache``.
 
 What is loaded from a cache runs in this process, so a directory is used only when it is
 private: owned by this user, writable by nobody else, and inside parents that nobody else can

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import needs
 
 needs.package("torch", module_level=True)
@@ -51,7 +53,60 @@ def test_smoke_run_prints_the_tables(tmp_path):
     assert not row[-1].endswith("!")  # the max error is within tolerance
     assert any(line.startswith("what it costs") for line in lines)
     assert any(line.startswith("against the float32 FMA peak") for line in lines)
+    assert sum(line.startswith("CPU: ") for line in lines) == 3  # beside every table
     (result,) = json.loads(out.read_text())["rows"]
     assert result["ok"] and result["max_err"] < 1e-4 and "dpl_error" not in result
+    for engine, column in (("ort", 6), ("openvino", 7)):  # the peers: timed and checked where installed
+        if bench_zoo.peers.missing(engine):
+            assert row[column] == "absent" and engine in result[f"{engine}_missing"]
+        else:
+            assert float(row[column]) > 0 and result[f"{engine}_ok"] and result[f"{engine}_max_err"] < 1e-4
     assert result["build_cold_ms"] > 0 and result["import_ms"] > 0
     assert result["gflop"] > 0 and result["peak_gflops"] > 1
+
+
+def table_row(**fields):
+    return {"model": "gpt2", "shape": "1x16", "threads": 1, "dpl_ms": 2.0, "eager_ms": 4.0, "max_err": 1e-6, "ok": True, **fields}
+
+
+def test_the_peers_columns_say_absent_mismatched_and_the_ratio_to_the_faster_peer():
+    import io
+
+    rows = [table_row(ort_ms=1.0, ort_ok=False, ort_max_err=0.5, openvino_ms=4.0, openvino_ok=True, openvino_max_err=1e-7),
+            table_row(shape="1x32", ort_missing="onnxruntime not installed", openvino_error="RuntimeError: no")]
+    out = io.StringIO()
+    bench_zoo.print_tables(rows, out, cpu="Some CPU, 2 cores, avx2 fma")
+    text = out.getvalue()
+    lines = text.splitlines()
+    first, second = [line.split() for line in lines if line.startswith("gpt2 ")][:2]  # the first table's rows
+    assert first[6:11] == ["1.00!", "4.00", "0.50", "-", "0.50"]  # ORT mismatched: out of dpl/peer (2.0 / 4.0)
+    assert second[6:8] == ["absent", "error"] and second[10] == "-"
+    assert text.count("CPU: Some CPU, 2 cores, avx2 fma\n") == 3
+    assert "1x32 threads 1: ort_missing: onnxruntime not installed" in text
+    assert "1x32 threads 1: openvino_error: RuntimeError: no" in text
+    assert "1x16 threads 1: ort: max err 5.00e-01" in text
+
+
+def test_a_missing_or_failing_peer_is_recorded_not_raised(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench_zoo.peers, "missing", lambda engine: "not installed" if engine == "ort" else None)
+    monkeypatch.setattr(bench_zoo.peers, "export", lambda torch, model, inputs, path: path.write_bytes(b"onnx"))
+
+    def session(engine, path, threads):
+        raise RuntimeError(f"{engine} cannot read it")
+
+    monkeypatch.setattr(bench_zoo.peers, "session", session)
+    row, contenders = {}, {}
+    bench_zoo.add_peers(None, None, {}, [], 1, ["ort", "openvino"], tmp_path, row, contenders)
+    assert row["ort_missing"] == "not installed" and row["openvino_error"] == "RuntimeError: openvino cannot read it"
+    assert contenders == {} and row["export_ms"] >= 0
+
+
+def test_samples_are_interleaved_with_the_settle_between_them(monkeypatch):
+    calls, sleeps = [], []
+    monkeypatch.setattr(bench_zoo.time, "sleep", lambda s: (sleeps.append(s), calls.append("sleep")))
+    monkeypatch.setattr(bench_zoo, "SAMPLE_S", 0.0)  # one call a sample
+    medians = bench_zoo.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 2, settle=0.25)
+    assert set(medians) == {"a", "b"}
+    assert calls[4:] == ["sleep", "a", "sleep", "b"] * 2 and sleeps == [0.25] * 4  # after the warm-up and count calls
+    with pytest.raises(SystemExit, match="--peers takes ort, openvino"):
+        bench_zoo.parse_peers("ort,tensorrt")

@@ -154,7 +154,7 @@ def test_profile_gives_a_time_per_kernel(no_c_compiler):
     exe = dpl.build(mod, "cpu", config=CONFIGS["fuse_all"])
     report = exe.profile(*inputs_for(mod, {}), repeat=3)
     assert [r.label for r in report.rows] == ["fused fused_silu_multiply", "fused fused_add_rms_norm", "fused fused_scale_exp", "op add"]
-    assert all(r.backend == "numpy" and r.min_ms > 0 and r.mean_ms >= r.min_ms for r in report.rows)
+    assert all(r.backend == "numpy" and r.min_ms > 0 and r.median_ms >= r.min_ms for r in report.rows)
     assert "total" in str(report)
 
 

@@ -64,7 +64,7 @@ TABLE = {
 # command -> (--json arguments, the documented keys)
 JSON_KEYS = {
     "run": (["m.ir", "--target", "numpy", "--check", "--time", "--repeat", "2"],
-            {"file", "entry", "target", "patterns", "outputs", "ran_on", "fallbacks", "check", "time"}),
+            {"file", "entry", "target", "patterns", "outputs", "ran_on", "fallbacks", "check", "time", "package"}),
     "check": (["p.dpl"], {"rules", "count", "shadowed"}),
     "fuse": (["m.ir", "-p", "p.dpl", "--report"], {"module", "output", "events"}),
     "profile": (["m.ir", "--dim", "n=4", "--repeat", "1", "--target", "numpy"], {"module", "output", "fused_first", "groups"}),

@@ -54,7 +54,8 @@ def test_the_user_cache_with_its_parse_tables_and_products_choices(tmp_path, lib
     (products / f"{'a' * 24}.json").write_bytes(b"{}")
     here = products / products_choice.stored_here()
     here.write_text(json.dumps(dict(numpy_matmul=2.0, numpy_conv=1.0, torch_matmul=2.5, torch_conv=0.5, packed_matmul=1.0,
-                                    machine="Some CPU, 2 cores; NumPy 2, torch 2, gcc 12")))
+                                    spread=0.04, when="2026-01-02T03:04:05+00:00",
+                                    machine="Some CPU, 2 cores, avx2 fma; NumPy 2 with openblas 0.3, torch 2, gcc 12, dpl 0.1")))
     for p in products.iterdir():
         p.chmod(0o600)
     foreign = [parsers / "ir-0.lark", parsers / "write.lock", products / "notes.json"]  # not names dpl writes
@@ -67,7 +68,10 @@ def test_the_user_cache_with_its_parse_tables_and_products_choices(tmp_path, lib
     assert f"products: {products}: 2 products choices, {2 + here.stat().st_size} bytes" in out
     # what each choice holds, this machine's first
     assert (f"  {here.name} (this machine): products by NumPy, float32 ones by the packed routine, convolutions by "
-            "torch; measured on Some CPU, 2 cores; NumPy 2, torch 2, gcc 12\n"
+            "torch; measured at 2026-01-02T03:04:05+00:00 on Some CPU, 2 cores, avx2 fma; NumPy 2 with openblas 0.3, torch 2, "
+            "gcc 12, dpl 0.1\n"
+            "    products NumPy 2.00 ms, torch 2.50, packed 1.00; convolution im2col 1.00, torch 0.50; median of 9 rounds, "
+            "spread 4%\n"
             f"  {'a' * 24}.json (another CPU or other library versions, unused here): unreadable; measured again when needed") in out
     assert not (tmp_path / "dpl" / "cuda-twin").exists()  # a report creates nothing
     assert main(["cache", "clear"]) == 0
@@ -80,3 +84,32 @@ def test_the_user_cache_with_its_parse_tables_and_products_choices(tmp_path, lib
 
 def test_an_action_is_required():
     assert main(["cache"]) == 2  # a usage error
+
+
+def test_reset_choices_removes_the_products_choices_and_the_next_build_measures_again(tmp_path, library, monkeypatch, capsys):
+    """The user's way: a kept choice shows in ``dpl cache info``, ``dpl cache reset-choices``
+    removes it (the kernels stay), and the next ``products="auto"`` measures again."""
+    monkeypatch.setattr(dpl.cli.cache, "store_dir", lambda name: tmp_path / "dpl" / name)
+    monkeypatch.setattr(dpl.cli.cache, "user_cache_root", lambda: tmp_path / "dpl")
+    monkeypatch.setattr(products_choice, "store_dir", lambda name: tmp_path / "dpl" / name)
+    monkeypatch.setattr(products_choice, "_chosen", {})
+    fill(tmp_path / "dpl" / "kernels", library, 1)
+    measured = []
+
+    def measure(cc, load=None):
+        measured.append(cc)
+        return products_choice.Measured(numpy_matmul=2.0, numpy_conv=1.0, packed_matmul=1.5, spread=0.02, when="now")
+
+    monkeypatch.setattr(products_choice, "measure", measure)
+    assert products_choice.products("auto").packs and len(measured) == 1
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert f"  {products_choice.stored_here()} (this machine): products by NumPy, float32 ones by the packed routine" in out
+    assert "measured at now on " in out and "packed 1.50; convolution im2col 1.00, torch -; median of 9 rounds, spread 2%" in out
+    assert main(["cache", "reset-choices"]) == 0
+    assert capsys.readouterr().out == f"products: removed 1 products choice from {tmp_path / 'dpl' / 'products'}\n"
+    assert not list((tmp_path / "dpl" / "products").glob("*.json"))
+    assert LibraryCache(tmp_path / "dpl" / "kernels").info().entries == 1  # the kernels are kept
+    monkeypatch.setattr(products_choice, "_chosen", {})  # the next process
+    products_choice.products("auto")
+    assert len(measured) == 2

@@ -119,11 +119,6 @@ CASES = [
     ("range_and_zeros", RangeAndZeros, [(4, 3)], lambda: ({0: _dim("n")},), [(7, 3)], "(f32[n, 3], f32[n * 2, 3])"),
 ]
 
-# the CPU runtime does not run these yet (not a frontend matter): the parameter of a fused
-# function whose dim is an expression no input binds alone
-CPU_NOT_YET = {("strided_conv1d", "onnx"): "a fused group's parameter f32[2, 6, (n + 1) // 2 - 1] leaves n unbound"}
-
-
 def _inputs(shapes, seed):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(*s, generator=g) for s in shapes)
@@ -172,10 +167,8 @@ def test_shape_arithmetic_imports_as_expressions_and_runs_on_the_interpreter(cid
 
 @pytest.mark.parametrize("path", ["torch", "onnx"])
 @pytest.mark.parametrize("cid", [c[0] for c in CASES])
-def test_shape_arithmetic_builds_for_the_cpu(cid, path, request):
+def test_shape_arithmetic_builds_for_the_cpu(cid, path):
     needs.c_compiler()
-    if (cid, path) in CPU_NOT_YET:  # it runs, and must fail until the gap is closed (then drop the entry)
-        request.applymarker(pytest.mark.xfail(strict=True, reason=CPU_NOT_YET[cid, path]))
     _, _, shapes, _, other, _ = next(c for c in CASES if c[0] == cid)
     model, mod = _imported(cid, path)
     exe = dpl.build(dpl.apply(mod), "cpu")
@@ -250,6 +243,24 @@ def test_a_size_no_dim_expression_holds_is_an_error_naming_the_part():
         _sympy_dim(s0 / 2)
     with pytest.raises(FrontendError, match=r"whose part sqrt\(s0\) \(Pow\) no dpl dimension expression holds"):
         _sympy_dim(sympy.sqrt(s0))
+
+
+def test_a_min_or_max_that_torchs_ranges_decide_becomes_its_operand():
+    """torch knows its symbols' ranges (a Dim's min and max), dpl only that sizes are >= 0: the
+    operand those ranges rule out is dropped, so the size equals the one ops derive."""
+    import sympy
+    import torch.utils._sympy.functions as tf
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    from dpl.frontend.torch_dims import sympy_dim
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    ranges = {s0: ValueRanges(277, 4096)}
+    name = {"s0": "n"}.__getitem__
+    assert dims.text(sympy_dim(tf.Max(tf.FloorDiv(s0, 10), 1) - 1, name, "the size", ranges)) == "n // 10 - 1"
+    assert sympy_dim(tf.Min(s0, 64), name, "the size", ranges) == 64
+    assert dims.text(sympy_dim(tf.Min(s0, 1000), name, "the size", ranges)) == "min(n, 1000)"  # either may be less
+    assert dims.text(sympy_dim(tf.Max(tf.FloorDiv(s0, 10), 1), name, "the size")) == "max(n // 10, 1)"  # no ranges
 
 
 # -- ONNX shape arithmetic ---------------------------------------------------------------------
@@ -381,6 +392,32 @@ def test_onnx_merged_value_moved_off_the_front_is_read_flattened():
     np.testing.assert_array_equal(dpl.interpret(mod, x), x.reshape(-1, 4).T)
 
 
+def test_onnx_merged_value_reshaped_to_minus_one_of_other_trailing_axes():
+    # MobileViT's folding: [-1, 4] merges batch with 2, then [-1, 2, 4] restores it (the
+    # exporter writes the batch as -1): the -1 is not the merged axis
+    nodes = [helper.make_node("Reshape", ["x", "merge"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("Reshape", ["r", "fold"], ["y"])]
+    model = _model(nodes, [_tensor("x", ["batch", 2, 4])], [_tensor("y", [None, 2, 4])],
+                   [_ints("merge", [-1, 4]), _ints("fold", [-1, 2, 4])])
+    mod = dpl.from_onnx(model)
+    assert str(mod["main"].ret.ty) == "f32[batch, 2, 4]"
+    x = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(np.float32)
+    np.testing.assert_array_equal(dpl.interpret(mod, x), np.maximum(x, 0))
+
+
+def test_an_onnx_value_info_dim_the_exporter_left_unknown_is_not_zero():
+    # Swin's pooler as torch.onnx writes it: Range(0, batch, 1) whose value_info dim has neither
+    # a dim_param nor a dim_value; read as 0 it sliced the range to nothing
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=0, end=1), helper.make_node("Squeeze", ["s"], ["n"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=1)]
+    model = _model(nodes, [_tensor("x", ["batch", 2])], [_tensor("y", [None])],
+                   [helper.make_tensor("zero", TensorProto.INT64, [], [0]), helper.make_tensor("one", TensorProto.INT64, [], [1])])
+    model.graph.value_info.append(_tensor("r", [None], TensorProto.INT64))
+    mod = dpl.from_onnx(model)
+    assert str(mod["main"].ret.ty) == "f32[batch]"
+    np.testing.assert_array_equal(dpl.interpret(mod, np.zeros((3, 2), np.float32)), np.arange(3, dtype=np.float32))
+
+
 def test_onnx_tile_of_a_symbolic_axis():
     nodes = [helper.make_node("Tile", ["x", "reps"], ["y"])]
     model = _model(nodes, [_tensor("x", ["n", 2])], [_tensor("y", [None, None])], [_ints("reps", [3, 2])])
@@ -404,6 +441,22 @@ def test_a_merged_torch_value_is_read_flattened_by_ops_that_are_not_row_wise():
         x = torch.randn(*shape)
         for got, want in zip(dpl.interpret(mod, x.numpy()), Mixed()(x)):
             _assert_close(got, want)
+
+
+def test_a_row_op_reading_a_merged_value_and_a_plain_one_of_the_merged_rows_reads_them_flattened():
+    # MobileViT: the unfolded patches (carried unmerged) meet the attention's output, whose
+    # first axis is the merged one already (a product read them flattened)
+    class UnfoldedAttention(nn.Module):
+        def forward(self, x):  # [b, 4, 4, 8] -> patches [b * 4, 4, 8]
+            p = x.reshape(-1, 4, 8)
+            scores = (p @ p.transpose(1, 2)).softmax(-1)
+            return scores @ p + p
+
+    mod = dpl.from_torch(UnfoldedAttention(), (torch.randn(2, 4, 4, 8),), dynamic_shapes=({0: _dim("b")},))
+    assert str(mod["main"].ret.ty) == "f32[b * 4, 4, 8]"
+    for batch in (2, 3):
+        x = torch.randn(batch, 4, 4, 8)
+        _assert_close(dpl.interpret(mod, x.numpy()), UnfoldedAttention()(x))
 
 
 def test_an_onnx_input_whose_dim_param_is_an_expression():

@@ -104,7 +104,9 @@ def test_a_symbol_only_inside_an_expression_is_a_kernel_dim():
 
 
 def test_symbols_no_buffer_determines_are_a_lowering_error():
-    _, fn = group("fused_neg", [("x", (P("n * m"), 4))], lambda g, x: g.emit("negative", x))
+    """n and m, needed inside (the reshape's rows), are in no buffer but as n * m."""
+    _, fn = group("fused_neg", [("x", (P("n * m"), 4))],
+                  lambda g, x: g.emit("sum", g.emit("reshape", g.emit("negative", x), shape=["n", P("m * 4")])))
     with pytest.raises(LoweringError, match="n, m|m, n"):
         lower_function(fn)
 
@@ -274,3 +276,140 @@ def test_cuda_launch_arguments_solve_expression_dims():
     assert dict(zip(source.dims, dims)) == {"n": 3, "m": 4}
     with pytest.raises(DplError, match=r"m \+ 1"):
         launch_arguments(source, [x], [np.zeros((6, 4), np.float32)])
+
+
+# -- extents no buffer determines: a kernel symbol of their own -----------------------------------
+# A group cut from a strided conv1d holds n only in (n + 1) // 2 - 1: no size gives n back. The
+# kernel gets a symbol for the atom (n + 1) // 2 and binds it by solving; main binds n from s.
+
+
+def hidden_group(name, params, body, binder=("n", "m")):
+    """As :func:`group`, with main also taking ``s: f32[<binder>]``, which binds the symbols the
+    group's own parameters leave undetermined and which the group never reads."""
+    g = FunctionBuilder(name, attrs={"Primitive": True})
+    fn = g.ret(body(g, *[g.param(n, "f32", s) for n, s in params]))
+    fb = FunctionBuilder("main")
+    args = [fb.param(n, "f32", s) for n, s in params]
+    fb.param("s", "f32", binder)
+    return Module([fb.ret(fb.call(fn, *args)), fn]), fn
+
+
+def hidden_inputs(fn, bindings, seed, binder=("n", "m")):
+    return [*inputs(fn, bindings, seed), np.zeros(tuple(bindings[s] for s in binder), np.float32)]
+
+
+def test_an_extent_no_buffer_determines_gets_a_kernel_symbol():
+    from dpl.ir.extent_symbols import with_extent_symbols
+
+    _, fn = hidden_group("fused_half", [("x", (2, P("(n + 1) // 2 - 1")))], lambda g, x: g.emit("tanh", x))
+    rewritten = with_extent_symbols(fn)
+    assert [str(p.ty) for p in rewritten.params] == ["f32[2, ext0 - 1]"] and str(rewritten.ret.ty) == "f32[2, ext0 - 1]"
+    assert with_extent_symbols(rewritten) is rewritten  # every symbol is determined now
+    k = lower_function(fn)
+    assert k.dims == ("ext0",) and k.bind_dims([(2, 8), (2, 8)]) == {"ext0": 9}
+    with pytest.raises(DplError, match=r"ext0 - 1"):
+        k.bind_dims([(2, 8), (2, 7)])  # the output disagrees with the input
+    # an atom that may be negative is shifted by its least value: the symbol stays >= 0
+    _, fn = hidden_group("fused_floor", [("x", (P("(n - 7) // 2 + 5"),))], lambda g, x: g.emit("exp", x))
+    assert str(with_extent_symbols(fn).params[0].ty) == "f32[ext0 + 1]"
+    assert lower_function(fn).bind_dims([(1,), (1,)]) == {"ext0": 0}  # n = 0: (0 - 7) // 2 = -4
+
+
+def test_a_whole_dim_over_hidden_symbols_is_a_symbol_and_an_inner_use_is_refused():
+    """``m + n`` (a concat's result, read alone) has no atom to name: the whole dim is a size and
+    gets a symbol. Where n and m are needed inside (test_symbols_no_buffer_determines_are_a_
+    lowering_error's reshape), no symbol can stand for them: the function is returned as it was."""
+    from dpl.ir.extent_symbols import with_extent_symbols
+
+    _, fn = hidden_group("fused_relu", [("x", (2, P("m + n"), 3))], lambda g, x: g.emit("nn.relu", x))
+    assert str(with_extent_symbols(fn).params[0].ty) == "f32[2, ext0, 3]"
+    _, fn = group("fused_neg", [("x", (P("n * m"), 4))],
+                  lambda g, x: g.emit("sum", g.emit("reshape", x, shape=["n", P("m * 4")])))
+    assert with_extent_symbols(fn) is fn
+
+
+HIDDEN = {
+    # name: (params, body, bindings); n (and m) only inside atoms no size inverts
+    "strided": ([("x", (2, 6, P("(n + 1) // 2 - 1"))), ("b", (6, 1))],
+                lambda g, x, b: g.emit("nn.relu", g.emit("add", x, b)), [{"n": 2, "m": 1}, {"n": 9, "m": 1}, {"n": 24, "m": 1}]),
+    "doubled": ([("x", (P("n % 3 + 1"), P("min(n, m) + 2")))],
+                lambda g, x: g.emit("concat", [g.emit("exp", x), g.emit("negative", x)], axis=1),
+                [{"n": 0, "m": 3}, {"n": 5, "m": 2}, {"n": 7, "m": 9}]),
+    "row_softmax": ([("x", (P("(n - 7) // 2 + 5"), P("max(m, 4) * 2")))], lambda g, x: g.emit("nn.softmax", x, axis=-1),
+                    [{"n": 0, "m": 1}, {"n": 8, "m": 6}, {"n": 13, "m": 3}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HIDDEN))
+def test_hidden_extents_run_on_every_kernel_path(name, nvrtc_or_none):
+    """The C kernel, the reference running the group alone (the numpy target), the kernel
+    evaluator and the CUDA launch arguments all bind the group from its own buffers."""
+    params, body, sizes = HIDDEN[name]
+    mod, fn = hidden_group(f"fused_{name}", params, body)
+    k = lower_function(fn)
+    assert not set(k.dims) & {"n", "m"}
+    cpu, ref = dpl.build(mod, "cpu", config=ALWAYS), dpl.build(mod, "numpy", config=ALWAYS)
+    assert "fall-back" not in cpu.summary() + ref.summary()
+    source = emit_cuda(k, f"k_{name}", 0)
+    for j, bindings in enumerate(sizes):
+        args = hidden_inputs(fn, bindings, j)
+        want = dpl.interpret(mod, *args)
+        for label, got in (("cpu", cpu(*args)), ("numpy", ref(*args)), ("kernel", kernel_evaluate(k, *args[:-1]))):
+            assert_close(want, got, f"{name} {label} {bindings}")
+        _, dims = launch_arguments(source, args[:-1], [np.zeros_like(np.asarray(want))])
+        assert dict(zip(source.dims, dims)) == k.bind_dims([a.shape for a in args[:-1]] + [np.shape(want)])
+    if nvrtc_or_none is not None:
+        assert f".entry k_{name}(" in nvrtc_or_none.compile_ptx(source.code, f"{name}.cu")
+
+
+HIDDEN_SHAPES = [  # (shape, the least n and m at which every dim is >= 1)
+    (2, P("(n + 1) // 2 - 1")),
+    (P("n % 3 + 1"), P("m * 2 + 1")),
+    (P("min(n, m) + 1"), 3),
+    (P("(n - 7) // 2 + 5"), P("max(m, 4) // 3")),
+    (P("(n + m) // 3 + 1"), P("m % 4 + 1")),
+]
+HIDDEN_SIZES = [{"n": 1, "m": 1}, {"n": 2, "m": 5}, {"n": 7, "m": 3}, {"n": 12, "m": 2}, {"n": 31, "m": 8}]
+
+
+@st.composite
+def hidden_random_groups(draw):
+    shape = draw(st.sampled_from(HIDDEN_SHAPES))
+    steps = draw(st.lists(st.tuples(st.sampled_from(["unary", "binary", "row", "column", "concat", "pad"]),
+                                    st.integers(0, 99)), min_size=1, max_size=4))
+    params = [("x", shape), ("y", shape if draw(st.booleans()) else (1, shape[1]))]
+
+    def body(g, x, y):
+        v = x
+        for kind, pick in steps:
+            if kind == "unary":
+                v = g.emit(UNARY[pick % len(UNARY)], v)
+            elif kind == "binary":
+                v = g.emit(BINARY[pick % len(BINARY)], v, y if v.ty.shape == x.ty.shape else g.emit("tanh", v))
+            elif kind == "concat":  # the extent doubles: 2 * ext0 - 2, bound from the output
+                v = g.emit("concat", [v, g.emit(UNARY[pick % len(UNARY)], v)], axis=pick % 2)
+            elif kind == "pad":  # the extent grows: ext0 + 2
+                v = g.emit("nn.pad", v, pad_width=[0, 0, 1, 1], pad_value=0.5)
+            else:
+                r = g.emit(REDUCE[pick % len(REDUCE)], v, axis=[1 if kind == "row" else 0], keepdims=True)
+                v = g.emit(BINARY[pick % len(BINARY)], v, r)
+        return v
+
+    return params, body, steps
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(hidden_random_groups())
+def test_random_groups_over_hidden_extents(case):
+    """Groups whose every dim is a non-linear expression of n and m (no buffer gives n or m
+    back) equal the interpreter on the cpu target at several bindings."""
+    params, body, steps = case
+    mod, fn = hidden_group("fused_random", params, body)
+    assert "n" not in lower_function(fn).dims  # m may bind by solving (m * 2 + 1)
+    exe = dpl.build(mod, "cpu", config=ALWAYS)
+    assert "fall-back" not in exe.summary()
+    for j, bindings in enumerate(HIDDEN_SIZES):
+        if any(D.evaluate(d, bindings) < 1 for _, shape in params for d in shape):
+            continue
+        args = hidden_inputs(fn, bindings, j)
+        assert_close(dpl.interpret(mod, *args), exe(*args), f"{steps} {bindings}")

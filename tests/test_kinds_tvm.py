@@ -15,6 +15,7 @@ this table.
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -248,6 +249,11 @@ CASES = [
     ("concat/empty-around", "concat", [[t(0, 8), t(4, 8), t(0, 8)]], {"axis": 0}, I),
     ("concat/empty-before", "concat", [[t(0, 8), t(0, 8), t(4, 8)]], {"axis": 0}, E),
     ("concat/symbolic", "concat", [[t("n", 8), t("n", 2)]], {"axis": 1}, I),
+    # a field before the last of symbolic size along the axis: a symbolic offset, Opaque to TVM
+    ("concat/symbolic-offset", "concat", [[t("n", 8), t(8, 8)]], {"axis": 0}, X),
+    ("concat/symbolic-middle", "concat", [[t(8, 8), t("n", 8), t(8, 8)]], {"axis": 0}, X),
+    ("concat/symbolic-last", "concat", [[t(8, 8), t("n", 8)]], {"axis": 0}, I),
+    ("split/symbolic-indices", "split", [t("n", 8)], {"indices_or_sections": [2, 5], "axis": 0}, I),
     ("split/symbolic", "split", [t("n", 8)], {"indices_or_sections": [2, 5], "axis": 1}, I),
     ("strided_slice/whole", "strided_slice", [t(8, 8)], {"axes": [0], "begin": [0], "end": [8]}, E),
     ("strided_slice/no-axes", "strided_slice", [t(8, 8)], {"axes": [], "begin": [], "end": []}, E),
@@ -293,6 +299,10 @@ CASES = [
     ("nn.pad/nothing-reflect", "nn.pad", [t(4, 8)], {"pad_width": [0, 0, 0, 0], "pad_mode": "reflect"}, I),
     ("nn.pad/symbolic-batch", "nn.pad", [t("n", 8)], {"pad_width": [0, 0, 3, 3]}, I),
     ("nn.pad/symbolic-nothing", "nn.pad", [t("n", 8)], {"pad_width": [0, 0, 0, 0]}, E),
+    # nothing before any axis: x read at the output index under a guard (issue 32's oracle run)
+    ("nn.pad/after-only", "nn.pad", [t(4, 8)], {"pad_width": [0, 1, 0, 2]}, E),
+    ("nn.pad/crop-after", "nn.pad", [t(4, 8)], {"pad_width": [0, 0, 0, -1]}, E),
+    ("nn.pad/symbolic-after", "nn.pad", [t("n", 8)], {"pad_width": [0, 1, 0, 0]}, E),
     *[(f"nn.pad/symbolic-batch-{mode}", "nn.pad", [t("n", 8)], {"pad_width": [0, 0, 3, 3], "pad_mode": mode}, X)
       for mode in ("reflect", "replicate", "circular")],
     # a triangle reads x at the output index, or gives 0
@@ -384,6 +394,10 @@ TYPE_DIFFERENCES = {
     # Relax clamps a slice's length (min(T, 128)), which no dpl dim can hold; dpl's type is the
     # length when the bound holds, and a run-time check refuses sizes that break it
     "strided_slice/symbolic-end": "Relax: min(T, 128); dpl: T, needing T <= 128",
+    "concat/symbolic-middle": "Relax: 8 + n + 8, unsimplified; dpl: n + 16, the same size",
+    "concat/symbolic-last": "Relax: 8 + n, in the fields' order; dpl: n + 8, the same size",
+    "split/symbolic-indices": "Relax: min(2, n), max(min(5, n) - min(2, n), 0), max(n - 5, 0); dpl: 2, 3, n - 5, "
+                              "needing 5 <= n",
     "strided_slice/symbolic-end-both": "Relax: min(T, 128); dpl: T, needing T <= 128",
     "strided_slice/symbolic-axis-last": "Relax: min(2**62, n) - min(max(n - 1, 0), n); dpl: 1, needing 1 <= n",
     "strided_slice/symbolic-axis-head": "Relax: min(2, n); dpl: 2, needing 2 <= n",
@@ -642,7 +656,9 @@ def type_text(ty) -> str:
     if fields is not None:
         return "(" + ", ".join(type_text(f) for f in fields) + ")"
     dims = ty.shape if isinstance(ty, TensorType) else [getattr(d, "value", d) for d in ty.shape.values]
-    return f"{ty.dtype}[{', '.join(str(d) for d in dims)}]"
+    # Relax prints a constant inside an expression as T.int64(8): the number, as dpl prints it
+    texts = [re.sub(r"T\.int64\((-?[0-9]+)\)", r"\1", str(d)) for d in dims]
+    return f"{ty.dtype}[{', '.join(texts)}]"
 
 
 if __name__ == "__main__":  # the table with both answers: python tests/test_kinds_tvm.py

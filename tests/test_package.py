@@ -7,6 +7,7 @@ The fresh venv has no system site-packages; its pip fetches dpl's own dependenci
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+import needs
 
 try:
     import tomllib
@@ -149,6 +152,27 @@ def test_wheel_works_in_a_fresh_venv(wheel, tmp_path):
     dpl_exe = env_dir / ("Scripts/dpl.exe" if os.name == "nt" else "bin/dpl")
     proc = run([dpl_exe, "demo", "--budget", "0.05"], cwd=cwd, env=env)
     assert "-> OK" in proc.stdout and (cwd / "demo.html").is_file(), proc.stdout
+    # a compiled package saved by this checkout runs there on its own kernels with no C compiler
+    # on PATH (dpl.save_package; tests/test_compiled_package.py tests the same in a plain process)
+    package = saved_package(tmp_path / "model.dplpkg")
+    bare = {**env, "PATH": str(py.parent), "CC": str(tmp_path / "no-such-cc"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = run([dpl_exe, "run", str(package), "--json"], cwd=cwd, env=bare)
+    report = json.loads(proc.stdout)
+    assert set(report["ran_on"].values()) == {"cpu"} and report["fallbacks"] == [], report
+
+
+def saved_package(path: Path) -> Path:
+    """A package of a small fused module built for the CPU here (it needs a C compiler)."""
+    import numpy as np
+
+    import dpl
+
+    needs.c_compiler()
+    mod = dpl.fuse_ops(dpl.parse("func main(x: f32[4, 8], w: f32[8, 8]) -> f32[4, 8] {\n  y = matmul(x, w)\n"
+                                 "  z = nn.silu(y)\n  return z\n}"))
+    exe = dpl.build(mod, "cpu", progress=None)
+    exe(np.ones((4, 8), np.float32), np.ones((8, 8), np.float32))
+    return dpl.save_package(exe, path)
 
 
 def test_every_package_is_listed_in_pyproject():

@@ -82,14 +82,17 @@ def test_each_kind_goes_to_the_library_faster_at_it(store, monkeypatch):
 
 def test_the_first_choice_is_measured_and_kept_for_the_next_process(store, monkeypatch):
     needs.package("torch")
+    monkeypatch.setattr(products_choice, "NOISY", float("inf"))  # kept however busy this machine is
     first = products_choice.products("auto")
     files = list(store.glob("*.json"))
     assert len(files) == 1
     times = json.loads(files[0].read_text())
-    machine = times.pop("machine")  # in words, for dpl cache info
+    machine, when = times.pop("machine"), times.pop("when")  # in words, for dpl cache info
+    assert times.pop("rounds") == products_choice.ROUNDS and 0 <= times.pop("spread") < 10
     assert set(times) == {"numpy_matmul", "numpy_conv", "torch_matmul", "torch_conv", "packed_matmul"}
     assert all(t > 0 for t in times.values())  # the packed routine compiled and was timed too
-    assert f"{os.cpu_count()} cores; NumPy {np.__version__}, torch " in machine
+    assert f"{os.cpu_count()} cores, " in machine and f"; NumPy {np.__version__} with " in machine and ", torch " in machine
+    assert when.startswith("20") and when.endswith("+00:00")
     m = Measured(**times)
     assert (first.name != "numpy") == (m.torch_matmuls or m.torch_convolutions)
     assert first.packs == m.packs
@@ -113,6 +116,7 @@ def test_without_torch_auto_measures_numpy_against_the_packed_routine(store, mon
 
     monkeypatch.setattr(products_choice.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(blas, "TorchProducts", no_measuring)
+    monkeypatch.setattr(products_choice, "NOISY", float("inf"))  # kept however busy this machine is
     chosen = products_choice.products("auto", load=KernelCache(store.parent / "kernels").load)
     m = Measured(**json.loads(next(store.glob("*.json")).read_text()))
     assert m.torch_matmul is None and m.torch_conv is None and m.packed_matmul > 0 and m.numpy_matmul > 0
@@ -133,6 +137,96 @@ def test_the_packed_routine_takes_weights_only_where_it_beat_the_products_librar
     assert chosen.packs == packs
     assert ("float32 ones by the packed routine" in chosen.why) == packs
     assert f"packed routine {times['packed_matmul']:.2f} ms" in chosen.why
+
+
+def fake_measure(calls, **times):
+    """A measurement that counts itself in ``calls`` and gives ``times`` (medians, spread)."""
+    def measure(cc, load=None):
+        calls.append(cc)
+        return Measured(**{"numpy_matmul": 1.0, "numpy_conv": 1.0, "torch_matmul": 2.0, "torch_conv": 2.0, "spread": 0.01,
+                           **times})
+    return measure
+
+
+@pytest.mark.parametrize("probe, changed", [
+    ("cpu", "another CPU model or instruction set"),
+    ("blas", "openblas 9.9 (Haswell, pthreads)"),
+    ("dpl", "99.0"),
+    ("torch", "9.9.9"),
+    ("kernel", "0123456789abcdef"),
+])
+def test_a_choice_is_measured_again_when_the_cpu_the_blas_or_a_version_changes(store, monkeypatch, probe, changed):
+    kept(store, numpy_matmul=1.0, numpy_conv=1.0, spread=0.01)
+    calls = []
+    monkeypatch.setattr(products_choice, "measure", fake_measure(calls))
+    assert products_choice.products("auto").name == "numpy" and calls == []  # the kept choice: read
+    from dpl.backends.cpu import toolchain
+
+    real_version = products_choice._version
+    monkeypatch.setattr(products_choice, "_chosen", {})  # a new process, on a changed machine
+    if probe == "cpu":
+        monkeypatch.setattr(toolchain, "cpu_identity", lambda: changed)
+    elif probe == "blas":
+        monkeypatch.setattr(products_choice, "_blas", lambda: changed)
+    elif probe == "kernel":
+        monkeypatch.setattr(products_choice, "_kernel_digest", lambda: changed)
+    else:
+        monkeypatch.setattr(products_choice, "_version", lambda dist: changed if dist == probe else real_version(dist))
+    products_choice.products("auto")
+    assert calls == ["cc"]  # measured again, and kept beside the other machine's
+    assert len(list(store.glob("*.json"))) == 2
+
+
+def test_a_noisy_measurement_is_used_by_this_process_only(store, monkeypatch, caplog):
+    calls = []
+    monkeypatch.setattr(products_choice, "measure", fake_measure(calls, numpy_conv=2.0, torch_conv=1.0, spread=0.5))
+    with caplog.at_level("WARNING", logger=products_choice.__name__):
+        chosen = products_choice.products("auto")
+    assert chosen.name == "numpy+torch conv" and "too noisy to keep" in chosen.why  # used here
+    assert "spread 50% (more than 20%" in caplog.text and "not kept" in caplog.text
+    assert not list(store.glob("*.json"))  # not kept
+    products_choice.products("auto")
+    assert len(calls) == 1  # this process keeps using it
+    monkeypatch.setattr(products_choice, "_chosen", {})  # the next process measures again, and keeps a quiet one
+    monkeypatch.setattr(products_choice, "measure", fake_measure(calls))
+    assert products_choice.products("auto").name == "numpy" and len(calls) == 2
+    assert len(list(store.glob("*.json"))) == 1
+
+
+def test_a_kept_noisy_file_is_not_trusted(store, monkeypatch):
+    kept(store, numpy_matmul=1.0, numpy_conv=2.0, torch_matmul=2.0, torch_conv=1.0, spread=0.9)
+    calls = []
+    monkeypatch.setattr(products_choice, "measure", fake_measure(calls))
+    assert products_choice.products("auto").name == "numpy" and calls == ["cc"]
+
+
+def test_the_rounds_are_interleaved_and_the_choice_goes_by_their_medians(monkeypatch):
+    """A, B, A, B, ...; a contender whose best round is fast but whose median is not does not win."""
+    order = []
+    fns = [lambda: order.append("a"), lambda: order.append("b")]
+    assert len(products_choice._rounds_ms(fns, 3)[0]) == 3
+    assert order == ["a", "b"] * 4  # a warm call each, then three rounds in turn
+    rounds = {"numpy": [2.0, 2.0, 2.0, 2.1, 2.0], "conv": [1.0] * 5, "packed": [0.5, 2.2, 2.1, 2.3, 2.2]}
+    monkeypatch.setattr(products_choice.importlib.util, "find_spec", lambda name: None)  # no torch
+    monkeypatch.setattr(products_choice, "_layer", lambda cc, load, torch: (object(), None, object()))
+    monkeypatch.setattr(products_choice, "_rounds_ms", lambda fns, n: [rounds["numpy"], rounds["conv"], rounds["packed"]])
+    m = products_choice.measure()
+    assert (m.numpy_matmul, m.packed_matmul) == (2.0, 2.2) and not m.packs  # the best round (0.5) would have won
+    assert m.spread == pytest.approx(products_choice.spread(rounds["packed"]))
+
+
+@pytest.mark.parametrize("packed, packs", [(1.9, True), (1.91, False), (2.0, False)])
+def test_the_packed_routine_must_beat_blas_by_the_margin(packed, packs):
+    m = Measured(numpy_matmul=2.0, numpy_conv=1.0, packed_matmul=packed)
+    assert products_choice.MARGIN == 0.95 and m.packs == packs
+    assert m.choice().startswith(f"products by NumPy, float32 ones by {'the packed routine' if packs else 'NumPy'}")
+
+
+def test_spread_is_the_interquartile_range_over_the_median():
+    assert products_choice.spread([1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert products_choice.spread([1.0, 1.0, 1.0, 1.0, 100.0]) == 0.0  # one outlier does not count
+    assert products_choice.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4.0 - 2.0) / 3.0)
+    assert products_choice.spread([5.0]) == 0.0
 
 
 def test_the_summary_says_which_products_and_why(store, tmp_path):

@@ -1,6 +1,7 @@
 """dpl.runtime.timed_choice: a plan whose budget allows several threads runs each call on them
 or on one, whichever its recent calls found faster; the numbers are the same either way."""
 
+import attrs
 import numpy as np
 import pytest
 
@@ -159,12 +160,54 @@ def test_one_thread_one_core_or_adapt_threads_false_means_no_choice(cpu, monkeyp
         assert "whichever its calls find faster" not in exe.summary() and "now, the faster" not in exe.summary()
 
 
-def test_a_profile_times_the_plans_own_steps_whatever_the_choice(cpu, monkeypatch):
+@pytest.mark.parametrize("chosen", [1, 2])
+def test_a_profile_times_the_steps_the_calls_run_now(cpu, monkeypatch, chosen):
+    """Calls that chose one thread are profiled on one thread, and two on two (timing the
+    many-thread steps of a call that ran on one gave 51 ms for a ResNet call of 6.9: issue 30)."""
     monkeypatch.setattr(plan_module, "available_cores", lambda: 2)
     exe = dpl.build(dpl.apply(MODULE), [cpu, "numpy"], threads=2)
     args = [np.random.default_rng(1).standard_normal(tuple(p.ty.shape)).astype(np.float32) for p in MODULE["main"].params]
     plan = exe.plan(*args)
     assert plan.thread_choice is not None
-    monkeypatch.setattr(plan.thread_choice, "pick", lambda: 1)
-    report = exe.profile(*args, repeat=2)
-    assert len(report.rows) == len(plan.steps)
+    monkeypatch.setattr(plan.thread_choice, "settled", lambda: True)
+    monkeypatch.setattr(plan.thread_choice, "current", lambda: chosen)
+    ran = []
+
+    def watched(steps, count):
+        return [attrs.evolve(s, kernel=lambda ins, outs, k=s.kernel: (ran.append(count), k(ins, outs))) for s in steps]
+
+    monkeypatch.setattr(plan, "steps", watched(plan.steps, 2))
+    monkeypatch.setattr(plan, "single_steps", watched(plan.single_steps, 1))
+    report = exe.profile(*args, repeat=3)
+    assert report.threads == chosen and len(report.rows) == len(plan.steps)
+    assert ran[-3 * len(plan.steps):] == [chosen] * 3 * len(plan.steps)  # the timed calls (after the warm-up's)
+    assert f"whole call (median), {chosen} thread" in str(report)
+
+
+def test_a_profile_adds_up_to_about_the_call_at_two_threads(cpu, monkeypatch):
+    """The steps' medians add up to about the wall time of a call: within a sane factor of the
+    calls timed outside the profile (a shared machine's noise allowed for), and no more than
+    the profile's own calls, which hold them."""
+    monkeypatch.setattr(plan_module, "available_cores", lambda: 2)
+    exe = dpl.build(dpl.apply(MODULE), [cpu, "numpy"], threads=2, adapt_threads=False)
+    args = [np.random.default_rng(1).standard_normal(tuple(p.ty.shape)).astype(np.float32) for p in MODULE["main"].params]
+    assert exe.plan(*args).thread_choice is None  # two threads every call
+
+    def call_ms():
+        import time
+
+        exe(*args)
+        samples = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            exe(*args)
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(samples))
+
+    before = call_ms()
+    report = exe.profile(*args, repeat=15)
+    after = call_ms()
+    assert report.threads == 2 and report.total_ms > 0
+    assert report.total_ms <= 1.2 * report.call_ms  # the steps run inside the calls
+    assert report.total_ms <= 4 * max(before, after) + 0.5  # not a sum over threads, nor an average of stalls
+    assert report.call_ms >= min(before, after) / 4

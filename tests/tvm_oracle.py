@@ -26,13 +26,57 @@ def _relax_op(name):
     return fn
 
 
+def prim_expr(d, symbols: dict):
+    """A dpl dim (int, symbol, :mod:`dpl.ir.dims` expression) as a TIR PrimExpr, one int64
+    ``tirx.Var`` per symbol name (kept in ``symbols``, so every use shares it)."""
+    from tvm import tirx
+
+    from dpl.ir import dims as D
+
+    if isinstance(d, int):
+        return tirx.IntImm("int64", d)
+    if isinstance(d, str):
+        return symbols.setdefault(d, tirx.Var(d, "int64"))
+    if isinstance(d, D.Poly):
+        out = None
+        for mono, coef in d.terms:
+            term = tirx.IntImm("int64", coef)
+            for atom in mono:
+                term = term * prim_expr(atom, symbols)
+            out = term if out is None else out + term
+        return out
+    if isinstance(d, D.MinMax):
+        pick = tirx.min if isinstance(d, D.Min) else tirx.max
+        out = prim_expr(d.args[0], symbols)
+        for a in d.args[1:]:
+            out = pick(out, prim_expr(a, symbols))
+        return out
+    a, b = prim_expr(d.a, symbols), prim_expr(d.b, symbols)
+    return tirx.floordiv(a, b) if isinstance(d, D.FloorDiv) else tirx.floormod(a, b)
+
+
 def to_relax(func):
-    """A Relax IRModule holding ``func`` as ``main``, binding for binding, names kept."""
+    """A Relax IRModule holding ``func`` as ``main``, binding for binding, names kept. Symbolic
+    dims, expressions included, become shared TIR vars and PrimExprs, in types and in the
+    attributes that hold dims (``reshape(shape=[n * 2, 4])``)."""
     from tvm import relax
     from tvm.script import relax as R
 
+    from dpl.ir.dims import DimExpr
+    from dpl.ops.registry import DIM_ATTR_KINDS, get_op
+
+    symbols: dict = {}
+
     def rtype(ty):
-        return R.Tensor(tuple(ty.shape), ty.dtype)
+        return R.Tensor(tuple(d if isinstance(d, int) else prim_expr(d, symbols) for d in ty.shape), ty.dtype)
+
+    def attr(op, key, x):
+        if isinstance(x, tuple):
+            x = [attr(op, key, v) for v in x]
+        spec = get_op(op).attrs.get(key)
+        if spec is not None and spec.kind in DIM_ATTR_KINDS and isinstance(x, (str, DimExpr)):
+            return prim_expr(x, symbols)
+        return x
 
     bb = relax.BlockBuilder()
     params = [relax.Var(p.name, rtype(p.ty)) for p in func.params]
@@ -62,7 +106,7 @@ def to_relax(func):
                 if isinstance(v, TupleGetItem):
                     value = relax.TupleGetItem(arg(v.tuple_value), v.index)
                 else:
-                    kwargs = {k: (list(x) if isinstance(x, tuple) else x) for k, x in v.attrs.items() if x is not None}
+                    kwargs = {k: attr(v.op, k, x) for k, x in v.attrs.items() if x is not None}
                     value = _relax_op(v.op)(*[arg(a) for a in v.args], **kwargs)
                 emit = bb.emit_output if id(b.var) in returned else bb.emit
                 env[id(b.var)] = emit(value, name_hint=b.var.name)

@@ -22,6 +22,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.backends.cpu import blas, im2col, max_pool, packed_gemm, products_choice
+from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.cpu.segments import NotSegmentable, Part, Product, fold_epilogues, is_product, segment, segment_runner
@@ -184,7 +185,7 @@ class CpuBackend(Backend):
         use, why = fa.choose(spec, shapes, self.attention)
         if not use:
             return None, f"segments ({why})"
-        source = fa.emit_flash(spec, vector_math=vector_math(self.cc))
+        source = fa.emit_flash(spec, vector_math=self.cache.vector_math())
         try:
             lib = self.cache.load(source)
         except CompileError as err:  # the segments still run it
@@ -213,7 +214,7 @@ class CpuBackend(Backend):
         the build pool beside the kernels; None where it failed to compile (the provider keeps
         every product)."""
         if self._packed is None or (self._packed and self._packed.failed):  # a pool's failed build: planned again
-            source = packed_gemm.source(vector_math(self.cc))
+            source = packed_gemm.source(self.cache.vector_math())
             lib = self.cache.cached(source)
             if lib is None:
                 lib = build_pool.submit(lambda: self.cache.load(source), "packed products")
@@ -253,7 +254,7 @@ class CpuBackend(Backend):
         ``stream_bytes`` overrides the backend's streaming-store threshold."""
         from dpl.kernel import LoweringError, lower_function
         stream = self.stream_bytes if stream_bytes == "default" else stream_bytes
-        key = (graph_structure(function), tuple(str(p.ty) for p in function.params), vector_math(self.cc), stream)
+        key = (graph_structure(function), tuple(str(p.ty) for p in function.params), self.cache.vector_math(), stream)
         lowered = _LOWERED.get(key)
         if lowered is None:
             try:
@@ -393,6 +394,7 @@ def _c_runner(name, kernel, source, library: _Library, threads):
     """``run(inputs, outputs)`` calling a compiled kernel's entry; ``threads`` caps its OpenMP
     team for the call (the calling thread's setting is restored after)."""
     constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
+    constant_addresses = [c.ctypes.data for c in constants]  # read once: ``constants`` keeps them alive
     dim_names = kernel.dims
     n_params = len(kernel.params)
     # (position among inputs and outputs, axis, dim) of each lone symbol: none at static shapes
@@ -418,13 +420,13 @@ def _c_runner(name, kernel, source, library: _Library, threads):
             kernel.check_requires(bound)
             dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
         targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
-        arrays = [*inputs[:n_params], *constants, *targets]
-        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        addresses = [*[address(a) for a in inputs[:n_params]], *constant_addresses, *[address(t) for t in targets]]
+        ptrs = (ctypes.c_void_p * len(addresses))(*addresses)
         entry, set_threads, get_threads = library.resolve()
-        if not threads or set_threads is None:
+        before = get_threads() if threads and set_threads is not None else threads
+        if before == threads:  # no cap, or the calling thread's team is that size already
             entry(ptrs, dims)
         else:  # the calling thread's OpenMP setting, restored after
-            before = get_threads()
             set_threads(threads)
             try:
                 entry(ptrs, dims)

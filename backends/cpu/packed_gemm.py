@@ -55,6 +55,7 @@ import threading
 
 import numpy as np
 
+from dpl.backends.cpu.addresses import address
 from dpl.ir.expr import Call, Constant
 from dpl.runtime.threads import openmp_kernel
 
@@ -429,8 +430,7 @@ class Routine:
         buf = getattr(self._scratch, "buf", None)
         if buf is None or buf.size < size:
             buf = self._scratch.buf = np.empty(size, np.float32)
-        (self._ready or self._resolve())[1](a.ctypes.data, b.ctypes.data, out.ctypes.data, (ctypes.c_int64 * 5)(*dims),
-                                            cap, buf.ctypes.data)
+        (self._ready or self._resolve())[1](address(a), address(b), address(out), (ctypes.c_int64 * 5)(*dims), cap, address(buf))
 
 
 def _into(out: np.ndarray, compute) -> np.ndarray:
@@ -479,8 +479,8 @@ def glu_runner(call: Call, routine: Routine, gate_first: bool, threads: int | No
         if k > KC and (scratch is None or scratch.size < m * n):
             scratch = local.buf = np.empty(m * n, np.float32)
         dims = (ctypes.c_int64 * 3)(m, k, n // 2)
-        return _into(out, lambda target: routine.glu(a.ctypes.data, packed.get(gate_first).ctypes.data, target.ctypes.data,
-                                                      dims, cap, None if scratch is None else scratch.ctypes.data))
+        return _into(out, lambda target: routine.glu(address(a), address(packed.get(gate_first)), address(target),
+                                                      dims, cap, None if scratch is None else address(scratch)))
 
     return openmp_kernel(run, f"cpu:packed-matmul {k}x{n} + silu-gated unit", SOURCE, threads,
                          lambda t: glu_runner(call, routine, gate_first, t, packed))
@@ -510,15 +510,15 @@ def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _P
     k, n = call.args[1].ty.shape
     cap = int(threads or 0)
     bias = None if bias is None else np.ascontiguousarray(bias, np.float32).reshape(n)
+    bias_address = None if bias is None else bias.ctypes.data  # read once: ``bias`` is kept with the runner
 
     def run(a, w, *rest):
         *res, out = rest
         a = np.ascontiguousarray(a, np.float32)
         dims = (ctypes.c_int64 * 3)(a.size // k if k else math.prod(a.shape[:-1]), k, n)
         r = np.ascontiguousarray(res[0], np.float32) if residual else None
-        return _into(out, lambda target: routine.kernel(a.ctypes.data, packed.get().ctypes.data, target.ctypes.data,
-                                                        dims, cap, None if bias is None else bias.ctypes.data,
-                                                        None if r is None else r.ctypes.data, code))
+        return _into(out, lambda target: routine.kernel(address(a), address(packed.get()), address(target), dims, cap,
+                                                        bias_address, None if r is None else address(r), code))
 
     code = 0 if act is None else ACTS.index(act) + 1
     epilogue = (" + bias" if bias is not None else "") + (" + residual" if residual else "") + (f", {act}" if act else "")

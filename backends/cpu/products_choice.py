@@ -8,24 +8,34 @@ when the C compiler builds it. Each computes a representative
 layer's products (a short sequence, 128 rows, through a 512-wide decoder layer's four weights:
 q/k/v, o, gate/up, down; 12.6 MB of weights, more than a core's L2, so each product meets its
 weights as a model's call does) and a representative convolution (3x3, 64 channels at 56x56),
-interleaved, the best of a few rounds, on one thread, in the calling thread's CPU time (what a
-library can do, not what a busy machine's scheduler let it do: at two threads on a loaded 2-core
-host the same product took 3 to 15 times its one-thread time, and even the best of 9 wall-clock
-rounds on one thread put either library ahead from run to run). torch takes the products, and
+interleaved (each contender once per round, the rounds repeated), the median of the rounds, on
+one thread, in the calling thread's CPU time (what a library can do, not what a busy machine's
+scheduler let it do: at two threads on a loaded 2-core host the same product took 3 to 15 times
+its one-thread time, and even the best of 9 wall-clock rounds on one thread put either library
+ahead from run to run). torch takes the products, and
 separately the convolutions, where it is at least ``MARGIN`` faster: a tie stays with NumPy, the
 floor (with the representative product a near tie, torch's products made the GPT-2 block and the
 Llama decoder of bench/bench_models.py 5% and 9% slower, one thread, CPU time); the packed
 routine takes the float32 products (and im2col's) where it is at least ``MARGIN`` faster
-than the library that took the products. The result is kept in dpl's cache directory
-(``~/.cache/dpl/products``, :mod:`dpl.cache_dir`), keyed by the CPU, the core count, the
-NumPy and torch versions and the C compiler's, so a later build reads a small file and never measures again; within
-a process it is read once. torch is imported only to measure, or at the first product or
-convolution it won; never when it is absent or lost.
+than the library that took the products.
+
+The result is kept in dpl's cache directory (``~/.cache/dpl/products``, :mod:`dpl.cache_dir`),
+keyed by everything that could change it (:func:`_key`): the CPU (model and instruction sets),
+the core count, NumPy and its BLAS library (threadpoolctl's name and version), torch, the C
+compiler, dpl's version and the packed routine's source; a change of any of them measures again.
+A measurement whose rounds spread too far (the interquartile range over the median beyond
+:data:`NOISY` for any contender: a machine busy enough to disturb even CPU time) is used by this
+process only and not kept, so a one-off under load does not stick. A later build reads the small
+file and never measures again; within a process it is read once. ``dpl cache info`` shows what
+each kept choice holds, ``dpl cache reset-choices`` removes them. torch is imported only to
+measure, or at the first product or convolution it won; never when it is absent or lost.
 
 On the 2-core AVX-512 bench host (AMD EPYC, load average 7-12), one thread, CPU ms: products NumPy
 1.61 vs torch 1.66-1.75 (NumPy kept), convolution im2col 3.3-3.6 vs torch 2.4-2.6 (torch taken)
 (stop 24, one 128x512 @ 512x1024 product). Stop 25, the layer's products, load 0.9: torch
-12.86 ms, NumPy 10.50, the packed routine 9.71 (taken).
+12.86 ms, NumPy 10.50, the packed routine 9.71 (taken). On another shared 2-core host (Intel
+Xeon, AVX-512 and AMX) at load 5.8, three runs of 9 rounds: the rounds spread 3-13% of their
+median, and the ratio of torch's median to NumPy's stayed within 0.76-0.80.
 """
 
 from __future__ import annotations
@@ -36,8 +46,10 @@ import importlib.util
 import json
 import logging
 import os
+import statistics
 import threading
 import time
+from datetime import datetime, timezone
 from functools import lru_cache
 
 import attrs
@@ -53,8 +65,9 @@ ROWS = 128
 LAYER = ((512, 1536), (512, 512), (512, 2816), (1408, 512))  # (k, n) of a decoder layer's weights
 CONV = ((1, 64, 56, 56), (64, 64, 3, 3))  # NCHW input, OIHW weights; padding 1 (a ResNet stage 1)
 ROUNDS = 9
-MARGIN = 0.95  # torch's time at most this fraction of NumPy's
-VERSION = 6  # of the measurement: a change makes every cached choice stale
+MARGIN = 0.95  # a contender takes the work only at most this fraction of the default's median
+NOISY = 0.2  # the most a kept measurement's rounds may spread: interquartile range / median
+VERSION = 7  # of the measurement: a change makes every cached choice stale
 
 _lock = threading.Lock()
 _chosen: dict[str, "Measured"] = {}
@@ -62,7 +75,7 @@ _chosen: dict[str, "Measured"] = {}
 
 @attrs.frozen
 class Measured:
-    """The best times in ms of NumPy's and torch's layer products and convolution and of the
+    """The median times in ms of NumPy's and torch's layer products and convolution and of the
     packed routine's layer products, on one thread (torch's None: not installed; the packed
     routine's None: it did not compile)."""
 
@@ -71,8 +84,16 @@ class Measured:
     torch_matmul: float | None = None
     torch_conv: float | None = None
     packed_matmul: float | None = None
+    spread: float | None = None  # the widest interquartile range over median of any contender's rounds
+    rounds: int = ROUNDS
+    when: str = ""  # when it was measured (UTC, ISO 8601), for people reading the cache
     machine: str = ""  # where it was measured, for people reading the cache (dpl cache info); the key decides
     where: str = ""  # the cache file, or "" when just measured and not stored
+
+    @property
+    def noisy(self) -> bool:
+        """Whether its rounds spread too far to be kept for later processes."""
+        return self.spread is not None and self.spread > NOISY
 
     @property
     def torch_matmuls(self) -> bool:
@@ -95,22 +116,30 @@ class Measured:
         convolutions = "torch" if self.torch_convolutions else "im2col"
         return f"products by {products}, float32 ones by {float32}, convolutions by {convolutions}"
 
+    def medians(self) -> str:
+        """The medians it chose by, in a few words (``dpl cache info``)."""
+        ms = lambda t: "-" if t is None else f"{t:.2f}"  # noqa: E731
+        return (f"products NumPy {ms(self.numpy_matmul)} ms, torch {ms(self.torch_matmul)}, packed {ms(self.packed_matmul)}; "
+                f"convolution im2col {ms(self.numpy_conv)}, torch {ms(self.torch_conv)}; "
+                f"median of {self.rounds} rounds, " + ("spread not recorded" if self.spread is None else
+                                                        f"spread {100 * self.spread:.0f}%"))
+
     def why(self) -> str:
         (_, c, h, w), _ = CONV
-        stored = f"; cached in {self.where}" if self.where else ""
+        stored = f"; cached in {self.where}" if self.where else ("; too noisy to keep" if self.noisy else "")
         layer = f"a {LAYER[0][0]}-wide layer's {len(LAYER)} products at {ROWS} rows"
         packed = ("the packed routine did not compile" if self.packed_matmul is None else
                   f"packed routine {self.packed_matmul:.2f} ms")
         if self.torch_matmul is None:
             return (f"auto, measured here: torch is not installed, NumPy's BLAS; float32 products by "
                     f"{'the packed routine' if self.packs else 'NumPy'} ({layer}: {packed} vs NumPy "
-                    f"{self.numpy_matmul:.2f}); one thread, best of {ROUNDS}{stored}")
+                    f"{self.numpy_matmul:.2f}); one thread, median of {self.rounds}{stored}")
         who = lambda won: "torch" if won else "NumPy"  # noqa: E731
         by_f32 = "the packed routine" if self.packs else who(self.torch_matmuls)
         return (f"auto, the faster of each measured here: products by {who(self.torch_matmuls)}, float32 ones "
                 f"by {by_f32} ({layer}: torch {self.torch_matmul:.2f} ms vs NumPy {self.numpy_matmul:.2f} vs "
                 f"{packed}), convolutions by {'torch' if self.torch_convolutions else 'im2col'} (3x3 {c}x{h}x{w} torch "
-                f"{self.torch_conv:.2f} ms vs im2col {self.numpy_conv:.2f}); one thread, best of {ROUNDS}{stored}")
+                f"{self.torch_conv:.2f} ms vs im2col {self.numpy_conv:.2f}); one thread, median of {self.rounds}{stored}")
 
 
 @lru_cache(maxsize=None)
@@ -123,19 +152,37 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _machine(compiler: str) -> str:
-    """The things :func:`_key` hashes, in words: the CPU model, its cores, the libraries."""
-    import platform
+@lru_cache(maxsize=1)
+def _blas() -> str:
+    """NumPy's BLAS library in words (threadpoolctl's name, version, kernels and threading), or
+    "unknown BLAS". Only the libraries NumPy loaded count: torch's, when imported, would make
+    the key depend on what was imported first."""
+    from threadpoolctl import threadpool_info
 
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    # a wheel's BLAS lies in numpy.libs; a NumPy linked to a system BLAS: every BLAS loaded
+    ours = [i for i in libs if os.path.basename(os.path.dirname(str(i.get("filepath")))).startswith("numpy")] or libs
+    words = sorted(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')}, {i.get('threading_layer')})"
+                   for i in ours)
+    return ", ".join(words) or "unknown BLAS"
+
+
+@lru_cache(maxsize=1)
+def _kernel_digest() -> str:
+    """The packed routine's C source (both variants: with and without glibc's vector math), hashed."""
+    from dpl.backends.cpu import packed_gemm
+
+    return hashlib.sha256((packed_gemm.source(True) + "\0" + packed_gemm.source(False)).encode()).hexdigest()[:16]
+
+
+def _machine(compiler: str) -> str:
+    """The things :func:`_key` hashes, in words: the CPU model and instruction sets, its cores,
+    the libraries."""
+    from dpl.host_cpu import describe
+
     torch = _version("torch")
-    return (f"{model}, {os.cpu_count()} cores; NumPy {np.__version__}, {f'torch {torch}' if torch else 'no torch'}, "
-            f"{compiler or 'no C compiler'}")
+    return (f"{describe()}; NumPy {np.__version__} with {_blas()}, {f'torch {torch}' if torch else 'no torch'}, "
+            f"{compiler or 'no C compiler'}, dpl {_version('dpl')}")
 
 
 def read_stored(path) -> Measured | None:
@@ -154,12 +201,24 @@ def stored_here(cc: str = "cc") -> str:
 
 
 def _key(cpu: str, compiler: str = "") -> str:
-    parts = [str(VERSION), cpu, str(os.cpu_count()), np.__version__, str(_version("torch")), compiler]
+    """The name of the choice measured on the CPU ``cpu`` (``toolchain.cpu_identity``: its model
+    and flags) with the C compiler ``compiler``, and everything else a choice depends on."""
+    parts = [str(VERSION), cpu, str(os.cpu_count()), np.__version__, _blas(), str(_version("torch")), compiler,
+             str(_version("dpl")), _kernel_digest()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def _best_ms(fns, rounds: int) -> list[float]:
-    """Each of ``fns`` timed once per round, the rounds interleaved; the best of each, in ms."""
+def spread(times: list[float]) -> float:
+    """How far ``times`` spread: their interquartile range over their median (0 for fewer than 2)."""
+    if len(times) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(times, n=4, method="inclusive")
+    return (high - low) / statistics.median(times)
+
+
+def _rounds_ms(fns, rounds: int) -> list[list[float]]:
+    """Each of ``fns`` timed once per round, the rounds interleaved (A, B, A, B, ...): every
+    round's time of each, in ms."""
     for fn in fns:
         fn()  # warm: first-call allocations, thread pools starting
     times = [[] for _ in fns]
@@ -167,8 +226,8 @@ def _best_ms(fns, rounds: int) -> list[float]:
         for t, fn in zip(times, fns):
             start = time.thread_time()  # on one thread all the work is this thread's: CPU time,
             fn()                        # which a busy machine's other processes do not inflate
-            t.append(time.thread_time() - start)
-    return [min(t) * 1e3 for t in times]
+            t.append((time.thread_time() - start) * 1e3)
+    return times
 
 
 def _layer(cc: str, load, torch):
@@ -231,10 +290,12 @@ def measure(cc: str = "cc", rounds: int = ROUNDS, load=None) -> Measured:
     if packed_layer is not None:
         fns.append(packed_layer)
     with budget_threads(1):
-        times = _best_ms(fns, rounds)
-    numpy_matmul, numpy_conv, *rest = times
+        rounds_ms = _rounds_ms(fns, rounds)
+    numpy_matmul, numpy_conv, *rest = [statistics.median(t) for t in rounds_ms]
     torch_matmul, torch_conv = rest[:2] if torch_layer is not None else (None, None)
-    return Measured(numpy_matmul, numpy_conv, torch_matmul, torch_conv, times[-1] if packed_layer is not None else None)
+    return Measured(numpy_matmul, numpy_conv, torch_matmul, torch_conv, rest[-1] if packed_layer is not None else None,
+                    spread=max(spread(t) for t in rounds_ms), rounds=rounds,
+                    when=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
 def choose(cc: str = "cc", load=None):
@@ -266,9 +327,16 @@ def _measured(cc: str, load=None) -> Measured:
             return found
         path = private_dir(store_dir("products"), "products") / f"{key}.json"
         found = read_stored(path)  # None: absent, or not ours to trust: measured again
-        if found is None:
-            log.info("measuring the products' libraries for products='auto' (once per machine)")
-            found = attrs.evolve(measure(cc, load=load), machine=_machine(compiler))
+        if found is not None and not found.noisy:
+            _chosen[key] = found
+            return found
+        log.info("measuring the products' libraries for products='auto' (once per machine)")
+        found = attrs.evolve(measure(cc, load=load), machine=_machine(compiler))
+        if found.noisy:
+            log.warning("the products choice's measurement spread %.0f%% (more than %.0f%%: the machine is busy): "
+                        "used by this process only, not kept; the next process measures again",
+                        100 * found.spread, 100 * NOISY)
+        else:
             try:
                 data = attrs.asdict(found, filter=lambda a, _: a.name != "where")
                 write_private_file(path, json.dumps(data).encode())

@@ -17,13 +17,12 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
-from dpl.ir.dim_binding import bind_shapes
+from dpl.ir.dim_binding import bind_shapes, undetermined
 from dpl.ir.expr import Binding, Call, Constant, Function, Tuple, Var
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
 from dpl.ir.traverse import substitute
 from dpl.kernel.ir import dim_symbols, dim_value
-from dpl.kernel.lower import undetermined
 from dpl.ops.registry import get_op
 
 
@@ -270,6 +269,25 @@ def _shape(ty, dims) -> tuple[int, ...]:
     return tuple(dim_value(d, dims) for d in ty.shape)
 
 
+SHAPES_KEPT = 64  # input shapes a segment runner keeps what they bind for
+
+
+class _Dims(dict):
+    """The dims one signature of input shapes binds, and the (shape, NumPy dtype) of each type
+    met at them, worked out once: a call at shapes met before skips binding its inputs and
+    evaluating its values' shapes (part of every call's Python, issue 31)."""
+
+    def __init__(self, bound: dict[str, int]):
+        super().__init__(bound)
+        self._specs: dict[int, tuple] = {}
+
+    def spec(self, ty) -> tuple[tuple[int, ...], np.dtype]:
+        found = self._specs.get(id(ty))
+        if found is None:  # types are the function's, which the runner keeps: an id is not reused
+            found = self._specs[id(ty)] = (_shape(ty, self), dtypes.to_numpy(ty.dtype))
+        return found
+
+
 def segment_runner(function: Function, steps: Sequence[Product | Part], kernels: Sequence[Callable], xp,
                    products: Callable[[Product], Callable | None] | None = None, matmul: Callable | None = None,
                    scratch_per_shape: bool = False) -> Callable:
@@ -294,7 +312,7 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         at 16 x 512 x 512 are 16 MB, and a fresh array each call paid its page faults (the
         whole segment 12.9 ms against 8.0 for its steps). Per thread; never a result."""
         buffers = local.__dict__.setdefault("buffers", {})
-        shape, dtype = _shape(var.ty, dims), dtypes.to_numpy(var.ty.dtype)
+        shape, dtype = dims.spec(var.ty)
         key = (id(var), shape) if scratch_per_shape else id(var)
         buf = buffers.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype:
@@ -312,7 +330,7 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
 
     def product(step: Product, env, dims, direct):
         operands = [env[id(x)] if isinstance(x, Var) else constant(x) for x in step.args]
-        dtype = dtypes.to_numpy(step.var.ty.dtype)
+        dtype = dims.spec(step.var.ty)[1]
         target = direct.get(id(step.var))
         fn = library.get(id(step))
         if fn is not None and getattr(fn, "returns_own", False) and target is None:
@@ -328,8 +346,8 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
             env[id(step.var)] = _glu(xp, matmul(a, b).astype(dtype, copy=False), step.epilogue[0][1], target)
             return
         full = target
-        if step.call is not None and tuple(target.shape) != _shape(step.call.ty, dims):
-            target = target.reshape(_shape(step.call.ty, dims))  # a view folded in: the product in its own shape
+        if step.call is not None and tuple(target.shape) != dims.spec(step.call.ty)[0]:
+            target = target.reshape(dims.spec(step.call.ty)[0])  # a view folded in: the product in its own shape
         if xp.result_type(a, b) == dtype:
             result = matmul(a, b, out=target)
         else:
@@ -349,21 +367,30 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         kernel([env[id(v)] for v in step.ins], arrays)
         env.update({id(v): a for v, a in zip(step.outs, arrays)})
 
+    shapes_met: dict[tuple, _Dims] = {}  # by the inputs' shapes: what they bind, found once
+    param_ids, ret_ids = [id(p) for p in params], [id(v) for v in rets]
+    first_place: dict[int, int] = {}  # a result the group returns is written straight into its output (first place only)
+    for k, v in enumerate(ret_ids):
+        first_place.setdefault(v, k)
+
     def run(inputs, outputs):
-        env = {id(p): a for p, a in zip(params, inputs)}
-        dims = bind_shapes([(p.ty.shape, a.shape, f"input '{p.name}' of '{function.name}'") for p, a in zip(params, inputs)])
-        # a result the group returns is written straight into its output (first place only)
-        direct = {}
-        for k, v in enumerate(rets):
-            direct.setdefault(id(v), outputs[k])
+        env = dict(zip(param_ids, inputs))
+        key = tuple(a.shape for a in inputs)
+        dims = shapes_met.get(key)
+        if dims is None:
+            dims = _Dims(bind_shapes([(p.ty.shape, a.shape, f"input '{p.name}' of '{function.name}'")
+                                      for p, a in zip(params, inputs)]))
+            if len(shapes_met) < SHAPES_KEPT:
+                shapes_met[key] = dims
+        direct = {v: outputs[k] for v, k in first_place.items()}
         for step, kernel in plan:
             if kernel is None:
                 product(step, env, dims, direct)
             else:
                 part(step, kernel, env, dims, direct)
-        for k, v in enumerate(rets):
-            if env[id(v)] is not outputs[k]:
-                xp.copyto(outputs[k], env[id(v)])
+        for k, v in enumerate(ret_ids):
+            if env[v] is not outputs[k]:
+                xp.copyto(outputs[k], env[v])
 
     run.parts = list(kernels)  # type: ignore[attr-defined]
     return run

@@ -92,6 +92,7 @@ class KernelCache:
     def __init__(self, directory: str | os.PathLike | None = None, cc: str = "cc", max_bytes: int = DEFAULT_MAX_BYTES):
         self.store = LibraryCache(directory if directory is not None else default_cache_dir(), max_bytes)
         self.cc = cc
+        self.served: set[str] = set()  # the keys of every library this cache handed out (what a package must hold)
 
     @property
     def directory(self) -> Path:
@@ -105,20 +106,42 @@ class KernelCache:
     def flags(self) -> list[str]:
         return [*BASE_FLAGS, *usable_flags(self.cc)]
 
+    def vector_math(self) -> bool:
+        """Whether the kernels call glibc's vector math (it changes their source)."""
+        return vector_math(self.cc)
+
+    def compiler(self) -> str:
+        return compiler_version(self.cc)
+
+    def cpu(self) -> str:
+        return cpu_identity()
+
+    def toolchain(self) -> dict:
+        """What decides the binaries besides their source: recorded by a package, so that the
+        kernels' keys can be computed where no compiler is (backends/cpu/prebuilt.py)."""
+        return {"flags": self.flags(), "compiler": self.compiler(), "vector_math": self.vector_math(), "cpu": self.cpu()}
+
     def key(self, source: str) -> str:
-        parts = [source, " ".join(self.flags()), compiler_version(self.cc), cpu_identity()]
+        parts = [source, " ".join(self.flags()), self.compiler(), self.cpu()]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def cached(self, source: str) -> ctypes.CDLL | None:
         """The verified library of ``source`` when the store has it (no compiling, no lock)."""
-        return self.store._verified(self.key(source), SYMBOL)
+        key = self.key(source)
+        lib = self.store._verified(key, SYMBOL)
+        if lib is not None:
+            self.served.add(key)
+        return lib
 
     def load(self, source: str) -> ctypes.CDLL:
         about = {"cc": compiler_version(self.cc), "cpu": cpu_identity()}
+        key = self.key(source)
         try:
-            return self.store.load(self.key(source), lambda out: self._compile(source, out), SYMBOL, about)
+            lib = self.store.load(key, lambda out: self._compile(source, out), SYMBOL, about)
         except CacheError as err:
             raise CompileError(err.message) from None
+        self.served.add(key)
+        return lib
 
     def _compile(self, source: str, out: Path) -> None:
         src = out.with_name("kernel.c")

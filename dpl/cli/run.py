@@ -5,7 +5,13 @@ interpreter on the unfused module, ``--time`` gives the median of several runs.
 What ran is what is reported: every fall-back is a warning on stderr (a target whose first
 backend is unavailable is said before any work), the text names the backends that ran, and
 ``--json`` gives ``ran_on`` per unit and the ``fallbacks``; ``--strict`` makes a fall-back an
-error (exit 1)."""
+error (exit 1).
+
+Deployment: ``--save-package PATH`` writes what was built and run (``dpl.save_package``: the
+module, its weights and its compiled CPU kernels, checked by hash); ``dpl run PATH.dplpkg`` loads
+one (``dpl.load_package``, no C compiler needed) and runs it like a module. An option of ``run``
+rather than a command of its own: a package is saved from an executable that has just run, so
+its plans (and kernels) are the ones the run made and checked, and ``--check`` vouches for them."""
 
 from __future__ import annotations
 
@@ -25,19 +31,25 @@ log = logging.getLogger(__name__)
 # default tolerances of --check by the output's dtype: (rtol, atol); atol is in units of the
 # output's largest magnitude (at least 1), since a sum of many terms computed in another order
 # is off by about that much times the machine epsilon, even where the result is near zero
+PACKAGE_SUFFIX = ".dplpkg"
+
 TOLERANCE = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2), "float32": (1e-4, 1e-4), "float64": (1e-9, 1e-9)}
 
 
 def add_run_command(sub) -> None:
-    p = sub.add_parser("run", help="run a module file or model on random inputs; print output shapes, dtypes, checksums",
+    p = sub.add_parser("run", help="run a module file, model or compiled package on random inputs; print output shapes, "
+                                   "dtypes, checksums",
                        description="Run a module on random inputs (the interpreter by default). With --target or -p, "
-                                   "the module is fused (dpl.apply with the -p libraries) and built for the target.")
-    p.add_argument("file", help="a module in the text form, an .onnx model, or - for stdin")
+                                   "the module is fused (dpl.apply with the -p libraries) and built for the target; "
+                                   "--save-package then writes it, kernels and all, to one file. A .dplpkg file (a "
+                                   "compiled package) is loaded, its hashes checked, and run with its own kernels: no "
+                                   "C compiler is needed.")
+    p.add_argument("file", help="a module in the text form, an .onnx model, a compiled package (.dplpkg), or - for stdin")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--entry", default="main", help="the function to run (default main)")
     p.add_argument("--dim", action="append", default=[], type=dim_arg, metavar="NAME=SIZE", help="size of a symbolic dimension (default 8)")
     p.add_argument("--target", metavar="T", help="build for T (numpy, cpu, cuda, a backend name, or several: mylib,cpu); "
-                                                "without it the interpreter runs the module")
+                                                "without it the interpreter runs the module (a package: its own target)")
     add_patterns_option(p)
     p.add_argument("--check", action="store_true", help="compare the outputs with the interpreter's on the unfused module; "
                                                        "exit 1 beyond the tolerance")
@@ -48,8 +60,10 @@ def add_run_command(sub) -> None:
     p.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs of --time (default 10)")
     p.add_argument("--strict", action="store_true", help="a fall-back is an error (exit 1): a backend of the target that is "
                                                         "unavailable or fails to compile, a codegen prefix no backend owns")
+    p.add_argument("--save-package", metavar="PATH", help="after the run, save the built module to PATH (a .dplpkg: "
+                                                          "module, weights and compiled kernels; needs --target)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (keys: file, entry, target, patterns, outputs, "
-                                                       "ran_on, fallbacks, check, time)")
+                                                       "ran_on, fallbacks, check, time, package)")
     p.set_defaults(func=cmd_run)
 
 
@@ -132,17 +146,34 @@ def _run(args) -> int:
     from dpl.interpret import interpret
 
     target = None if args.target is None else target_arg(args.target)
+    package = args.file.endswith(PACKAGE_SUFFIX)
+    if args.save_package and target is None:
+        raise DplError("--save-package needs --target: a package holds the module built for a target",
+                       hint=f"dpl run {args.file} --target cpu --save-package {args.save_package}")
+    if package and args.patterns:
+        raise DplError(f"{args.file} is a compiled package, fused and built already: -p does not apply to it")
     if target is not None:
         early_target_check(target, args.strict)
-    elif args.strict:
+    elif args.strict and not package:
         log.info("--strict without --target: the interpreter runs, it never falls back")
-    mod = load_module(args.file)
-    fn = entry_function(mod, args.entry, args.file)
     if args.repeat < 1:
         raise DplError(f"--repeat takes a positive count, got {args.repeat}")
-    inputs = random_inputs(fn, args.seed, parse_dims(args.dim, fn))
     exe = None
-    if target is None and not args.patterns:
+    if package:  # built already: its module is the fused one, its entry its own
+        from dpl.package import load_package
+
+        exe = load_package(args.file, target=target, strict=args.strict)
+        mod, fn = exe.module, exe.entry
+        if args.entry not in ("main", fn.name):
+            raise DplError(f"{args.file} runs its entry '{fn.name}', not '{args.entry}'")
+        args.entry = fn.name
+    else:
+        mod = load_module(args.file)
+        fn = entry_function(mod, args.entry, args.file)
+    inputs = random_inputs(fn, args.seed, parse_dims(args.dim, fn))
+    if exe is not None:
+        run = lambda: exe(*inputs)  # noqa: E731
+    elif target is None and not args.patterns:
         run = lambda: interpret(mod, *inputs, entry=args.entry)  # noqa: E731
         what = "interpreter"
     else:
@@ -159,17 +190,21 @@ def _run(args) -> int:
             run = lambda: exe(*inputs)  # noqa: E731
     outputs = _outputs(run())
     report = {"file": args.file, "entry": args.entry, "target": args.target, "patterns": list(args.patterns),
-              "outputs": _describe(outputs), "ran_on": None, "fallbacks": [], "check": None, "time": None}
+              "outputs": _describe(outputs), "ran_on": None, "fallbacks": [], "check": None, "time": None, "package": None}
     if exe is not None:  # what ran, which is not always what the target asked for
         log.debug("%s", exe.summary())
         ran = dict.fromkeys(s.backend for plan in exe.plans.values() for s in plan.steps)
-        what = f"target {args.target} (ran on {', '.join(ran) or 'nothing: no kernel'})"
+        what = f"target {args.target or exe.target_name} (ran on {', '.join(ran) or 'nothing: no kernel'})"
         report["ran_on"] = exe.ran_on()
         report["fallbacks"] = [f.as_dict() for f in exe.fallbacks]
     if args.check:
         report["check"] = compare(outputs, _outputs(interpret(mod, *inputs, entry=args.entry)), args.rtol, args.atol)
     if args.time:
         report["time"] = _median_ms(run, args.repeat)
+    if args.save_package and (report["check"] is None or report["check"]["ok"]):
+        from dpl.package import save_package
+
+        report["package"] = str(save_package(exe, args.save_package))
     if args.json:
         print_json(report)
     else:
@@ -193,4 +228,6 @@ def _text(report: dict, what: str) -> str:
     if report["time"] is not None:
         t = report["time"]
         lines.append(f"time: {what}: median {t['median_ms']:.4g} ms, min {t['min_ms']:.4g} ms over {t['runs']} run{'s' if t['runs'] != 1 else ''}")
+    if report["package"] is not None:
+        lines.append(f"package: saved {report['package']}")
     return "\n".join(lines)

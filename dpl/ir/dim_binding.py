@@ -109,3 +109,36 @@ def concrete_shape(shape: Sequence[Dim], dims: Mapping[str, int], what: str) -> 
             raise DimMismatch(f"dim {axis} of {what} is {text(d)}, which is {value}{_with(d, dims)}: a size is never negative")
         out.append(value)
     return tuple(out)
+
+
+def dim_symbols(d: Dim) -> frozenset[str]:
+    """The symbols of a dim; a lone symbol is itself whatever its spelling (a model's ``a.b``)."""
+    if type(d) is str:
+        return frozenset((d,))
+    return frozenset() if type(d) is int else free_symbols(d)
+
+
+def undetermined(shapes: Sequence[Sequence[Dim]]) -> list[str]:
+    """The symbols of ``shapes`` that :func:`bind_shapes` cannot bind from their sizes, sorted:
+    it binds lone symbols, then dims linear in their one unbound symbol, until nothing changes
+    (``n`` of ``(n + 1) // 2`` or ``n * m`` alone is undetermined)."""
+    dims = [d for shape in shapes for d in shape]
+    known = {d for d in dims if type(d) is str}
+    progress = True
+    while progress:
+        progress = False
+        for d in dims:
+            if not isinstance(d, DimExpr):
+                continue
+            rest = free_symbols(d) - known
+            if len(rest) != 1:
+                continue
+            probe = substitute(d, {s: 1 for s in known})  # linear in the one left, whatever they are?
+            try:
+                linear = solve(probe, 0) is not None
+            except DimError:
+                linear = True  # linear, with no solution at this value
+            if linear:
+                known |= rest
+                progress = True
+    return sorted({s for d in dims for s in dim_symbols(d)} - known)

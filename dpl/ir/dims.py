@@ -602,13 +602,17 @@ def free_symbols(d: Dim) -> frozenset[str]:
     return free_symbols(d.a) | free_symbols(d.b)
 
 
-def substitute(d: Dim, mapping: dict[str, Dim]) -> Dim:
-    """``d`` with each symbol in ``mapping`` replaced by its dim, simplified."""
+def substitute(d: Dim, mapping: dict[Dim, Dim]) -> Dim:
+    """``d`` with each symbol in ``mapping`` replaced by its dim, simplified. A key may also be
+    a node atom (``(n + 1) // 2``, ``min(n, 64)``), replaced wherever it occurs as an atom;
+    sound as long as the replacement has the atom's value."""
     d = _dim(d)
     if type(d) is int:
         return d
     if type(d) is str:
         return _dim(mapping.get(d, d))
+    if not isinstance(d, Poly) and d in mapping:
+        return _dim(mapping[d])
     if isinstance(d, Poly):
         return _from_poly(_pmul_atoms(dict(d.terms), lambda atom: substitute(atom, mapping)))
     if isinstance(d, MinMax):

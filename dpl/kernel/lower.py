@@ -21,7 +21,8 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
-from dpl.ir.dims import free_symbols
+from dpl.ir.dim_binding import undetermined
+from dpl.ir.extent_symbols import with_extent_symbols
 from dpl.ir.expr import Call, Constant, Expr as IRExpr, Function, GlobalVar, Module, Tuple, TupleGetItem, Var as IRVar
 from dpl.ir.types import TensorType
 from dpl.kernel import ir
@@ -67,12 +68,14 @@ def op_lowering(name: str) -> tuple[bool, str]:
 
 
 def lower_function(fn: Function, name: str | None = None) -> Kernel:
-    """The one kernel computing ``fn``, or a :class:`LoweringError` naming what cannot be lowered."""
+    """The one kernel computing ``fn``, or a :class:`LoweringError` naming what cannot be lowered.
+    An extent no buffer determines the symbols of (``(n + 1) // 2 - 1``) gets a kernel symbol of
+    its own (:func:`dpl.ir.extent_symbols.with_extent_symbols`)."""
     # inlining recurses along the group's chains: allow a few frames per binding
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 1000 + 8 * len(fn.bindings)))
     try:
-        return Lowerer(flatten_tuples(fn)).kernel(name or fn.name)
+        return Lowerer(with_extent_symbols(flatten_tuples(fn))).kernel(name or fn.name)
     finally:
         sys.setrecursionlimit(limit)
 
@@ -520,33 +523,6 @@ class Lowerer:
                                 "dimensions that no buffer's size determines (each must be a lone symbol or "
                                 "linear in one unknown once the others are bound)")
         return kernel
-
-
-def undetermined(shapes) -> list[str]:
-    """The symbols of ``shapes`` that ``dim_binding.bind_shapes`` cannot bind from sizes: it
-    binds lone symbols, then dims linear in their one unbound symbol, until nothing changes."""
-    from dpl.ir.dims import DimError, solve, substitute
-
-    dims = [d for shape in shapes for d in shape]
-    known = {d for d in dims if isinstance(d, str)}
-    progress = True
-    while progress:
-        progress = False
-        for d in dims:
-            if isinstance(d, (int, str)):
-                continue
-            rest = free_symbols(d) - known
-            if len(rest) != 1:
-                continue
-            probe = substitute(d, {s: 1 for s in known})  # linear in the one left, whatever they are?
-            try:
-                linear = solve(probe, 0) is not None
-            except DimError:
-                linear = True  # linear, with no solution at this value
-            if linear:
-                known |= rest
-                progress = True
-    return sorted({s for d in dims for s in ir.dim_symbols(d)} - known)
 
 
 def fit_axes(sub: tuple, shape: tuple) -> list | None:

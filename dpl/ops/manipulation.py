@@ -115,11 +115,14 @@ def _infer_concat(info: CallInfo) -> TensorType:
 
 def _concat_kind(info: CallInfo, out) -> OpPatternKind:
     # TVM reads field k at (output index - the sizes of the fields before it); only when every
-    # offset is 0, i.e. every field but the last is empty, is each load at the output index
+    # offset is 0, i.e. every field but the last is empty, is each load at the output index. A
+    # symbolic offset (a field before the last of symbolic size along the axis) makes the index
+    # arithmetic TVM 0.27 leaves Opaque
     axis = info.attrs["axis"] % out.ndim
-    if all(t.shape[axis] == 0 for t in info.arg_types[0].fields[:-1]):
+    before = [t.shape[axis] for t in info.arg_types[0].fields[:-1]]
+    if all(d == 0 for d in before):
         return K.ELEMWISE
-    return K.INJECTIVE
+    return K.INJECTIVE if all(type(d) is int for d in before) else K.OPAQUE
 
 
 register(
@@ -161,12 +164,22 @@ def _infer_split(info: CallInfo) -> TupleType:
     return TupleType(tuple(fields))
 
 
+def _split_kind(info: CallInfo, out) -> OpPatternKind:
+    # as concat's: a piece read at (output index + its start), Opaque to TVM 0.27 where a start
+    # is symbolic (equal sections of a symbolic axis; indices along it start at constants)
+    if len(out.fields) == 1:
+        return K.ELEMWISE
+    x = info.tensor(0)
+    points = _split_points(info, x.shape[normalize_axis(info, info.attrs["axis"], x.ndim)])
+    return K.INJECTIVE if all(type(p) is int for p in points) else K.OPAQUE
+
+
 register(
     "split",
     num_args=1,
     attrs={"indices_or_sections": AttrSpec("ints_or_int"), "axis": AttrSpec("axis", default=0)},
     infer=_infer_split,
-    kind=lambda info, out: K.ELEMWISE if len(out.fields) == 1 else K.INJECTIVE,
+    kind=_split_kind,
     ref=lambda x, indices_or_sections, axis: tuple(
         np.split(x, indices_or_sections if isinstance(indices_or_sections, int) else list(indices_or_sections), axis=axis)
     ),
@@ -394,11 +407,11 @@ def _infer_pad(info: CallInfo) -> TensorType:
 
 def _pad_kind(info: CallInfo, out) -> OpPatternKind:
     """TVM's: a constant pad is a select over the index (Injective), or x read at the output index
-    when no width is given (ElemWise); the other modes compute the index from x's sizes, which
+    when no width is given before any axis (ElemWise: padding or cropping only after); the other modes compute the index from x's sizes, which
     with a symbolic size among them (padded or not) is arithmetic TVM leaves Opaque, and
     otherwise Injective even with no width."""
-    if info.attrs["pad_mode"] == "constant":
-        return K.INJECTIVE if any(info.attrs["pad_width"]) else K.ELEMWISE
+    if info.attrs["pad_mode"] == "constant":  # no width before: x read at the output index, under a guard
+        return K.INJECTIVE if any(info.attrs["pad_width"][0::2]) else K.ELEMWISE
     return K.OPAQUE if not info.tensor(0).is_static else K.INJECTIVE
 
 

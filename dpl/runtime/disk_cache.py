@@ -11,7 +11,11 @@ temporary name and renamed, mode 0600.
 Concurrent processes meet through ``filelock`` locks in ``locks/``: building a key holds its
 bucket's lock (one of 256, by the key's first two hex digits; lock files are never deleted, so
 two processes can never hold "the same" lock on two inodes), so a kernel is compiled once and
-the others load it. A build works in ``KEY.build-*`` beside the entries; one a SIGKILL left
+the others load it. A lock not had within ``LOCK_TIMEOUT`` (a lock server that hangs, on NFS, or
+a process stopped holding it) is logged and the build runs without it: every write goes to a
+temporary name in the same folder and is renamed into place, and every read is verified, so
+racing builds cost compile time, never a corrupt entry. One directory may so be shared by many
+processes and machines (of one user: see ``dpl.cache_dir``), each CPU under keys of its own. A build works in ``KEY.build-*`` beside the entries; one a SIGKILL left
 behind is swept when its bucket's lock is free. The manifest's modification time is the entry's
 last use: past ``max_bytes`` the least recently used entries are evicted (to 90% of it), by
 one process at a time.
@@ -57,6 +61,7 @@ LOCKS = "locks"
 BUILD_MARKER = ".dpl-build"  # the first file a build folder gets: dpl made it
 LEGACY_BUILD_AGE = 3600  # seconds: a tmp* folder of an older dpl this old is no live build
 LEGACY_BUILD_FILES = frozenset({"kernel.c", "kernel.so", "manifest.json"})  # all such a folder held
+LOCK_TIMEOUT = 600.0  # seconds a build waits for its bucket's lock before it builds without it
 
 # the names this store writes, exactly (mkdtemp's names: 8 of [a-z0-9_])
 _KEY = re.compile(r"[0-9a-f]{64}")  # a SHA-256
@@ -124,20 +129,17 @@ class LibraryCache:
 
     # -- loading --------------------------------------------------------------------------------
     def load(self, key: str, build: Callable[[Path], None], symbol: str | None = None,
-             about: dict | None = None) -> ctypes.CDLL:
+             about: dict | None = None, sha256: str | None = None) -> ctypes.CDLL:
         """The library under ``key``, built by ``build(path)`` (which writes a shared library at
-        ``path``) when no verified one is there. ``symbol``: a name the library must export."""
+        ``path``) when no verified one is there. ``symbol``: a name the library must export;
+        ``sha256``: the hash its bytes must have (a package's kernel), else it is written anew."""
         if not _KEY.fullmatch(key):
             raise CacheError(f"a cache key is a SHA-256 in lowercase hex (64 digits), got {key!r}")
-        lib = self._verified(key, symbol)
+        lib = self._verified(key, symbol, sha256)
         if lib is not None:
             return lib
         try:
-            with self._bucket(key):
-                lib = self._verified(key, symbol)  # built by another process while this one waited
-                if lib is None:
-                    self._build(key, build, about or {})
-                    lib = self._verified(key, symbol)
+            lib = self._build_once(key, build, symbol, about or {}, sha256)
         except OSError as err:  # a full disk, a folder made read-only meanwhile, a directory under a key
             raise CacheError(f"cannot write the cache entry {key[:16]} in {self._directory or self.requested}: {err}") from None
         if lib is None:
@@ -145,19 +147,55 @@ class LibraryCache:
         self.evict()
         return lib
 
+    def _build_once(self, key: str, build: Callable[[Path], None], symbol: str | None, about: dict,
+                    sha256: str | None) -> ctypes.CDLL | None:
+        """Build under the bucket's lock, so that one process compiles and the others load its
+        result; past ``LOCK_TIMEOUT`` without the lock, build anyway (see the module text)."""
+        lock = self._bucket(key)
+        try:
+            lock.acquire(timeout=LOCK_TIMEOUT)
+        except Timeout:
+            log.warning("waited %.0f s for the lock of cache entry %s in %s; building without it", LOCK_TIMEOUT, key[:16],
+                        self.directory)
+            locked = False
+        else:
+            locked = True
+        try:
+            lib = self._verified(key, symbol, sha256)  # built by another process while this one waited
+            if lib is None:
+                self._build(key, build, about)
+                lib = self._verified(key, symbol, sha256)
+            return lib
+        finally:
+            if locked:
+                lock.release()
+
     def _paths(self, key: str) -> tuple[Path, Path]:
         d = self.directory
         return d / f"{key}.so", d / f"{key}.json"
 
-    def _verified(self, key: str, symbol: str | None) -> ctypes.CDLL | None:
+    def read(self, key: str) -> tuple[bytes, dict] | None:
+        """The bytes of the library under ``key`` and its manifest, when the bytes hash to the
+        manifest's; else None (missing, foreign, truncated or replaced)."""
         lib_path, manifest = self._paths(key)
         try:
             meta = json.loads(read_own_file(manifest, MANIFEST_LIMIT))
             data = read_own_file(lib_path, int(meta["size"]) + 1)
         except (OSError, ValueError, KeyError, TypeError):
-            return None  # missing, foreign or unreadable: (re)build
+            return None
         if meta.get("key") != key or len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
-            log.info("cache entry %s does not match its manifest (truncated or replaced); rebuilding", lib_path)
+            log.info("cache entry %s does not match its manifest (truncated or replaced)", lib_path)
+            return None
+        return data, meta
+
+    def _verified(self, key: str, symbol: str | None, sha256: str | None = None) -> ctypes.CDLL | None:
+        lib_path, manifest = self._paths(key)
+        found = self.read(key)
+        if found is None:
+            return None  # missing, foreign, unreadable or not what its manifest says: (re)build
+        meta = found[1]
+        if sha256 is not None and meta["sha256"] != sha256:
+            log.info("cache entry %s holds another library than the one asked for; writing it anew", lib_path)
             return None
         try:
             lib = ctypes.CDLL(str(lib_path))

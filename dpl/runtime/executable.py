@@ -61,6 +61,7 @@ from dpl.runtime.keys import exact_key
 from dpl.runtime.plan import Compiler, Plan, Planner
 from dpl.runtime.progress import terminal_stderr
 from dpl.runtime.scheduler import FusionScheduler, ScheduledGroup
+from dpl.runtime.timed_choice import SAMPLES
 
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,9 @@ class Executable(Compiler):
         self._plans: dict[tuple, Plan] = {}
         self._planning = threading.RLock()  # plans and the compile state they change, one thread at a time
         self._resident: Any = None  # the device runner (see _device_runner), False: none
+        # (plan, ((shape, dtype) of each input)) of the latest call, where inputs are not tuples (_last_plan)
+        self._last: tuple[Plan, tuple] | None = None
+        self._flat_entry = not any(isinstance(p.ty, TupleType) for p in self.entry.params)
         head = check_target(self.target, strict=strict, name=self.target_name)  # said once here, not again per unit
         if head is not None:
             log.warning("%s", head)
@@ -365,10 +369,27 @@ class Executable(Compiler):
         resident = self._device_runner()
         if resident is not None:  # the whole plan on the device (backends/cuda/resident.py)
             return resident.run(self, arrays, out)
-        flat = self._flat_inputs(arrays)
-        plan = self._plan_for([(a.shape, a.dtype) for a in flat])
+        plan, flat = self._last_plan(arrays), arrays
+        if plan is None:
+            flat = self._flat_inputs(arrays)
+            plan = self._plan_for([(a.shape, a.dtype) for a in flat])
+            if self._flat_entry:
+                self._last = (plan, tuple((a.shape, a.dtype) for a in flat))
         outs = None if out is None else self._check_out(plan, out, flat)
         return plan.run(flat, outs)
+
+    def _last_plan(self, arrays) -> Plan | None:
+        """The latest call's plan where ``arrays`` are NumPy arrays of its very shapes and dtypes
+        (then they are the flat inputs as they stand): a decode step's call skips flattening and
+        building and hashing its signature (issue 31: 20 us of Python per call). Anything else,
+        None: the general path."""
+        last = self._last
+        if last is None or len(arrays) != len(last[1]):
+            return None
+        for a, (shape, dtype) in zip(arrays, last[1]):
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype is not dtype:
+                return None
+        return last[0]
 
     def _device_runner(self):
         """What runs calls device-resident: offered by the target's first available backend
@@ -395,22 +416,40 @@ class Executable(Compiler):
         return outs
 
     def profile(self, *arrays, repeat: int = 10) -> "ProfileReport":
-        """Per-kernel times of running these inputs (mean and minimum over ``repeat`` runs)."""
+        """Per-kernel times of running these inputs: each step's median and minimum over
+        ``repeat`` calls, beside the median of those whole calls (wall-clock, so their steps add
+        up to about the call at any thread count).
+
+        The steps timed are those a call runs now. Where the plan chooses its thread count by
+        timing its calls (:mod:`dpl.runtime.timed_choice`), calls first run until it has chosen:
+        timing the many-thread steps of a plan whose calls had chosen one thread, and averaging
+        over the calls a loaded machine stalled, put 51 ms on a ResNet call of 6.9 ms (issue 30;
+        bench_zoo's ResNet at 224x224, threads=2, on a 2-core host at load 1.5: a profile total of
+        209.7 ms for calls of 15.7, and 14.9 for calls of 20.5 at load 9 once it timed the chosen
+        count's steps by their medians)."""
         flat = self._flat_inputs(arrays)
         plan = self._plan_for([(a.shape, a.dtype) for a in flat])
-        times: dict[int, list[float]] = {id(s): [] for s in plan.steps}
+        plan.run(flat, None)  # warm up
+        for _ in range(2 * SAMPLES):  # at most what the thread choice needs to choose
+            if plan.thread_choice is None or plan.thread_choice.settled():
+                break
+            plan.run(flat, None)
+        threads, steps = plan.steps_now()
+        times: dict[int, list[float]] = {id(s): [] for s in steps}
 
         def timer(step, run):
             t0 = time.perf_counter()
             run()
             times[id(step)].append((time.perf_counter() - t0) * 1e3)
 
-        plan.run(flat, None)  # warm up
+        calls = []
         for _ in range(max(1, repeat)):
+            t0 = time.perf_counter()
             plan.run(flat, None, timer=timer)
-        rows = [ProfileRow(i, s.label, s.function, s.backend, float(np.mean(times[id(s)])), float(np.min(times[id(s)])))
-                for i, s in enumerate(plan.steps)]
-        return ProfileReport(tuple(rows))
+            calls.append((time.perf_counter() - t0) * 1e3)
+        rows = [ProfileRow(i, s.label, s.function, s.backend, float(np.median(times[id(s)])), float(np.min(times[id(s)])))
+                for i, s in enumerate(steps)]
+        return ProfileReport(tuple(rows), float(np.median(calls)), threads)
 
     # -- reporting ------------------------------------------------------------------------------
     def ran_on(self) -> dict[str, str]:
@@ -502,23 +541,29 @@ class ProfileRow:
     label: str
     function: str
     backend: str
-    mean_ms: float
+    median_ms: float
     min_ms: float
 
 
 @attrs.frozen
 class ProfileReport:
     rows: tuple[ProfileRow, ...]
+    call_ms: float | None = None  # the median of the whole calls the rows were timed in
+    threads: int | None = None  # the thread budget they ran on (None: each pool's own)
 
     @property
     def total_ms(self) -> float:
-        return sum(r.mean_ms for r in self.rows)
+        """The steps' medians added up: about :attr:`call_ms`, less the time between steps."""
+        return sum(r.median_ms for r in self.rows)
 
     def __str__(self) -> str:
-        out = [f"{'#':>3}  {'kernel':<36} {'function':<24} {'backend':<8} {'mean ms':>9} {'min ms':>9}"]
+        out = [f"{'#':>3}  {'kernel':<36} {'function':<24} {'backend':<8} {'median ms':>9} {'min ms':>9}"]
         for r in self.rows:
-            out.append(f"{r.index:>3}  {r.label:<36} {r.function:<24} {r.backend:<8} {r.mean_ms:>9.4f} {r.min_ms:>9.4f}")
+            out.append(f"{r.index:>3}  {r.label:<36} {r.function:<24} {r.backend:<8} {r.median_ms:>9.4f} {r.min_ms:>9.4f}")
         out.append(f"     {'total':<36} {'':<24} {'':<8} {self.total_ms:>9.4f}")
+        if self.call_ms is not None:
+            on = "each pool's own threads" if self.threads is None else count(self.threads, "thread")
+            out.append(f"     {'whole call (median), ' + on:<70} {self.call_ms:>9.4f}")
         return "\n".join(out)
 
 

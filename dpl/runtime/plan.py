@@ -50,7 +50,7 @@ from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.timed_choice import thread_choice
-from dpl.runtime.threads import available_cores, budget_threads, one_pool_kernels
+from dpl.runtime.threads import available_cores, budget_binds, budget_threads, one_pool_kernels
 from dpl.transform.graph import is_view, is_view_group
 
 
@@ -246,12 +246,20 @@ class Plan:
         return [b for b, buf in enumerate(self.buffers) if buf.kind == "output"]
 
     # -- running --------------------------------------------------------------------------------
+    def steps_now(self) -> tuple[int | None, list[Step]]:
+        """The thread budget a call runs on now and its steps: the thread choice's current option
+        (the many-thread steps until it has chosen), or the plan's own where it has no choice."""
+        if self.thread_choice is None:
+            return self.threads, self.steps
+        threads = self.thread_choice.current()
+        return threads, self.single_steps if threads == 1 else self.steps
+
     def run(self, arrays: Sequence[np.ndarray], out: Sequence[np.ndarray] | None = None, timer=None) -> Any:
         views = self._borrow()
         try:
             choice = self.thread_choice
-            if choice is None or timer is not None:  # a profile times the plan's own steps, not a choice
-                return self._on(self.threads, self.steps, views, arrays, out, timer)
+            if choice is None or timer is not None:  # a profile times what calls run now, and chooses nothing
+                return self._on(*self.steps_now(), views, arrays, out, timer)
             threads = choice.pick()
             steps = self.single_steps if threads == 1 else self.steps
             start = time.perf_counter()
@@ -262,7 +270,7 @@ class Plan:
             self._give_back(views)
 
     def _on(self, threads, steps, views, arrays, out, timer) -> Any:
-        if threads is None:  # no budget: not even the context manager's microsecond
+        if not budget_binds(threads, self.pools):  # no budget, or none it would change: not even the context managers
             return self._run(steps, views, arrays, out, timer)
         with budget_threads(threads, self.pools):
             return self._run(steps, views, arrays, out, timer)
@@ -428,8 +436,9 @@ class Planner:
         shapes, dtypes = self._shapes(ins)
         types = [t for p in callee.params for t in leaf_types(p.ty)]
         names = [f"parameter '{p.name}' of '{name}'" for p in callee.params for _ in leaf_types(p.ty)]
-        callee_dims = bind_dims(types, shapes, names)
-        for d, n in dims.items():  # a dim no parameter binds (arange(end=seq) in a group) is the caller's
+        # a dim no parameter binds (arange(end=seq) in a group, n of (n + 1) // 2 - 1) is the caller's
+        callee_dims = bind_dims(types, shapes, names, fallback=dims)
+        for d, n in dims.items():
             callee_dims.setdefault(d, n)
         if callee.attrs.get("Primitive") and "Composite" not in callee.attrs:
             if is_view_group(callee):  # no kernel: views

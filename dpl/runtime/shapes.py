@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from dpl.errors import DplError
 from dpl.ir.dim_binding import DimMismatch, bind_shapes, concrete_shape
@@ -13,11 +13,12 @@ class ShapeError(DplError):
     """Inputs whose shapes do not fit the function, or a dim the inputs do not determine."""
 
 
-def bind_dims(types: Sequence[TensorType], shapes: Sequence[tuple[int, ...]], what: Sequence[str], dims: dict[str, int] | None = None) -> dict[str, int]:
+def bind_dims(types: Sequence[TensorType], shapes: Sequence[tuple[int, ...]], what: Sequence[str], dims: dict[str, int] | None = None,
+              fallback: Mapping[str, int] | None = None) -> dict[str, int]:
     """Bind the symbolic dims of ``types`` from ``shapes``: plain symbols first, then a dim
-    linear in one unbound symbol (``n * 2``) solved for it, then every dim evaluated and
-    compared (:func:`dpl.ir.dim_binding.bind_shapes`); a mismatch names the value and the
-    expression."""
+    linear in one unbound symbol (``n * 2``) solved for it, then ``fallback`` (the caller's
+    dims) for what the shapes leave unbound, then every dim evaluated and compared
+    (:func:`dpl.ir.dim_binding.bind_shapes`); a mismatch names the value and the expression."""
     dims = {} if dims is None else dims
     entries = []
     for ty, shape, name in zip(types, shapes, what):
@@ -27,7 +28,7 @@ def bind_dims(types: Sequence[TensorType], shapes: Sequence[tuple[int, ...]], wh
             raise ShapeError(f"{name} expects shape {ty}, got {tuple(shape)}")
         entries.append((ty.shape, shape, name))
     try:
-        return bind_shapes(entries, dims)
+        return bind_shapes(entries, dims, fallback)
     except DimMismatch as err:
         raise ShapeError(err.message) from None
 

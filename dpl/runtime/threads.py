@@ -126,6 +126,18 @@ def blas_threads(n: int | None) -> Iterator[None]:
             lib.set_num_threads(before)
 
 
+def budget_binds(n: int | None, pools: frozenset[str] | None = None) -> bool:
+    """Whether :func:`budget_threads` with these arguments could change a setting: a BLAS a step
+    may use (``pools`` None or naming it), or torch's threads above ``n``. Where it could not,
+    a call skips the context managers (about 2 us, part of every small call's Python)."""
+    if n is None:
+        return False
+    if pools is None or BLAS in pools:
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.get_num_threads() > n
+
+
 @contextlib.contextmanager
 def budget_threads(n: int | None, pools: frozenset[str] | None = None) -> Iterator[None]:
     """A plan's thread budget for one call: the loaded BLAS libraries (:func:`blas_threads`) and,

@@ -95,6 +95,11 @@ class TimedChoice:
             if best is not None:
                 self._since_probe = self._since_probe + seconds if option == best else 0.0
 
+    def settled(self) -> bool:
+        """Whether both options are timed, so :meth:`current` is the faster one's."""
+        with self._lock:
+            return all(self._settled(o) for o in self.options)
+
     def current(self):
         """The option calls run on now (the first until both are timed)."""
         with self._lock:
