@@ -1,6 +1,7 @@
 """The frontends keep the exporters' symbolic shapes as dimension expressions (issue 32, item 1):
 small torch modules whose exported graphs compute shapes (a reshape merging batch with channels,
-a window partition, a concat of two dynamic tensors, a pad, a strided conv1d), each imported
+a window partition, a concat of two dynamic tensors, a pad, a strided conv1d, interpolation over
+a dynamic image), each imported
 with torch.export and with torch.onnx.export(dynamo=True), compared with torch eager at two
 sizes on the interpreter and the CPU backend; torch's sympy sizes and ONNX's shape arithmetic
 translated to dims; the errors where a size is no dim expression.
@@ -93,6 +94,35 @@ class RangeAndZeros(nn.Module):
         return x * positions[:, None], torch.zeros(x.shape[0] * 2, 3) + 1.0
 
 
+class UpsampleBilinear(nn.Module):
+    def forward(self, x):  # [b, 3, h, w] -> [b, 3, h * 2, w * 2], torch's scale 1 / 2
+        return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+
+
+class UpsampleBilinearBy1_5(nn.Module):
+    def forward(self, x):  # [b, 3, h, w] -> [b, 3, h + h // 2, w + w // 2], the scale 1 / 1.5, not in / out
+        return F.interpolate(x, scale_factor=1.5, mode="bilinear", align_corners=False)
+
+
+class UpsampleCornersToSize(nn.Module):
+    def forward(self, x):  # the size computed from the input's shape, corners aligned
+        return F.interpolate(x, size=(x.shape[2] * 2, x.shape[3] * 2), mode="bilinear", align_corners=True)
+
+
+class UpsampleNearest(nn.Module):
+    def forward(self, x):
+        return F.interpolate(x, scale_factor=2, mode="nearest")
+
+
+class UpsampleBicubicToSize(nn.Module):
+    def forward(self, x):
+        return F.interpolate(x, size=(x.shape[2] * 2, x.shape[3] * 2), mode="bicubic", align_corners=False)
+
+
+def _image_dims():
+    return ({0: _dim("batch", 1, 8), 2: _dim("h", 2, 64), 3: _dim("w", 2, 64)},)
+
+
 def _dim(name, lo=2, hi=64):
     return torch.export.Dim(name, min=lo, max=hi)
 
@@ -117,6 +147,14 @@ CASES = [
     ("flatten_after_concat", FlattenAfterCat, [(3, 5, 4)], lambda: ({0: _dim("batch"), 1: _dim("n")},), [(2, 9, 4)],
      "f32[batch, n * 8]"),
     ("range_and_zeros", RangeAndZeros, [(4, 3)], lambda: ({0: _dim("n")},), [(7, 3)], "(f32[n, 3], f32[n * 2, 3])"),
+    ("upsample_bilinear", UpsampleBilinear, [(2, 3, 5, 7)], _image_dims, [(3, 3, 9, 4)], "f32[batch, 3, h * 2, w * 2]"),
+    ("upsample_bilinear_by_1_5", UpsampleBilinearBy1_5, [(2, 3, 5, 7)], _image_dims, [(1, 3, 9, 4)],
+     "f32[batch, 3, h + h // 2, w + w // 2]"),
+    ("upsample_corners_to_size", UpsampleCornersToSize, [(2, 3, 5, 7)], _image_dims, [(3, 3, 9, 4)],
+     "f32[batch, 3, h * 2, w * 2]"),
+    ("upsample_nearest", UpsampleNearest, [(2, 3, 5, 7)], _image_dims, [(3, 3, 9, 4)], "f32[batch, 3, h * 2, w * 2]"),
+    ("upsample_bicubic_to_size", UpsampleBicubicToSize, [(2, 3, 5, 7)], _image_dims, [(3, 3, 9, 4)],
+     "f32[batch, 3, h * 2, w * 2]"),
 ]
 
 def _inputs(shapes, seed):

@@ -332,6 +332,9 @@ OP_CASES = [
     Case("Resize", [img, C([], "float32"), C([1, 1, 1.5, 2], "float32")],
          {"mode": "cubic", "coordinate_transformation_mode": "align_corners", "cubic_coeff_a": -0.5, "exclude_outside": 1},
          opset=11, id="cubic_exclude"),
+    # torch.onnx writes every attribute, also on a resize to the input's own size (SegFormer's first stage)
+    Case("Resize", [img, None, None, C([2, 4, 7, 7], "int64")],
+         {"mode": "linear", "cubic_coeff_a": -0.75, "exclude_outside": 0}, opset=13, id="to_its_own_size"),
     # onnx's reference evaluator fails on grouped ConvTranspose: tests/test_ops_vision.py checks groups against torch
     Case("ConvTranspose", [img, In((4, 3, 3, 2)), In((3,))],
          {"strides": [2, 1], "pads": [1, 0, 0, 1], "output_padding": [1, 0], "dilations": [1, 2]}, id="output_padding"),
@@ -360,6 +363,13 @@ OP_CASES = [
     Case("GlobalAveragePool", [img]),
     Case("GlobalAveragePool", [In((2, 3, 5))], id="one_d"),
     Case("GlobalMaxPool", [img]),
+    # Einsum: a broadcast product and a sum over the letters the output lacks (Mamba2's scan)
+    Case("Einsum", [In((2, 3, 4)), In((2, 4, 5))], {"equation": "bij,bjk->bik"}, id="batched_matmul"),
+    Case("Einsum", [In((2, 3, 4, 5)), In((2, 3, 6, 5)), In((2, 5, 3, 6))], {"equation": "bclh,bcsh,bhcs->bclh"},
+         id="three_operands"),
+    Case("Einsum", [In((3, 4)), In((4,))], {"equation": "ij, j"}, id="implicit_output"),
+    Case("Einsum", [In((2, 1, 3, 4)), In((5, 4, 2))], {"equation": "...ij,...jk->...ik"}, id="ellipsis_broadcast"),
+    Case("Einsum", [In((3, 4))], {"equation": "ij->ji"}, id="transpose"),
 ]
 
 

@@ -271,6 +271,19 @@ def test_cnn_with_average_pooling_equals_torch(size):
     assert "fall-back" not in exe.summary().split("plan for")[0], exe.summary()
 
 
+@pytest.mark.parametrize("pool", [nn.AvgPool2d(40, ceil_mode=True), nn.MaxPool2d(40, ceil_mode=True),
+                                  nn.AvgPool2d(6, stride=4, padding=2, ceil_mode=True)])
+def test_a_ceil_mode_window_larger_than_its_input_equals_torch(pool):
+    # EfficientNet's pooler: AvgPool2d(hidden_dim, ceil_mode=True) over the last 1 x 1 (7 x 7 at
+    # 224) feature map is one partial window; torch allows it, and so does dpl
+    x = torch.randn(2, 3, 3, 5)
+    want = pool(x)
+    mod = dpl.from_torch(pool, (x,))
+    assert_matches_torch(dpl.interpret(mod, x.numpy()), want)
+    exe = dpl.build(dpl.apply(mod, []), "cpu")
+    assert_matches_torch(exe(x.numpy()), want)
+
+
 def test_slices_and_selects_along_a_dynamic_length():
     """The last token (``x[:, -1]``), the last few, a static buffer cut to the length (nanoGPT's
     ``bias[:, :, :T, :T]``): slices whose length a dpl type can hold."""
@@ -526,22 +539,36 @@ def test_a_saved_program_loads_as_the_command_line_reads_it(tmp_path):
 
 
 def test_unsupported_argument_is_named_with_its_module():
-    class Floor(nn.Module):
+    class Pool(nn.Module):
         def forward(self, x):
-            return torch.div(x, 3.0, rounding_mode="floor")
+            return nn.functional.avg_pool2d(x, 2, divisor_override=3)
 
     class Outer(nn.Module):
         def __init__(self):
             super().__init__()
-            self.inner = Floor()
+            self.inner = Pool()
 
         def forward(self, x):
             return self.inner(x)
 
     with pytest.raises(FrontendError) as info:
-        dpl.from_torch(Outer(), (torch.randn(4),))
-    assert "aten.div.Tensor_mode: argument 'rounding_mode='floor'' is not supported" in str(info.value)
-    assert "(node 'div' in module 'inner' (Floor))" in str(info.value)
+        dpl.from_torch(Outer(), (torch.randn(1, 2, 4, 4),))
+    assert "aten.avg_pool2d.default: argument 'divisor_override=3' is not supported" in str(info.value)
+    assert "(node 'avg_pool2d' in module 'inner' (Pool))" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float32"])
+@pytest.mark.parametrize("mode", ["floor", "trunc"])
+def test_a_rounded_division_matches_torch_for_every_sign(mode, dtype):
+    class Div(nn.Module):
+        def forward(self, x, y):
+            return torch.div(x, y, rounding_mode=mode), torch.div(x, 3, rounding_mode=mode), x // y
+
+    x = torch.tensor([7, -7, 7, -7, 0, 6, -6, 5]).to(getattr(torch, dtype))
+    y = torch.tensor([2, 2, -2, -2, 3, 3, -4, 5]).to(getattr(torch, dtype))
+    mod = dpl.from_torch(Div(), (x, y))
+    for got, want in zip(dpl.interpret(mod, x.numpy(), y.numpy()), Div()(x, y)):
+        np.testing.assert_array_equal(got, want.numpy())
 
 
 def test_a_slice_from_a_static_start_along_a_symbolic_axis_has_an_expression_length():
@@ -756,3 +783,26 @@ def test_a_saved_container_torch_cannot_read_back_is_named(tmp_path, monkeypatch
     with pytest.raises(FrontendError, match="returns \\(or takes\\) builtins.dict, a container class torch does not know") as err:
         load_model(tmp_path / "pair.pt2")
     assert "return_dict=False" in err.value.hint and "torch.export.save" not in err.value.hint
+
+
+def test_the_grouped_product_of_experts_is_a_gather_and_a_batched_product():
+    """transformers' experts in float32 trace to its custom op ``grouped_mm_fallback``: rows
+    sorted by expert, ``offs`` the cumulative counts; rows past the last offset are zero."""
+    needs.package("transformers")
+    import transformers.integrations.moe  # noqa: F401  (registers torch.ops.transformers)
+
+    class Grouped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(3, 4, 5))
+
+        def forward(self, x, offs):
+            return torch.ops.transformers.grouped_mm_fallback(x, self.weight, offs=offs)
+
+    model = Grouped().eval()
+    x, offs = torch.randn(7, 4), torch.tensor([2, 2, 6], dtype=torch.int32)  # expert 1 has no rows; row 6 none
+    mod = dpl.from_torch(model, (x, offs))
+    with torch.no_grad():
+        want = model(x, offs).numpy()
+    assert not want[6].any()
+    np.testing.assert_allclose(dpl.interpret(mod, x.numpy(), offs.numpy()), want, rtol=1e-5, atol=1e-6)

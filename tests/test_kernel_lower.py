@@ -566,6 +566,14 @@ def test_adaptive_avg_pool2d(size):
     check(fb.ret(fb.emit("multiply", fb.emit("nn.adaptive_avg_pool2d", x, **attrs), 2.0)), kind="pool")
 
 
+@pytest.mark.parametrize("op", ["nn.avg_pool2d", "nn.max_pool2d"])
+def test_a_pool_window_larger_than_its_input_loops_over_the_taps_that_reach_it(op):
+    fb = prim()
+    x = fb.param("x", "f32", (2, 3, 3, 2))
+    k = check(fb.ret(fb.emit(op, x, pool_size=[64, 64], strides=[64, 64], padding=[1], ceil_mode=True)), kind="pool")
+    assert "64" not in str(k), str(k)  # the loops run over the 5 x 4 taps of the padded input
+
+
 def test_pooling_f16_accumulates_in_f32():
     fb = prim()
     x = fb.param("x", "f16", (1, 2, 8, 8))

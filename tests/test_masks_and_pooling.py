@@ -85,8 +85,20 @@ func main(x: f32[2, T, 16], mask: f32[32, 32]) -> (f32[2, T, T], f32[2, 2, 16]) 
 }
 """
 
+# Swin's shifted-window mask: constants broadcast over the batch and merged with it, in a group
+# whose only symbol is in its result's expression (n * 4), solved from the result's size
+MERGED_MASK = """
+func main(x: f32[n, 3], m: f32[1, 4, 1, 2], b: f32[1, 1, 2]) -> (f32[n * 4, 2], f32[n, 3]) {
+  e = broadcast_to(m, shape=["n", 4, 1, 2])
+  s = add(b, e)
+  f = reshape(s, shape=["n * 4", 2])
+  r = nn.relu(x)
+  return (f, r)
+}
+"""
+
 MODELS = {"causal_attention": CAUSAL_ATTENTION, "triu_mask": TRIU_MASK, "zero_input_group": ZERO_INPUT_GROUP,
-          "cnn_pooling": CNN_POOLING, "sliced_buffer": SLICED_BUFFER}
+          "cnn_pooling": CNN_POOLING, "sliced_buffer": SLICED_BUFFER, "merged_mask": MERGED_MASK}
 
 
 def args_for(func, **dims):
@@ -116,11 +128,12 @@ def c_compiler():
 
 
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("target", ["cpu", "numpy-kernel"])
+@pytest.mark.parametrize("target", ["cpu", "numpy-kernel", "numpy"])
 def test_fused_models_equal_the_interpreter_at_two_lengths(c_compiler, name, target):
     mod = dpl.parse(MODELS[name])
     fused = dpl.apply(mod, [])
-    new_ops = {"arange", "triu", "tril", "full", "zeros", "ones", "nn.avg_pool2d", "nn.adaptive_avg_pool2d", "strided_slice"}
+    new_ops = {"arange", "triu", "tril", "full", "zeros", "ones", "nn.avg_pool2d", "nn.adaptive_avg_pool2d", "strided_slice",
+               "broadcast_to"}
     # the new ops are inside fused groups (never left outside as single ops)
     assert any(new_ops & {b.value.op for b in g.bindings if isinstance(b.value, dpl.Call)} for g in groups(fused))
     exe = dpl.build(fused, target, config=ALWAYS)

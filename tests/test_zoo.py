@@ -20,7 +20,7 @@ import warnings
 import pytest
 
 import needs
-from zoo import ARCHS, LENGTHS, check_module, import_onnx, import_torch
+from zoo import ARCHS, LENGTHS, check_module, coverage_share, import_onnx, import_torch
 
 transformers = needs.package("transformers", module_level=True)
 torch = needs.package("torch", module_level=True)
@@ -55,15 +55,6 @@ def imported(request):
 def test_torch_import_matches_torch(imported):
     arch, _attn, model, _inputs, mod = imported
     check_module(arch, model, mod)
-
-
-def coverage_share(mod, libraries):
-    """(the share of the ops that run, opaque ones left out, fused after dpl.apply(mod,
-    libraries); the Coverage). A lone view runs as nothing (an alias) and is left out too."""
-    trace = dpl.Trace()
-    dpl.apply(mod, libraries, trace=trace)
-    cov = trace.coverage()["main"]
-    return cov.fused_share, cov
 
 
 # The share of the ops that run (opaque ones and lone views left out: Coverage.fused_share) that

@@ -224,6 +224,11 @@ class _GraphImporter:
         self.flat: dict[str, Var] = {}  # ONNX name of a MergedValue -> its flattened reshape
         # the types the model states (its outputs, the exporter's value_info): a contract
         self.declared = _tensor_types(list(self.graph.value_info) + list(self.graph.output))
+        # a dim with neither a dim_param nor a dim_value is unknown (None), not 0
+        self.declared_params = {vi.name: [d.dim_param or (d.dim_value if d.HasField("dim_value") else None)
+                                          for d in vi.type.tensor_type.shape.dim]
+                                for vi in list(self.graph.value_info) + list(self.graph.output)
+                                if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
         self.translated: dict[str, tuple[str, TensorType]] = {}  # output -> (node, its dpl type)
         self.fb = FunctionBuilder("main")
 
@@ -293,6 +298,31 @@ class _GraphImporter:
             if d is not None and not isinstance(d, int):
                 return dims.substitute(d, {s: self._symbol(s) for s in dims.free_symbols(d)})
         return self._symbol(text)
+
+    def _declared_shape(self, name: str) -> tuple | None:
+        """The shape the model declares for ONNX value ``name`` (the exporter's value_info) in
+        dpl dims; None where it declares none, or a dim over a name no graph input has (a
+        dim_param that stands for nothing dpl knows)."""
+        from dpl.ir import dims
+
+        declared = self.declared_params.get(name)
+        if declared is None:
+            return None
+        out = []
+        for d in declared:
+            if d is None:  # unknown: the model declares no shape to hold to
+                return None
+            if isinstance(d, int):
+                out.append(d)
+                continue
+            try:
+                parsed = dims.parse(d.replace("Min(", "min(").replace("Max(", "max("))
+            except DplError:
+                return None
+            if not all(s in self.dim_symbols for s in dims.free_symbols(parsed)):
+                return None
+            out.append(self._dim_param(d))
+        return tuple(out)
 
     def _symbol(self, dim_param: str) -> str:
         if dim_param not in self.dim_symbols:
@@ -400,7 +430,8 @@ class _GraphImporter:
             # row-wise ops run on the unmerged tensors; any other reads them flattened
             lookup, lead = unmerged_lookup(where, node, self._lookup) or (self._lookup, None)
         ctx = NodeContext(node, index, self.opset, version, lookup, self._tensor_of, used,
-                          producer=self.producers.get, is_initializer=self.weights.__contains__)
+                          producer=self.producers.get, is_initializer=self.weights.__contains__,
+                          declared=self._declared_shape)
         try:
             result = entry.translate(ctx)
             if lead is not None:

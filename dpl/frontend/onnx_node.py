@@ -175,6 +175,7 @@ class NodeContext:
     read_attrs: set[str] = attrs.field(factory=set)
     producer: Callable[[str], Any] = lambda name: None  # the node computing an ONNX name (None: an input)
     is_initializer: Callable[[str], bool] = lambda name: False
+    declared: Callable[[str], tuple | None] = lambda name: None  # the shape the model declares for an ONNX name
 
     # -- where we are, for messages ------------------------------------------------------------
 

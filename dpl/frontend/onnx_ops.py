@@ -26,6 +26,7 @@ from dpl.frontend import onnx_dims as shape_math
 from dpl.frontend import onnx_gather as gather
 from dpl.frontend import onnx_indexing as indexing
 from dpl.frontend import onnx_image
+from dpl.frontend import onnx_einsum
 from dpl.frontend import onnx_shapes as shapes
 from dpl.frontend.onnx_node import ONNX_DTYPES, NodeContext, ShapeValue, onnx_dtype_name
 from dpl.ir import dims
@@ -429,7 +430,10 @@ def _trilu(ctx: NodeContext):
 
 def _range(ctx: NodeContext):
     """A range of constants folds; a range with a symbolic bound (``Range(0, Gather(Shape(x), 1),
-    1)``, a bound computed from shapes) is the ``arange`` op, whose length is an expression."""
+    1)``, a bound computed from shapes) is the ``arange`` op, whose length is an expression.
+    dpl's length is none where the bounds cross (``max(n // 10, 1) - 1``); where the model
+    declares another (``n // 10 - 1``: the exporter knew the sizes' ranges), the range is
+    sliced to it, so that it equals the sizes the rest of the graph computes."""
     bounds, dtype = [], None
     for i, what in enumerate(("start", "limit", "delta")):
         v = ctx.value(i)
@@ -448,7 +452,11 @@ def _range(ctx: NodeContext):
     if any(isinstance(b, (str, dims.DimExpr)) for b in bounds):  # a float range to a size: whole numbers as ints
         bounds = [int(b) if isinstance(b, float) and b.is_integer() else b for b in bounds]
     start, end, step = bounds
-    return ctx.emit("arange", start=start, end=end, step=step, dtype=dtype or "int64")
+    out = ctx.emit("arange", start=start, end=end, step=step, dtype=dtype or "int64")
+    declared = ctx.declared(ctx.node.output[0])
+    if isinstance(out.ty.shape[0], int) or declared is None or len(declared) != 1 or declared[0] == out.ty.shape[0]:
+        return out
+    return ctx.emit("strided_slice", out, axes=[0], begin=[0], end=[declared[0]])
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -556,3 +564,5 @@ ONNX_OPS: dict[str, OnnxOp] = {
 
 # interpolation, transposed convolution, group and instance norm, norms of vectors: onnx_image.py
 ONNX_OPS.update({op: OnnxOp(fn, first, last) for op, (fn, first, last) in onnx_image.TABLE.items()})
+# Einsum as a broadcast product and a sum: onnx_einsum.py
+ONNX_OPS.update({op: OnnxOp(fn, first, last) for op, (fn, first, last) in onnx_einsum.TABLE.items()})

@@ -105,8 +105,9 @@ def _unmerge(ctx: NodeContext, v: MergedValue, shape):
     x = v.value
     merged = _merge(x, shape)  # merged again, with other trailing axes
     lead = tuple(x.ty.shape[:v.lead])
-    if merged is None and len(shape) > 0 and shape[0] == -1:
-        rest = tuple(shape[1:])
+    rest = tuple(shape[1:])
+    if merged is None and len(shape) > 0 and shape[0] == -1 and dims.provably_equal(
+            _dims_product(rest), _dims_product(x.ty.shape[v.lead:])):  # the -1 is the merged axis
         return MergedValue(ctx.emit("reshape", x, shape=lead + rest), v.lead)
     if merged is not None:
         return merged
@@ -225,7 +226,12 @@ def slice_tensor(ctx: NodeContext):
         if not isinstance(size, int):
             if b == 0 and s == 1 and e >= _INT_MAX:
                 continue  # the whole symbolic axis
-            raise ctx.error(f"cannot slice symbolic dimension '{size}' (axis {a}) with start {b}, end {e}, step {s}")
+            if s > 0 and e >= _INT_MAX:
+                e = size
+            # static bounds on a symbolic axis (x[:, :-1]): the strided_slice op says which it can type
+            for lst, val in zip(keep, (a, b, e, s)):
+                lst.append(val)
+            continue
         # ONNX clamps like Python slicing does; clamping to [-size-1, size] keeps that meaning
         b, e = (min(max(t, -size - 1), size) for t in (b, e))
         if (b, s) == (0, 1) and e == size:
@@ -290,7 +296,8 @@ def expand(ctx: NodeContext):
         elif d == 1:
             out.append(t)
         else:
-            raise ctx.error(f"cannot expand {x.ty} to {target}: {d} vs {t}")
+            raise ctx.error(f"cannot expand {x.ty} to [{', '.join(map(dims.text, target))}]: {dims.text(d)} vs "
+                            f"{dims.text(t)}")
     return x if tuple(out) == x.ty.shape else ctx.emit("broadcast_to", x, shape=tuple(out))
 
 

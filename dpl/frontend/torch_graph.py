@@ -213,7 +213,7 @@ class GraphImporter:
             expr = value.node.expr
             if expr.is_Integer:
                 return int(expr)
-            return sympy_dim(expr, self.symbol, where)
+            return sympy_dim(expr, self.symbol, where, value.node.shape_env.var_to_range)
         raise FrontendError(f"{where}: expected a dimension, got {value!r}")
 
     def symbol(self, name: str) -> str:
@@ -364,8 +364,10 @@ class GraphImporter:
 
     @staticmethod
     def _is_symbolic_scalar(meta) -> bool:
+        """A size or its arithmetic; a SymFloat too (``trunc(h * 1.5)``: the size is the
+        SymInt at its end, which reads it back as a dim, :func:`torch_dims.sympy_dim`)."""
         torch = import_torch()
-        return isinstance(meta, (torch.SymInt, int)) and not isinstance(meta, bool)
+        return isinstance(meta, (torch.SymInt, torch.SymFloat, int)) and not isinstance(meta, bool)
 
     def value(self, arg):
         """An fx argument as a translation function sees it."""
@@ -378,6 +380,9 @@ class GraphImporter:
             torch = import_torch()
             if isinstance(value, torch.SymInt):
                 return self.dim(value, f"size '{arg.name}'")
+            if isinstance(value, torch.SymFloat):
+                raise FrontendError(f"'{arg.name}' is the symbolic float {value}; dpl's sizes are integers",
+                                    hint="compute sizes with integer arithmetic, or truncate the float to a size")
             return value
         return arg
 

@@ -80,8 +80,10 @@ def translate(importer, node, translate_fn, invoke, context):
         return _view(importer, node, meta, source)
     leads = {_lead_key(importer.env[a]) for a in _tensors(node.args) if isinstance(importer.env.get(a), Merged)}
     firsts = [importer.env[a] for a in _tensors(node.args) if isinstance(importer.env.get(a), Merged)]
-    if name not in ROW_OPS or len(leads) != 1 or not _merged_first(importer, meta):
-        # not row-wise, or operands merged differently: the op reads them flattened
+    if name not in ROW_OPS or len(leads) != 1 or not _merged_first(importer, meta) or _spans_rows(importer, node, meta):
+        # not row-wise, operands merged differently, or a plain operand holding the merged rows
+        # (MobileViT's residual add of an attention output to the unfolded patches): the op
+        # reads them flattened
         args = [importer.value(a) for a in node.args]
         kwargs = {k: importer.value(v) for k, v in node.kwargs.items()}
         return importer.bind(invoke(translate_fn, context(importer, node), args, kwargs), node)
@@ -95,6 +97,19 @@ def translate(importer, node, translate_fn, invoke, context):
     kwargs = {k: _value(importer, v, swapped) for k, v in node.kwargs.items()}
     result = invoke(translate_fn, cx, args, kwargs)
     return Merged(importer.bind(result, node, check=False), first.lead)
+
+
+def _spans_rows(importer, node, meta) -> bool:
+    """Whether an operand of ``node`` that is not Merged has the merged first axis itself (of
+    torch's rank and first dimension): it cannot broadcast against the unmerged form. Weights,
+    biases and a row of scales have other ranks or a number first."""
+    for a in _tensors(node.args):
+        if isinstance(importer.env.get(a), Merged):
+            continue
+        val = a.meta.get("val")
+        if getattr(val, "ndim", None) == meta.ndim and str(val.shape[0]) == str(meta.shape[0]):
+            return True
+    return False
 
 
 def _lead_key(m: Merged) -> tuple:

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from dpl.frontend.errors import FrontendError
-from dpl.frontend import torch_image
+from dpl.frontend import torch_image, torch_moe
 
 ATEN_OPS: dict[str, Callable] = {}
 
@@ -91,11 +91,24 @@ def _div(cx, self, other):
 
 @aten("div.Tensor_mode", "div.Scalar_mode")
 def _div_mode(cx, self, other, *, rounding_mode=None):
+    """``divide`` is exact for floats and truncates integers. Rounded float quotients round it;
+    an integer floor division (``perm // top_k``) divides what is left after the floor
+    remainder, a multiple of the divisor, so the truncation is exact."""
     dtype = cx.out_dtype
-    if rounding_mode is not None and not (rounding_mode == "trunc" and not dtype.startswith(("float", "bfloat"))):
-        raise FrontendError(f"argument 'rounding_mode={rounding_mode!r}' is not supported (dpl divides exactly, "
-                            "truncating integers)")
-    return cx.call("divide", cx.operand(self, dtype), cx.operand(other, dtype))
+    if rounding_mode not in (None, "trunc", "floor"):
+        raise FrontendError(f"argument 'rounding_mode={rounding_mode!r}' is not supported (None, 'trunc', 'floor')")
+    a, b = cx.operand(self, dtype), cx.operand(other, dtype)
+    floats = dtype.startswith(("float", "bfloat"))
+    if rounding_mode is None or (rounding_mode == "trunc" and not floats):
+        return cx.call("divide", a, b)
+    if floats:
+        return cx.call(rounding_mode, cx.call("divide", a, b))
+    return cx.call("divide", cx.call("subtract", a, cx.call("floor_mod", a, b)), b)
+
+
+@aten("floor_divide.default", "floor_divide.Scalar")
+def _floor_divide(cx, self, other):
+    return _div_mode(cx, self, other, rounding_mode="floor")
 
 
 @aten("rsub.Scalar", "rsub.Tensor")
@@ -531,9 +544,9 @@ def _sdpa(cx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     """softmax(q @ k^T * scale + mask) @ v: the chain ``llm.dpl``'s attention pattern claims."""
     if dropout_p:
         raise FrontendError(f"argument 'dropout_p={dropout_p}' is not supported (dropout is random)")
-    if enable_gqa:
-        raise FrontendError("argument 'enable_gqa=True' is not supported")
     q, k, v = cx.tensor(query), cx.tensor(key), cx.tensor(value)
+    if enable_gqa and q.ty.ndim >= 3 and k.ty.shape[-3] != q.ty.shape[-3]:
+        return _grouped_sdpa(cx, q, k, v, attn_mask, is_causal, scale)
     dtype = q.ty.dtype
     head = cx.static(q.ty.shape[-1], "the head dimension")
     scale = 1.0 / math.sqrt(head) if scale is None else scale
@@ -554,6 +567,31 @@ def _sdpa(cx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         scores = cx.call("add", scores, cx.cast(mask, dtype))
     out = cx.call("matmul", cx.call("nn.softmax", scores, axis=-1), v)
     return out if seen is None else cx.call("multiply", out, seen)
+
+
+def _grouped_sdpa(cx, q, k, v, attn_mask, is_causal, scale):
+    """Grouped-query attention (``enable_gqa=True``: k and v have fewer heads, each serving
+    ``q heads // kv heads`` query heads in a row) as plain attention over one more batch axis:
+    q's heads split into [kv heads, group], k and v given a group axis of 1 that broadcasts,
+    so the key/value heads are never copied (the attention kernel broadcasts batch axes)."""
+    heads = cx.static(q.ty.shape[-3], "the query heads")
+    kv_heads = cx.static(k.ty.shape[-3], "the key/value heads")
+    if v.ty.shape[-3] != kv_heads or heads % kv_heads:
+        raise FrontendError(f"enable_gqa=True needs as many key as value heads, dividing the {heads} query heads; "
+                            f"got {kv_heads} key and {v.ty.shape[-3]} value heads")
+
+    def grouped(x, group):
+        shape = list(x.ty.shape)
+        return cx.reshape(x, shape[:-3] + [kv_heads, group] + shape[-2:])
+
+    mask = attn_mask
+    if attn_mask is not None and cx.tensor(attn_mask).ty.ndim >= 3:  # its axis over the heads splits too
+        m = cx.tensor(attn_mask)
+        m = cx.reshape(m, list(m.ty.shape[:-3]) + [1] * (q.ty.ndim - m.ty.ndim) + list(m.ty.shape[-3:]))
+        per_head = m.ty.shape[-3] == heads
+        mask = grouped(m, heads // kv_heads) if per_head else cx.call("expand_dims", m, axis=[m.ty.ndim - 2])
+    out = _sdpa(cx, grouped(q, heads // kv_heads), grouped(k, 1), grouped(v, 1), mask, is_causal=is_causal, scale=scale)
+    return cx.reshape(out, list(q.ty.shape[:-1]) + [v.ty.shape[-1]])
 
 
 def _lowest(dtype: str) -> float:
@@ -850,6 +888,13 @@ def _zeros_ones_like(cx, self, *, dtype=None):
     return cx.call("full", cx.scalar(fill, cx.out_dtype), shape=list(cx.out_shape))
 
 
+@aten("empty.memory_format", "empty_permuted.default", "empty_like.default")
+def _empty(cx, *args, **kwargs):
+    """An uninitialised tensor (``torch.empty_like(perm)`` before ``inv[perm] = ...``) is zeros:
+    a program that reads it before writing it has no defined result anyway."""
+    return cx.call("full", cx.scalar(0, cx.out_dtype), shape=list(cx.out_shape))
+
+
 @aten("scalar_tensor.default")
 def _scalar_tensor(cx, s, *, dtype=None):
     return cx.scalar(s, cx.out_dtype)
@@ -869,13 +914,20 @@ def _new_zeros_ones(cx, self, size, *, dtype=None):
 @aten("arange.default", "arange.start", "arange.start_step")
 def _arange(cx, start, end=None, step=1, *, dtype=None):
     """A static range is a constant; a range with a symbolic bound (``torch.arange(seq)``,
-    ``torch.arange(1, n + 1)``) is the ``arange`` op, whose length is an expression."""
+    ``torch.arange(1, n + 1)``) is the ``arange`` op, whose length is an expression. dpl's
+    length is none where the bounds cross (``max(n // 10, 1) - 1``); where torch's ranges of
+    its sizes rule that out, its length (``n // 10 - 1``) is the one every other op of the
+    program sees, so the range is sliced to it (a slice of its whole length: no copy)."""
     start, end = (0, start) if end is None else (start, end)
     if not isinstance(step, (int, float)):
         raise FrontendError(f"a range with the symbolic step '{step}' has no dpl op", hint="the step of a range must be a number")
-    if not (isinstance(start, (int, float)) and isinstance(end, (int, float))):
-        return cx.call("arange", start=start, end=end, step=step, dtype=cx.out_dtype)
-    return cx.scalar(np.arange(start, end, step), cx.out_dtype)
+    if isinstance(start, (int, float)) and isinstance(end, (int, float)):
+        return cx.scalar(np.arange(start, end, step), cx.out_dtype)
+    out = cx.call("arange", start=start, end=end, step=step, dtype=cx.out_dtype)
+    (length,) = cx.out_shape
+    if out.ty.shape[0] == length:
+        return out
+    return cx.call("strided_slice", out, axes=[0], begin=[0], end=[length])
 
 
 def _triangle(op):
@@ -1128,8 +1180,9 @@ def _repeat(cx, self, repeats):
     return cx.call("reshape", tiled, shape=final)
 
 
-# interpolation, convolutions of any rank, group and instance norm, vector norms: torch_image.py
-for _name, _fn in torch_image.ATEN_OPS.items():
+# interpolation, convolutions of any rank, group and instance norm, vector norms: torch_image.py;
+# the experts' grouped products of mixture-of-experts layers: torch_moe.py
+for _name, _fn in {**torch_image.ATEN_OPS, **torch_moe.TORCH_OPS}.items():
     if _name in ATEN_OPS:
         raise ValueError(f"{_name} is translated twice")
     ATEN_OPS[_name] = _fn

@@ -485,10 +485,11 @@ def _pool_windows(lw, c, idx, dtype: str, outside):
     to ``dtype``, ``outside`` where the window reaches into the padding; and the reduction axes."""
     x = c.args[0]
     _, _, H, W = x.ty.shape
-    KH, KW = _pair(c.attrs["pool_size"])
     sh, sw = _pair(c.attrs["strides"])
     dh, dw = _pair(c.attrs["dilation"])
-    pt, pl, _, _ = _pads(c.attrs["padding"])
+    pt, pl, pb, pr = _pads(c.attrs["padding"])
+    KH, KW = (_reachable_taps(k, d, size, lo + hi)
+              for k, d, size, lo, hi in zip(_pair(c.attrs["pool_size"]), (dh, dw), (H, W), (pt, pl), (pb, pr)))
     _, _, OH, OW = c.ty.shape
     n, ch, oy, ox = idx
     lw.anchors.append("pool")
@@ -500,6 +501,15 @@ def _pool_windows(lw, c, idx, dtype: str, outside):
         return lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, (n, ch, hy, wx)), dtype), const(outside, dtype))
 
     return window, [KH, KW]
+
+
+def _reachable_taps(kernel: int, dilation: int, size, pads: int) -> int:
+    """The window taps that can meet the padded input: a ceil-mode window may be larger than
+    it (EfficientNet's pooler, AvgPool2d(1280, ceil_mode=True) over 7 x 7), and every tap past
+    the padded input is outside for every window, so the loop stops there."""
+    if not isinstance(size, int):
+        return kernel
+    return min(kernel, -(-(size + pads) // dilation))
 
 
 @rule("nn.max_pool2d")

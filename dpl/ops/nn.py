@@ -201,7 +201,8 @@ def _window_out(info, size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode=
         return pool_out_dim(size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode)
     span = dilation * (kernel - 1) + 1
     total = size + pad_lo + pad_hi - span
-    if total < 0:
+    # with ceil_mode a window larger than the padded input is one partial window, as in torch
+    if total < 0 and not (ceil_mode and pool_out(size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode) >= 1):
         raise info.error(f"window {kernel} (dilation {dilation}) is larger than the padded input {size + pad_lo + pad_hi}")
     return pool_out(size, kernel, stride, dilation, pad_lo, pad_hi, ceil_mode)
 
