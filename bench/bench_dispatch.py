@@ -8,24 +8,53 @@ GELU, batch 1, one thread), timed in one process, interleaved rounds, medians of
 mean of each round:
 
 - eager: the model in torch;
-- dpl.compile: the compiled model called with a torch tensor, as a user calls it (dynamo's
-  guards, the partition's DplCall: weight checks, tensor <-> array views, the Executable);
+- dpl.compile: the compiled model called with a torch tensor, as a user calls it;
+- DplCall: the partition's call module on the tensors the compiled graph hands it (weight
+  checks, tensor <-> array views, the Executable);
 - Executable: the partition's Executable called on a NumPy array (dpl's runtime and kernels);
-- overhead: dpl.compile minus Executable, the part of the call that is neither the kernels
-  nor dpl's runtime (dynamo's guards and the DplCall around the Executable).
+- kernels: the partition's leaf calls alone, replayed in a loop on the arguments one call gave
+  them (each generated C kernel's entry through ctypes, each torch product), recorded by
+  wrapping those entries for one call; a leaf it does not record counts as dispatch.
 
-Measured (stop 30, this 2-core Xeon, quiet, ``--rounds 9 --calls 1000``): eager 17.1 us,
-dpl.compile 104.9 us, the Executable alone 49.0 us, so 55.9 us of guards, AOTAutograd's
-runtime wrapper and DplCall; the goal of 20 us is not met (a profile puts the largest shares in
-torch's compile_wrapper and AOT runtime wrapper, then the plan's run loop and the segments'
-product step). Then a plan leaves alone a BLAS none of its steps uses (threadpoolctl's cap and
-restore, about 10 us): the same Executable, one process, 15 interleaved rounds of 2000 calls,
-67.1 us against 75.5 with the cap (a slower hour of the same host: eager 22.7 us then).
+Then the split the acceptance reads: (a) kernels; (b) dpl's Python dispatch = DplCall - kernels
+(of which the runtime, Executable - kernels, and the DplCall around it); (c) torch's part =
+dpl.compile - DplCall (dynamo's guards and frame wrappers, AOTAutograd's runtime wrapper, the
+graph module's call). ``--clock cpu`` times this thread's CPU time, which other processes on a
+loaded host disturb far less than the wall clock.
+
+Measured (27 Nov, this 2-core host under a load average of 4-5 from other jobs, so ``--clock
+cpu --rounds 9 --calls 1000``; the tree before the fast paths (commit 0a1f0c7) and after, run
+alternately, two runs each, their mean; us):
+
+    variant        before   after
+    eager            28.3    29.1
+    dpl.compile     157.7   140.5
+    DplCall          96.3    73.1
+    Executable       72.6    52.1
+    (a) kernels       2.5     3.2   (3 leaf calls: the product, the bias add, the GELU)
+    (b) dispatch     93.7    70.0   (runtime 70.0 -> 48.9, DplCall around it 23.7 -> 21.0)
+    (c) torch        61.4    67.4
+
+On the wall clock the same host gave dispatch 194.7 -> 95.2 us (eager 67.7 and 40.9: the load
+moved between the runs; per eager call, 2.9 -> 2.3). The goal of 20 us is not met. Where the
+time still goes (in-process, CPU clock, after): the fused linear's segment runner takes 17-25 us
+for its two leaves (its own walk over products and parts, the packed product's wrapper, the C
+part's runner), the GELU kernel's runner 3, the plan's run and the Executable's call about 8, the
+DplCall 5-10 (a fresh array over each input tensor costs more in the runners than a reused one:
+4-9 us, not pinned down). What got it from 93.7 down: the Executable reuses the latest call's
+plan at equal shapes and dtypes (Executable._last_plan), a call enters no thread-budget context
+where it would change nothing (threads.budget_binds), kernels read an array's address in 0.45 us
+instead of NumPy's 1.7 (backends/cpu/addresses.py) and their constants' once, the segment runner
+binds each input signature's dims and value shapes once, DplCall skips nn.Module's call machinery
+and the detach of a tensor that does not require grad. Torch's part, timed apart
+(compiled / the callable AOTAutograd returned / the graph module): dynamo's guards and frame
+wrappers 28-40 us, AOTAutograd's runtime wrapper 8-9 us, the graph module's own call about 4.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -34,6 +63,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time, which other processes on a loaded host disturb less")
     args = parser.parse_args(argv)
 
     import torch
@@ -47,18 +78,29 @@ def main(argv=None) -> int:
     compiled = dpl.compile(model, threads=1)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
-        exe = next((c.exe for c in _dpl_calls()), None)
-        if exe is None:
+        call = next(iter(_dpl_calls()), None)
+        if call is None:
             raise SystemExit("no dpl partition was built: nothing to time")
-        xa = x.numpy()
+        call_args = _arguments_of(call, lambda: compiled(x))
+        exe, xa = call.exe, x.numpy()
+        leaves, kept = _record_leaves(lambda: exe(xa))
+        if not leaves:
+            raise SystemExit("no kernel call was recorded: nothing to split")
+
+        def replay():
+            for fn, a, kw in leaves:
+                fn(*a, **kw)
+
+        clock = time.perf_counter if args.clock == "wall" else time.thread_time
 
         def timed(fn) -> float:
-            start = time.perf_counter()
+            start = clock()
             for _ in range(args.calls):
                 fn()
-            return (time.perf_counter() - start) / args.calls * 1e6
+            return (clock() - start) / args.calls * 1e6
 
-        variants = {"eager": lambda: model(x), "dpl.compile": lambda: compiled(x), "Executable": lambda: exe(xa)}
+        variants = {"eager": lambda: model(x), "dpl.compile": lambda: compiled(x), "DplCall": lambda: call(*call_args),
+                    "Executable": lambda: exe(xa), "kernels": replay}
         for fn in variants.values():  # warm
             timed(fn)
         samples = {name: [] for name in variants}
@@ -66,22 +108,90 @@ def main(argv=None) -> int:
             order = list(variants.items()) if r % 2 == 0 else list(reversed(variants.items()))
             for name, fn in order:
                 samples[name].append(timed(fn))
+        del kept
     med = {name: statistics.median(s) for name, s in samples.items()}
-    print(f"per call, us (median of {args.rounds} interleaved rounds of {args.calls} calls, one thread)")
+    print(f"per call, us of {args.clock} time (median of {args.rounds} interleaved rounds of {args.calls} calls, "
+          f"one thread; {len(leaves)} kernel calls)")
     print(f"{'variant':<14} {'us':>8} {'/ eager':>8}")
     for name, us in med.items():
         print(f"{name:<14} {us:8.2f} {us / med['eager']:8.2f}")
-    print(f"{'overhead':<14} {med['dpl.compile'] - med['Executable']:8.2f}   (dpl.compile - Executable: guards and DplCall)")
+    kernels = med["kernels"]
+    print("split of a dpl.compile call:")
+    print(f"  (a) kernels            {kernels:8.2f}")
+    print(f"  (b) dpl's dispatch     {med['DplCall'] - kernels:8.2f}   (DplCall - kernels; goal <= 20)")
+    print(f"      runtime            {med['Executable'] - kernels:8.2f}   (Executable - kernels)")
+    print(f"      DplCall around it  {med['DplCall'] - med['Executable']:8.2f}   (DplCall - Executable)")
+    print(f"  (c) torch's part       {med['dpl.compile'] - med['DplCall']:8.2f}   (dpl.compile - DplCall)")
     return 0
 
 
 def _dpl_calls():
     """The DplCall modules of the graphs dynamo compiled (one model here)."""
-    import gc
-
     from dpl.frontend.dynamo_call import DplCall
 
     return [o for o in gc.get_objects() if type(o) is DplCall]  # type(): a dead weak proxy raises on isinstance
+
+
+def _arguments_of(call, run) -> tuple:
+    """The arguments the compiled graph gives ``call`` when ``run`` runs it."""
+    seen = []
+    forward = call.forward
+    call.forward = lambda *given: seen.append(given) or forward(*given)
+    try:
+        run()
+    finally:
+        del call.forward
+    return seen[-1]
+
+
+def _record_leaves(run):
+    """The leaf calls one ``run()`` makes, as ``(function, args, kwargs)``: every loaded C
+    kernel's entry, the packed product routine's entries and every torch product of the CPU
+    backend (found among live objects, wrapped for the one call, then restored); and what
+    ``run`` returned, which keeps the memory the recorded pointers address alive while they are
+    replayed."""
+    from dpl.backends.cpu.backend import _Library
+    from dpl.backends.cpu.blas import TorchProducts
+    from dpl.backends.cpu.packed_gemm import Routine
+
+    leaves = []
+
+    def recording(fn):
+        def record(*a, **kw):
+            leaves.append((fn, a, kw))
+            return fn(*a, **kw)
+        return record
+
+    libraries = [o for o in gc.get_objects() if type(o) is _Library]
+    products = [o for o in gc.get_objects() if type(o) is TorchProducts]
+    routines = [(o, o._ready) for o in gc.get_objects() if type(o) is Routine and o._ready is not None]
+    saved = [(lib, lib.resolve()) for lib in libraries]
+    for lib, (entry, *rest) in saved:
+        lib._resolved = (recording(entry), *rest)
+    for routine, (kernel, batched, pack, width, glu) in routines:
+        routine._ready = (recording(kernel), recording(batched), pack, width, recording(glu))
+    for p in products:
+        p._torch = _Recording(p.torch, {"matmul": recording(p.torch.matmul)})
+    try:
+        kept = run()
+    finally:
+        for lib, resolved in saved:
+            lib._resolved = resolved
+        for p in products:
+            p._torch = p.torch.module
+        for routine, ready in routines:
+            routine._ready = ready
+    return leaves, kept
+
+
+class _Recording:
+    """A module whose named functions are replaced by recording ones."""
+
+    def __init__(self, module, replaced: dict):
+        self.module, self._replaced = module, replaced
+
+    def __getattr__(self, name):
+        return self._replaced.get(name) or getattr(self.module, name)
 
 
 if __name__ == "__main__":
