@@ -3,18 +3,17 @@ and the norms of vectors (``ReduceL1``, ``ReduceL2``, ``ReduceSumSquare``): entr
 table (:data:`TABLE`, merged into :data:`dpl.frontend.onnx_ops.ONNX_OPS`).
 
 ``Resize`` is ``image.resize`` over the axes whose size changes (leading axes must keep theirs);
-the norms are exact decompositions into fusable ops (``sqrt(sum(x * x))``)."""
+over a symbolic axis the output size is a dim, the ``sizes`` input's (Shape arithmetic) or
+``floor(n * scale)`` (:func:`dpl.ops.image.scaled_size`). The norms are exact decompositions into fusable ops (``sqrt(sum(x * x))``)."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from dpl.frontend.onnx_node import NodeContext
+from dpl.ir.dims import DimError
 from dpl.ir.expr import Constant
-
-_SYMBOLIC = "the resize's tables (which input rows each output row reads) are built for static sizes"
+from dpl.ops.image import scaled_size
 
 # -- Resize ------------------------------------------------------------------------------------
 
@@ -39,6 +38,8 @@ def resize(ctx: NodeContext):
     if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
         raise ctx.unsupported("keep_aspect_ratio_policy", ctx.attr("keep_aspect_ratio_policy"), "stretch")
     ctx.attr("extrapolation_value", 0.0)  # only tf_crop_and_resize reads it
+    # read before a resize to the input's own size returns it (torch.onnx writes these always)
+    cubic_alpha, cubic_exclude = float(ctx.attr("cubic_coeff_a", -0.75)), bool(ctx.attr("exclude_outside", 0))
     axes = [ctx.axis(a, x.ty.ndim) for a in ctx.attr("axes", list(range(x.ty.ndim)))]
     scales = sizes = None
     if ctx.has_input(3):
@@ -52,32 +53,23 @@ def resize(ctx: NodeContext):
         raise ctx.error(f"{'sizes' if sizes is not None else 'scales'} {given} do not match the axes {axes}")
     full_sizes, full_scales = list(shape), [1.0] * x.ty.ndim
     for k, a in enumerate(axes):
-        d = shape[a]
-        if sizes is not None:
+        if sizes is not None:  # the scale is the ratio of the sizes, which the op computes
             full_sizes[a] = sizes[k]
-            if sizes[k] == d:
-                continue
-            if not isinstance(d, int) or not isinstance(sizes[k], int):
-                raise ctx.error(f"axis {a} (the symbolic dim '{d}') resized to {sizes[k]}: {_SYMBOLIC}")
-            full_scales[a] = sizes[k] / d
-        else:
-            full_scales[a] = scales[k]
-            if scales[k] == 1.0:
-                continue
-            if not isinstance(d, int):
-                raise ctx.error(f"axis {a} (the symbolic dim '{d}') scaled by {scales[k]}: {_SYMBOLIC}")
-            full_sizes[a] = int(math.floor(d * scales[k]))
+            continue
+        full_scales[a] = scales[k]
+        if scales[k] != 1.0:
+            try:
+                full_sizes[a] = scaled_size(shape[a], scales[k])
+            except DimError as err:
+                raise ctx.error(f"axis {a} of {x.ty}: {err.message}") from None
     changed = [a for a in range(x.ty.ndim) if full_sizes[a] != shape[a] or full_scales[a] != 1.0]
     if not changed:
         return x
     first = changed[0]
-    if any(not isinstance(shape[a], int) for a in range(first, x.ty.ndim)):
-        raise ctx.error(f"Resize of axes {changed} of {x.ty}: a symbolic dim among the resized trailing axes "
-                        f"({_SYMBOLIC})")
     return ctx.emit("image.resize", x, size=tuple(full_sizes[first:]),
                     scales=None if sizes is not None else tuple(full_scales[first:]),
                     method=_MODES[mode], coordinate_transformation_mode=coordinates, rounding_method=rounding,
-                    cubic_alpha=float(ctx.attr("cubic_coeff_a", -0.75)), cubic_exclude=bool(ctx.attr("exclude_outside", 0)))
+                    cubic_alpha=cubic_alpha, cubic_exclude=cubic_exclude)
 
 
 # -- ConvTranspose -----------------------------------------------------------------------------

@@ -4,8 +4,10 @@ for the torch.export table (:mod:`dpl.frontend.torch_ops`, which imports this mo
 Interpolation is ``image.resize``: torch's nearest is ONNX's asymmetric coordinates with floor
 rounding, nearest-exact half-pixel coordinates rounded half up, linear and cubic half-pixel
 coordinates (``align_corners=False``) or corner-aligned ones. A given scale factor, not the
-ratio of the sizes, places the samples (torch's ``scales`` arguments), except where torch itself
-ignores it. Norms of vectors are exact decompositions into fusable ops (``sqrt(sum(x * x))``),
+ratio of the sizes, places the samples (torch's ``scales`` arguments: ``1 / scale_factor``
+unless ``recompute_scale_factor``, which exports sizes and no scales), except where torch itself
+ignores it (an axis of its own size, nearest's twice it: ``size_shortcuts``). Over a symbolic axis the output size is a dim: the graph's (``h * 2``) or
+``floor(h * scale)`` (:func:`dpl.ops.image.scaled_size`). Norms of vectors are exact decompositions into fusable ops (``sqrt(sum(x * x))``),
 which FuseOps groups as it groups any reduction with its epilogue.
 """
 
@@ -16,6 +18,8 @@ import math
 import numpy as np
 
 from dpl.frontend.errors import FrontendError
+from dpl.ir.dims import DimError, DimExpr
+from dpl.ops.image import scaled_size
 
 # ATen overload -> translation; torch_ops merges this table into its own (the import goes that way)
 ATEN_OPS: dict = {}
@@ -34,8 +38,6 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-_SYMBOLIC = "the resize's tables (which input rows each output row reads) are built for static sizes"
-
 # -- interpolation -----------------------------------------------------------------------------
 
 
@@ -50,19 +52,26 @@ def _resize(cx, input, output_size, scales, rank: int, method: str, mode: str, r
     if output_size is None:
         if scales is None:
             raise FrontendError("an interpolation needs output_size or scale_factors")
-        sizes = []
-        for d, s in zip(spatial, scales):
-            if not isinstance(d, int):
-                raise FrontendError(f"the interpolated dim '{d}' scaled by {s}: {_SYMBOLIC}")
-            sizes.append(int(math.floor(d * s)))
+        try:
+            sizes = [scaled_size(d, s) for d, s in zip(spatial, scales)]
+        except DimError as err:
+            raise FrontendError(f"the interpolation's output size: {err.message}",
+                                hint="pass size= computed from the input's shape (x.shape[2] * 3 // 2)") from None
     else:
-        sizes = [cx.static(d, "the interpolation's output size") for d in _as_list(output_size)]
+        sizes = [_size(d) for d in _as_list(output_size)]  # ints, or dims the graph computed (h * 2)
     if mode == "align_corners" or scales is None or any(s is None or s <= 0 for s in scales):
         scales = None  # torch places the samples by the ratio of the sizes
-    if method == "nearest" and mode == "asymmetric" and all(o in (d, 2 * d) for d, o in zip(spatial, sizes)):
-        scales = None  # torch's nearest copies (o) or halves (o >> 1) for these sizes, whatever the scale
+    # torch's nearest copies an axis of its own size and reads o >> 1 at twice it, its linear
+    # copies too, whatever the scale; nearest-exact and cubic have no such shortcut
+    shortcuts = method == "linear" or (method == "nearest" and mode == "asymmetric")
     return cx.call("image.resize", x, size=sizes, scales=scales, method=method, coordinate_transformation_mode=mode,
-                   rounding_method=rounding)
+                   rounding_method=rounding, size_shortcuts=shortcuts)
+
+
+def _size(d):
+    if isinstance(d, bool) or not isinstance(d, (int, str, DimExpr)):
+        raise FrontendError(f"the interpolation's output size {d!r} is not a size")
+    return d
 
 
 def _nearest(rank: int, exact: bool):

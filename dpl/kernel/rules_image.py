@@ -1,7 +1,8 @@
-"""How the ops of :mod:`dpl.ops.image` lower: a resize is an index map through per-axis tap
-tables (the same :func:`~dpl.ops.image.resize_axes` the reference uses), a convolution of any
-rank or a transposed one a reduction over channels and window, a group norm a row statistic over
-its group's channels and the spatial axes."""
+"""How the ops of :mod:`dpl.ops.image` lower: a resize is an index map through per-axis taps (over
+a static axis tables of the same :func:`~dpl.ops.image.resize_taps` the reference uses, over a
+symbolic one that arithmetic in float64 in the kernel, from the run-time extents), a convolution
+of any rank or a transposed one a reduction over channels and window, a group norm a row
+statistic over its group's channels and the spatial axes."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.kernel import ir
-from dpl.kernel.ir import INDEX, Bin
+from dpl.kernel.ir import INDEX, Bin, Select
 from dpl.kernel.lower import Lowerer, accum_dtype, add, conj, const, dim, div, idx_const, mod, mul, sub
 from dpl.kernel.rules import count, rule
-from dpl.ops.image import conv_geometry, resize_axes
+from dpl.ops.image import conv_geometry, resize_taps
 
 
 def _table(lw: Lowerer, hint: str, values: np.ndarray, dtype: str, idx: tuple) -> ir.Expr:
@@ -39,23 +40,143 @@ def _tap_index(lw: Lowerer, index: np.ndarray, t: int, o) -> ir.Expr:
     return _table(lw, "tap", index, INDEX, (o, idx_const(t)))
 
 
+def _static_taps(lw: Lowerer, c, size: int, out: int, scale, o, acc: str) -> list[tuple[ir.Expr, ir.Expr]]:
+    """``(input position, weight)`` of each tap of output ``o`` along a static axis: tables."""
+    a = c.attrs
+    index, weight = resize_taps(size, out, scale, a["method"], a["coordinate_transformation_mode"], a["rounding_method"],
+                                a["cubic_alpha"], a["cubic_exclude"], a["size_shortcuts"])
+    return [(_tap_index(lw, index, t, o),
+             _table(lw, "weight", weight.astype(dtypes.to_numpy(acc)), acc, (o, idx_const(t))))
+            for t in range(index.shape[1])]
+
+
+F64 = "float64"  # the taps' arithmetic: the reference's (resize_taps), so both read the same rows
+
+
+def _f64(value: float) -> ir.Expr:
+    return const(value, F64)
+
+
+def _source(lw: Lowerer, c, size, out, scale, o) -> ir.Expr:
+    """Where output ``o`` lies in the input, in float64, from the run-time extents ``size`` and
+    ``out``: :func:`dpl.ops.image.source_coordinates`, operation for operation."""
+    mode = c.attrs["coordinate_transformation_mode"]
+    pos = lw.cast(o, F64)
+    n = lw.cast(dim(size), F64)
+    m = lw.cast(dim(out), F64)
+    if mode == "align_corners":
+        length = m if scale is None else lw.op("multiply", n, _f64(scale))
+        span = lw.let("span", lw.op("subtract", length, _f64(1.0)))
+        single = lw.let("single", lw.op("equal", span, _f64(0.0)))
+        ratio = lw.op("divide", lw.op("subtract", n, _f64(1.0)), Select(single, _f64(1.0), span))  # no 0 / 0 unselected
+        return Select(single, _f64(0.0), lw.op("multiply", pos, ratio))
+    s = _f64(scale) if scale is not None else lw.let("scale", lw.op("divide", m, n))
+    if mode == "asymmetric":
+        return lw.op("divide", pos, s)
+    x = lw.op("subtract", lw.op("divide", lw.op("add", pos, _f64(0.5)), s), _f64(0.5))
+    if mode == "pytorch_half_pixel":
+        return Select(Bin("==", dim(out), idx_const(1)), _f64(0.0), x)
+    return x
+
+
+def _clamped_index(lw: Lowerer, position: ir.Expr, last: ir.Expr) -> ir.Expr:
+    """An integral float64 ``position`` clamped into [0, last] and made an index. Clamped before
+    the conversion, and by comparisons that send a NaN to 0, so no value (an infinity of a tiny
+    scale) converts out of range or reads outside the input."""
+    p = lw.let("pos", position)
+    inside = Select(lw.op("greater_equal", p, _f64(0.0)), Select(lw.op("less_equal", p, last), p, last), _f64(0.0))
+    return lw.cast(inside, INDEX)
+
+
+def _cubic_weights(lw: Lowerer, t: ir.Expr, alpha: float) -> list[ir.Expr]:
+    """:func:`dpl.ops.image._cubic_weights` at ``t``: the taps at -1, 0, 1, 2."""
+    a = _f64(alpha)
+
+    def near(d):  # ((a + 2) * d - (a + 3)) * d * d + 1
+        d = lw.let("d", d)
+        inner = lw.op("subtract", lw.op("multiply", _f64(alpha + 2), d), _f64(alpha + 3))
+        return lw.op("add", lw.op("multiply", lw.op("multiply", inner, d), d), _f64(1.0))
+
+    def far(d):  # ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+        d = lw.let("d", d)
+        inner = lw.op("subtract", lw.op("multiply", a, d), _f64(5 * alpha))
+        return lw.op("subtract", lw.op("multiply", lw.op("add", lw.op("multiply", inner, d), _f64(8 * alpha)), d),
+                     _f64(4 * alpha))
+
+    one = _f64(1.0)
+    return [far(lw.op("add", t, one)), near(t), near(lw.op("subtract", one, t)), far(lw.op("subtract", _f64(2.0), t))]
+
+
+def _runtime_taps(lw: Lowerer, c, size, out, scale, o, acc: str) -> list[tuple[ir.Expr, ir.Expr]]:
+    """``(input position, weight)`` of each tap of output ``o`` along a symbolic axis, computed
+    in the kernel as :func:`dpl.ops.image.resize_taps` computes them. The input axis must hold a
+    row to read: the kernel requires ``1 <= size``, which the backends check before it runs."""
+    a = c.attrs
+    if not isinstance(size, int):
+        lw.requires.append((1, size))
+    x = _source(lw, c, size, out, scale, o)
+    if a["size_shortcuts"]:  # dpl.ops.image.size_shortcut, tested at run time
+        pos = lw.cast(o, F64)
+        if a["method"] == "nearest":
+            x = Select(Bin("==", dim(out), mul(dim(size), idx_const(2))), lw.op("multiply", pos, _f64(0.5)), x)
+        x = Select(Bin("==", dim(out), dim(size)), pos, x)
+    x = lw.let("src", x)
+    last = lw.let("last", lw.op("subtract", lw.cast(dim(size), F64), _f64(1.0)))
+    if a["method"] == "nearest":
+        rounding = a["rounding_method"]
+        if rounding == "round_prefer_floor":
+            r = lw.op("ceil", lw.op("subtract", x, _f64(0.5)))
+        elif rounding == "round_prefer_ceil":
+            r = lw.op("floor", lw.op("add", x, _f64(0.5)))
+        else:
+            r = lw.op(rounding, x)
+        return [(lw.let("near", _clamped_index(lw, r, last)), None)]
+    f = lw.let("base", lw.op("floor", x))
+    t = lw.let("frac", lw.op("subtract", x, f))
+    if a["method"] == "linear":
+        offsets, weights = (0, 1), [lw.op("subtract", _f64(1.0), t), t]
+    else:
+        offsets, weights = (-1, 0, 1, 2), _cubic_weights(lw, t, a["cubic_alpha"])
+    raw = [lw.let("tap", lw.op("add", f, _f64(k))) if k else f for k in offsets]
+    if a["method"] == "cubic" and a["cubic_exclude"]:  # taps outside the input weigh 0, the rest sum to 1
+        weights = [Select(Bin("&&", lw.op("greater_equal", p, _f64(0.0)), lw.op("less_equal", p, last)), w, _f64(0.0))
+                   for p, w in zip(raw, weights)]
+        weights = [lw.let("w", w) for w in weights]
+        total = lw.let("wsum", _sum(lw, weights))
+        weights = [lw.op("divide", w, total) for w in weights]
+    return [(lw.let("at", _clamped_index(lw, p, last)), lw.let("w", lw.cast(w, acc))) for p, w in zip(raw, weights)]
+
+
+def _sum(lw: Lowerer, terms: list) -> ir.Expr:
+    total = terms[0]
+    for term in terms[1:]:
+        total = lw.op("add", total, term)
+    return total
+
+
 @rule("image.resize")
 def _resize(lw, c, idx):
     x = c.args[0]
-    axes = resize_axes(x.ty.shape, c.attrs)
+    size, scales = c.attrs["size"], c.attrs["scales"]
+    first = x.ty.ndim - len(size)
+    acc = accum_dtype(x.ty.dtype)
+    axes = []  # (axis, [(input position, weight)] per tap)
+    for j, out in enumerate(size):
+        axis, scale = first + j, None if scales is None else scales[j]
+        n = x.ty.shape[axis]
+        taps = _static_taps if isinstance(n, int) and isinstance(out, int) else _runtime_taps
+        axes.append((axis, taps(lw, c, n, out, scale, idx[axis], acc)))
     if c.attrs["method"] == "nearest":
         src = list(idx)
-        for axis, index, _ in axes:
-            src[axis] = _tap_index(lw, index, 0, idx[axis])
+        for axis, taps in axes:
+            src[axis] = taps[0][0]
         return lw.value(x, tuple(src))
-    acc = accum_dtype(x.ty.dtype)
     total = None
-    for taps in itertools.product(*(range(index.shape[1]) for _, index, _ in axes)):
+    for combo in itertools.product(*(taps for _, taps in axes)):
         src, weight = list(idx), None
-        for (axis, index, w), t in zip(axes, taps):
-            src[axis] = _tap_index(lw, index, t, idx[axis])
-            wt = _table(lw, "weight", w.astype(dtypes.to_numpy(acc)), acc, (idx[axis], idx_const(t)))
-            weight = wt if weight is None else lw.op("multiply", weight, wt)
+        for (axis, _), (position, w) in zip(axes, combo):
+            src[axis] = position
+            weight = w if weight is None else lw.op("multiply", weight, w)
         term = lw.op("multiply", weight, lw.cast(lw.value(x, tuple(src)), acc))
         total = term if total is None else lw.op("add", total, term)
     return lw.cast(total, c.ty.dtype)

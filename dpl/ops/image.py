@@ -6,22 +6,27 @@ one group per channel).
 Shapes: batch, channel and spatial dims may be symbolic; the output's spatial dims are then
 dimension expressions (:mod:`dpl.ir.dims`: ``(n + 2p - d*(k-1) - 1) // s + 1``, transposed
 ``(n - 1) * s - 2p + d*(k-1) + output_padding + 1``), which run time checks are sizes (a window
-that does not fit is an error there, as it is a type error for a static size). A resize and a
-group norm need their resized axes and channels static.
+that does not fit is an error there, as it is a type error for a static size). A group norm
+needs its channels static.
 
-The per-axis arithmetic of a resize (which input positions each output position reads, with
-which weights) is :func:`resize_taps`, shared by the NumPy reference and the kernel lowering
-(``dpl.kernel.rules_image``), so both compute the same sums with the same weights."""
+A resize's ``size`` holds dims: over a symbolic axis the output is an expression (``h * 2``
+for a scale of 2, :func:`scaled_size`) or a size the graph computed. The per-axis arithmetic
+(which input positions each output position reads, with which weights) is :func:`resize_taps`,
+in float64, which the NumPy reference runs at the bound sizes; the kernel lowering
+(``dpl.kernel.rules_image``) reads it as tables where the axis is static and computes the same
+float64 arithmetic in the kernel where it is not, so both read the same rows."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from dpl import dtypes
-from dpl.ir.dims import add, floordiv, mul, sub
+from dpl.errors import DplError
+from dpl.ir.dims import Dim, DimError, add, floordiv, mul, sub, text
 from dpl.ir.types import TensorType
 from dpl.ops._shapes import same_dtype
 from dpl.ops.registry import AttrSpec, CallInfo, OpPatternKind, register
@@ -42,6 +47,28 @@ def _acc_numpy(x: np.ndarray) -> np.ndarray:
 RESIZE_METHODS = ("nearest", "linear", "cubic")
 COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 ROUNDING_METHODS = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+# a scale over a symbolic axis must be p / 2**k with p below this: then ``floor(n * scale)`` in
+# float64, as torch and ONNX compute it, is exact for every n below 2**53 / p, and equals (n * p) // 2**k
+_MAX_SCALE_NUMERATOR = 2**20
+
+
+def scaled_size(d: Dim, scale: float) -> Dim:
+    """``floor(d * scale)``, the size torch and ONNX give an axis of size ``d`` resized by
+    ``scale``: an int for a static ``d``, else the dim ``(d * p) // q`` where ``scale`` is the
+    float ``p / q`` exactly, ``q`` a power of two (2, 1.5, 0.25; a scale such as 1.7 is no
+    such fraction, and its rounded product no dim expression: a DimError)."""
+    if not (scale > 0 and math.isfinite(scale)):
+        raise DimError(f"scale {scale} must be positive and finite")
+    if isinstance(d, int):
+        return int(math.floor(d * scale))
+    exact = Fraction(scale)
+    q = exact.denominator
+    if q & (q - 1) or exact.numerator >= _MAX_SCALE_NUMERATOR:
+        raise DimError(f"the symbolic dim '{text(d)}' scaled by {scale}: floor({text(d)} * {scale}) is no dim expression "
+                       "(a scale over a symbolic axis must be a fraction over a power of two, such as 2, 1.5 or 0.25)")
+    return floordiv(mul(d, exact.numerator), q)
 
 
 def source_coordinates(in_size: int, out_size: int, scale: float | None, mode: str) -> np.ndarray:
@@ -74,13 +101,26 @@ def _cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
     return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=1)
 
 
+def size_shortcut(out_size: int, in_size: int, method: str) -> float | None:
+    """The step between source coordinates where ``size_shortcuts`` (torch's linear and nearest
+    kernels) ignores the scale: 1 (a copy) for an axis resized to its own size, 1/2 for nearest
+    to twice its size (torch reads ``o >> 1``); None elsewhere."""
+    if out_size == in_size:
+        return 1.0
+    return 0.5 if method == "nearest" and out_size == 2 * in_size else None
+
+
 def resize_taps(in_size: int, out_size: int, scale: float | None, method: str, mode: str, rounding: str,
-                cubic_alpha: float, cubic_exclude: bool) -> tuple[np.ndarray, np.ndarray]:
+                cubic_alpha: float, cubic_exclude: bool, shortcuts: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Along one axis: ``(index, weight)``, each [out_size, taps]: output ``o`` is the sum over
     taps of ``weight[o, t] * x[index[o, t]]``. Indices are clamped into the input (ONNX's edge
     padding, torch's bounded reads); ``cubic_exclude`` zeroes the taps outside it and rescales
-    the others to sum to 1 (ONNX's ``exclude_outside``)."""
-    x = source_coordinates(in_size, out_size, scale, mode)
+    the others to sum to 1 (ONNX's ``exclude_outside``); ``shortcuts`` is :func:`size_shortcut`."""
+    step = size_shortcut(out_size, in_size, method) if shortcuts else None
+    if step is None:
+        x = source_coordinates(in_size, out_size, scale, mode)
+    else:
+        x = np.arange(out_size, dtype=np.float64) * step
     if method == "nearest":
         if rounding == "round_prefer_floor":
             i = np.ceil(x - 0.5)
@@ -98,7 +138,8 @@ def resize_taps(in_size: int, out_size: int, scale: float | None, method: str, m
     raw = f.astype(np.int64)[:, None] + offsets[None, :]
     if method == "cubic" and cubic_exclude:
         weights = np.where((raw >= 0) & (raw < in_size), weights, 0.0)
-        weights = weights / weights.sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore"):  # no tap inside (far outside the input): NaN, as ONNX's 0 / 0
+            weights = weights / weights.sum(axis=1, keepdims=True)
     return np.clip(raw, 0, in_size - 1), weights
 
 
@@ -115,12 +156,9 @@ def _resize_geometry(info: CallInfo):
     axes = []
     for j, out in enumerate(size):
         d = x.shape[first + j]
-        if out < 1:
+        if isinstance(out, int) and out < 1:
             raise info.error(f"output size {out} of axis {first + j} must be positive")
-        if not isinstance(d, int):
-            raise info.error(f"axis {first + j} of {info.operand(0)} is the symbolic dim '{d}'; the resize's tables "
-                             "(which input rows each output row reads, and with what weights) are built for a static size")
-        if d < 1:
+        if isinstance(d, int) and d < 1:  # a symbolic one is checked at run time (a kernel's requires)
             raise info.error(f"axis {first + j} of {info.operand(0)} is empty; there is nothing to interpolate")
         scale = None if scales is None else scales[j]
         if scale is not None and not (scale > 0 and math.isfinite(scale)):
@@ -143,12 +181,17 @@ def _infer_resize(info: CallInfo) -> TensorType:
 
 
 def resize_axes(x_shape: tuple, attrs) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """``(axis, index, weight)`` for each resized axis of an input of (static) ``x_shape``."""
+    """``(axis, index, weight)`` for each resized axis of an input of (static) ``x_shape``,
+    ``attrs["size"]`` bound to ints. An empty input axis is a DplError: nothing to interpolate."""
     size, scales = attrs["size"], attrs["scales"]
     first = len(x_shape) - len(size)
+    for j, out in enumerate(size):
+        if x_shape[first + j] < 1:
+            raise DplError(f"image.resize: axis {first + j} of the input {list(x_shape)} is empty; there is nothing "
+                           f"to interpolate into {out} positions")
     return [(first + j, *resize_taps(x_shape[first + j], out, None if scales is None else scales[j], attrs["method"],
                                      attrs["coordinate_transformation_mode"], attrs["rounding_method"],
-                                     attrs["cubic_alpha"], attrs["cubic_exclude"]))
+                                     attrs["cubic_alpha"], attrs["cubic_exclude"], attrs["size_shortcuts"]))
             for j, out in enumerate(size)]
 
 
@@ -173,19 +216,22 @@ register(
     "image.resize",
     num_args=1,
     attrs={
-        "size": AttrSpec("ints"),
+        "size": AttrSpec("dims"),
         "scales": AttrSpec("floats", default=None),
         "method": AttrSpec("str", default="nearest"),
         "coordinate_transformation_mode": AttrSpec("str", default="half_pixel"),
         "rounding_method": AttrSpec("str", default="round_prefer_floor"),
         "cubic_alpha": AttrSpec("float", default=-0.75),
         "cubic_exclude": AttrSpec("bool", default=False),
+        # torch's linear and nearest kernels: an axis resized to its own size is copied, nearest to
+        # twice its size reads o >> 1, whatever the scale (a run-time test over symbolic sizes)
+        "size_shortcuts": AttrSpec("bool", default=False),
     },
     infer=_infer_resize,
     kind=OpPatternKind.INJECTIVE,
     ref=_resize_ref,
-    doc="resize the trailing len(size) axes (nearest, linear or cubic; ONNX Resize's coordinate modes; "
-        "scales, out/in per axis, for the coordinates where given)",
+    doc="resize the trailing len(size) axes to size (dims: h * 2 over a symbolic h) (nearest, linear or cubic; "
+        "ONNX Resize's coordinate modes; scales, out/in per axis, for the coordinates where given)",
 )
 
 # -- convolutions of any rank, and transposed ones ---------------------------------------------
