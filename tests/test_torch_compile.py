@@ -6,10 +6,12 @@ its entry point without an import of dpl."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -200,10 +202,28 @@ with torch.no_grad():
     assert torch.allclose(compiled(x), model(x), rtol=1e-4, atol=1e-5)
 from dpl.frontend.dynamo import reports
 print(reports().ops("dpl"), reports().ops("torch"))
+try:
+    import transformers
+except ImportError:
+    sys.exit(0)
+sys.path.insert(0, TESTS)
+from zoo import ARCHS  # a real architecture too: a vision transformer, one graph at two batch sizes
+model = ARCHS["dinov2"].build()
+compiled = torch.compile(model, backend="dpl")
+with torch.no_grad():
+    for n in (2, 3):
+        x = torch.randn(n, 3, 32, 32)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert torch.allclose(compiled(pixel_values=x).last_hidden_state, model(pixel_values=x).last_hidden_state,
+                              rtol=1e-4, atol=1e-5)
+print(len(reports().graphs), reports().share() > 0.95)
 """
+    script = script.replace("TESTS", repr(str(Path(__file__).parent)))
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["3", "0"]
+    assert done.stdout.split()[:2] == ["3", "0"]
+    with_transformers = importlib.util.find_spec("transformers") is not None
+    assert done.stdout.split()[2:] == (["2", "True"] if with_transformers else []), done.stdout
 
 
 # -- the zoo (tests/zoo.py): eager torch's outputs under no_grad, at two sizes -------------------
@@ -230,5 +250,5 @@ def test_zoo_equals_eager_at_two_sizes(name):
             assert_close([got[k] for k in keys], [want[k] for k in keys])
     report = compiled.dpl_report
     assert len(report.graphs) == 1
-    assert report.ops("dpl") > 0.9 * (report.ops("dpl") + report.ops("torch")), report.text()
+    assert report.share() >= 0.95, report.text()  # issue 31: models that import whole keep >= 95% in dpl
     assert all(p.why for g in report.graphs for p in g.parts if p.runs == "torch")

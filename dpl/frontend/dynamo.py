@@ -27,7 +27,16 @@ Shapes. Dynamo's symbolic sizes (``s27``) become dpl's symbolic dimensions of th
 its expressions of them (``2*s27``, ``(s27 - 1)//2``) dpl's dimension expressions
 (:mod:`dpl.frontend.torch_dims`); one build serves every size dynamo's guards let through. A size
 dpl cannot write, or an equality only torch's guards know (a flattened ``4*(h//2)**2`` that is
-the weight's 64), sends the nodes that need it to torch, saying which.
+the weight's 64), sends the nodes that need it to torch, saying which. Attention's key and value
+lengths, which dynamo may trace as two symbols (a decoder's key and value caches), are guarded
+equal first (:mod:`dpl.frontend.dynamo_guards`).
+
+Generation. ``model.forward = torch.compile(model.forward, backend="dpl")`` (or Hugging Face's
+``generate(compile_config=CompileConfig(backend="dpl"))``) compiles a decoder's prefill and
+decode steps: dynamo's graph takes the cache tensors as inputs and returns the new ones (the
+dynamic cache's concatenations), and a static cache's in-place writes (``index_copy_``) come out
+of AOTAutograd as functional copies that it writes back into the cache tensors after the call
+(tests/test_generate.py, bench/bench_generate.py).
 
 Autograd. With grad enabled and an input (a parameter, say) that requires grad, the graph runs
 in torch as dynamo captured it, so gradients are torch's (logged once); under
@@ -47,6 +56,7 @@ from typing import Any, Sequence
 import attrs
 
 from dpl.errors import DplError
+from dpl.frontend.dynamo_guards import equate_attention_lengths
 from dpl.frontend.dynamo_report import GraphRecord, PartitionRecord, Report, count_ops
 from dpl.frontend.torch_graph import GraphImporter, import_torch, sanitize
 from dpl.ir import dims
@@ -98,9 +108,11 @@ def reports() -> Report:
     return _REPORT
 
 
-def backend(gm, example_inputs: Sequence[Any], *, options: dict | None = None, **more):
+def backend(gm, example_inputs: Sequence[Any], *, options: dict | None = None, mode: str | None = None, **more):
     """The torch.compile backend (registered as ``dpl`` by the ``torch_dynamo_backends`` entry
-    point): dynamo's graph ``gm`` and its inputs in; a callable that runs it out."""
+    point): dynamo's graph ``gm`` and its inputs in; a callable that runs it out. ``mode`` is
+    inductor's (``"reduce-overhead"``: CUDA graphs), which Hugging Face's ``CompileConfig``
+    passes to every backend; dpl has no modes and takes it without a change."""
     torch = import_torch()
     settings = Options.of({**(options or {}), **more})
     record = GraphRecord(next(_GRAPHS), _describe(gm, example_inputs))
@@ -110,6 +122,7 @@ def backend(gm, example_inputs: Sequence[Any], *, options: dict | None = None, *
         _grad_in_torch(record, gm)
         return gm.forward
     try:
+        equate_attention_lengths(gm)
         return _aot(gm, example_inputs, settings, record)
     except (torch._dynamo.exc.RestartAnalysis, torch._dynamo.exc.SkipFrame):
         for report in (_REPORT, settings.report):  # dynamo's own control flow (a scalar made a tensor): it traces again
@@ -239,7 +252,7 @@ def _partition(fw_gm, weights: dict, settings: Options, record: GraphRecord):
     built = []
     for part in parts:
         name = f"dpl_{len(built)}" if not part.why else "torch"
-        entry = PartitionRecord(name, "torch", part.ops, part.why)
+        entry = PartitionRecord(name, "torch", part.ops, part.why, module=part.module)
         record.parts.append(entry)
         if part.why:
             continue

@@ -30,6 +30,7 @@ VIEW_OPS = frozenset(f"aten.{name}" for name in (
 ))
 
 ROUNDS = 8  # proposals at most: each round takes the nodes whose translation failed out
+SIZE = "computes a size, not a tensor"  # not an op of the model's: the report leaves these out
 
 
 class Untranslated(Exception):
@@ -70,12 +71,14 @@ def why_unsupported(node, table: Mapping[str, Callable]) -> str | None:
     name = str(node.target)
     if name in IGNORED_OPS:
         return "a run-time check"
-    if name not in table:
-        return "no dpl translation (dpl/frontend/torch_ops.py)"
     value = node.meta.get("val")
     values = value if isinstance(value, (tuple, list)) else (value,)
+    if values and all(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) for v in values):
+        return SIZE  # sym_size, a product of sizes: Python arithmetic whichever table it is in
+    if name not in table:
+        return "no dpl translation (dpl/frontend/torch_ops.py)"
     if not any(isinstance(v, torch.Tensor) for v in values):
-        return "computes a size, not a tensor"
+        return SIZE
     for v in values:
         if not isinstance(v, torch.Tensor):
             continue

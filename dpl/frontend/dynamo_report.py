@@ -5,10 +5,15 @@ why. ``dpl.compile(model).dpl_report`` holds the graphs of that model,
 
 A record is live: a partition that fails at run time (an input size dpl cannot plan) or whose
 weights changed since its build goes to torch for good, and its record says so from then on.
+
+To see inside a partition, :meth:`Report.save` writes the text and each translated partition's
+dpl module (``graph0_dpl_0.ir``, weights in its ``.npz`` sidecar), which ``dpl viz FILE -o
+OUT.html`` draws before and after fusion and ``dpl build``/``dpl run`` take as any module.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import attrs
@@ -24,6 +29,8 @@ class PartitionRecord:
     ops: dict[str, int]
     why: str = ""
     composites: dict[str, int] = attrs.field(factory=dict)
+    calls: int = 0  # calls dpl ran (a generate's decode steps each call the decode graph's partitions)
+    module: object = attrs.field(default=None, repr=False, eq=False)  # the dpl Module it was translated to, if it was
 
     @property
     def op_count(self) -> int:
@@ -95,12 +102,38 @@ class Report:
     def ops(self, runs: str) -> int:
         return sum(g.ops(runs) for g in self.graphs)
 
+    def share(self) -> float:
+        """The share of the ops that run in dpl, of all the graphs' ops (0.0 before any)."""
+        total = self.ops("dpl") + self.ops("torch")
+        return self.ops("dpl") / total if total else 0.0
+
     def text(self) -> str:
         if not self.graphs:
             return "no graph compiled yet (torch.compile compiles at the first call)"
         return "\n".join(g.text() for g in self.graphs)
 
     __str__ = text
+
+    def save(self, folder: str | os.PathLike) -> list[str]:
+        """Write ``report.txt`` (:meth:`text`) and, per partition translated to dpl, its module
+        as ``graph<G>_<name>.ir`` (a partition that stayed in torch after translation, a failed
+        build say, as ``graph<G>_torch<N>.ir``) into ``folder``; the paths written."""
+        from dpl.ir.serialize import save
+
+        os.makedirs(folder, exist_ok=True)
+        paths = [os.path.join(folder, "report.txt")]
+        with open(paths[0], "w", encoding="utf-8") as f:
+            f.write(self.text() + "\n")
+        for graph in self.graphs:
+            kept = 0
+            for part in graph.parts:
+                if part.module is None:
+                    continue
+                name = part.name if part.name.startswith("dpl_") else f"torch{kept}"
+                kept += part.name == "torch"
+                paths.append(os.path.join(folder, f"graph{graph.index}_{name}.ir"))
+                save(part.module, paths[-1])
+        return paths
 
 
 def count_ops(nodes) -> dict[str, int]:
