@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpl.backends.registry import KINDS, Backend, Capabilities, CompileError, flatten, leaf_types, unflatten
+from dpl.backends.registry import (KINDS, Backend, Capabilities, CompileError, flatten, leaf_types, unflatten,
+                                   wrapped_composite)
 from dpl.interpret import run_function
 from dpl.ir.dim_binding import DimMismatch, bind_shapes
 from dpl.ir.extent_symbols import with_extent_symbols
@@ -29,6 +30,9 @@ class NumpyBackend(Backend):
         return super().can_run(unit)
 
     def compile(self, function, *, module=None, shapes=()):
+        # a wrapper's composite runs in its place (as on cpu): its symbols then bind from these
+        # arrays, not from a caller's extent symbols that the composite does not know
+        function = _unwrapped(function, module)
         # run alone, a function binds its symbols from its own arrays: an extent they do not
         # determine ((n + 1) // 2 - 1 with no n) gets a symbol of its own
         function = with_extent_symbols(function)
@@ -58,6 +62,15 @@ def result_dims(out_types, outputs) -> dict[str, int]:
     except DimMismatch:
         pass  # what the results leave unbound or contradict, the run reports against its inputs
     return dims
+
+
+def _unwrapped(function, module):
+    """The composite a plain ``Codegen`` wrapper calls, or ``function`` itself (any other
+    wrapper runs as written, its calls and all)."""
+    try:
+        return wrapped_composite(function, module)
+    except CompileError:
+        return function
 
 
 def _calls_matmul(function, module, depth=0) -> bool:

@@ -328,6 +328,24 @@ def test_a_whole_dim_over_hidden_symbols_is_a_symbol_and_an_inner_use_is_refused
     assert with_extent_symbols(fn) is fn
 
 
+def test_a_whole_dim_a_hidden_symbol_is_alone_in_is_solved_for_inside_too():
+    """``m + n`` read through a merging reshape, ``(m + n) * 2`` inside: n is solved for
+    (``ext0 - m``), so the inner dim reads ``ext0 * 2`` and the kernel binds ext0 from the size."""
+    from dpl.ir.extent_symbols import with_extent_symbols
+
+    def merge(g, x):
+        doubled = g.emit("negative", g.emit("reshape", x, shape=[P("(m + n) * 2"), 3]))
+        return g.emit("reshape", doubled, shape=[P("m + n"), 6])
+
+    mod, fn = hidden_group("fused_merge", [("x", (P("m + n"), 6))], merge)
+    rewritten = with_extent_symbols(fn)
+    assert [str(b.var.ty) for b in rewritten.bindings][:2] == ["f32[ext0 * 2, 3]", "f32[ext0 * 2, 3]"]
+    exe = dpl.build(mod, "cpu", config=ALWAYS)
+    for bindings in ({"n": 0, "m": 1}, {"n": 4, "m": 3}):
+        args = hidden_inputs(fn, bindings, 0)
+        assert_close(dpl.interpret(mod, *args), exe(*args), str(bindings))
+
+
 HIDDEN = {
     # name: (params, body, bindings); n (and m) only inside atoms no size inverts
     "strided": ([("x", (2, 6, P("(n + 1) // 2 - 1"))), ("b", (6, 1))],
@@ -413,3 +431,36 @@ def test_random_groups_over_hidden_extents(case):
             continue
         args = hidden_inputs(fn, bindings, j)
         assert_close(dpl.interpret(mod, *args), exe(*args), f"{steps} {bindings}")
+
+
+# wav2vec2's all-true mask: the frames of a strided conv are n // 10 - 1 (no size gives n back),
+# and arange's own length is max(n // 10, 1) - 1, which gives back neither n nor the end the
+# reference computes; a sum reduces another such arange away, so no buffer holds it at all
+CALLER_ONLY = """
+func main(x: f32[2, n]) -> (f32[2, n // 10 - 1], f32[]) {
+  r0 = arange(end="n // 10 - 1", dtype=i64)
+  r = strided_slice(r0, axes=[0], begin=[0], end=["n // 10 - 1"])
+  rf = astype(r, dtype=f32)
+  row = expand_dims(rf, axis=[0])
+  s = strided_slice(x, axes=[1], begin=[0], end=["n // 10 - 1"])
+  y = add(s, row)
+  k = arange(end="n // 5 + 2", dtype=f32)
+  total = sum(k)
+  return (y, total)
+}
+"""
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["op_by_op", "fused"])
+@pytest.mark.parametrize("target", ["cpu", "numpy"])
+def test_a_symbol_no_buffer_of_a_kernel_determines_takes_the_callers_value(target, fused):
+    """Neither the sizes of its buffers nor symbols of its own give such a kernel ``n``: the plan,
+    made for one signature, writes the caller's value into it, at every size called."""
+    mod = dpl.parse(CALLER_ONLY)
+    exe = dpl.build(dpl.apply(mod, []) if fused else mod, target, config=ALWAYS)
+    for n in (25, 97, 40, 25):
+        x = np.random.default_rng(n).standard_normal((2, n)).astype(np.float32)
+        y, total = exe(x)
+        np.testing.assert_array_equal(y, x[:, : n // 10 - 1] + np.arange(n // 10 - 1, dtype=np.float32))
+        assert total == sum(range(n // 5 + 2))
+    assert "fall-back" not in exe.summary()

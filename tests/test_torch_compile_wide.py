@@ -133,6 +133,32 @@ class SizedScan(torch.nn.Module):
         return torch.cummax(h.reshape(x.shape[0], x.shape[1] * 8), dim=1).values.sigmoid() + 1.0
 
 
+class PaddedTail(torch.nn.Module):
+    """Mamba2's chunked scan in small: the length padded to a multiple of 4 (a pad of symbolic
+    width and a scan, both torch's), then the padded tail cut off in dpl. The dpl partition's
+    only tensor is ``s + 3 * s % 4`` long, which gives s back for no length: s = 5 to 8 all pad
+    to 8, and the result is s long."""
+
+    def forward(self, x):
+        pad = (4 - x.shape[1] % 4) % 4
+        h = torch.nn.functional.pad(x, (0, 0, 0, pad)).cummax(dim=1).values
+        return (h * 2.0).exp()[:, : x.shape[1]].sigmoid() + 1.0
+
+
+def test_a_size_no_input_tensor_determines_comes_in_as_a_size_argument():
+    import dpl
+
+    model = PaddedTail().eval()
+    compiled = dpl.compile(model, dynamic=True)
+    with torch.no_grad():
+        for n in (5, 6, 9, 8):
+            x = torch.randn(2, n, 8)
+            assert torch.allclose(compiled(x), model(x), **TOL), n
+    report = compiled.dpl_report
+    assert set(report.in_torch()) == {"aten.pad.default", "aten.cummax.default"}, report.text()
+    assert all(p.runs == "dpl" for g in report.graphs for p in g.parts if "sigmoid.default" in p.ops), report.text()
+
+
 def test_size_arithmetic_is_not_listed_as_ops_in_torch():
     import dpl
 

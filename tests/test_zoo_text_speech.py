@@ -14,12 +14,14 @@ What torch itself cannot export, as its own exporters report it (torch 2.13, tra
   function found for <OpOverload(op='transformers.grouped_mm_fallback', overload='default')>``.
   The ONNX path takes ``experts_implementation="batched_mm"`` (``mixtral_batched``), which the
   torch path imports too. Through torch.export the default imports: dpl translates the custom op
-  (dpl/frontend/torch_moe.py).
+  to its ``grouped_matmul`` (dpl/frontend/torch_moe.py), whose gate and up product ``llm`` claims
+  with its gated unit (``llm.grouped_matmul_glu``).
 - Mamba2 over a range of lengths: its scan pads the sequence to a multiple of the chunk and
   branches on ``if pad_size > 0``, so torch.export guards ``(4 - seq % 4) % 4 <= 0`` (chunk 4)
   and, with a chunk longer than any sequence (128), stops with "Specializations unexpectedly
   required (seq)! ... resulted in a specialized value of 8", with or without deferred runtime
-  asserts. Mamba2 is imported at a static length (two chunks of 4) on both paths.
+  asserts. Over lengths that are multiples of the chunk (a derived Dim, ``4 * chunks``;
+  ``Arch.length_multiple``) both exporters trace it, and it is compared at 8 and 12 tokens.
 """
 
 from __future__ import annotations
@@ -41,20 +43,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in lo
 TORCH = ["wav2vec2", "deberta_v2", "bart", "mixtral", "mamba2"]
 ONNX = ["wav2vec2", "deberta_v2", "bart", "mixtral_batched", "mamba2"]
 
-# The known gap of the runtimes (being mended beside this work): a kernel whose dims bind no
-# symbol of the caller. wav2vec2: the first conv's ``samples // 5 - 1`` is a non-linear dim, and
-# the all-true mask's ``arange(end=samples // 10 - 1)`` a kernel with no input, on cpu and numpy
-# alike. The imports succeed. Strict: when the binding lands this fails, and the entry goes.
-UNBOUND = {"wav2vec2": r"determines samples|dimension 'samples', which no input"}
-
-
-def _check(arch, model, mod, **kwargs):
-    if arch.name in UNBOUND:
-        with pytest.raises(dpl.errors.DplError, match=UNBOUND[arch.name]):
-            check_module(arch, model, mod, **kwargs)
-        pytest.xfail(f"{arch.name}: a fused kernel's dims do not bind the caller's symbol yet")
-    check_module(arch, model, mod, **kwargs)
-
 
 @pytest.fixture(scope="module", params=TORCH)
 def imported(request):
@@ -66,7 +54,7 @@ def imported(request):
 
 def test_torch_import_matches_torch(imported):
     arch, model, mod = imported
-    _check(arch, model, mod)
+    check_module(arch, model, mod)
 
 
 @pytest.fixture(scope="module", params=ONNX)
@@ -80,7 +68,7 @@ def onnx_imported(request):
 def test_onnx_import_matches_torch(onnx_imported):
     """The real tokens of padded rows, as tests/test_zoo.py compares them."""
     arch, model, mod = onnx_imported
-    _check(arch, model, mod, real_tokens_only=True)
+    check_module(arch, model, mod, real_tokens_only=True)
 
 
 def coverage_share(mod, libraries):
@@ -95,8 +83,9 @@ def coverage_share(mod, libraries):
 # written: a floor. What stays alone: wav2vec2's 1-D convs and their layout permutes (no
 # composite; group norm is opaque), the all-true mask's arange; DeBERTa's relative-position
 # products (their permutes), claimed by cublas; Mixtral's routing (sort, histc, cumsum,
-# index_put: opaque), the rows' arange; Mamba2's chunk slices and the scan's permutes.
-COVERAGE_FLOOR = {"wav2vec2": 94, "deberta_v2": 95, "bart": 99, "mixtral": 92, "mamba2": 97}
+# index_put: opaque) and its experts' down projections (grouped_matmul: opaque), the rows'
+# arange; Mamba2's chunk slices and the scan's permutes.
+COVERAGE_FLOOR = {"wav2vec2": 94, "deberta_v2": 95, "bart": 99, "mixtral": 94, "mamba2": 97}
 
 
 def test_coverage_stays_at_its_floor(imported):
@@ -105,3 +94,16 @@ def test_coverage_stays_at_its_floor(imported):
     alone = sorted({(a.op, a.reason) for a in cov.alone})
     assert share >= COVERAGE_FLOOR[arch.name], f"{arch.name}: {share:.1f}% fused; alone: {alone}"
     assert all(a.detail for a in cov.alone), "every lone op says why"
+
+
+def test_the_experts_gated_unit_is_one_composite(imported):
+    """Mixtral's experts: each layer's gate and up grouped product and silu(gate) * up are one
+    ``llm.grouped_matmul_glu`` composite; the down projection stays a lone grouped_matmul."""
+    arch, _model, mod = imported
+    if arch.name != "mixtral":
+        pytest.skip("a mixture of experts: Mixtral only")
+    fused = dpl.apply(mod, ["rewrites", "llm"])
+    composites = [f.attrs.get("Composite") for f in fused.functions.values()]
+    assert composites.count("kernel.grouped_matmul_glu") == arch.kwargs.get("num_hidden_layers", 2)
+    lone = [b.value.op for b in fused["main"].bindings if getattr(b.value, "op", None) == "grouped_matmul"]
+    assert len(lone) == composites.count("kernel.grouped_matmul_glu")

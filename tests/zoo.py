@@ -44,6 +44,9 @@ class Arch:
     kind: str = ""
     lengths: tuple = ()  # the two sizes compared (samples for audio); () takes LENGTHS
     static: bool = False  # exported at its first size only (torch.export cannot trace it over a range)
+    # exported over lengths that are multiples of this only (a derived Dim, chunks * k): a chunked
+    # scan that pads to a multiple of its chunk branches on the padding, which a range cannot trace
+    length_multiple: int = 1
 
     @property
     def sizes(self) -> tuple:
@@ -91,6 +94,8 @@ class Arch:
         if self.kind == "audio":
             return {name: {1: torch.export.Dim("samples", min=min(self.sizes), max=4096)} for name in inputs}
         dim = torch.export.Dim("batch" if self.vision else "seq", min=1 if self.vision else 2, max=64)
+        if self.length_multiple > 1:
+            dim = self.length_multiple * torch.export.Dim("chunks", min=1, max=64 // self.length_multiple)
         axis = 0 if self.vision else 1
         shapes = {name: {axis: dim} for name in inputs}
         if "decoder_input_ids" in inputs:
@@ -165,7 +170,7 @@ ARCHS.update({a.name: a for a in [
          dict(_DECODER, num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm")),
     Arch("mamba2", "Mamba2Model", "Mamba2Config",
          dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=16, expand=2, head_dim=16, num_heads=8,
-              n_groups=1, chunk_size=4, conv_kernel=4), mask=False, attention=False, static=True, lengths=(8,)),
+              n_groups=1, chunk_size=4, conv_kernel=4), mask=False, attention=False, length_multiple=4, lengths=(8, 12)),
 ]})
 
 

@@ -60,6 +60,9 @@ from dpl.frontend.dynamo_guards import equate_attention_lengths
 from dpl.frontend.dynamo_report import GraphRecord, PartitionRecord, Report, count_ops
 from dpl.frontend.torch_graph import GraphImporter, import_torch, sanitize
 from dpl.ir import dims
+from dpl.ir.dim_binding import undetermined
+from dpl.ir.expr import Function, Var
+from dpl.ir.types import TensorType
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +272,9 @@ def _partition(fw_gm, weights: dict, settings: Options, record: GraphRecord):
         tensor_at = [i for i, n in enumerate(placeholders)
                      if n.name not in weights and isinstance(n.meta.get("val"), torch.Tensor)]
         bound = [(i, weights[n.name][0], weights[n.name][1]) for i, n in enumerate(placeholders) if n.name in weights]
-        built.append((part, DplCall(exe, part.sub, tensor_at, bound, entry)))
+        params = {p.name for p in part.module["main"].params}
+        size_at = [i for i, symbol in _size_arguments(part.sub) if _carrier_name(symbol) in params]
+        built.append((part, DplCall(exe, part.sub, tensor_at, bound, entry, size_at)))
     record.parts.sort(key=lambda p: p.runs != "dpl")
     if not built:
         logger.info("%s", record.text())
@@ -335,11 +340,46 @@ def _translate(sub, weights: dict, table):
     except Exception as err:  # a FrontendError names what dpl cannot write; anything else is a bug, as torch's
         raise Untranslated(err.message if isinstance(err, DplError) else _first_line(err),
                            [importer.at] if importer.at is not None else []) from None
+    mod = _with_size_carriers(mod, [symbol for _, symbol in _size_arguments(sub)])
     unbound = _symbols(mod["main"].ret.ty) - set().union(*(_symbols(p.ty) for p in mod["main"].params))
     if unbound:  # the nodes that make a tensor of a size argument (arange(s27)) go to torch, and their results come in
         makers = [n for n in sub.graph.nodes if n.op == "call_function" and any(_symbols_of(a) & unbound for a in n.all_input_nodes)]
         raise Untranslated(f"an output has size {', '.join(sorted(unbound))}, which no tensor input carries", makers)
     return mod
+
+
+def _size_arguments(sub) -> list[tuple[int, str]]:
+    """(placeholder position, symbol) of each size argument of ``sub`` that is one symbol of
+    dynamo's (``s70``), the first of each symbol."""
+    torch = import_torch()
+    found: dict[str, int] = {}
+    for i, node in enumerate(n for n in sub.graph.nodes if n.op == "placeholder"):
+        value = node.meta.get("val")
+        if isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
+            found.setdefault(str(value.node.expr), i)
+    return [(i, symbol) for symbol, i in found.items()]
+
+
+def _carrier_name(symbol: str) -> str:
+    return f"size_{symbol}"
+
+
+def _with_size_carriers(mod, symbols: list[str]):
+    """``mod`` with a parameter ``u8[s, 0]`` (no elements) for each size argument ``s`` in
+    ``symbols`` that its values use and its tensor parameters do not determine (a chunk count
+    ``(s + 3 * s % 4) // 4``, which a padded length of 8 gives for s = 5 to 8): the plan binds
+    ``s`` from that parameter's shape, which :class:`~dpl.frontend.dynamo_call.DplCall` makes
+    of the size argument at every call, and plans each value of it apart."""
+    main = mod["main"]
+    shapes = [p.ty.shape for p in main.params]
+    determined = set().union(*(_symbols(p.ty) for p in main.params)) - set(undetermined(shapes))
+    used = set().union(_symbols(main.ret.ty), *(_symbols(b.var.ty) for b in main.bindings))
+    taken = {p.name for p in main.params} | {b.var.name for b in main.bindings}
+    carriers = [Var(_carrier_name(s), TensorType((s, 0), "uint8")) for s in symbols
+                if s in used - determined and _carrier_name(s) not in taken]
+    if not carriers:
+        return mod
+    return mod.with_function(Function(main.name, (*main.params, *carriers), main.bindings, main.ret, main.attrs))
 
 
 def _symbols_of(node) -> set[str]:

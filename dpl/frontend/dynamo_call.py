@@ -2,8 +2,10 @@
 
 Inputs go to the Executable as NumPy views of the tensors' memory (a copy only where a tensor
 is not contiguous); its outputs come back as tensors over the arrays' memory
-(``torch.from_numpy``; a copy only where an array is read-only: a view of a weight). Size
-arguments (dynamo's SymInts) are not passed: dpl reads every size from the tensors' shapes.
+(``torch.from_numpy``; a copy only where an array is read-only: a view of a weight). dpl reads
+sizes from the tensors' shapes; a size argument (a SymInt of dynamo's) that no tensor's shape
+determines comes in as the shape of an array of no elements, ``[s, 0]`` (dynamo.py's size
+carriers), so the plan binds it as it binds any dim.
 
 What never gives a wrong result: the weights were bound into the build as constants, so each
 call checks that every weight tensor is the one built with, unchanged (its storage and
@@ -59,15 +61,17 @@ def as_tensor(array) -> torch.Tensor:
 
 
 class DplCall(torch.nn.Module):
-    """Runs ``exe`` on the tensor arguments at ``tensor_at``; ``weights`` are ``(position, name,
-    tensor)`` of the arguments built in as constants; ``fallback`` is the partition's torch
-    GraphModule (same arguments, a tuple of results); ``record`` its report entry."""
+    """Runs ``exe`` on the tensor arguments at ``tensor_at``, then the size arguments at
+    ``size_at`` as arrays of shape ``[size, 0]``; ``weights`` are ``(position, name, tensor)`` of
+    the arguments built in as constants; ``fallback`` is the partition's torch GraphModule (same
+    arguments, a tuple of results); ``record`` its report entry."""
 
-    def __init__(self, exe, fallback, tensor_at, weights, record):
+    def __init__(self, exe, fallback, tensor_at, weights, record, size_at=()):
         super().__init__()
         self.exe = exe
         self.fallback = fallback
         self.tensor_at = tuple(tensor_at)
+        self.size_at = tuple(size_at)
         self.weights = [(i, name, w, w.untyped_storage().data_ptr(), w.storage_offset(), w._version) for i, name, w in weights]
         self.record = record
         self.in_torch = False
@@ -85,7 +89,8 @@ class DplCall(torch.nn.Module):
             return self._to_torch(args, f"weight '{changed}' changed since the build (dpl built it in as a constant); "
                                         "compile again (torch._dynamo.reset()) to build with the new values")
         try:
-            out = self.exe(*[as_array(args[i]) for i in self.tensor_at])
+            sizes = [np.empty((int(args[i]), 0), np.uint8) for i in self.size_at]
+            out = self.exe(*[as_array(args[i]) for i in self.tensor_at], *sizes)
         except Exception as err:  # any failure of a dpl call: this partition is torch's from now on
             return self._to_torch(args, f"dpl failed at run time: {_first_line(err)}")
         self.record.calls += 1

@@ -26,6 +26,7 @@ import numpy as np
 
 from dpl.frontend.errors import FrontendError
 from dpl.frontend import torch_image, torch_moe
+from dpl.ir.dims import add as add_dims
 
 ATEN_OPS: dict[str, Callable] = {}
 
@@ -820,11 +821,13 @@ def _slice(cx, self, dim=0, start=None, end=None, step=1):
 def _slice_bounds(x, dim, start, end, step, verb: str):
     """(axis, start, end, whether it is the whole axis) of a slice of ``x``: a missing start is
     0, a missing end the axis's end, a static end clamped to a static size; a symbolic start
-    is refused."""
+    is refused, but for minus the axis's size (``x[:, -seq:]`` along ``seq``): 0 at every size."""
     axis = _axis(dim, x.ty.ndim)
     size = x.ty.shape[axis]
     start = 0 if start is None else start
     end = _TO_END if end is None else end
+    if not isinstance(start, int) and add_dims(size, start) == 0:
+        start = 0
     if not isinstance(start, int):
         raise FrontendError(f"slice start '{start}' is symbolic; dpl {verb} from a static start")
     if isinstance(size, int) and isinstance(end, int):

@@ -7,7 +7,10 @@ gives ``n`` back, because the division loses it. The group never needs ``n`` its
 that extent; so :func:`with_extent_symbols` gives each such atom (a floor division, modulo,
 min or max over a symbol the buffers do not determine) a fresh symbol, and the dim reads
 ``ext0 - 1``, which binds by solving like any linear dim. A dim over several such symbols with
-no atom to name (``m + n``, ``n * m``) becomes a symbol as a whole, being a size itself.
+no atom to name (``m + n``, ``n * m``) becomes a symbol as a whole, being a size itself; where
+it holds one of them alone (``m + n``), that one is solved for (``n = ext0 - m``) and substituted
+everywhere, so the intermediates built from the dim (a merging reshape's ``(m + n) * 2``) read
+the new symbol too.
 
 Sound for every binding the IR allows: the atom ``A`` becomes ``e + lo``, where ``lo`` is
 the least value :func:`dpl.ir.dims.bounds` proves ``A`` can take, so ``e = A - lo`` is a
@@ -15,14 +18,20 @@ symbol's value (an integer >= 0) and every simplification that holds for symbols
 at it. A function the rewrite cannot free of such symbols (``n`` in an intermediate dim or an
 attribute too, in an atom of unbounded sign) is returned unchanged, and whoever binds it
 reports what cannot be bound, as before.
+
+Where no symbol of its own can stand for an extent (``arange(end=n // 10 - 1)``: its length is
+``max(n // 10, 1) - 1``, which gives back neither ``n`` nor the end the reference needs), the
+caller's value does: a plan is made for one signature, so the caller knows every symbol, and
+:func:`with_caller_dims` writes its value into the function, a kernel of that size.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 from dpl.ir.dim_binding import dim_symbols, undetermined
-from dpl.ir.dims import Dim, DimExpr, Poly, add, bounds, free_symbols, substitute
+from dpl.ir.dims import Dim, DimExpr, Poly, add, bounds, free_symbols, mul, sub, substitute
 from dpl.ir.expr import Binding, Call, Constant, Function, GlobalVar, Tuple, TupleGetItem, Var, frozen_call
 from dpl.ir.types import TensorType, TupleType, Type
 
@@ -47,7 +56,8 @@ def with_extent_symbols(fn: Function) -> Function:
         name = _fresh(taken)
         mapping[atom] = add(name, int(lo))
     rewritten = _Rewrite(mapping).function(fn) if mapping else fn
-    # then a whole dim over symbols still hidden (m + n, n * m), a size, is a symbol itself
+    rewritten = _solve_whole_dims(rewritten, taken)
+    # then a whole dim over symbols still hidden (n * m), a size, is a symbol itself
     boundary = [t.shape for t in _tensor_types(rewritten.params) + _tensor_types(_results(rewritten))]
     still = set(undetermined(boundary))
     whole = {d: _fresh(taken) for d in dict.fromkeys(d for shape in boundary for d in shape)
@@ -58,6 +68,60 @@ def with_extent_symbols(fn: Function) -> Function:
     if undetermined(boundary) or _symbols_of(rewritten) & hidden:
         return fn
     return rewritten
+
+
+def with_caller_dims(fn: Function, dims: Mapping[str, int]) -> Function:
+    """``fn`` with the value in ``dims`` (the caller's, at one signature) of each symbol that
+    neither the sizes of its parameters and results nor :func:`with_extent_symbols` determine,
+    or ``fn`` itself when there is none: the kernel then never needs what its buffers cannot tell.
+    A symbol ``dims`` lacks is left as it is, for whoever binds the function to report."""
+    hidden = _hidden_symbols(fn, dims)
+    if not hidden or not _hidden_symbols(with_extent_symbols(fn), dims):
+        return fn
+    return _Rewrite({s: dims[s] for s in sorted(hidden)}).function(fn)
+
+
+def _hidden_symbols(fn: Function, dims: Mapping[str, int]) -> set[str]:
+    """The symbols of ``dims`` that ``fn`` uses (types, dim attributes) and its buffers' sizes do
+    not determine."""
+    used = _symbols_of(fn) & dims.keys()
+    if not used:
+        return set()
+    boundary = [t.shape for t in _tensor_types(fn.params) + _tensor_types(_results(fn))]
+    lone = {d for shape in boundary for d in shape if type(d) is str}
+    if used <= lone:  # the common case: every symbol is some buffer's size
+        return set()
+    determined = {s for shape in boundary for d in shape for s in dim_symbols(d)} - set(undetermined(boundary))
+    return used - determined
+
+
+def _solve_whole_dims(fn: Function, taken: set[str]) -> Function:
+    """``fn`` with each boundary dim that holds a hidden symbol ``s`` alone, with coefficient 1
+    or -1 (``m + n``), made a fresh symbol by solving for ``s`` (``n = ext0 - m``) and substituting
+    that everywhere: the intermediates' ``(m + n) * 2`` of a merging reshape then read
+    ``ext0 * 2``. Sound: the substitution is an identity at the run-time values."""
+    while True:
+        boundary = [t.shape for t in _tensor_types(fn.params) + _tensor_types(_results(fn))]
+        still = set(undetermined(boundary))
+        found = next((f for d in dict.fromkeys(d for shape in boundary for d in shape)
+                      if (f := _linear_in(d, still)) is not None), None)
+        if found is None:
+            return fn
+        symbol, coefficient, rest = found
+        fn = _Rewrite({symbol: mul(coefficient, sub(_fresh(taken), rest))}).function(fn)
+
+
+def _linear_in(d: Dim, hidden: set[str]) -> tuple[str, int, Dim] | None:
+    """``(s, c, rest)`` with ``d == c * s + rest``, ``s`` a symbol of ``hidden``, ``c`` 1 or -1 and
+    ``rest`` free of ``s``; None when ``d`` has no such term."""
+    if not isinstance(d, Poly):
+        return None
+    for mono, c in d.terms:
+        if len(mono) == 1 and type(mono[0]) is str and mono[0] in hidden and c in (1, -1):
+            rest = sub(d, mul(c, mono[0]))
+            if mono[0] not in free_symbols(rest):
+                return mono[0], c, rest
+    return None
 
 
 def _atoms_over(hidden: set[str], dims: list[Dim]) -> list[DimExpr]:
@@ -129,7 +193,7 @@ class _Rewrite:
         self.vars: dict[int, Var] = {}
 
     def dim(self, d: Dim) -> Dim:
-        if self.whole:
+        if self.whole or type(d) is str:  # a lone symbol is replaced where the mapping solves for it
             return self.mapping.get(d, d)
         return substitute(d, self.mapping) if isinstance(d, DimExpr) else d
 
