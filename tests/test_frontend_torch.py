@@ -583,6 +583,21 @@ def test_a_slice_from_a_static_start_along_a_symbolic_axis_has_an_expression_len
         assert_matches_torch(dpl.interpret(mod, x.numpy()), Tail()(x))
 
 
+def test_a_slice_from_minus_the_axis_length_is_the_whole_axis():
+    """Mamba2's ``x[:, :, -seq_len:]`` along an axis of ``seq_len``: a symbolic start, 0 at every size."""
+
+    class Tail(nn.Module):
+        def forward(self, x, y):
+            return x[:, -y.shape[1]:] * 2 + y
+
+    n = torch.export.Dim("n", min=2, max=64)
+    mod = dpl.from_torch(Tail(), (torch.randn(2, 5), torch.randn(2, 5)), dynamic_shapes={"x": {1: n}, "y": {1: n}})
+    assert "strided_slice" not in {b.value.op for b in mod["main"].bindings}
+    for k in (3, 7):
+        x, y = torch.randn(2, k), torch.randn(2, k)
+        assert_matches_torch(dpl.interpret(mod, x.numpy(), y.numpy()), Tail()(x, y))
+
+
 def test_arguments_a_translation_does_not_take_are_named():
     from dpl.frontend.torch_graph import _invoke
 
@@ -785,9 +800,10 @@ def test_a_saved_container_torch_cannot_read_back_is_named(tmp_path, monkeypatch
     assert "return_dict=False" in err.value.hint and "torch.export.save" not in err.value.hint
 
 
-def test_the_grouped_product_of_experts_is_a_gather_and_a_batched_product():
+def test_the_grouped_product_of_experts_is_one_grouped_matmul():
     """transformers' experts in float32 trace to its custom op ``grouped_mm_fallback``: rows
-    sorted by expert, ``offs`` the cumulative counts; rows past the last offset are zero."""
+    sorted by expert, ``offs`` the cumulative counts; rows past the last offset are zero. It is
+    dpl's ``grouped_matmul``, not a gather of each row's weight (S * K * N of them)."""
     needs.package("transformers")
     import transformers.integrations.moe  # noqa: F401  (registers torch.ops.transformers)
 
@@ -802,6 +818,8 @@ def test_the_grouped_product_of_experts_is_a_gather_and_a_batched_product():
     model = Grouped().eval()
     x, offs = torch.randn(7, 4), torch.tensor([2, 2, 6], dtype=torch.int32)  # expert 1 has no rows; row 6 none
     mod = dpl.from_torch(model, (x, offs))
+    ops = [b.value.op for b in mod["main"].bindings]
+    assert ops.count("grouped_matmul") == 1 and "take" not in ops and "matmul" not in ops
     with torch.no_grad():
         want = model(x, offs).numpy()
     assert not want[6].any()

@@ -365,6 +365,8 @@ CASES = [
 # test_no_relax_op_table_is_true keeps it true (rx.op has no such name).
 NO_RELAX_OP: dict[str, tuple[K, str]] = {
     "histc": (X, "a histogram: each output counts every input that falls in its bin (no Relax op; torch.histc)"),
+    "grouped_matmul": (X, "the experts' grouped product: each row's weight is selected by the offsets' values "
+                          "(no Relax op; torch._grouped_mm)"),
 }
 
 # Calls TVM 0.27 folds into a constant when it legalizes them (no PrimFunc, so no kind to read):

@@ -234,6 +234,8 @@ CASES = {
     "histc": [((np.array([0.0, 0.5, 1.0, 2.0, -0.1], np.float32),), {"bins": 2, "min": 0.0, "max": 1.0},
                np.array([1, 2], np.float32))],
     "gather_nd": [((a34, np.array([[2, 0], [0, -1]])), {}, np.array([a34[2, 0], a34[0, 3]]))],
+    # the experts' grouped product (dpl/ops/experts.py): expert 1 owns no rows, row 4 none
+    "grouped_matmul": [((x2d[:, :3].copy(), rand(3, 3, 2), np.array([2, 2, 4], np.int32)), {}, None)],
     "gather_elements": [((a34, np.array([[2, 0, 1, 1]])), {}, np.array([[a34[2, 0], a34[0, 1], a34[1, 2], a34[1, 3]]]))],
     "scatter_nd": [((np.zeros((3, 2), np.float32), np.array([[1], [1]]), np.ones((2, 2), np.float32)), {"reduction": "add"},
                     np.array([[0, 0], [2, 2], [0, 0]], np.float32))],
@@ -271,6 +273,9 @@ CASES = {
 def expected_for(op, arrays, attrs, expected):
     if expected is not None:
         return expected
+    if op == "grouped_matmul":  # rows 0-1 by expert 0, 2-3 by expert 2, row 4 zero
+        x, w, _ = arrays
+        return np.concatenate([x[:2] @ w[0], x[2:4] @ w[2], np.zeros((1, w.shape[2]), np.float32)])
     if op == "matmul":
         a, b = arrays
         return np.einsum("...k,kj->...j", a.astype(np.float64), b)

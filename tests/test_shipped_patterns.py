@@ -61,6 +61,16 @@ def merged_glu(act="nn.silu"):
     return fb.ret(fb.emit("multiply", fb.emit(act, gate, name="act"), up, name="h"))
 
 
+def experts_glu():
+    """Mixtral's experts' first half: the grouped gate/up product, its halves, silu(gate) * up."""
+    fb = FunctionBuilder("main")
+    x, w, offs = fb.param("x", "f32", ("s", 64)), fb.param("w", "f32", (4, 64, 192)), fb.param("offsets", "i32", (4,))
+    p = fb.emit("grouped_matmul", x, w, offs, name="gate_up")
+    gate = fb.emit("strided_slice", p, axes=[1], begin=[0], end=[96], name="gate")
+    up = fb.emit("strided_slice", p, axes=[1], begin=[96], end=[192], name="up")
+    return fb.ret(fb.emit("multiply", fb.emit("nn.silu", gate, name="act"), up, name="h"))
+
+
 def product_residual_rmsnorm():
     fb = FunctionBuilder("main")
     x, r, w = fb.param("x", "f32", ("n", 32)), fb.param("r", "f32", ("n", 64)), fb.param("w", "f32", (64,))
@@ -104,7 +114,7 @@ CORPUS = {
     "int_matmul": int_matmul(), "swiglu": swiglu_block(), "residual": residual_rmsnorm(),
     "residual_reused": residual_rmsnorm(True), "attention": attention(), "attention_nomask": attention(False, "divide"),
     "gelus": gelus(), "merged_swiglu": merged_glu(), "merged_geglu": merged_glu("nn.gelu_tanh"),
-    "product_residual": product_residual_rmsnorm(),
+    "product_residual": product_residual_rmsnorm(), "experts_glu": experts_glu(),
     # the spellings of real models (tests/test_model_spellings.py), before any rewrite
     **{f"model_{name}": make()["main"] for name, (make, _) in SPELLINGS.items()},
 }
@@ -184,6 +194,8 @@ def _twin_llm():
     half = is_op("strided_slice")(merged)
     glu = is_op("multiply")(is_op("nn.silu")(half) | is_op("nn.gelu")(half) | is_op("nn.gelu_tanh")(half),
                             is_op("strided_slice")(merged))
+    grouped = is_op("grouped_matmul")(wildcard(), wildcard(), wildcard())
+    grouped_glu = is_op("multiply")(is_op("nn.silu")(is_op("strided_slice")(grouped)), is_op("strided_slice")(grouped))
     residual = is_op("add")(wildcard(), is_op("matmul")(wildcard(), wildcard()))
     product_add_rms = is_op("nn.rms_norm")(residual, wildcard())
     gate, up = wildcard(), wildcard()
@@ -208,6 +220,7 @@ def _twin_llm():
     safe = is_op("where")(is_op("greater")(top, is_const(-np.inf)), att, is_const(0.0))
     return [
         FusionPattern("kernel.matmul_glu", glu),
+        FusionPattern("kernel.grouped_matmul_glu", grouped_glu),
         FusionPattern("kernel.matmul_add_rms_norm", product_add_rms, outputs=(residual,)),
         FusionPattern("kernel.swiglu", swiglu),
         FusionPattern("kernel.add_rms_norm", add_rms),
@@ -284,6 +297,7 @@ def accepted_roots(library, module):
         ("cnn", "model_gpt2_onnx_mlp", set()),
         ("llm", "merged_swiglu", {("kernel.matmul_glu", "h"), ("kernel.swiglu", "h")}),
         ("llm", "merged_geglu", {("kernel.matmul_glu", "h"), ("kernel.gelu", "act")}),
+        ("llm", "experts_glu", {("kernel.grouped_matmul_glu", "h"), ("kernel.swiglu", "h")}),
         ("llm", "product_residual", {("kernel.matmul_add_rms_norm", "normed"), ("kernel.add_rms_norm", "normed"),
                                      ("kernel.rms_norm", "normed")}),
     ],

@@ -265,6 +265,8 @@ def every_op_module():
     fb.emit("sort", x, axis=0, descending=True, name="v_sort")
     fb.emit("topk", x, k=3, largest=False, sorted=False, name="v_topk")
     fb.emit("histc", sq, bins=5, min=-1.0, max=1.0, name="v_histc")
+    fb.emit("grouped_matmul", x, fb.emit("reshape", sq, shape=[1, 8, 8], name="v_experts"),
+            const(np.array([3], np.int32), name="offs"), name="v_grouped_matmul")
     fb.emit("gather_nd", sq, i64, name="v_gather_nd")
     fb.emit("gather_elements", sq, const(np.zeros((2, 8), np.int64), name="zero_rows"), axis=0, name="v_gather_elements")
     fb.emit("scatter_nd", sq, i64, fb.emit("zeros", shape=[2, 8], name="v_rows0"), reduction="max", name="v_scatter_nd")

@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
-from dpl.backends.cpu import blas, im2col, max_pool, packed_gemm, products_choice
+from dpl.backends.cpu import blas, experts, im2col, max_pool, packed_gemm, products_choice
 from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
@@ -94,7 +94,7 @@ class CpuBackend(Backend):
 
     def can_run(self, unit):
         """The capability table, and for a single op whether it has a C kernel here: one the
-        kernel IR lowers, or a lone ``take`` or ``cumsum`` (their NumPy runners); the rest
+        kernel IR lowers, or a lone ``take``, ``cumsum`` or ``grouped_matmul`` (their runners); the rest
         (``topk``, the scatters) go to the target's next backend, which is routing, not a
         fall-back."""
         ok, why = super().can_run(unit)
@@ -123,6 +123,10 @@ class CpuBackend(Backend):
         lone = _take_runner(function) or _cumsum_runner(function)
         if lone is not None:
             return lone
+        grouped = experts.read(function)  # the experts' grouped product, alone or with its gated unit
+        run = grouped and experts.runner(function, grouped, self._routine() if self.products.packs else None)
+        if run is not None:
+            return run  # else the segments below: the grouped product, then the gated unit's C
         if any(_blas_product(b) for b in function.bindings):
             try:
                 run = self._compile_segments(function)
@@ -196,6 +200,8 @@ class CpuBackend(Backend):
     def _pool_of(self, call) -> str:
         """The thread pool a library step runs on: a max pool and a packed product on OpenMP,
         the rest the provider's."""
+        if experts.takes(call):  # NumPy's BLAS, run by run
+            return blas.BLAS
         return OPENMP if max_pool.takes(call) or self._packs(call) or self._packs_conv(call) else self.products.pool_of(call)
 
     def _packs(self, call) -> bool:
@@ -232,6 +238,8 @@ class CpuBackend(Backend):
         packed routine where the choice says so (with the ``epilogue`` the segments folded into
         it: bias, residual and activation, or the gated unit), a matmul by the provider (None:
         the segment runner's own NumPy matmul, then the epilogue)."""
+        if experts.takes(call):  # the experts' grouped product, each expert's rows by the BLAS
+            return experts.product
         packs = self._packs(call)
         if epilogue and not packs:  # the routine did not build: the runner's matmul, then the adds
             return None
@@ -287,7 +295,7 @@ def _remember(key, lowered) -> None:
     _LOWERED[key] = lowered
 
 
-RUNNERS = ("take", "cumsum")  # lone ops the backend runs without the kernel IR (below)
+RUNNERS = ("take", "cumsum", "grouped_matmul")  # lone ops the backend runs without the kernel IR (below; experts.py)
 
 
 def _take_runner(function):
@@ -364,8 +372,8 @@ def _pool(b) -> bool:
 
 def _blas_product(b) -> bool:
     """A binding a library computes: a matrix product, a convolution (torch's, or im2col's
-    product), a max pool (backends/cpu/max_pool.py)."""
-    return is_product(b) or im2col.takes(b.value) or max_pool.takes(b.value)
+    product), a max pool (backends/cpu/max_pool.py), the experts' grouped product (experts.py)."""
+    return is_product(b) or im2col.takes(b.value) or max_pool.takes(b.value) or experts.takes(b.value)
 
 
 class _Library:
