@@ -4,6 +4,7 @@ torch eager written out and torch.compile of it.
 
     python bench/bench_attention.py [HEADS SEQ HEAD_DIM] [--threads N] [--rounds R] [--dense]
     python bench/bench_attention.py --model llama512 [--threads N] [--rounds R]
+    python bench/bench_attention.py --decode [--threads N] [--rounds R]
 
 softmax(q @ k^T * 1/sqrt(D) + causal mask (--dense: a random one)) @ v in float32, k given transposed ([H, D, S]) to
 dpl as the torch frontend hands it to the composite. Each round runs every contender once, in
@@ -11,6 +12,33 @@ turn; the table gives medians over the rounds and the ratio to dpl flash. ``--mo
 workload of ``bench_models.py`` (its Llama decoder: attention inside a whole model) and runs
 dpl's ``["rewrites", "llm"]`` build with flash and with segments attention beside torch eager
 and torch.compile of the model.
+
+``--decode`` times one decode step's attention (issue 31: a kernel made for one query row, not
+the prefill one): 32 query heads in 8 groups of 4 over 8 key/value heads of 128, 128 to 8192
+cached keys, no mask, float32, three ways: dpl's decode kernel (backends/cpu/decode_attention.py),
+the flash kernel on the one row, and the segments (two library products around a C softmax).
+GB/s counts k and v read once (8 heads x n x 128 x 4 bytes each), what a decode step must read;
+GFLOP/s the two products. Measured on the loaded 2-core host (an Intel Xeon VM, other jobs beside
+it: load average 4.0-4.1), 9 interleaved rounds, ms and GB/s of k and v:
+
+    one thread (streaming 256 MiB: copy 12.8 GB/s read + write, sum 6.5 GB/s)
+      keys   decode           flash, one row     segments
+       128   0.113   9.3      0.166   6.3 1.46x  0.594  1.8 5.2x
+       512   0.329  12.7      0.655   6.4 1.99x  3.05   1.4 9.3x
+      2048   2.39    7.0     11.2     1.5 4.68x  24.7   0.7 10.3x
+      8192  13.2     5.1     67.4     1.0 5.11x  195    0.3 14.8x
+    two threads (copy 15.4 GB/s, sum 9.5 GB/s)
+       128  11.9     0.1     14.7     0.1 1.24x  56.0   0.0 4.7x
+       512  15.9     0.3     16.0     0.3 1.01x  72.1   0.1 4.5x
+      2048  15.9     1.1     28.9     0.6 1.82x  79.6   0.2 5.0x
+      8192  23.0     2.9    111       0.6 4.84x  355    0.2 15.5x
+
+At 8192 keys (64 MiB of k and v) one thread reads them at 5.1 GB/s, near the 6.5 a plain sum
+streams: the step is bound by memory, as decoding is. The flash kernel on one row computes
+eight rows' scores for each real one and reads a group's keys once per query head. Two threads
+on this host mostly wait: their OpenMP team meets a core another job holds at every barrier (as
+bench_generate.py's docstring says of its 2-thread rows), so read those rows as that host's
+load, not as the kernels' scaling.
 """
 
 from __future__ import annotations
@@ -50,9 +78,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--dense", action="store_true", help="a random finite mask instead of the causal one (no tile is skipped)")
     ap.add_argument("--model", help="a bench_models.py workload (llama128, llama512, gpt2) instead of one attention")
+    ap.add_argument("--decode", action="store_true", help="one decode step's attention (32 query / 8 key-value heads of 128) "
+                    "at 128-8192 cached keys: the decode kernel, the flash kernel on one row, the segments")
     args = ap.parse_args(argv)
     if args.model:
         return model_main(args)
+    if args.decode:
+        return decode_main(args)
     heads, seq, dim = args.shape
     mod = dpl.apply(attention_module(heads, seq, dim), ["llm"])
     rng = np.random.default_rng(0)
@@ -158,6 +190,81 @@ def model_main(args):
     for name, ts in times.items():
         med = float(np.median(ts))
         print(f"  {name:<22} {med:9.2f} ms {med / base:7.2f}")
+
+
+DECODE_KEYS = (128, 512, 2048, 8192)
+
+
+def decode_module(heads, kv_heads, keys, dim):
+    """One decode step's grouped-query attention as the torch frontend writes it (q [1, Hkv, G, 1, D]
+    against k [1, Hkv, 1, D, n]), no mask (Hugging Face's dynamic cache at batch 1)."""
+    g = heads // kv_heads
+    return dpl.parse(f"""
+func main(q: f32[1, {kv_heads}, {g}, 1, {dim}], k: f32[1, {kv_heads}, 1, {dim}, {keys}], v: f32[1, {kv_heads}, 1, {keys}, {dim}]) -> f32[1, {kv_heads}, {g}, 1, {dim}] {{
+  s = matmul(q, k)
+  z = multiply(s, {1 / dim ** 0.5})
+  p = nn.softmax(z)
+  o = matmul(p, v)
+  return o
+}}""")
+
+
+def memory_bandwidth(mib=256, rounds=5) -> tuple[float, float]:
+    """GB/s of one thread streaming ``mib`` MiB: a copy (bytes read plus bytes written) and a sum
+    (bytes read), the medians of ``rounds``."""
+    src = np.ones(mib << 18, np.float32)
+    dst = np.empty_like(src)
+    copy, read = [], []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        copy.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        src.sum()
+        read.append(time.perf_counter() - t)
+    return 2 * src.nbytes / float(np.median(copy)) / 1e9, src.nbytes / float(np.median(read)) / 1e9
+
+
+def decode_main(args, heads=32, kv_heads=8, dim=128):
+    """The three ways to run a decode step's attention, interleaved, at each key count: GB/s of
+    k and v read (each read once in all: the bound a decode step has) and GFLOP/s."""
+    from dpl.backends.cpu import flash_attention as fa
+    from dpl.kernel.attention import read_attention
+
+    flash_be, segments_be = CpuBackend(attention="flash"), CpuBackend(attention="segments")
+    copy, read = memory_bandwidth()
+    print(f"decode attention: {heads} query / {kv_heads} key-value heads of {dim}, one query row, float32, no mask, "
+          f"{args.threads} thread(s) (OMP_NUM_THREADS); median of {args.rounds} interleaved rounds; load average "
+          f"{os.getloadavg()[0]:.1f}; one thread streaming 256 MiB: copy {copy:.1f} GB/s (read + write), sum {read:.1f} GB/s")
+    print(f"  {'keys':>5} {'kernel':<22} {'ms':>8} {'GB/s k,v':>9} {'GFLOP/s':>8} {'vs decode':>9}")
+    rng = np.random.default_rng(0)
+    for keys in DECODE_KEYS:
+        fused = dpl.apply(decode_module(heads, kv_heads, keys, dim), ["llm"])
+        fn = next(f for f in fused.functions.values() if f.attrs.get("Composite") == "kernel.attention")
+        arrays = {p.name: rng.standard_normal(p.ty.shape).astype(np.float32) for p in fused["main"].params}
+        call = next(b.value for b in fused["main"].bindings if b.value.op.name.endswith("_kernel"))
+        inputs = [arrays[a.name] for a in call.args]  # the composite's parameter order
+        shapes = tuple(a.shape for a in inputs)
+        spec = read_attention(fn)
+        source = fa.emit_flash(spec, vector_math=flash_be.cache.vector_math())
+        kernels = {"dpl decode": flash_be.compile(fn, module=fused, shapes=shapes),
+                   "dpl flash, one row": fa.flash_runner(fn.name, spec, source, flash_be.cache.load(source)),
+                   "dpl segments": segments_be.compile(fn, module=fused, shapes=shapes)}
+        assert kernels["dpl decode"].__qualname__.startswith("cpu-decode:")
+        want = dpl.interpret(fused, *arrays.values())
+        out = np.empty(fn.ret.ty.shape, np.float32)
+        runs = {}
+        for name, kernel in kernels.items():
+            kernel(inputs, [out])
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+            runs[name] = (lambda k: lambda: k(inputs, [out]))(kernel)
+        times = interleaved(runs, args.rounds)
+        base = float(np.median(times["dpl decode"]))
+        kv_bytes = 2 * kv_heads * keys * dim * 4
+        flops = 4 * heads * keys * dim
+        for name, ts in times.items():
+            med = float(np.median(ts))
+            print(f"  {keys:>5} {name:<22} {med:8.3f} {kv_bytes / med / 1e6:9.1f} {flops / med / 1e6:8.1f} {med / base:9.2f}")
 
 
 class _nothing:

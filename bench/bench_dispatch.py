@@ -1,7 +1,7 @@
 """What a call through torch.compile(backend="dpl") costs beyond its kernels (issue 31: at most
 20 us of dpl's Python per compiled partition, so that a decode step is not dominated by it).
 
-    python bench/bench_dispatch.py [--rounds 15] [--calls 2000]
+    python bench/bench_dispatch.py [--rounds 15] [--calls 2000] [--clock cpu] [--products dpl]
 
 A model small enough that its kernels take a few microseconds (one 16x16 linear layer and a
 GELU, batch 1, one thread), timed in one process, interleaved rounds, medians of the per-call
@@ -14,7 +14,12 @@ mean of each round:
 - Executable: the partition's Executable called on a NumPy array (dpl's runtime and kernels);
 - kernels: the partition's leaf calls alone, replayed in a loop on the arguments one call gave
   them (each generated C kernel's entry through ctypes, each torch product), recorded by
-  wrapping those entries for one call; a leaf it does not record counts as dispatch.
+  wrapping those entries for one call of the general path (a prepared call runs the same entries
+  on the same arguments from C); a leaf it does not record counts as dispatch.
+
+``--products`` picks who computes the product (default ``dpl``, the packed routine: ``auto``
+chooses by a measurement that flips between it and torch on a loaded host, and a torch product
+is not a C call, so its plan runs the general path).
 
 Then the split the acceptance reads: (a) kernels; (b) dpl's Python dispatch = DplCall - kernels
 (of which the runtime, Executable - kernels, and the DplCall around it); (c) torch's part =
@@ -22,7 +27,32 @@ dpl.compile - DplCall (dynamo's guards and frame wrappers, AOTAutograd's runtime
 graph module's call). ``--clock cpu`` times this thread's CPU time, which other processes on a
 loaded host disturb far less than the wall clock.
 
-Measured (27 Nov, this 2-core host under a load average of 4-5 from other jobs, so ``--clock
+Measured, second round (27 Nov, the same host at a load average of 4.7-5; ``--clock cpu
+--rounds 9 --calls 1000``, products by the packed routine, this bench run on the tree before
+the prepared call (commit 29bba5a) and after it, alternately, two runs each, their mean; us):
+
+    variant        before   after
+    eager            24.1    19.6
+    dpl.compile     112.7    60.5
+    DplCall          57.5    15.4
+    Executable       40.7     8.2
+    (a) kernels       2.8     2.7   (3 leaf calls: the product, the bias add, the GELU)
+    (b) dispatch     54.7    12.6   (runtime 37.8 -> 5.5, DplCall around it 16.8 -> 7.1)
+    (c) torch        55.2    45.1
+
+The goal of 20 us is met: a plan whose steps are all C calls runs as one prepared call
+(dpl/runtime/prepared.py): each step's C calls said once per arena, their arguments entries of
+a table of addresses, run by one ctypes call into a C routine (backends/cpu/call_list.py); a
+call writes its input's and output's addresses into the table and takes its output from the
+pool. What is left of the 12.6: the Executable and the plan around the prepared call (the
+latest plan's check, the arena, the output pool, the table) 5.5 less the kernels' own ctypes
+cost that the replay counts; the DplCall around it 7.1 (the weights' checks, a NumPy view of the
+input, a tensor over the output, and the torch objects made and freed per call). Not prepared,
+so still the general path: products by torch or NumPy (``--products auto`` chose torch on this
+host in one run, its measurement of the two within 10%: dispatch 34.7 us there), convolutions,
+a raced attention, outputs that are copied (an input or a value returned twice), ``out=``.
+
+First round (27 Nov, this 2-core host under a load average of 4-5 from other jobs, so ``--clock
 cpu --rounds 9 --calls 1000``; the tree before the fast paths (commit 0a1f0c7) and after, run
 alternately, two runs each, their mean; us):
 
@@ -36,12 +66,7 @@ alternately, two runs each, their mean; us):
     (c) torch        61.4    67.4
 
 On the wall clock the same host gave dispatch 194.7 -> 95.2 us (eager 67.7 and 40.9: the load
-moved between the runs; per eager call, 2.9 -> 2.3). The goal of 20 us is not met. Where the
-time still goes (in-process, CPU clock, after): the fused linear's segment runner takes 17-25 us
-for its two leaves (its own walk over products and parts, the packed product's wrapper, the C
-part's runner), the GELU kernel's runner 3, the plan's run and the Executable's call about 8, the
-DplCall 5-10 (a fresh array over each input tensor costs more in the runners than a reused one:
-4-9 us, not pinned down). What got it from 93.7 down: the Executable reuses the latest call's
+moved between the runs; per eager call, 2.9 -> 2.3). What got it from 93.7 down: the Executable reuses the latest call's
 plan at equal shapes and dtypes (Executable._last_plan), a call enters no thread-budget context
 where it would change nothing (threads.budget_binds), kernels read an array's address in 0.45 us
 instead of NumPy's 1.7 (backends/cpu/addresses.py) and their constants' once, the segment runner
@@ -65,17 +90,21 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this thread's CPU time, which other processes on a loaded host disturb less")
+    parser.add_argument("--products", choices=("dpl", "auto", "torch", "numpy"), default="dpl",
+                        help="who computes the linear layer's product (CpuBackend(products=...)); dpl: the packed routine, "
+                             "whose call is C (auto chooses between it and torch by a measurement that flips on a loaded host)")
     args = parser.parse_args(argv)
 
     import torch
 
     import dpl
+    from dpl.backends.cpu.backend import CpuBackend
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()).eval()
     x = torch.randn(1, 16)
-    compiled = dpl.compile(model, threads=1)
+    compiled = dpl.compile(model, threads=1, target=CpuBackend(products=args.products))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
         call = next(iter(_dpl_calls()), None)
@@ -83,7 +112,10 @@ def main(argv=None) -> int:
             raise SystemExit("no dpl partition was built: nothing to time")
         call_args = _arguments_of(call, lambda: compiled(x))
         exe, xa = call.exe, x.numpy()
-        leaves, kept = _record_leaves(lambda: exe(xa))
+        plan = exe.plan(xa)
+        # the leaves as the general path calls them (a timer sends a call there): a prepared call
+        # runs the same C entries on the same arguments from C (dpl/runtime/prepared.py)
+        leaves, kept = _record_leaves(lambda: plan.run([xa], None, timer=lambda step, run: run()))
         if not leaves:
             raise SystemExit("no kernel call was recorded: nothing to split")
 
@@ -111,7 +143,8 @@ def main(argv=None) -> int:
         del kept
     med = {name: statistics.median(s) for name, s in samples.items()}
     print(f"per call, us of {args.clock} time (median of {args.rounds} interleaved rounds of {args.calls} calls, "
-          f"one thread; {len(leaves)} kernel calls)")
+          f"one thread; {len(leaves)} kernel calls; products: {args.products}; "
+          f"prepared call: {'yes' if getattr(plan, '_prepared', None) else 'no'})")
     print(f"{'variant':<14} {'us':>8} {'/ eager':>8}")
     for name, us in med.items():
         print(f"{name:<14} {us:8.2f} {us / med['eager']:8.2f}")

@@ -21,7 +21,8 @@ import attrs
 import numpy as np
 
 from dpl import dtypes
-from dpl.backends.cpu import blas, experts, im2col, max_pool, packed_gemm, products_choice
+from dpl.errors import DplError
+from dpl.backends.cpu import blas, call_list, experts, im2col, max_pool, packed_gemm, products_choice
 from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
@@ -34,6 +35,7 @@ from dpl.runtime import build_pool
 from dpl.runtime.disk_cache import DEFAULT_MAX_BYTES
 from dpl.runtime.heap import keep_mapped
 from dpl.runtime.keys import graph_structure
+from dpl.runtime.prepared import Address, CCall
 from dpl.runtime.timed_choice import RacedKernel
 from dpl.runtime.threads import OPENMP, openmp_kernel
 
@@ -68,6 +70,8 @@ class CpuBackend(Backend):
         self._packed = None  # the packed product routine (backends/cpu/packed_gemm.py), made at the first product
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
+        # runs a prepared call's C calls (dpl.runtime.prepared), built through whatever cache the backend has then
+        self.call_list = call_list.CallList(lambda source: self.cache.load(source))
         self._warned = False
         self._has_cc: bool | None = None  # whether the compiler is on PATH (see available)
         # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"
@@ -164,21 +168,25 @@ class CpuBackend(Backend):
         run.__qualname__ = f"cpu-blas+c:{function.name}"
         run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
         run.thread_pools = frozenset(pools | {OPENMP} if kernels else pools)  # type: ignore[attr-defined]
+        run.call_list = self.call_list  # type: ignore[attr-defined]
         return run
 
     def _race_segments(self, function, flash, note: str):
-        """Flash and segments both, each call on the one recent calls found faster: the flash
-        kernel skips the tiles a causal mask hides, the segments' products win where the mask
-        hides nothing, and no build sees the mask's values (dpl.runtime.timed_choice)."""
+        """Flash (or decode) and segments both, each call on the one recent calls found faster:
+        the flash kernel skips the tiles a causal mask hides, the segments' products win where
+        the mask hides nothing, and no build sees the mask's values (dpl.runtime.timed_choice)."""
         try:
             segments = self._compile_segments(function)
         except NotSegmentable:
             return flash
-        return RacedKernel(flash, segments, ("flash", "segments"), "attention", f"both built; the build's rule: {note}")
+        kind = flash.__qualname__.split(":", 1)[0].removeprefix("cpu-")  # "flash" or "decode"
+        return RacedKernel(flash, segments, (kind, "segments"), "attention", f"both built; the build's rule: {note}")
 
     def _compile_flash(self, function, shapes):
-        """A kernel.attention composite as one flash-style kernel (backends/cpu/flash_attention.py),
-        or None for the segments path; and a note saying which and why."""
+        """A kernel.attention composite as one flash-style kernel (backends/cpu/flash_attention.py;
+        for one query row at the build's shapes, backends/cpu/decode_attention.py), or None for
+        the segments path; and a note saying which and why."""
+        from dpl.backends.cpu import decode_attention as da
         from dpl.backends.cpu import flash_attention as fa
         from dpl.kernel.attention import NotAttention, read_attention
 
@@ -189,11 +197,19 @@ class CpuBackend(Backend):
         use, why = fa.choose(spec, shapes, self.attention)
         if not use:
             return None, f"segments ({why})"
-        source = fa.emit_flash(spec, vector_math=self.cache.vector_math())
+        decode, rows_why = da.takes(spec, shapes)
+        rows = da.task_rows(spec, shapes) if decode else fa.ROWS
+        if decode:
+            source = da.emit_decode(spec, rows, vector_math=self.cache.vector_math())
+        else:
+            source = fa.emit_flash(spec, vector_math=self.cache.vector_math())
         try:
             lib = self.cache.load(source)
         except CompileError as err:  # the segments still run it
-            return None, f"segments (the flash kernel did not compile: {err.message[:200]})"
+            return None, f"segments (the {'decode' if decode else 'flash'} kernel did not compile: {err.message[:200]})"
+        if decode:
+            note = f"decode attention ({rows_why}, {rows} a task; {why})"
+            return da.decode_runner(function.name, spec, source, lib, rows, note=note), note
         note = f"flash attention ({why})"
         return fa.flash_runner(function.name, spec, source, lib, note=note), note
 
@@ -279,7 +295,7 @@ class CpuBackend(Backend):
             lib = build_pool.submit(lambda: self.cache.load(source), function.name)
             if lib.done():  # no pool: compiled now, and a compile error is raised here
                 lib = lib.result()
-        return _c_runner(function.name, kernel, source, _Library(lib), threads)
+        return _c_runner(function.name, kernel, source, _Library(lib), threads, self.call_list)
 
 
 # a group's kernel IR and C by its structure, parameter types and emitter options, for this
@@ -398,9 +414,10 @@ class _Library:
         return self._resolved
 
 
-def _c_runner(name, kernel, source, library: _Library, threads):
+def _c_runner(name, kernel, source, library: _Library, threads, calls: call_list.CallList | None = None):
     """``run(inputs, outputs)`` calling a compiled kernel's entry; ``threads`` caps its OpenMP
-    team for the call (the calling thread's setting is restored after)."""
+    team for the call (the calling thread's setting is restored after). ``run.prepare`` says the
+    same call as a record of ``calls`` (dpl.runtime.prepared)."""
     constants = [np.ascontiguousarray(v) for v in kernel.constants.values()]
     constant_addresses = [c.ctypes.data for c in constants]  # read once: ``constants`` keeps them alive
     dim_names = kernel.dims
@@ -413,20 +430,24 @@ def _c_runner(name, kernel, source, library: _Library, threads):
     static = not (symbolic or dim_names or kernel.requires)  # nothing to bind or check per call
     no_dims = (ctypes.c_int64 * 1)(0)
 
+    def dims_of(shapes) -> list[int]:
+        """The kernel's dims at these shapes of its inputs and outputs, checked."""
+        if expressions:
+            bound = kernel.bind_dims(shapes)
+        else:
+            bound: dict[str, int] = {}
+            for i, k, d in symbolic:
+                bound.setdefault(d, int(shapes[i][k]))
+        kernel.check_requires(bound)
+        return [bound[d] for d in dim_names]
+
     def run(inputs, outputs):
         inputs = [np.ascontiguousarray(a) for a in inputs]
         if static:
             dims = no_dims
         else:
-            arrays_ = (*inputs[:n_params], *outputs)
-            if expressions:
-                bound = kernel.bind_dims([a.shape for a in arrays_])
-            else:
-                bound: dict[str, int] = {}
-                for i, k, d in symbolic:
-                    bound.setdefault(d, int(arrays_[i].shape[k]))
-            kernel.check_requires(bound)
-            dims = (ctypes.c_int64 * max(1, len(dim_names)))(*[bound[d] for d in dim_names])
+            values = dims_of([a.shape for a in (*inputs[:n_params], *outputs)])
+            dims = (ctypes.c_int64 * max(1, len(dim_names)))(*values)
         targets = [o if o.flags.c_contiguous else np.empty_like(o, order="C") for o in outputs]
         addresses = [*[address(a) for a in inputs[:n_params]], *constant_addresses, *[address(t) for t in targets]]
         ptrs = (ctypes.c_void_p * len(addresses))(*addresses)
@@ -444,4 +465,17 @@ def _c_runner(name, kernel, source, library: _Library, threads):
             if o is not t:
                 np.copyto(o, t)
 
-    return openmp_kernel(run, f"cpu:{name}", source, threads, lambda n: _c_runner(name, kernel, source, library, n))
+    def prepare(inputs, outputs):
+        """The call at these ``(ref, shape)`` of its inputs and outputs, as one record; None where
+        the shapes fail the kernel's checks (the general path raises it)."""
+        try:
+            dims = () if static else tuple(dims_of([shape for _, shape in (*inputs[:n_params], *outputs)]))
+        except DplError:
+            return None
+        entry, set_threads, _ = library.resolve()
+        args = (*[ref for ref, _ in inputs[:n_params]], *map(Address.of, constants), *[ref for ref, _ in outputs])
+        cap = int(threads) if threads and set_threads is not None else 0
+        return [CCall(call_list.entry_address(entry), call_list.KERNEL, args, dims, cap)]
+
+    run.prepare, run.call_list = prepare, calls  # type: ignore[attr-defined]
+    return openmp_kernel(run, f"cpu:{name}", source, threads, lambda n: _c_runner(name, kernel, source, library, n, calls))

@@ -53,7 +53,9 @@ _STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
             "float16": ("half", "float", "((float)(x))", "((half)(x))"),
             "bfloat16": ("uint16_t", "float", "dpl_bf16_load(x)", "dpl_bf16_store(x)")}
 
-TEMPLATE = """
+# what both attention kernels open with (this one's and decode_attention.py's): the sizes, the
+# storage and accumulator types, the vector type and its helpers
+HEAD = """
 #include <string.h>
 #define D {head}
 #define DV {value}
@@ -93,7 +95,10 @@ static const ivec_t IOTA = {{{iota}}};  /* lane numbers */
 {vexp}#define FAST_PV {fast_pv}
 
 {tile_masked}
-void dpl_kernel(void **buffers, const int64_t *dims) {{
+"""
+
+# the buffers both kernels' entries take first: the operands, the output, the batch offsets
+OPERANDS = """\
   const elem_t *restrict q = (const elem_t *)buffers[0];
   const elem_t *restrict k = (const elem_t *)buffers[1];
   const elem_t *restrict v = (const elem_t *)buffers[2];
@@ -104,7 +109,12 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
   const int64_t *restrict koff = (const int64_t *)buffers[7];
   const int64_t *restrict voff = (const int64_t *)buffers[8];
   const int64_t *restrict moff = (const int64_t *)buffers[9];
-  const int64_t nbatch = dims[0], sq = dims[1], sk = dims[2], mrow = dims[3], mcol = dims[4];
+"""
+
+# the flash kernel's entry: a task per ROWS query rows of one batch entry, over all the keys
+FLASH_ENTRY = """\
+void dpl_kernel(void **buffers, const int64_t *dims) {{
+{operands}  const int64_t nbatch = dims[0], sq = dims[1], sk = dims[2], mrow = dims[3], mcol = dims[4];
   const acc_t scale = {scale};
   (void)mask; (void)scale_buf; (void)moff; (void)mrow; (void)mcol;
   const int64_t blocks = (sq + ROWS - 1) / ROWS;
@@ -125,6 +135,22 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
     }}
     for (int64_t j0 = 0; j0 < sk; j0 += KEYS) {{
       const int64_t jn = MIN_(KEYS, sk - j0);
+{tile}    }}
+    elem_t *restrict ob = out + (b * sq + i0) * DV;
+    for (int64_t r = 0; r < rows; ++r) {{
+      const acc_t inv = (nan[r] || m[r] == -INFINITY) ? (acc_t)NAN : (acc_t)1 / l[r];
+      for (int c = 0; c < DV; ++c) {{
+        const acc_t y = (nan[r] || m[r] == -INFINITY) ? (acc_t)NAN : o[r][c] * inv;
+        ob[r * DV + c] = ST(y);
+      }}
+    }}
+  }}
+}}
+"""
+
+# one tile of keys [j0, j0 + jn) for a task's rows: scores, the online softmax, the weighted values
+# (qf, o, s, m, l, nan, rows, kb, vb, sk and the mask's row pointer mr are the entry's)
+TILE = """\
 {skip_masked}#if WIDEN
       /* 16-bit inputs: the tile of k and v widened once, read by the register blocks below */
       acc_t kt[D * KEYS], vt[KEYS * DV];
@@ -146,7 +172,7 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
         for (int r = 0; r < ROWS; ++r) {{ a0[r] = vzero(); a1[r] = vzero(); }}
         for (int d = 0; d < D; ++d) {{
           const acc_t *kr = kt0 + (int64_t)d * kst + jc;
-          const vec_t k0 = vload(kr), k1 = vload(kr + LANES);
+{prefetch_k}          const vec_t k0 = vload(kr), k1 = vload(kr + LANES);
           #pragma GCC unroll 16
           for (int r = 0; r < ROWS; ++r) {{
             const acc_t x = qf[r][d];
@@ -251,18 +277,9 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
         }}
       }}
 #endif
-    }}
-    elem_t *restrict ob = out + (b * sq + i0) * DV;
-    for (int64_t r = 0; r < rows; ++r) {{
-      const acc_t inv = (nan[r] || m[r] == -INFINITY) ? (acc_t)NAN : (acc_t)1 / l[r];
-      for (int c = 0; c < DV; ++c) {{
-        const acc_t y = (nan[r] || m[r] == -INFINITY) ? (acc_t)NAN : o[r][c] * inv;
-        ob[r * DV + c] = ST(y);
-      }}
-    }}
-  }}
-}}
 """
+
+TEMPLATE = HEAD + FLASH_ENTRY.replace("{operands}", OPERANDS).replace("{tile}", TILE)
 
 SKIP_MASKED = """\
       if (tile_masked(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jn, mrow, mcol, m)) continue;
@@ -343,6 +360,12 @@ static inline vec_t vexp(vec_t x) {
 
 def emit_flash(spec: Attention, vector_math: bool = False) -> str:
     """The C source of the flash kernel for ``spec`` (``dpl_kernel(buffers, dims)``)."""
+    return PRELUDE + (VECTOR_MATH if vector_math else "") + TEMPLATE.format(**template_fields(spec, ROWS))
+
+
+def template_fields(spec: Attention, rows: int) -> dict:
+    """What :data:`HEAD`, :data:`TILE` and the flash entry are formatted with for ``spec``, a task
+    holding ``rows`` query rows."""
     elem, acc, load, store = _STORAGE[spec.dtype]
     if isinstance(spec.scale, float):
         scale = to_c(KConst(spec.scale, "float64" if acc == "double" else "float32"))
@@ -358,21 +381,20 @@ def emit_flash(spec: Attention, vector_math: bool = False) -> str:
         row_vectors = ROW_VECTORS.format(contiguous="mcol == 1" if masked else "1", scale_op=scale_op,
                                          add="            x += vload(mr + jv);" if masked else "")
     fast_exp = acc == "float"
-    body = TEMPLATE.format(head=spec.head_dim, value=spec.value_dim, rows=ROWS, keys=KEYS, elem=elem, acc=acc,
-                           widen=int(widen), lanes=lanes, fast_pv=int(fast_pv),
-                           lane_int="int64_t" if acc == "double" else "int32_t", fast_exp=int(fast_exp),
-                           masked_load="_mm512_maskz_loadu_pd" if acc == "double" else "_mm512_maskz_loadu_ps",
-                           mask_type="__mmask8" if acc == "double" else "__mmask16",
-                           m512="__m512d" if acc == "double" else "__m512",
-                           reduce_max="_mm512_reduce_max_pd" if acc == "double" else "_mm512_reduce_max_ps",
-                           reduce_add="_mm512_reduce_add_pd" if acc == "double" else "_mm512_reduce_add_ps",
-                           test_mask="_mm512_test_epi64_mask" if acc == "double" else "_mm512_test_epi32_mask", iota=", ".join(map(str, range(lanes))),
-                           vexp=VEXP if fast_exp else "", row_vectors=row_vectors,
-                           skip_masked=SKIP_MASKED if masked else "", tile_masked=TILE_MASKED if masked else "",
-                           load=load, store=store, scale=scale, scale_op=scale_op,
-                           mask_row=MASK_ROW if spec.mask is not None else "",
-                           mask_add=MASK_ADD if spec.mask is not None else "")
-    return PRELUDE + (VECTOR_MATH if vector_math else "") + body
+    return dict(head=spec.head_dim, value=spec.value_dim, rows=rows, keys=KEYS, elem=elem, acc=acc,
+                widen=int(widen), lanes=lanes, fast_pv=int(fast_pv),
+                lane_int="int64_t" if acc == "double" else "int32_t", fast_exp=int(fast_exp),
+                masked_load="_mm512_maskz_loadu_pd" if acc == "double" else "_mm512_maskz_loadu_ps",
+                mask_type="__mmask8" if acc == "double" else "__mmask16",
+                m512="__m512d" if acc == "double" else "__m512",
+                reduce_max="_mm512_reduce_max_pd" if acc == "double" else "_mm512_reduce_max_ps",
+                reduce_add="_mm512_reduce_add_pd" if acc == "double" else "_mm512_reduce_add_ps",
+                test_mask="_mm512_test_epi64_mask" if acc == "double" else "_mm512_test_epi32_mask", iota=", ".join(map(str, range(lanes))),
+                vexp=VEXP if fast_exp else "", row_vectors=row_vectors, prefetch_k="",
+                skip_masked=SKIP_MASKED if masked else "", tile_masked=TILE_MASKED if masked else "",
+                load=load, store=store, scale=scale, scale_op=scale_op,
+                mask_row=MASK_ROW if spec.mask is not None else "",
+                mask_add=MASK_ADD if spec.mask is not None else "")
 
 
 def _batch_offsets(shape, batch, stride) -> np.ndarray:
@@ -424,15 +446,18 @@ def layout_cache(spec: Attention, prepare):
     return layout
 
 
-def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | None = None, note: str = ""):
-    """``run(inputs, outputs)`` calling the compiled flash kernel on the composite's inputs."""
+def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | None = None, note: str = "",
+                 kind: str = "flash", prepare=None):
+    """``run(inputs, outputs)`` calling the compiled flash kernel on the composite's inputs; or
+    another kernel of the same buffers (``kind``, its label): ``prepare(offsets, dims)`` gives
+    the arrays it takes after the offsets' and its dims (ctypes int64s), once per shape."""
     entry = lib.dpl_kernel
     entry.restype = None
     entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
     set_threads = getattr(lib, "omp_set_num_threads", None) if threads else None
     get_threads = getattr(lib, "omp_get_max_threads", None)
     np_dtype = dtypes.to_numpy(spec.dtype)
-    layout = layout_cache(spec, lambda offs, dims: (offs, (ctypes.c_int64 * 5)(*dims)))
+    layout = layout_cache(spec, prepare or (lambda offs, dims: (offs, (ctypes.c_int64 * len(dims))(*dims))))
     dummy = np.zeros(1, np_dtype)
 
     def operand(src, inputs):
@@ -462,7 +487,8 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
             np.copyto(out, target)
 
     run.note = note  # type: ignore[attr-defined]  # the path and why, for exe.summary()
-    return openmp_kernel(run, f"cpu-flash:{name}", source, threads, lambda n: flash_runner(name, spec, source, lib, n, note))
+    return openmp_kernel(run, f"cpu-{kind}:{name}", source, threads,
+                         lambda n: flash_runner(name, spec, source, lib, n, note, kind, prepare))
 
 
 # "auto" builds the flash kernel, raced against the segments, from this many keys on (see

@@ -56,7 +56,9 @@ import threading
 import numpy as np
 
 from dpl.backends.cpu.addresses import address
+from dpl.backends.cpu.call_list import PACKED, SCRATCH, entry_address
 from dpl.ir.expr import Call, Constant
+from dpl.runtime.prepared import Address, CCall
 from dpl.runtime.threads import openmp_kernel
 
 SYMBOL = "dpl_kernel"  # what the CPU backend's library cache checks a library for
@@ -482,6 +484,16 @@ def glu_runner(call: Call, routine: Routine, gate_first: bool, threads: int | No
         return _into(out, lambda target: routine.glu(address(a), address(packed.get(gate_first)), address(target),
                                                       dims, cap, None if scratch is None else address(scratch)))
 
+    def prepare(operands, outputs):
+        """The call as a record of a prepared call (dpl.runtime.prepared): the panels packed now,
+        a scratch of its own where K takes more than one block."""
+        a, shape = operands[0]
+        m = math.prod(shape) // k if k else math.prod(shape[:-1])
+        scratch = Address.of(np.empty(max(1, m * n), np.float32)) if k > KC else None
+        return [CCall(entry_address(routine.glu), SCRATCH, (a, Address.of(packed.get(gate_first)), outputs[0][0], scratch),
+                      (m, k, n // 2), cap)]
+
+    run.prepare = prepare  # type: ignore[attr-defined]
     return openmp_kernel(run, f"cpu:packed-matmul {k}x{n} + silu-gated unit", SOURCE, threads,
                          lambda t: glu_runner(call, routine, gate_first, t, packed))
 
@@ -520,6 +532,15 @@ def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _P
         return _into(out, lambda target: routine.kernel(address(a), address(packed.get()), address(target), dims, cap,
                                                         bias_address, None if r is None else address(r), code))
 
+    def prepare(operands, outputs):
+        """The call as a record of a prepared call (dpl.runtime.prepared): the panels packed now."""
+        (a, shape), _, *res = operands
+        m = math.prod(shape) // k if k else math.prod(shape[:-1])
+        args = (a, Address.of(packed.get()), outputs[0][0], None if bias is None else Address.of(bias),
+                res[0][0] if residual else None)
+        return [CCall(entry_address(routine.kernel), PACKED, args, (m, k, n), cap, code)]
+
+    run.prepare = prepare  # type: ignore[attr-defined]
     code = 0 if act is None else ACTS.index(act) + 1
     epilogue = (" + bias" if bias is not None else "") + (" + residual" if residual else "") + (f", {act}" if act else "")
     return openmp_kernel(run, f"cpu:packed-matmul {k}x{n}{epilogue}", SOURCE, threads,
@@ -543,6 +564,15 @@ def _variable_runner(call: Call, routine: Routine, threads: int | None):
         a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
         return _into(out, lambda target: routine.batched(a, b, target, dims, cap))
 
+    def prepare(operands, outputs):
+        """The call as a record of a prepared call (dpl.runtime.prepared), with a scratch of its
+        own for the narrow last panels."""
+        (a, _), (b, _) = operands
+        scratch = Address.of(np.empty(max(1, batch * k * routine.panel_width), np.float32))
+        entry = (routine._ready or routine._resolve())[1]
+        return [CCall(entry_address(entry), SCRATCH, (a, b, outputs[0][0], scratch), dims, cap)]
+
+    run.prepare = prepare  # type: ignore[attr-defined]
     return openmp_kernel(run, f"cpu:packed-matmul {batch}x {m}x{k}x{n}", SOURCE, threads,
                          lambda t: _variable_runner(call, routine, t))
 

@@ -24,6 +24,7 @@ from dpl.ir.types import TensorType
 from dpl.ir.traverse import substitute
 from dpl.kernel.ir import dim_symbols, dim_value
 from dpl.ops.registry import get_op
+from dpl.runtime.prepared import Address
 
 
 class NotSegmentable(Exception):
@@ -373,15 +374,19 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
     for k, v in enumerate(ret_ids):
         first_place.setdefault(v, k)
 
-    def run(inputs, outputs):
-        env = dict(zip(param_ids, inputs))
-        key = tuple(a.shape for a in inputs)
+    def dims_at(key: tuple) -> _Dims:
+        """What the inputs' shapes ``key`` bind."""
         dims = shapes_met.get(key)
         if dims is None:
-            dims = _Dims(bind_shapes([(p.ty.shape, a.shape, f"input '{p.name}' of '{function.name}'")
-                                      for p, a in zip(params, inputs)]))
+            dims = _Dims(bind_shapes([(p.ty.shape, shape, f"input '{p.name}' of '{function.name}'")
+                                      for p, shape in zip(params, key)]))
             if len(shapes_met) < SHAPES_KEPT:
                 shapes_met[key] = dims
+        return dims
+
+    def run(inputs, outputs):
+        env = dict(zip(param_ids, inputs))
+        dims = dims_at(tuple(a.shape for a in inputs))
         direct = {v: outputs[k] for v, k in first_place.items()}
         for step, kernel in plan:
             if kernel is None:
@@ -392,5 +397,48 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
             if env[v] is not outputs[k]:
                 xp.copyto(outputs[k], env[v])
 
+    def prepare(inputs, outputs):
+        """The C calls of one run at these ``(ref, shape)`` of its inputs and outputs (the
+        protocol of dpl.runtime.prepared): each product's and part's own, the values between them
+        in scratch of the prepared call's own; None where a step has none (a NumPy product, an
+        epilogue in NumPy) or a result needs a copy."""
+        if xp is not np:
+            return None
+        dims = dims_at(tuple(shape for _, shape in inputs))
+        env = {pid: ref for pid, (ref, _) in zip(param_ids, inputs)}
+        direct = {v: outputs[k][0] for v, k in first_place.items()}
+        calls = []
+
+        def place(var):
+            found = direct.get(id(var))
+            return found if found is not None else Address.of(xp.empty(*dims.spec(var.ty)))
+
+        def operand(x):
+            if isinstance(x, Var):
+                return env[id(x)], dims.spec(x.ty)[0]
+            return Address.of(np.ascontiguousarray(constant(x))), tuple(x.value.shape)
+
+        for step, kernel in plan:
+            if kernel is None:
+                fn = library.get(id(step))
+                if fn is None or getattr(fn, "returns_own", False) or not callable(getattr(fn, "prepare", None)):
+                    return None
+                target = place(step.var)
+                made = fn.prepare([operand(x) for x in step.args], [(target, dims.spec(step.var.ty)[0])])
+                env[id(step.var)] = target
+            else:
+                if not callable(getattr(kernel, "prepare", None)):
+                    return None
+                targets = [place(v) for v in step.outs]
+                made = kernel.prepare([operand(v) for v in step.ins], [(t, dims.spec(v.ty)[0]) for t, v in zip(targets, step.outs)])
+                env.update({id(v): t for v, t in zip(step.outs, targets)})
+            if made is None:
+                return None
+            calls.extend(made)
+        if any(env[v] is not outputs[k][0] for k, v in enumerate(ret_ids)):
+            return None  # a result passed through or returned twice: the general path copies it
+        return calls
+
     run.parts = list(kernels)  # type: ignore[attr-defined]
+    run.prepare = prepare  # type: ignore[attr-defined]
     return run

@@ -49,6 +49,7 @@ from dpl.ir.extent_symbols import with_caller_dims
 from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
+from dpl.runtime.prepared import PreparedCall, prepare
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.timed_choice import thread_choice
 from dpl.runtime.threads import available_cores, budget_binds, budget_threads, one_pool_kernels
@@ -218,6 +219,8 @@ class Plan:
         self.output_bytes = sum(self.buffers[b].nbytes for b in self._output_buffers())
         self._pool_lock = threading.Lock()
         self._arenas: list[list[Any]] = [self._new_arena()]  # free arenas, as views by buffer number
+        self._prepared: dict[tuple[int, int], PreparedCall] = {}  # by (arena, list of steps): see _prepared_call
+        self._unprepared: set[int] = set()  # lists of steps that cannot be prepared
 
     def _new_arena(self) -> list[Any]:
         """The buffers of one call: a view into a fresh arena for every temporary, each constant's
@@ -242,6 +245,19 @@ class Plan:
     def _give_back(self, views: list[Any]) -> None:
         with self._pool_lock:
             self._arenas.append(views)
+
+    def _prepared_call(self, views: list[Any], steps: list[Step]) -> PreparedCall | None:
+        """The prepared call of ``steps`` on arena ``views``, made at its first call; None where
+        the steps cannot be prepared (then never asked again)."""
+        found = self._prepared.get((id(views), id(steps)))
+        if found is not None or id(steps) in self._unprepared:
+            return found
+        found = prepare(self, views, steps)
+        if found is None:
+            self._unprepared.add(id(steps))  # the plan's own lists of steps: their ids stay theirs
+        else:
+            self._prepared[(id(views), id(steps))] = found  # it holds the arena: the id is not reused
+        return found
 
     def _output_buffers(self) -> list[int]:
         return [b for b, buf in enumerate(self.buffers) if buf.kind == "output"]
@@ -277,6 +293,12 @@ class Plan:
             return self._run(steps, views, arrays, out, timer)
 
     def _run(self, steps, views: list[Any], arrays, out, timer) -> Any:
+        if out is None and timer is None:
+            prepared = self._prepared_call(views, steps)
+            if prepared is not None:  # the steps' C calls in one call into C (dpl.runtime.prepared)
+                outs = self.output_pool.take()
+                prepared.run(arrays, outs)
+                return _nest(self.result, outs)
         bufs = list(views)
         outs = list(out) if out is not None else self.output_pool.take()
         late = self.bind(bufs, arrays, outs)

@@ -1,0 +1,148 @@
+"""A prepared call's C calls run in one call into C (``dpl.runtime.prepared``): a list of
+records, each a C entry, how to call it, its pointer arguments as entries of a table of
+addresses, its dims and two integers, walked by a small C routine compiled once per backend
+(through the kernel cache, like the kernels).
+
+Three ways of calling, the entries the CPU backend makes: :data:`KERNEL`, a generated kernel
+``entry(void **ptrs, const int64_t *dims)``, its OpenMP team capped at ``threads`` for the call
+(the calling thread's setting restored after, as the kernel's Python runner does); and the
+packed product routine's (``backends/cpu/packed_gemm.py``): :data:`PACKED`,
+``dpl_kernel(A, P, C, dims, threads, bias, res, act)``, and :data:`SCRATCH`, ``dpl_batched`` and
+``dpl_glu`` ``(A, B, C, dims, threads, scratch)``.
+
+Measured on the bench host (``bench/bench_dispatch.py``): ctypes' call of one entry with its
+arguments converted costs about a microsecond of Python; the whole list costs one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import Callable, Sequence
+
+from dpl.backends.cpu.addresses import address
+from dpl.backends.registry import CompileError
+from dpl.runtime.prepared import CCall
+
+log = logging.getLogger(__name__)
+
+KERNEL, PACKED, SCRATCH = 0, 1, 2
+
+SOURCE = r"""
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef struct {
+  void *entry;          /* the C function */
+  const int32_t *args;  /* its pointer arguments: entries of the table (-1: NULL) */
+  void **ptrs;          /* where they are gathered (one array per record: a prepared call is one thread's) */
+  const int64_t *dims;
+  int32_t kind, nargs, threads, code;
+} dpl_record;
+
+typedef void (*kernel_fn)(void **, const int64_t *);
+typedef void (*packed_fn)(void *, void *, void *, const int64_t *, int, void *, void *, int);
+typedef void (*scratch_fn)(void *, void *, void *, const int64_t *, int, void *);
+
+static void capped(const dpl_record *r) {
+#ifdef _OPENMP
+  if (r->threads > 0) {
+    const int before = omp_get_max_threads();
+    if (before != r->threads) {
+      omp_set_num_threads(r->threads);
+      ((kernel_fn)r->entry)(r->ptrs, r->dims);
+      omp_set_num_threads(before);
+      return;
+    }
+  }
+#endif
+  ((kernel_fn)r->entry)(r->ptrs, r->dims);
+}
+
+/* runs records [0, n) in order, their pointers read from table */
+void dpl_kernel(const dpl_record *records, int64_t n, void *const *table) {
+  for (int64_t i = 0; i < n; i++) {
+    const dpl_record *r = records + i;
+    void **p = r->ptrs;
+    for (int32_t j = 0; j < r->nargs; j++) p[j] = r->args[j] < 0 ? 0 : table[r->args[j]];
+    switch (r->kind) {
+      case 0: capped(r); break;
+      case 1: ((packed_fn)r->entry)(p[0], p[1], p[2], r->dims, r->threads, p[3], p[4], r->code); break;
+      case 2: ((scratch_fn)r->entry)(p[0], p[1], p[2], r->dims, r->threads, p[3]); break;
+    }
+  }
+}
+"""
+
+ARGS_OF = {KERNEL: None, PACKED: 5, SCRATCH: 4}  # pointer arguments a kind takes (KERNEL: any number)
+
+
+class _Record(ctypes.Structure):
+    _fields_ = [("entry", ctypes.c_void_p), ("args", ctypes.POINTER(ctypes.c_int32)), ("ptrs", ctypes.POINTER(ctypes.c_void_p)),
+                ("dims", ctypes.POINTER(ctypes.c_int64)), ("kind", ctypes.c_int32), ("nargs", ctypes.c_int32),
+                ("threads", ctypes.c_int32), ("code", ctypes.c_int32)]
+
+
+def entry_address(fn) -> int:
+    """The address of a ctypes function of a loaded library."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+class CallList:
+    """The routine of one backend (its kernel cache), compiled at the first prepared call; where
+    it cannot be had (a package's prebuilt kernels that lack it, a compile error), every plan
+    runs the general path."""
+
+    address = staticmethod(address)  # how a prepared call reads its arrays' addresses
+
+    def __init__(self, load: Callable[[str], ctypes.CDLL]):
+        self._load = load
+        self._run = None
+        self._lock = threading.Lock()
+
+    def _routine(self):
+        """The loaded routine, or None where it cannot be loaded (said once, at debug level)."""
+        with self._lock:
+            if self._run is None:
+                try:
+                    fn = self._load(SOURCE).dpl_kernel
+                except (CompileError, OSError) as err:
+                    log.debug("no prepared calls: the call-list routine did not load (%s)", err)
+                    self._run = False
+                    return None
+                fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+                self._run = fn
+        return self._run or None
+
+    def program(self, calls: Sequence[tuple[CCall, tuple]], fixed: Sequence[int], keep: list):
+        """The table of addresses (``fixed`` its first values) and ``run()``: ``calls`` in
+        order, each with its arguments' table entries (None: NULL). ``keep``: what the fixed
+        addresses point into, kept by ``run``. None where the routine cannot be loaded."""
+        routine = self._routine()
+        if routine is None:
+            return None
+        table = (ctypes.c_void_p * max(1, len(fixed)))(*fixed)
+        records = (_Record * max(1, len(calls)))()
+        arrays = []  # the records' argument, pointer and dims arrays, kept by run
+        for r, (call, entries) in zip(records, calls):
+            want = ARGS_OF[call.kind]
+            if want is not None and len(entries) != want:
+                raise ValueError(f"internal: a call of kind {call.kind} takes {want} pointers, got {len(entries)}")
+            args = (ctypes.c_int32 * max(1, len(entries)))(*[-1 if e is None else e for e in entries])
+            ptrs = (ctypes.c_void_p * max(1, len(entries)))()
+            dims = (ctypes.c_int64 * max(1, len(call.dims)))(*call.dims)
+            arrays += [args, ptrs, dims]
+            r.entry, r.kind, r.nargs, r.threads, r.code = call.entry, call.kind, len(entries), call.threads, call.code
+            r.args = ctypes.cast(args, ctypes.POINTER(ctypes.c_int32))
+            r.ptrs = ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p))
+            r.dims = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+        n, held = len(calls), (records, arrays, keep)
+
+        def run() -> None:
+            routine(records, n, table)
+
+        run.held = held  # type: ignore[attr-defined]
+        return table, run
