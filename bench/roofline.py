@@ -14,7 +14,9 @@ value products over every key, masked or not, as torch's kernels compute them).
 ``floor = product_flops / peak`` is a time no implementation of the same arithmetic can beat on
 this machine; ``flops / time`` over the peak is the share of the machine a run used. On the
 2-core AVX-512 bench host (AMD EPYC, Zen 4 family 25 model 17), one thread: 115-117 GFLOP/s
-(one 512-bit FMA a cycle at about 3.6 GHz, two cores twice that). dpl's packed products run at
+(one 512-bit FMA a cycle at about 3.6 GHz, two cores twice that). On the 2-core Intel Xeon
+(AVX-512 with two 512-bit FMA units, AMX), CPU time at load 4-5: 225-235 GFLOP/s for an AVX-512
+build, 113-128 for an AVX2 one (``KernelCache(march="haswell")``). dpl's packed products run at
 88-93% of it on one shape called again and again (1024 x 256 by 256 x 768: 103-106 GFLOP/s),
 85-88% through a decoder's eight products in turn (97-101), as in a model.
 
@@ -70,28 +72,32 @@ double dpl_kernel(int64_t iters, int threads) {
 
 def fma_peak(threads: int = 1, cache=None, seconds: float = 0.05, tries: int = 7) -> float:
     """float32 flops a second that ``threads`` threads can issue on this machine (the best of
-    ``tries`` calls of about ``seconds`` each)."""
+    ``tries`` calls of about ``seconds`` each), for the instruction set ``cache`` builds for
+    (its ``march``). One thread is timed in its CPU time: the probe runs on the calling thread,
+    and on a loaded host wall time counts the other processes' turns (at load 4 on the 2-core
+    Xeon, calls of 30 ms measured 140 GFLOP/s by the wall clock, 212 by CPU time)."""
     if cache is None:
         from dpl.backends.cpu.backend import KernelCache
         cache = KernelCache()
     lib = cache.load(PROBE)
+    clock = time.thread_time if threads == 1 else time.perf_counter
     run, per_iter = lib.dpl_kernel, lib.dpl_flops_per_iter
     run.restype, run.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
     per_iter.restype = ctypes.c_int64
     iters = 1 << 16
     while True:  # enough iterations for a call of about `seconds`
-        start = time.perf_counter()
+        start = clock()
         run(iters, threads)
-        took = time.perf_counter() - start
+        took = clock() - start
         if took >= seconds / 4:
             break
         iters *= 4
     iters = max(1, int(iters * seconds / took))
     best = math.inf
     for _ in range(tries):
-        start = time.perf_counter()
+        start = clock()
         run(iters, threads)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return iters * per_iter() * threads / best
 
 

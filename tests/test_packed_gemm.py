@@ -48,7 +48,7 @@ def product(lead, k, n, seed=0, special=(), right="constant"):
 def shapes(draw):
     lead = draw(st.sampled_from([(), (1,), (2,), (2, 3)]))
     rows = draw(st.integers(0, 20))
-    return (*lead, rows), draw(st.integers(0, 600)), draw(st.integers(1, 200))
+    return (*lead, rows), draw(st.integers(0, 1100)), draw(st.integers(1, 200))  # K-blocks of 512
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -282,17 +282,17 @@ EPILOGUES = {
 def test_bias_and_residual_adds_fold_into_the_product_bit_for_bit(tmp_path, monkeypatch, case, threads):
     """A weight's product followed by a bias add, a residual add and an activation stores them
     with its tiles (segments.fold_epilogues): the same bits as the product and the rest run
-    apart (the activations are the generated kernels' own expressions), at 517 x 300
-    by 300 x 100 (two K-blocks, a narrow last panel, a ragged last row block), nothing folded
+    apart (the activations are the generated kernels' own expressions), at 517 x 600
+    by 600 x 100 (two K-blocks, a narrow last panel, a ragged last row block), nothing folded
     where a value the adds consume is read elsewhere."""
     needs.c_compiler()
 
     adds, folded = EPILOGUES[case]
     rng = np.random.default_rng(len(case))
     fb = FunctionBuilder("main")
-    x = fb.param("x", "f32", (517, 300))
+    x = fb.param("x", "f32", (517, 600))
     r = fb.param("r", "f32", (517, 100))
-    y = fb.emit("matmul", x, const((rng.standard_normal((300, 100)) / 16).astype(np.float32)))
+    y = fb.emit("matmul", x, const((rng.standard_normal((600, 100)) / 16).astype(np.float32)))
     values = [y]
     for kind, shape in adds:
         if kind == "act":
@@ -301,7 +301,7 @@ def test_bias_and_residual_adds_fold_into_the_product_bit_for_bit(tmp_path, monk
         values.append(fb.emit("add", values[-1], const(rng.standard_normal(shape).astype(np.float32)) if kind == "bias" else r))
     rets = {"the biased value is a result too": (values[-1], values[1]), "the product is a result too": (values[-1], y)}
     mod = Module([fb.ret(*rets.get(case, (values[-1],)))])
-    args = [rng.standard_normal((517, 300)).astype(np.float32), rng.standard_normal((517, 100)).astype(np.float32)]
+    args = [rng.standard_normal((517, 600)).astype(np.float32), rng.standard_normal((517, 100)).astype(np.float32)]
 
     exe, apart, seen = folded_and_apart(monkeypatch, tmp_path, dpl.apply(mod, ["cublas"]), threads)
     got = exe(*args)
@@ -314,7 +314,7 @@ def test_bias_and_residual_adds_fold_into_the_product_bit_for_bit(tmp_path, monk
 GLUS = {
     # name: (rows, K, F, gate first, silu(gate) * up written up * silu(gate), what folds)
     "one K-block": ((3, 37), 256, 128, True, False, ["glu"]),
-    "two K-blocks": ((101,), 300, 64, True, False, ["glu"]),
+    "two K-blocks": ((101,), 600, 64, True, False, ["glu"]),
     "gate second, up times silu": ((64,), 96, 192, False, True, ["glu"]),
     "a half of no whole panels": ((64,), 96, 96, True, False, []),
 }
@@ -427,3 +427,103 @@ def test_a_view_back_to_batch_and_sequence_folds_with_the_epilogue(tmp_path, mon
     result = np.empty((6, 35, 96), np.float32)
     segments.segment_runner(comp, steps, [], np)([by_name[p.name] for p in comp.params], [result])
     np.testing.assert_allclose(result, got, rtol=1e-5, atol=1e-5)
+
+
+# the instruction sets the routine is built for, by -march: this CPU's own (AVX-512 where it has
+# it) and AVX2 with FMA only, as on a host without AVX-512 (a Zen 3, a Haswell)
+BUILDS = {"native": (), "haswell": ("avx2", "fma")}
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def isa_lib(request, tmp_path_factory):
+    """The routine built for each of :data:`BUILDS` this CPU runs, and its -march."""
+    from dpl.backends.cpu.toolchain import KernelCache
+    from dpl.host_cpu import isa_flags
+
+    needs.c_compiler()
+    march = request.param
+    if not set(BUILDS[march]) <= set(isa_flags()):
+        pytest.skip(f"this CPU cannot run a -march={march} build")
+    cache = KernelCache(tmp_path_factory.mktemp(f"kernels-{march}"), march=march)
+    return packed_gemm.Routine(cache.load(packed_gemm.source(cache.vector_math()))), march
+
+
+def test_each_build_has_its_own_register_tile(isa_lib):
+    """AVX-512's tile is 64 columns (4 zmm), AVX2's 16 (2 ymm): the micro-kernel follows the
+    build's instruction set, not the CPU the code was tuned on."""
+    from dpl.host_cpu import isa_flags
+
+    lib, march = isa_lib
+    wide = march == "native" and "avx512f" in isa_flags()
+    assert lib.panel_width == (64 if wide else 16)
+
+
+@pytest.mark.parametrize("k, n", [(1, 1), (3, 17), (300, 129)])
+def test_packed_panels_start_on_a_cache_line(isa_lib, k, n):
+    """NumPy's arrays start 16 bytes into a line: the routine's 64-byte loads of such panels
+    straddle two lines (15-20% of the products' rate on the AVX-512 Xeon)."""
+    lib, _ = isa_lib
+    w = np.arange(k * n, dtype=np.float32).reshape(k, n)
+    for _ in range(4):  # several allocations: each its own offset
+        panels = lib.pack(w)
+        assert panels.ctypes.data % 64 == 0
+        np.testing.assert_array_equal(panels.transpose(1, 0, 2).reshape(k, -1)[:, :n], w)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows, k, n", [
+    (1, 1, 1), (7, 300, 17), (300, 64, 129), (130, 1030, 100), (6, 256, 64), (0, 5, 16),
+])
+@pytest.mark.parametrize("epilogue", [(), ("bias",), ("bias", "residual"), ("bias", "nn.gelu"),
+                                      ("bias", "residual", "nn.silu"), ("nn.gelu_tanh",), ("nn.relu",), ("tanh",)])
+def test_each_build_equals_numpy_with_its_epilogue(isa_lib, rows, k, n, epilogue, threads):
+    """Each instruction set's build against NumPy: rows past a tile and past a row group (MC),
+    columns past a panel, K past a K-block, empty rows, then its bias, residual and activation."""
+    lib, _ = isa_lib
+    rng = np.random.default_rng(rows * 1000 + k + n)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / 8).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if "bias" in epilogue else None
+    res = rng.standard_normal((rows, n)).astype(np.float32)
+    act = next((e for e in epilogue if e.startswith(("nn.", "tanh"))), None)
+    fb = FunctionBuilder("main")
+    xv = fb.param("x", "f32", (rows, k))
+    fb.emit("matmul", xv, const(w))
+    run = packed_gemm.runner(fb.bindings[0].value, lib, threads, bias=bias, residual="residual" in epilogue, act=act)
+    want = x.astype(np.float64) @ w
+    if bias is not None:
+        want = want + bias
+    if "residual" in epilogue:
+        want = want + res
+    if act is not None:
+        want = dpl.interpret(_unary(act, want.shape), want.astype(np.float32))
+    got = np.full((rows, n), 7.0, np.float32)
+    run(x, w, *((res,) if "residual" in epilogue else ()), got)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, k ** 0.5))
+
+
+def _unary(op, shape):
+    fb = FunctionBuilder("main")
+    return Module([fb.ret(fb.emit(op, fb.param("y", "f32", shape)))])
+
+
+@pytest.mark.parametrize("rows, k, f, gate_first", [(13, 96, 64, True), (131, 600, 128, False), (1, 256, 64, True),
+                                                     (5, 300, 64, True)])
+def test_each_build_computes_the_gated_unit(isa_lib, rows, k, f, gate_first):
+    """The gated unit (silu(gate) * up, the weight's gate and up panels alternating) of each
+    build against NumPy: K of at most ``KC`` rows (on the stack), more (through the scratch),
+    two K-blocks."""
+    lib, _ = isa_lib
+    if f % lib.panel_width:
+        pytest.skip("the halves are not whole panels of this build")
+    rng = np.random.default_rng(rows + k)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    w = (rng.standard_normal((k, 2 * f)) / 8).astype(np.float32)
+    fb = FunctionBuilder("main")
+    fb.emit("matmul", fb.param("x", "f32", (rows, k)), const(w))
+    run = packed_gemm.glu_runner(fb.bindings[0].value, lib, gate_first, 2)
+    y = x.astype(np.float64) @ w
+    gate, up = (y[:, :f], y[:, f:]) if gate_first else (y[:, f:], y[:, :f])
+    got = np.empty((rows, f), np.float32)
+    run(x, w, got)
+    np.testing.assert_allclose(got, gate / (1 + np.exp(-gate)) * up, rtol=1e-4, atol=1e-4 * k ** 0.5)

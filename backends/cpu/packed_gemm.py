@@ -3,14 +3,21 @@
 A BLAS packs the right operand of every product into panels before it multiplies, at every
 call; a model's weights are the same at every call, so here a constant is packed once (at its
 first call): ``ceil(N / NR)`` column panels, each ``K x NR`` contiguous (the last padded with
-zeros, never stored). The routine walks the panels and, inside each, the rows ``MR`` at a
-time: an ``MR x NR`` tile of the result lives in vector registers while the rows of ``A`` are
-broadcast against the panel's rows (a K-block of ``KC`` rows at a time, so that a panel's
-block stays in L2 while every row block reads it); a narrow last panel computes only the
-vectors it has. GCC's vector types spell the tile, so the same C is 16-wide on AVX-512
-(6 x 64), 8-wide on AVX (6 x 16) and 4-wide elsewhere (4 x 8). A variable right operand
-(attention's keys and values, im2col's columns) is read in place, row by row, only its
-narrow last panel copied.
+zeros, never stored; 64-byte aligned, so that no vector load straddles two cache lines). The
+routine takes the rows in groups of at most ``MC`` and walks the panels and, inside each, the
+group's rows ``MR`` at a time: an ``MR x NR`` tile of the result lives in vector registers while
+the rows of ``A`` are broadcast against the panel's rows (a K-block of 512 rows at a time, so
+that a panel's block stays near while every row block reads it, and the group's K-block of
+``A`` stays in L2 while every panel reads it); each tile's lines of the result are prefetched
+for writing while it computes; a narrow last panel computes only the vectors it has.
+
+The micro-kernel and blocking are the instruction set's the C is built for (``-march=native``:
+the running CPU's, :mod:`dpl.backends.cpu.toolchain`), one ``#if`` in the source: AVX-512 6 x 64
+(24 of the 32 zmm registers accumulate), AVX2 6 x 16 (12 of the 16 ymm registers, the tile BLIS
+uses on Haswell and Zen), 4 x 8 elsewhere; B's rows prefetched 16 ahead on both. ``python
+bench/bench_products.py --isa native,haswell`` measures both builds on one host against its FMA
+peak (the table is in that script). A variable right operand (attention's keys and values,
+im2col's columns) is read in place, row by row, only its narrow last panel copied.
 
 It runs on the generated kernels' OpenMP team, so a plan whose products all come here uses one
 thread pool: no BLAS workers spin beside the C kernels (:mod:`dpl.runtime.threads`), and two
@@ -44,7 +51,7 @@ A gated MLP's merged gate and up product may carry its gated unit instead (``glu
 weight packed with gate and up panels alternating, ``dpl_glu`` computes each pair of tiles and
 writes ``silu(gate) * up`` (the generated C's expression and, with :func:`source`'s
 ``vector_math``, its vector exp: the same bits), so the product's 2F columns are never stored
-when K fits one block, and are read back from L1 when it does not.
+when K is at most ``KC`` rows, and are read back from L1 when it is more.
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ from dpl.runtime.prepared import Address, CCall
 from dpl.runtime.threads import openmp_kernel
 
 SYMBOL = "dpl_kernel"  # what the CPU backend's library cache checks a library for
-KC = 256  # the K-block of SOURCE: a product of no more rows of W runs in one (its gated unit on the stack)
+KC = 256  # a gated unit of no more rows of W computes its tiles on the stack; more take a scratch (SOURCE's GLU_KC)
 MAX_PAD = 0.125  # the share of its last vector's columns a product may waste as padding
 VECTOR = 16  # columns of the widest vector the routine is built with (AVX-512); narrower ones pad less
 
@@ -73,14 +80,21 @@ SOURCE_HEAD = r"""
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+/* the micro-kernel and blocking of the instruction set this is built for (-march: the running CPU's):
+   an MR x NR tile in vector registers (AVX-512: 24 of 32 zmm; AVX2: 12 of 16 ymm, BLIS's 6 x 16 of
+   Haswell and Zen), K-blocks of KC rows (512: half the result's passes of 256, up to 10% faster
+   on both builds), the rows MC at a time (their K-block of A stays in L2 while every panel reads
+   it), B's rows PF ahead prefetched (0: none) */
 #if defined(__AVX512F__)
-enum { VL = 16, NV = 4, MR = 6 };
+enum { VL = 16, NV = 4, MR = 6, KC = 512, MC = 128, PF = 16 };
 #elif defined(__AVX__)
-enum { VL = 8, NV = 2, MR = 6 };
+enum { VL = 8, NV = 2, MR = 6, KC = 512, MC = 128, PF = 16 };
 #else
-enum { VL = 4, NV = 2, MR = 4 };
+enum { VL = 4, NV = 2, MR = 4, KC = 512, MC = 128, PF = 0 };
 #endif
-enum { NR = VL * NV, KC = KC_ROWS };
+enum { NR = VL * NV, GLU_KC = KC_ROWS };
+/* a gated unit of at most GLU_KC rows sums each tile in one chain on the stack: gemm's too */
+_Static_assert((int)GLU_KC <= (int)KC, "the gated unit's tiles must round as gemm's");
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
 
 /* rows [0, mr) and vectors [0, nv) of the MR x NR tile at C: A's rows (stride lda) times the
@@ -91,9 +105,16 @@ static inline __attribute__((always_inline)) void tile(const float *restrict A, 
   vf c[MR][NV];
   for (int r = 0; r < MR; r++)
     for (int q = 0; q < NV; q++) c[r][q] = (vf){0};
+  /* the tile's lines of C fetched for writing while it computes: their misses cost AVX2 a third
+     of its rate where C outgrew L2 (1024 x 768 by 768 x 3072) */
+  for (int r = 0; r < MR && r < mr; r++) {
+    for (int j = 0; j < NR; j += 16) __builtin_prefetch(C + r * ldc + j, 1, 3);
+    __builtin_prefetch(C + r * ldc + NR - 1, 1, 3);
+  }
   for (int64_t k = 0; k < kc; k++) {
     vf b[NV];
     for (int q = 0; q < NV && q < nv; q++) b[q] = *(const vf *)(P + k * ldp + q * VL);
+    for (int q = 0; PF && q < NV && q < nv; q++) __builtin_prefetch(P + (k + PF) * ldp + q * VL, 0, 3);
     for (int r = 0; r < MR; r++)
       if (r < mr) {
         float a = A[r * lda + k];
@@ -156,7 +177,8 @@ typedef struct { const float *P; int64_t ps, ldp; const float *tail; } panels_t;
 /* C[M, N] = A[M, K] @ W[K, N] (then the epilogue e), W's ceil(N / NR) panels of K x NR as `w`
    says; at most `threads` threads sharing the (panel, row block) tiles of each K-block (one: no team) */
 static void gemm(const float *A, panels_t w, float *C, int64_t M, int64_t K, int64_t N, int threads, epi_t e) {
-  const int64_t panels = (N + NR - 1) / NR, blocks = (M + MR - 1) / MR, tiles_n = panels * blocks;
+  const int64_t panels = (N + NR - 1) / NR, blocks = (M + MR - 1) / MR;
+  if (blocks == 0) return;
   if (K == 0) {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) {
@@ -169,12 +191,17 @@ static void gemm(const float *A, panels_t w, float *C, int64_t M, int64_t K, int
     for (int64_t i = 0; i < M; i++) epilogue(C + i * N, N, 1, N, act);
     return;
   }
+  /* the rows in groups of at most MC, as even as whole row blocks make them (gb each, the last
+     one's missing blocks skipped), the tiles in order of group, panel, row block: the team takes
+     them in turn, so it works on one group at a time without a barrier between groups */
+  const int64_t groups = (M + MC - 1) / MC, gb = (blocks + groups - 1) / groups, per_group = panels * gb;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = K - k0 < KC ? K - k0 : KC;
-    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && tiles_n > 1)
-    for (int64_t t = 0; t < tiles_n; t++) {
-      const int64_t p = t / blocks, i = (t % blocks) * MR;
-      const int64_t ncols = N - p * NR < NR ? N - p * NR : NR;
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && groups * per_group > 1)
+    for (int64_t t = 0; t < groups * per_group; t++) {
+      const int64_t p = t % per_group / gb, b = t / per_group * gb + t % gb;
+      if (b >= blocks) continue;
+      const int64_t i = b * MR, ncols = N - p * NR < NR ? N - p * NR : NR;
       const int mr = M - i < MR ? (int)(M - i) : MR;
       const int own = ncols < NR && w.tail != NULL;
       const float *panel = own ? w.tail + k0 * NR : w.P + p * w.ps + k0 * w.ldp;
@@ -243,7 +270,7 @@ void dpl_glu(const float *A, const float *P, float *out, const int64_t *dims, in
   const int64_t M = dims[0], K = dims[1], F = dims[2], pairs = F / NR, blocks = (M + MR - 1) / MR;
   const int64_t ps = K * NR;
   threads = team(threads);
-  if (K <= KC) {
+  if (K <= GLU_KC) {
     #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && pairs * blocks > 1)
     for (int64_t t = 0; t < pairs * blocks; t++) {
       const int64_t p = t / blocks, i = (t % blocks) * MR;
@@ -320,7 +347,7 @@ def _act_cases() -> str:
     return "\n".join(cases)
 
 
-SOURCE = SOURCE_HEAD.replace("ACT_CASES", _act_cases()).replace("KC_ROWS", str(KC))  # one K-block for C and Python
+SOURCE = SOURCE_HEAD.replace("ACT_CASES", _act_cases()).replace("KC_ROWS", str(KC))  # the gated unit's bound, for C and Python
 
 
 def source(vector_math: bool) -> str:
@@ -402,7 +429,7 @@ class Routine:
         the last one's padding zeros."""
         k, n = w.shape
         nr = self.panel_width
-        packed = np.empty((-(-n // nr), k, nr), np.float32)
+        packed = aligned_empty((-(-n // nr), k, nr))
         w = np.ascontiguousarray(w, np.float32)  # held while the routine reads it (a transposed constant is copied)
         (self._ready or self._resolve())[2](w.ctypes.data, packed.ctypes.data, (ctypes.c_int64 * 3)(0, k, n))
         return packed
@@ -431,8 +458,18 @@ class Routine:
         size = max(1, batch * k * self.panel_width)
         buf = getattr(self._scratch, "buf", None)
         if buf is None or buf.size < size:
-            buf = self._scratch.buf = np.empty(size, np.float32)
+            buf = self._scratch.buf = aligned_empty((size,))  # the narrow last panels, read as the packed ones
         (self._ready or self._resolve())[1](address(a), address(b), address(out), (ctypes.c_int64 * 5)(*dims), cap, address(buf))
+
+
+def aligned_empty(shape: tuple[int, ...], align: int = 64) -> np.ndarray:
+    """An uninitialised float32 array whose first element lies on an ``align``-byte boundary: the
+    routine's vector loads of the panels (a cache line each on AVX-512) then never straddle two
+    lines; NumPy's own start 16 bytes in, which cost the products 15-20%."""
+    size = math.prod(shape)
+    raw = np.empty(size + align // 4, np.float32)
+    skip = (-raw.ctypes.data % align) // 4
+    return raw[skip:skip + size].reshape(shape)
 
 
 def _into(out: np.ndarray, compute) -> np.ndarray:

@@ -35,7 +35,11 @@ On the 2-core AVX-512 bench host (AMD EPYC, load average 7-12), one thread, CPU 
 (stop 24, one 128x512 @ 512x1024 product). Stop 25, the layer's products, load 0.9: torch
 12.86 ms, NumPy 10.50, the packed routine 9.71 (taken). On another shared 2-core host (Intel
 Xeon, AVX-512 and AMX) at load 5.8, three runs of 9 rounds: the rounds spread 3-13% of their
-median, and the ratio of torch's median to NumPy's stayed within 0.76-0.80.
+median, and the ratio of torch's median to NumPy's stayed within 0.76-0.80. There, at load 3-4,
+with the routine tuned per instruction set (issue 30), two runs each: the AVX-512 build 5.90-6.11
+ms against torch 5.91-6.18 and NumPy 7.18-7.51 (torch kept: a tie); an AVX2-only build
+(``KernelCache(march="haswell")``, OpenBLAS and MKL on their AVX2 kernels) 8.61-9.25 against
+NumPy 8.38-9.11 (NumPy kept, the routine within 3%; 7-9% slower before).
 """
 
 from __future__ import annotations

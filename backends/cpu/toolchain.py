@@ -89,9 +89,11 @@ class KernelCache:
     """Compiled kernels on disk, keyed by everything that decides the binary (a
     :class:`~dpl.runtime.disk_cache.LibraryCache` of ``directory``, verified before loading)."""
 
-    def __init__(self, directory: str | os.PathLike | None = None, cc: str = "cc", max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, directory: str | os.PathLike | None = None, cc: str = "cc", max_bytes: int = DEFAULT_MAX_BYTES,
+                 march: str = "native"):
         self.store = LibraryCache(directory if directory is not None else default_cache_dir(), max_bytes)
         self.cc = cc
+        self.march = march  # the instruction sets built for: this CPU's, or another's (``haswell``: AVX2 and FMA only)
         self.served: set[str] = set()  # the keys of every library this cache handed out (what a package must hold)
 
     @property
@@ -104,7 +106,10 @@ class KernelCache:
         return self.store.builds
 
     def flags(self) -> list[str]:
-        return [*BASE_FLAGS, *usable_flags(self.cc)]
+        """The compiler's flags, ``-march`` set to :attr:`march` (an AVX2 build measured on an
+        AVX-512 host says what another host will run)."""
+        march = f"-march={self.march}"
+        return [*BASE_FLAGS, *(march if f == "-march=native" else f for f in usable_flags(self.cc))]
 
     def vector_math(self) -> bool:
         """Whether the kernels call glibc's vector math (it changes their source)."""
