@@ -16,8 +16,9 @@ ahead from run to run). torch takes the products, and
 separately the convolutions, where it is at least ``MARGIN`` faster: a tie stays with NumPy, the
 floor (with the representative product a near tie, torch's products made the GPT-2 block and the
 Llama decoder of bench/bench_models.py 5% and 9% slower, one thread, CPU time); the packed
-routine takes the float32 products (and im2col's) where it is at least ``MARGIN`` faster
-than the library that took the products.
+routine takes the float32 products (and im2col's) unless the library that took the products is
+at least ``MARGIN`` faster than it: a tie goes to the routine, for one thread pool (see
+:attr:`Measured.packs`).
 
 The result is kept in dpl's cache directory (``~/.cache/dpl/products``, :mod:`dpl.cache_dir`),
 keyed by everything that could change it (:func:`_key`): the CPU (model and instruction sets),
@@ -69,7 +70,7 @@ ROWS = 128
 LAYER = ((512, 1536), (512, 512), (512, 2816), (1408, 512))  # (k, n) of a decoder layer's weights
 CONV = ((1, 64, 56, 56), (64, 64, 3, 3))  # NCHW input, OIHW weights; padding 1 (a ResNet stage 1)
 ROUNDS = 9
-MARGIN = 0.95  # a contender takes the work only at most this fraction of the default's median
+MARGIN = 0.95  # work moves from its default (NumPy for products, the packed routine for float32 ones) only to a median at most this fraction of it
 NOISY = 0.2  # the most a kept measurement's rounds may spread: interquartile range / median
 VERSION = 7  # of the measurement: a change makes every cached choice stale
 
@@ -109,9 +110,13 @@ class Measured:
 
     @property
     def packs(self) -> bool:
-        """Whether float32 products go to the packed routine."""
+        """Whether float32 products go to the packed routine: unless the library that took the
+        products beats it by the margin. A tie goes to the routine, which runs on the generated
+        kernels' OpenMP team: one thread pool, no BLAS workers spinning beside the kernels
+        (issue 30: two pools made two threads slower than one), and a plan of C calls only, which
+        the runtime calls in one call into C (dpl.runtime.prepared)."""
         library = self.torch_matmul if self.torch_matmuls else self.numpy_matmul
-        return self.packed_matmul is not None and self.packed_matmul <= MARGIN * library
+        return self.packed_matmul is not None and MARGIN * self.packed_matmul <= library
 
     def choice(self) -> str:
         """What took each kind of work, in a few words."""
