@@ -250,11 +250,27 @@ def _manifest(path: Path, zf: zipfile.ZipFile, infos: dict) -> dict:
     if not wrong and not all(isinstance(m, dict) and isinstance(m.get("bytes"), int) and isinstance(m.get("sha256"), str)
                              for m in members.values()):
         wrong = ["members"]
+    if not wrong and not _signatures_ok(manifest["signatures"]):
+        wrong = ["signatures"]
+    if not wrong and ("threads" not in manifest or not isinstance(manifest.get("adapt_threads"), bool)):
+        wrong = ["threads"]
     if not wrong and not _cpu_record_ok(manifest.get("cpu", False)):
         wrong = ["cpu"]
     if wrong:
         raise PackageError(f"{path}: its {MANIFEST} has no valid {', '.join(wrong)}")
     return manifest
+
+
+def _signatures_ok(signatures: list) -> bool:
+    """Whether every input signature is a list of ``[shape, dtype]``: sizes, a dtype dpl names."""
+    def spec_ok(spec) -> bool:
+        return (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], list) and _ints(spec[0])
+                and spec[1] in dt.SHORT_NAMES)
+    return all(isinstance(sig, list) and all(spec_ok(spec) for spec in sig) for sig in signatures)
+
+
+def _ints(values) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
 
 
 def _cpu_record_ok(cpu) -> bool:
@@ -263,10 +279,14 @@ def _cpu_record_ok(cpu) -> bool:
         return True
     if not isinstance(cpu, dict) or not isinstance(cpu.get("toolchain"), dict) or not isinstance(cpu.get("isa"), dict):
         return False
-    tool = cpu["toolchain"]
+    tool, isa = cpu["toolchain"], cpu["isa"]
+    features = isa.get("features", [])
+    stream = cpu.get("stream_bytes")
     return (isinstance(tool.get("flags"), list) and all(isinstance(f, str) for f in tool["flags"])
             and isinstance(tool.get("compiler"), str) and isinstance(tool.get("cpu"), str) and "vector_math" in tool
-            and "stream_bytes" in cpu and "attention" in cpu and isinstance(cpu.get("products"), (dict, type(None))))
+            and isinstance(isa.get("machine"), str) and isinstance(features, list) and all(isinstance(f, str) for f in features)
+            and "stream_bytes" in cpu and (stream is None or _ints([stream])) and isinstance(cpu.get("attention"), str)
+            and isinstance(cpu.get("products"), (dict, type(None))))
 
 
 def _module(path: Path, members: dict[str, bytes]):
@@ -311,7 +331,10 @@ def _target(path: Path, manifest: dict, target: Any, members: dict[str, bytes], 
     if cpu is None:
         return backends
     kernels = {name[len(KERNELS):-3]: data for name, data in members.items() if name.startswith(KERNELS) and name.endswith(".so")}
-    packaged = PackagedCpuBackend(kernels, cpu, cache_dir=cache_dir)
+    try:
+        packaged = PackagedCpuBackend(kernels, cpu, cache_dir=cache_dir)
+    except BackendError as err:  # an option this dpl's CPU backend does not take (its attention path)
+        raise PackageError(f"{path}: its CPU record does not fit this dpl: {err.message}") from None
     if cpu["products"] is not None:
         packaged.products  # noqa: B018 (torch's products where torch is missing: said at load, not at a first call)
     return [packaged if isinstance(b, CpuBackend) else b for b in backends]

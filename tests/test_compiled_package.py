@@ -189,6 +189,22 @@ def test_an_unknown_format_version_is_refused(saved, tmp_path):
         dpl.load_package(bad)
 
 
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m.pop("threads"), "no valid threads"),
+    (lambda m: m.pop("adapt_threads"), "no valid threads"),
+    (lambda m: m.update(signatures=[[["x"]]]), "no valid signatures"),
+    (lambda m: m.update(signatures=[5]), "no valid signatures"),
+    (lambda m: m["signatures"][0][0].__setitem__(1, "floatx"), "no valid signatures"),
+    (lambda m: m["cpu"]["isa"].update(features=5), "no valid cpu"),
+    (lambda m: m["cpu"].update(stream_bytes="x"), "no valid cpu"),
+    (lambda m: m["cpu"].update(attention="bogus"), "its CPU record does not fit this dpl"),
+])
+def test_a_manifest_of_wrong_fields_is_refused_with_a_package_error(saved, tmp_path, edit, match):
+    bad = rewrite(saved[2], tmp_path / "bad.dplpkg", edit_manifest(edit))
+    with pytest.raises(PackageError, match=match):
+        dpl.load_package(bad, cache_dir=tmp_path / "packaged")
+
+
 def test_another_architecture_is_refused(saved, tmp_path):
     other = "aarch64" if os.uname().machine != "aarch64" else "x86_64"
     bad = rewrite(saved[2], tmp_path / "bad.dplpkg", edit_manifest(lambda m: m["cpu"]["isa"].update(machine=other)))

@@ -178,3 +178,17 @@ def test_one_query_row_gets_the_decode_kernel_and_more_get_flash(tmp_path, atten
     assert "flash attention (" in flash and "decode" not in flash, flash
     if attention == "auto":  # raced against the segments under its own name
         assert "attention: decode or segments" in decode and "attention: flash or segments" in flash
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_no_keys_give_the_interpreters_zeros_even_where_flash_is_asked_for(backend, rows):
+    """Softmax over no keys is an empty sum: the weighted values are zeros. The decode and flash
+    kernels would write NaN (no maximum), so the build takes the two products for them."""
+    mod = attention_module((1, 2, 4, rows, 16), (1, 2, 1, 16, 0), (1, 2, 1, 0, 16))
+    args = [np.ones(p.ty.shape, np.float32) for p in mod["main"].params]
+    fused, fn = composite(mod)
+    kernel = backend.compile(fn, module=fused, shapes=tuple(a.shape for a in args))
+    assert not kernel.__qualname__.startswith(("cpu-decode:", "cpu-flash:")), kernel.__qualname__
+    out = np.full(fn.ret.ty.shape, 7.0, np.float32)
+    kernel(args, [out])
+    np.testing.assert_array_equal(out, reference(mod, args))

@@ -517,7 +517,8 @@ def stack_bytes(spec: Attention) -> int:
 
 def choose(spec: Attention, shapes, mode: str = "auto") -> tuple[bool, str]:
     """Whether the flash kernel runs this attention, and why: never for heads whose rows would
-    not fit ``MAX_STACK_BYTES``; else ``mode`` "flash" / "segments" decide alone, and "auto"
+    not fit ``MAX_STACK_BYTES``, nor for no keys (its rows would be NaN where softmax's empty
+    sum gives zeros); else ``mode`` "flash" / "segments" decide alone, and "auto"
     takes flash from ``MIN_KEYS`` keys on (the build's shapes say how many; without them,
     always)."""
     if mode not in MODES:
@@ -526,13 +527,15 @@ def choose(spec: Attention, shapes, mode: str = "auto") -> tuple[bool, str]:
     if need > MAX_STACK_BYTES and mode != "segments":
         return False, (f"heads of {spec.head_dim} x {spec.value_dim} need {need >> 10} KiB of stack a thread, over the "
                        f"{MAX_STACK_BYTES >> 10} KiB the flash kernel keeps there: two products")
-    if mode != "auto":
-        return mode == "flash", f"attention={mode!r} asked for"
     keys = None
     if isinstance(spec.k, Const):
         keys = spec.k.value.shape[-1]
     elif spec.k.index < len(shapes) and len(shapes[spec.k.index]) >= 2:
         keys = shapes[spec.k.index][-1]
+    if keys == 0 and mode != "segments":  # its rows would be NaN (no maximum); the products give zeros
+        return False, "no keys: two products"
+    if mode != "auto":
+        return mode == "flash", f"attention={mode!r} asked for"
     if keys is None:
         return True, "key count unknown at build time"
     if keys >= MIN_KEYS:
