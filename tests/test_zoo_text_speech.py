@@ -29,7 +29,7 @@ from __future__ import annotations
 import pytest
 
 import needs
-from zoo import ARCHS, check_module, import_onnx, import_torch
+from zoo import ARCHS, check_coverage, check_module, import_onnx, import_torch
 
 transformers = needs.package("transformers", module_level=True)
 torch = needs.package("torch", module_level=True)
@@ -71,13 +71,6 @@ def test_onnx_import_matches_torch(onnx_imported):
     check_module(arch, model, mod, real_tokens_only=True)
 
 
-def coverage_share(mod, libraries):
-    trace = dpl.Trace()
-    dpl.apply(mod, libraries, trace=trace)
-    cov = trace.coverage()["main"]
-    return cov.fused_share, cov
-
-
 # The share of the ops that run (opaque ones and lone views left out) inside a composite or a
 # fused group after dpl.apply(mod, ["rewrites", "llm"]), torch path, as measured when this was
 # written: a floor. What stays alone: wav2vec2's 1-D convs and their layout permutes (no
@@ -90,18 +83,14 @@ COVERAGE_FLOOR = {"wav2vec2": 94, "deberta_v2": 95, "bart": 99, "mixtral": 94, "
 
 def test_coverage_stays_at_its_floor(imported):
     arch, _model, mod = imported
-    share, cov = coverage_share(mod, ["rewrites", "llm"])
-    alone = sorted({(a.op, a.reason) for a in cov.alone})
-    assert share >= COVERAGE_FLOOR[arch.name], f"{arch.name}: {share:.1f}% fused; alone: {alone}"
-    assert all(a.detail for a in cov.alone), "every lone op says why"
+    check_coverage(arch.name, mod, ["rewrites", "llm"], COVERAGE_FLOOR[arch.name])
 
 
+@pytest.mark.parametrize("imported", ["mixtral"], indirect=True)
 def test_the_experts_gated_unit_is_one_composite(imported):
     """Mixtral's experts: each layer's gate and up grouped product and silu(gate) * up are one
     ``llm.grouped_matmul_glu`` composite; the down projection stays a lone grouped_matmul."""
     arch, _model, mod = imported
-    if arch.name != "mixtral":
-        pytest.skip("a mixture of experts: Mixtral only")
     fused = dpl.apply(mod, ["rewrites", "llm"])
     composites = [f.attrs.get("Composite") for f in fused.functions.values()]
     assert composites.count("kernel.grouped_matmul_glu") == arch.kwargs.get("num_hidden_layers", 2)

@@ -292,6 +292,7 @@ def coverage_share(mod, libraries):
     cov = trace.coverage()["main"]
     return cov.fused_share, cov
 
+
 def check_coverage(name, mod, libraries, floor):
     """At least ``floor`` percent of ``mod``'s ops fused with ``libraries`` (:func:`coverage_share`),
     and every lone op says why; the message lists the lone ops."""
@@ -299,6 +300,7 @@ def check_coverage(name, mod, libraries, floor):
     alone = sorted({(a.op, a.reason) for a in cov.alone})
     assert share >= floor, f"{name}: {share:.1f}% fused; alone: {alone}"
     assert all(a.detail for a in cov.alone), "every lone op says why"
+
 
 def check_fallbacks(exe):
     """Every fall-back is an op opaque by nature, and says why."""
