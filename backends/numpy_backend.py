@@ -23,6 +23,7 @@ class NumpyBackend(Backend):
     prefixes = ()
     capabilities = Capabilities(kinds=KINDS, composites=("*",))
     dispatch_by_prefix = False
+    shape_generic = True  # the interpreter binds every symbol from the arrays of each call
 
     def can_run(self, unit):
         if unit.kind == "codegen":  # the reference runs the wrapper and what it calls

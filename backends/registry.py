@@ -106,6 +106,10 @@ class Backend:
     # functions carrying one of ``prefixes`` come here first under any target (False for the
     # shipped backends, which share their prefixes and leave the choice to the target)
     dispatch_by_prefix: bool = True
+    # a kernel compiled for a function with symbolic dims runs right at every binding of them
+    # (compile's shapes guide only choices of speed), so a plan may serve other sizes with it
+    # (dpl.runtime.rebinding); False: a kernel is for the shapes it was compiled at
+    shape_generic: bool = False
 
     def available(self) -> tuple[bool, str]:
         """Whether this backend can run on this machine, and why not."""

@@ -54,6 +54,9 @@ class CpuBackend(Backend):
     capabilities = Capabilities(kinds=("op", "primitive", "composite", "codegen"), composites=("cublas.*",),
                                 dtypes=("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"))
     dispatch_by_prefix = False  # shipped backends share "kernel": the target picks among them
+    # the C reads its dims from the arrays of each call; compile's shapes choose only the path
+    # of an attention (flash or two products from so many keys, decode for one query row)
+    shape_generic = True
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
                  stream_bytes: int | None = STREAM_BYTES, products: str = "auto", cache_max_bytes: int = DEFAULT_MAX_BYTES,

@@ -34,6 +34,7 @@ from dpl.ir.dim_binding import dim_symbols, undetermined
 from dpl.ir.dims import Dim, DimExpr, Poly, add, bounds, free_symbols, mul, sub, substitute
 from dpl.ir.expr import Binding, Call, Constant, Function, GlobalVar, Tuple, TupleGetItem, Var, frozen_call
 from dpl.ir.types import TensorType, TupleType, Type
+from dpl.ops.registry import DIM_ATTR_KINDS, lookup
 
 _PREFIX = "ext"  # ext0, ext1, ...: names of the fresh symbols (never one the function already uses)
 
@@ -204,10 +205,13 @@ class _Rewrite:
             return TensorType(tuple(self.dim(d) for d in ty.shape), ty.dtype)
         return ty
 
-    def attr(self, value):
+    def attr(self, value, dims: bool):
+        """An attribute's value with its dims mapped; ``dims``: its kind holds dims, so a string is a
+        lone symbol (``arange(end="n")``), which must change with the types: a kernel is keyed
+        by its attributes, and one that kept "n" beside a type of 4 rows was reused at 5."""
         if isinstance(value, tuple):
-            return tuple(self.attr(v) for v in value)
-        return self.dim(value) if isinstance(value, DimExpr) else value
+            return tuple(self.attr(v, dims) for v in value)
+        return self.dim(value) if isinstance(value, DimExpr) or (dims and type(value) is str) else value
 
     def var(self, v: Var) -> Var:
         new = Var(v.name, self.type(v.ty))
@@ -220,7 +224,8 @@ class _Rewrite:
         if isinstance(e, (Constant, GlobalVar)):
             return e
         if isinstance(e, Call):
-            attrs = {k: self.attr(v) for k, v in e.attrs.items()}
+            op = lookup(e.op) if isinstance(e.op, str) else None
+            attrs = {k: self.attr(v, op is not None and k in op.attrs and op.attrs[k].kind in DIM_ATTR_KINDS) for k, v in e.attrs.items()}
             return frozen_call(e.op, tuple(self.expr(a) for a in e.args), attrs, self.type(e.ty))
         if isinstance(e, Tuple):
             return Tuple(tuple(self.expr(f) for f in e.fields))

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections import OrderedDict
 import re
 import threading
 import time
@@ -59,6 +60,8 @@ from dpl.runtime.config import FusionConfig
 from dpl.runtime.heuristics import FusionDecision
 from dpl.runtime.keys import exact_key
 from dpl.runtime.plan import Compiler, Plan, Planner
+from dpl.runtime.rebinding import bucket
+from dpl.runtime.shapes import ShapeError, bind_dims
 from dpl.runtime.progress import terminal_stderr
 from dpl.runtime.scheduler import FusionScheduler, ScheduledGroup
 from dpl.runtime.timed_choice import SAMPLES
@@ -78,6 +81,7 @@ def _loose_name(name: str) -> str:
 
 
 WARNED_PER_REASON = 8  # units named in warnings per fall-back reason; the rest are in exe.fallbacks
+REBOUND_PLANS = 16  # plans made by rebinding kept (the latest used): a new size costs about a millisecond
 
 
 class FallbackError(DplError):
@@ -186,7 +190,11 @@ class Executable(Compiler):
         self._compiled: set[str] = set()  # choice keys some plan compiled
         self.choices: dict[str, Choice] = {}  # by module function name, or "op NAME dtypes"
         self._failed: dict[str, dict[str, str]] = {}  # choice key -> {backend: compile error}
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: dict[tuple, Plan] = {}  # planned by a walk, by input signature
+        # made from one of those at another binding of the symbols (dpl.runtime.rebinding), the
+        # latest used last; and the plan each bucket of bindings is rebound from
+        self._rebound: OrderedDict[tuple, Plan] = OrderedDict()
+        self._families: dict[tuple, Plan] = {}
         self._planning = threading.RLock()  # plans and the compile state they change, one thread at a time
         self._resident: Any = None  # the device runner (see _device_runner), False: none
         # (plan, ((shape, dtype) of each input)) of the latest call, where inputs are not tuples (_last_plan)
@@ -281,15 +289,54 @@ class Executable(Compiler):
     # -- plans ----------------------------------------------------------------------------------
     def _plan_for(self, specs) -> Plan:
         signature = tuple((tuple(s), np.dtype(d)) for s, d in specs)  # dtype objects: str() of one costs microseconds
-        plan = self._plans.get(signature)
+        plan = self._plans.get(signature) or self._rebound_plan(signature)
         if plan is not None:
             return plan
         with self._planning:
-            plan = self._plans.get(signature)  # another thread may have planned it meanwhile
-            if plan is None:
-                plan = self._make_plan(specs)
-                self._plans[signature] = plan
+            plan = self._plans.get(signature) or self._rebound_plan(signature)  # another thread may have planned it meanwhile
+            if plan is not None:
+                return plan
+            family = self._family(signature)
+            template = self._families.get(family[:2]) if family is not None else None
+            plan = template.rebound(family[2]) if template is not None else None
+            if plan is not None:  # the same kernels at another size of the bucket: no walk, no lookups
+                self._rebound[signature] = plan
+                while len(self._rebound) > REBOUND_PLANS:
+                    self._rebound.popitem(last=False)
+                return plan
+            plan = self._make_plan(specs)
+            self._plans[signature] = plan
+            if family is not None and self._serves_every_binding(plan):
+                self._families[family[:2]] = plan
         return plan
+
+    def _rebound_plan(self, signature) -> Plan | None:
+        plan = self._rebound.get(signature)
+        if plan is not None:
+            self._rebound.move_to_end(signature)
+        return plan
+
+    def _family(self, signature) -> tuple | None:
+        """(dtypes, bucket, dims) of the entry's symbols at ``signature``: the plans of one
+        (dtypes, bucket) share their steps (dpl.runtime.rebinding); None at static shapes or where
+        the shapes do not fit (the planner's walk says why)."""
+        types = [t for p in self.entry.params for t in leaf_types(p.ty)]
+        if len(types) != len(signature) or all(t.is_static for t in types):
+            return None
+        try:
+            dims = bind_dims(types, [s for s, _ in signature], ["input"] * len(types))
+        except ShapeError:
+            return None
+        return tuple(d for _, d in signature), bucket(dims), dims
+
+    def _serves_every_binding(self, plan: Plan) -> bool:
+        """Whether ``plan``'s steps may run at other bindings of its symbols: it could follow its
+        shapes (``plan.rebinding``) and every step's backend compiles kernels that read their
+        sizes at run time (``Backend.shape_generic``)."""
+        if plan.rebinding is None:
+            return False
+        known = backends()
+        return all(s.backend in known and known[s.backend].shape_generic for s in plan.steps)
 
     def _make_plan(self, specs) -> Plan:
         """Plan with the kernels' builds in parallel; when one of them failed, plan again with
@@ -357,7 +404,9 @@ class Executable(Compiler):
 
     @property
     def plans(self) -> dict[tuple, Plan]:
-        return dict(self._plans)
+        """Every plan held, by input signature: those planned by a walk, then those made from
+        them at other sizes (the latest ``REBOUND_PLANS``)."""
+        return {**self._plans, **self._rebound}
 
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *arrays, out=None, **named) -> Any:
@@ -513,6 +562,7 @@ class Executable(Compiler):
                 lines.append(f"  {self._resident.note(plan)}")
             if plan.threads_note:
                 lines.append(f"  {plan.threads_note}")
+            lines.extend(f"  {line}" for line in self._rebinding_note(sig, plan))
             if plan.thread_choice is not None:
                 lines.append(f"  {plan.thread_choice.describe()}")
             for name in dict.fromkeys(plan.view_groups):
@@ -530,6 +580,19 @@ class Executable(Compiler):
         else:  # worded so that a search for "fall-back" finds only real ones
             lines.append("every unit so far runs on the backend meant for it")
         return "\n".join(lines)
+
+    def _rebinding_note(self, signature, plan: Plan) -> list[str]:
+        """What the summary says of a plan of symbolic inputs: which other sizes it serves."""
+        family = self._family(signature)
+        if family is None:
+            return []
+        if self._families.get(family[:2]) is not plan:
+            why = plan.unbound_why or "a step's backend compiles kernels for the shapes they were compiled at"
+            return [f"for these sizes only ({why})"]
+        rebound = [sig for sig, p in self._rebound.items() if p.origin is plan]
+        sizes = ", ".join(f"{s} {(1 << v.bit_length()) >> 1}..{(1 << v.bit_length()) - 1}" for s, v in sorted(family[2].items()))
+        held = f"; {count(len(rebound), 'other signature')} made so far and held" if rebound else ""
+        return [f"serves {sizes} by rebinding (dpl.runtime.rebinding){held}"]
 
     def __repr__(self) -> str:
         return f"<Executable of '{self.entry.name}' for target {self.target_name}, {count(len(self._plans), 'plan')}>"

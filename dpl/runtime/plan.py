@@ -50,6 +50,7 @@ from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
 from dpl.runtime.prepared import PreparedCall, prepare
+from dpl.runtime.rebinding import Lifter, Rebinding
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.timed_choice import thread_choice
 from dpl.runtime.threads import available_cores, budget_binds, budget_threads, one_pool_kernels
@@ -113,7 +114,7 @@ class Plan:
     def __init__(self, signature, buffers: list[Buffer], steps: list[Step], inputs: list[int], result,
                  output_ids: list[int | None], out_specs: list, copies: list[tuple[int, int]], decisions,
                  threads_note: str | None = None, threads: int | None = None, view_groups: Sequence[str] = (),
-                 single_steps: list[Step] | None = None):
+                 single_steps: list[Step] | None = None, *, rebinding: Rebinding | None = None, shared_choice=None):
         self.signature = signature
         self.buffers = buffers
         self.steps = steps
@@ -127,7 +128,10 @@ class Plan:
         self.threads = threads  # the thread budget of its BLAS calls (None: the BLAS's own setting)
         # the same steps on one thread, and which of the two a call takes (dpl.runtime.timed_choice)
         self.single_steps = single_steps
-        self.thread_choice = thread_choice(threads) if single_steps is not None else None
+        self.thread_choice = shared_choice or (thread_choice(threads) if single_steps is not None else None)
+        self.rebinding = rebinding  # how to make this plan at another binding of its symbols, or None
+        self.origin: Plan | None = None  # the plan this one was rebound from
+        self.unbound_why: str | None = None  # why a plan of symbolic inputs cannot be rebound
         # the pools a call's budget must cap: every step declares its own (threads.pools_of), or
         # None, when one does not, and every pool is capped (a NumPy reference may use the BLAS)
         declared = [getattr(s.kernel, "thread_pools", None) for s in steps]
@@ -136,6 +140,23 @@ class Plan:
         self.view_groups = tuple(view_groups)  # Primitive groups of views only, run as views
         self._plan_views()
         self._plan_memory()
+
+    def rebound(self, dims: dict[str, int]) -> "Plan | None":
+        """This plan at another binding ``dims`` of the entry's symbols: the same steps and
+        kernels, the buffers' shapes evaluated at ``dims`` and memory planned for them; None
+        where it cannot be rebound or ``dims`` breaks a constraint (then a planner's walk says
+        why). See :mod:`dpl.runtime.rebinding`; the caller decides which kernels may be shared."""
+        r = self.rebinding
+        shapes = None if r is None else r.shapes_at(dims, [b.shape for b in self.buffers])
+        if shapes is None:
+            return None
+        buffers = [b if b.shape == shape else attrs.evolve(b, shape=shape) for b, shape in zip(self.buffers, shapes)]
+        specs = [(buffers[b].shape, dt.to_numpy(buffers[b].dtype)) for b in r.outputs]
+        signature = tuple((tuple(shape), str(np.dtype(dtype))) for shape, dtype in specs)
+        plan = Plan(signature, buffers, self.steps, self.input_ids, self.result, self.output_ids, specs, self.copies, self.decisions,
+                    self.threads_note, self.threads, self.view_groups, self.single_steps, rebinding=r, shared_choice=self.thread_choice)
+        plan.origin = self
+        return plan
 
     # -- views ----------------------------------------------------------------------------------
     def _plan_views(self) -> None:
@@ -336,6 +357,11 @@ class Planner:
         self.view_groups: list[str] = []
         self._consts: dict[int, int] = {}
         self._depth = 0
+        # each buffer's shape over the entry's symbols, and the current function's symbols over
+        # them (dpl.runtime.rebinding): what lets the plan serve another binding
+        self.symbolic: list = []
+        self.lifter = Lifter()
+        self._symbols: dict = {}
 
     def plan(self, specs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> Plan:
         """Plan for inputs of these (shape, dtype), one per tensor leaf of the parameters."""
@@ -348,7 +374,8 @@ class Planner:
         for ty, (_, dtype), name in zip(types, specs, names):
             if np.dtype(dtype) != dt.to_numpy(ty.dtype):
                 raise ShapeError(f"{name} expects dtype {dt.short(ty.dtype)}, got {np.dtype(dtype)}")
-        inputs = [self._new(shape, ty.dtype, "input") for ty, (shape, _) in zip(types, specs)]
+        self._symbols = {s: s for s in dims}
+        inputs = [self._new(shape, ty.dtype, "input", symbolic=ty.shape) for ty, (shape, _) in zip(types, specs)]
         env: dict[int, Any] = {}
         it = iter(inputs)
         for p in fn.params:
@@ -380,13 +407,35 @@ class Planner:
         if self.threads is not None:
             note = f"{note}; " if note else ""
             note += f"thread budget {self.threads}: BLAS, torch and OpenMP kernels on at most {count(self.threads, 'thread')}"
-        return Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note, self.threads,
-                    self.view_groups, single_steps)
+        rebinding = None
+        if self.lifter.why_not is None and dims:
+            rebinding = Rebinding(tuple(self.symbolic), tuple(self.lifter.constraints), tuple(flat))
+        plan = Plan(signature, self.buffers, steps, inputs, positions, output_ids, specs, copies, self.decisions, note, self.threads,
+                    self.view_groups, single_steps, rebinding=rebinding)
+        plan.unbound_why = self.lifter.why_not
+        return plan
 
     # -- the walk -------------------------------------------------------------------------------
-    def _new(self, shape, dtype, kind, value=None) -> int:
+    def _new(self, shape, dtype, kind, value=None, symbolic=None) -> int:
+        """A buffer of this concrete ``shape``; ``symbolic``: its declared shape in the current
+        function's symbols (None: static)."""
         self.buffers.append(Buffer(tuple(int(d) for d in shape), dtype, kind, value))
+        self.symbolic.append(self._lift(symbolic))
         return len(self.buffers) - 1
+
+    def _lift(self, shape):
+        """``shape`` over the entry's symbols, or None where it is static."""
+        if shape is None or self.lifter.why_not is not None or all(type(d) is int for d in shape):
+            return None
+        return self.lifter.lift(shape, self._symbols)
+
+    def _specialized(self, fn: Function, dims) -> Function:
+        """``fn`` with the caller's values of the symbols it cannot bind itself written in (a
+        plan holding such a kernel is for this binding only)."""
+        given = with_caller_dims(fn, dims)
+        if given is not fn:
+            self.lifter.refuse(f"'{fn.name}' has a caller's value written in")
+        return given
 
     def _function_body(self, fn: Function, env: dict[int, Any], dims: dict[str, int]):
         for b in fn.bindings:
@@ -413,13 +462,13 @@ class Planner:
     def _outputs(self, ty, dims, what) -> tuple[Any, list[int]]:
         made = []
 
-        def alloc(t):
+        def alloc(t, declared):
             if isinstance(t, TupleType):
-                return tuple(alloc(f) for f in t.fields)
-            made.append(self._new(t.shape, t.dtype, "temp"))
+                return tuple(alloc(f, d) for f, d in zip(t.fields, declared.fields))
+            made.append(self._new(t.shape, t.dtype, "temp", symbolic=declared.shape))
             return made[-1]
 
-        return alloc(concrete(ty, dims, what)), made
+        return alloc(concrete(ty, dims, what), ty), made
 
     def _shapes(self, ids: list[int]):
         return [self.buffers[b].shape for b in ids], [self.buffers[b].dtype for b in ids]
@@ -435,6 +484,7 @@ class Planner:
             return None
         base = src if buf.base is None else buf.base
         self.buffers.append(Buffer(tuple(int(d) for d in ty.shape), ty.dtype, "view", base=base))
+        self.symbolic.append(self._lift(call.ty.shape))
         return len(self.buffers) - 1
 
     def _call_op(self, call: Call, env, dims, fn: Function):
@@ -445,7 +495,7 @@ class Planner:
         single, operands = single_op_function(call)
         ins = [b for a in operands for b in flatten(self._eval(a, env, dims, fn))]
         tree, outs = self._outputs(call.ty, dims, f"op {call.op} in '{fn.name}'")
-        kernel, backend = self.compiler.op_kernel(with_caller_dims(single, dims), *self._shapes(ins))
+        kernel, backend = self.compiler.op_kernel(self._specialized(single, dims), *self._shapes(ins))
         self.steps.append(Step(f"op {call.op}", fn.name, backend, kernel, tuple(ins), tuple(outs)))
         return tree
 
@@ -463,11 +513,22 @@ class Planner:
         callee_dims = bind_dims(types, shapes, names, fallback=dims)
         for d, n in dims.items():
             callee_dims.setdefault(d, n)
+        caller = self._symbols
+        if self.lifter.why_not is None:
+            declared = [self.symbolic[b] or self.buffers[b].shape for b in ins]
+            self._symbols = self.lifter.callee([t.shape for t in types], declared, caller, callee_dims)
+        try:
+            return self._callee(name, callee, args, ins, shapes, dtypes, callee_dims)
+        finally:
+            self._symbols = caller
+
+    def _callee(self, name: str, callee: Function, args, ins, shapes, dtypes, callee_dims):
+        """Plan the call of module function ``callee``, in its own symbols (``callee_dims``)."""
         if callee.attrs.get("Primitive") and "Composite" not in callee.attrs:
             if is_view_group(callee):  # no kernel: views
                 self.view_groups.append(name)
                 return self._inline(callee, args, callee_dims)
-            group, backend = self.compiler.group(with_caller_dims(callee, callee_dims), shapes, dtypes)
+            group, backend = self.compiler.group(self._specialized(callee, callee_dims), shapes, dtypes)
             self.decisions.append((name, shapes, group))
             if not group.fused:
                 return self._inline(callee, args, callee_dims)
@@ -476,7 +537,7 @@ class Planner:
             return tree
         if not callee.attrs:  # a plain subroutine: its calls join the plan
             return self._inline(callee, args, callee_dims)
-        kernel, backend = self.compiler.function_kernel(with_caller_dims(callee, callee_dims), shapes, dtypes)
+        kernel, backend = self.compiler.function_kernel(self._specialized(callee, callee_dims), shapes, dtypes)
         tree, outs = self._outputs(callee.ret.ty, callee_dims, f"function '{name}'")
         kind = "codegen" if "Codegen" in callee.attrs else "composite" if "Composite" in callee.attrs else "function"
         label = callee.attrs.get("Codegen") or callee.attrs.get("Composite") or name
