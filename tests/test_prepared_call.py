@@ -19,6 +19,7 @@ from dpl.backends.cpu.call_list import KERNEL, PACKED, SCRATCH
 from dpl.backends.cpu.packed_gemm import ACTS, KC
 from dpl.cli import random_inputs
 from dpl.ir import FunctionBuilder, Module, const
+from dpl.runtime.prepared import MixedCall, PreparedCall
 
 import runtime_corpus
 from test_runtime_text_corpus import MODULES as TEXT_MODULES
@@ -220,13 +221,21 @@ def test_a_budget_of_two_threads_prepares_each_list_of_steps():
         assert lists <= {id(plan.steps), id(plan.single_steps)} and lists
 
 
-def test_plans_that_cannot_be_prepared_run_the_general_path():
+def test_steps_that_cannot_be_prepared_run_in_python_between_prepared_ones():
+    """NumPy's product (no C call to prepare) in Python, the kernel after it prepared; a plan
+    with no C call at all runs the general path."""
     mod = linear_module()
-    exe = dpl.build(mod, CpuBackend(products="numpy"), progress=None, threads=1)  # NumPy's product: no C call to prepare
+    exe = dpl.build(mod, CpuBackend(products="numpy"), progress=None, threads=1)
     x = np.random.default_rng(6).standard_normal((3, 32)).astype(np.float32)
     assert bits(exe(x)) == bits(general(exe.plan(x), [x]))
     plan = exe.plan(x)
-    assert not plan._prepared and id(plan.steps) in plan._unprepared
+    (mixed,) = plan._prepared.values()
+    assert isinstance(mixed, MixedCall)
+    in_python = [p for p in mixed.parts if not isinstance(p, PreparedCall)]
+    assert in_python and all(p in plan.steps for p in in_python) and len(in_python) < len(mixed.parts)
+    for seed in range(3):  # the arena's temporaries the Python steps write, the prepared runs read
+        x = np.random.default_rng(seed).standard_normal((3, 32)).astype(np.float32)
+        assert bits(exe(x)) == bits(general(plan, [x]))
     numpy_exe = dpl.build(mod, "numpy", progress=None)
     assert bits(numpy_exe(x)) == bits(general(numpy_exe.plan(x), [x])) and not numpy_exe.plan(x)._prepared
 

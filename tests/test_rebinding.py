@@ -210,3 +210,26 @@ def test_rebound_plans_held_are_bounded(monkeypatch):
     for n in range(64, 72):
         exe(*inputs(mod, {"n": n}))
     assert len(exe._plans) == 1 and [sig[0][0][0] for sig in exe._rebound] == [69, 70, 71]
+
+
+def test_a_rebound_plan_is_prepared_at_its_second_call_with_the_same_bits():
+    """A decode step at a new cache length runs once: its first call takes the general path, a
+    second prepares it (dpl.runtime.prepared); both give the walked plan's bits."""
+    from dpl.backends.cpu.backend import CpuBackend
+    from dpl.ir import const
+
+    g = FunctionBuilder("fused_linear", attrs={"Primitive": True})  # the weight inside: packed, prepared
+    w = const(np.random.default_rng(0).standard_normal((32, 48)).astype(np.float32), name="w")
+    fn = g.ret(g.emit("nn.gelu", g.emit("matmul", g.param("x", "f32", ("n", 32)), w)))
+    fb = FunctionBuilder("main")
+    mod = Module([fb.ret(fb.call(fn, fb.param("x", "f32", ("n", 32)))), fn])
+    exe = dpl.build(mod, CpuBackend(products="dpl"), config=ALWAYS, progress=False, threads=1)  # packed: prepared C
+    exe(*inputs(mod, {"n": 5}))
+    args = inputs(mod, {"n": 6}, seed=3)
+    first = exe(*args).copy()
+    plan = exe.plan(*args)
+    assert plan.origin is not None and not plan._prepared
+    second = exe(*args)
+    assert plan._prepared and first.tobytes() == second.tobytes()
+    walked = dpl.build(mod, CpuBackend(products="dpl"), config=ALWAYS, progress=False, threads=1)
+    assert walked(*args).tobytes() == first.tobytes()

@@ -81,7 +81,9 @@ def _loose_name(name: str) -> str:
 
 
 WARNED_PER_REASON = 8  # units named in warnings per fall-back reason; the rest are in exe.fallbacks
-REBOUND_PLANS = 16  # plans made by rebinding kept (the latest used): a new size costs about a millisecond
+# plans made by rebinding kept (the latest used), at most so many and so many bytes of arenas: a
+# generate of 32 tokens meets 32 cache lengths, which the next generate of that prompt meets again
+REBOUND_PLANS, REBOUND_BYTES = 64, 256 << 20
 
 
 class FallbackError(DplError):
@@ -194,6 +196,7 @@ class Executable(Compiler):
         # made from one of those at another binding of the symbols (dpl.runtime.rebinding), the
         # latest used last; and the plan each bucket of bindings is rebound from
         self._rebound: OrderedDict[tuple, Plan] = OrderedDict()
+        self._rebound_bytes = 0  # their arenas' bytes
         self._families: dict[tuple, Plan] = {}
         self._planning = threading.RLock()  # plans and the compile state they change, one thread at a time
         self._resident: Any = None  # the device runner (see _device_runner), False: none
@@ -301,8 +304,9 @@ class Executable(Compiler):
             plan = template.rebound(family[2]) if template is not None else None
             if plan is not None:  # the same kernels at another size of the bucket: no walk, no lookups
                 self._rebound[signature] = plan
-                while len(self._rebound) > REBOUND_PLANS:
-                    self._rebound.popitem(last=False)
+                self._rebound_bytes += plan.peak_bytes
+                while len(self._rebound) > 1 and (len(self._rebound) > REBOUND_PLANS or self._rebound_bytes > REBOUND_BYTES):
+                    self._rebound_bytes -= self._rebound.popitem(last=False)[1].peak_bytes
                 return plan
             plan = self._make_plan(specs)
             self._plans[signature] = plan

@@ -17,12 +17,16 @@ the arena, inputs and outputs (and their views, which share their base's memory)
 call. The kernels' backend runs the list (``kernel.call_list``, the same object for every step:
 ``backends/cpu/call_list.py``): each call's pointers gathered from the table, its entry called.
 
-What is not prepared runs the general path: a step whose kernel cannot say its C calls (a NumPy
-or torch product, a view copy, a timed race between two kernels), kernels of different runners,
-an output that is an input or a constant or returned twice (a copy after the steps), an empty
-buffer, a call with ``out=`` or a timer. An input that is not C-contiguous is copied to one for
-the call, as every C kernel does with it on the general path; what each C call computes is the
-same function on the same bytes, so both paths give the same bits.
+A step whose kernel cannot say its C calls (a NumPy take or product, a view copy, a timed race
+between two kernels, a kernel of another runner) runs in Python between the prepared runs of
+the steps around it (:class:`MixedCall`): the arena's arrays with the call's inputs and outputs
+bound, as on the general path. A decode step of a 4-layer Llama has 55 steps, of which the
+embedding's take and the 4 attentions (raced against two products) are such steps: 5 Python
+steps a call instead of 55. The general path runs the whole call where an output is an input
+or a constant or returned twice (a copy after the steps), a buffer is empty, no step is
+prepared, or a call has ``out=`` or a timer. An input that is not C-contiguous is copied to one
+for the call, as every C kernel does with it on the general path; what each C call computes is
+the same function on the same bytes, so both paths give the same bits.
 """
 
 from __future__ import annotations
@@ -96,22 +100,61 @@ class PreparedCall:
         self._program()
 
 
-def prepare(plan, views: list, steps: Sequence) -> PreparedCall | None:
+class MixedCall:
+    """Prepared runs of steps with the steps that cannot be prepared between them, run in
+    Python on the arena's arrays with the call's inputs and outputs bound (see the module text)."""
+
+    def __init__(self, plan, views: list, parts: Sequence):
+        self.plan, self.views = plan, views
+        self.parts = tuple(parts)  # PreparedCall, or a Step run in Python
+
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        bufs = None
+        for part in self.parts:
+            if type(part) is PreparedCall:
+                part.run(inputs, outputs)
+                continue
+            if bufs is None:  # bound at the first Python step: the arrays every later one reads
+                bufs = list(self.views)
+                self.plan.bind(bufs, inputs, outputs)
+            part.kernel([bufs[b] for b in part.inputs], [bufs[b] for b in part.outputs])
+
+
+def prepare(plan, views: list, steps: Sequence) -> PreparedCall | MixedCall | None:
     """The prepared call of ``steps`` (the plan's list, or its one-thread list) over arena
-    ``views``, or None where the general path must run them (see the module text)."""
+    ``views``: one :class:`PreparedCall` where every step is prepared, a :class:`MixedCall`
+    where some run in Python between, or None where the general path must run them (see the
+    module text)."""
     if plan.copies or any(math.prod(buf.shape) == 0 for buf in plan.buffers):
         return None
-    runners = {id(getattr(s.kernel, "call_list", None)) for s in steps}
-    runner = getattr(steps[0].kernel, "call_list", None) if steps else None
-    if runner is None or len(runners) != 1 or not all(callable(getattr(s.kernel, "prepare", None)) for s in steps):
+    runner = next((s.kernel.call_list for s in steps if getattr(s.kernel, "call_list", None) is not None), None)
+    if runner is None:
         return None
-    calls: list[CCall] = []
+    parts: list = []  # lists of C calls of consecutive prepared steps, and steps run in Python
     for step in steps:
-        spec = [(plan.base_of(b), plan.buffers[b].shape) for b in step.inputs]
-        made = step.kernel.prepare(spec, [(plan.base_of(b), plan.buffers[b].shape) for b in step.outputs])
+        made = None
+        if getattr(step.kernel, "call_list", None) is runner and callable(getattr(step.kernel, "prepare", None)):
+            spec = [(plan.base_of(b), plan.buffers[b].shape) for b in step.inputs]
+            made = step.kernel.prepare(spec, [(plan.base_of(b), plan.buffers[b].shape) for b in step.outputs])
         if made is None:
-            return None
-        calls.extend(made)
+            parts.append(step)
+        elif parts and isinstance(parts[-1], list):
+            parts[-1].extend(made)
+        else:
+            parts.append(list(made))
+    runs = [p for p in parts if isinstance(p, list)]
+    if not runs:
+        return None
+    made_runs = {id(run): _prepared_run(plan, views, run, runner) for run in runs}
+    if any(r is None for r in made_runs.values()):
+        return None
+    if len(parts) == 1:
+        return made_runs[id(parts[0])]
+    return MixedCall(plan, views, [made_runs[id(p)] if isinstance(p, list) else p for p in parts])
+
+
+def _prepared_run(plan, views: list, calls: list[CCall], runner) -> PreparedCall | None:
+    """One table and program for ``calls`` over arena ``views`` (None: the runner is not there)."""
     entries: dict[Any, int] = {}  # a buffer number or an Address's id -> its table entry
     fixed: list[int] = []  # the table's initial values
     keep = []
