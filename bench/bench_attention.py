@@ -5,6 +5,7 @@ torch eager written out and torch.compile of it.
     python bench/bench_attention.py [HEADS SEQ HEAD_DIM] [--threads N] [--rounds R] [--dense]
     python bench/bench_attention.py --model llama512 [--threads N] [--rounds R]
     python bench/bench_attention.py --decode [--threads N] [--rounds R]
+    python bench/bench_attention.py --isa native,haswell [--rounds R]
 
 softmax(q @ k^T * 1/sqrt(D) + causal mask (--dense: a random one)) @ v in float32, k given transposed ([H, D, S]) to
 dpl as the torch frontend hands it to the composite. Each round runs every contender once, in
@@ -39,12 +40,27 @@ eight rows' scores for each real one and reads a group's keys once per query hea
 on this host mostly wait: their OpenMP team meets a core another job holds at every barrier (as
 bench_generate.py's docstring says of its 2-thread rows), so read those rows as that host's
 load, not as the kernels' scaling.
+
+``--isa`` (issue 30): the zoo's attentions (4 heads of 64, bench_zoo.py's hidden 256: Llama's
+1 x 128 under a causal mask, BERT's 1 x 128 and 8 x 128 under a padding mask, T5's 1 x 128
+without one) per instruction set, one thread: the flash kernel built with ``-march`` (``native``:
+this CPU's; ``haswell``: AVX2 and FMA only, its libraries' AVX2 kernels too) and the segments
+beside it, interleaved, in GFLOP/s over every key (as bench/roofline.py counts attention) and as
+% of that build's FMA peak (CPU time, medians). On the 2-core Intel Xeon (AVX-512, AMX), flash
+before (the kernel called alone, load 0.1) -> after (this table, load 2.2), segments after:
+    native  (peak 237-239): Llama 1x128 47% -> 66% (segments 21%), BERT 1x128 37% -> 41% (34%),
+                            BERT 8x128 36% -> 51% (26%), T5 1x128 40% -> 43% (35%)
+    haswell (peak 131):     Llama 1x128  4% -> 85% (34%), BERT 1x128  3% -> 52% (51%),
+                            BERT 8x128  3% -> 65% (38%), T5 1x128  3% -> 53% (53%)
+(the AVX2 build's 64-byte vectors had been split into spilled register pairs.)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -80,7 +96,14 @@ def main(argv=None):
     ap.add_argument("--model", help="a bench_models.py workload (llama128, llama512, gpt2) instead of one attention")
     ap.add_argument("--decode", action="store_true", help="one decode step's attention (32 query / 8 key-value heads of 128) "
                     "at 128-8192 cached keys: the decode kernel, the flash kernel on one row, the segments")
+    ap.add_argument("--isa", help="comma-separated -march values (native,haswell): the zoo's attentions per build, "
+                    "flash and segments, GFLOP/s and % of the build's FMA peak")
+    ap.add_argument("--isa-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.isa_child:
+        return print(json.dumps(isa_rows(args.isa_child, args.rounds)))
+    if args.isa:
+        return isa_table(args.isa.split(","), args.rounds)
     if args.model:
         return model_main(args)
     if args.decode:
@@ -265,6 +288,93 @@ def decode_main(args, heads=32, kv_heads=8, dim=128):
         for name, ts in times.items():
             med = float(np.median(ts))
             print(f"  {keys:>5} {name:<22} {med:8.3f} {kv_bytes / med / 1e6:9.1f} {flops / med / 1e6:8.1f} {med / base:9.2f}")
+
+
+# the zoo's attentions at bench_zoo.py's hidden 256 (4 heads of 64): name, batch, rows, mask kind
+ISA_CASES = (("Llama 1x128 causal", 1, 128, "causal"), ("BERT 1x128 padding", 1, 128, "padding"),
+             ("BERT 8x128 padding", 8, 128, "padding"), ("T5 1x128 none", 1, 128, None))
+
+
+def zoo_attention(batch, seq, mask_kind, heads=4, dim=64):
+    """The module and its inputs: a causal mask (-inf above the diagonal), a padding one (each
+    batch entry's last keys at float32's minimum, as Hugging Face's), or none."""
+    mask = {"causal": f", mask: f32[{seq}, {seq}]", "padding": f", mask: f32[{batch}, 1, 1, {seq}]", None: ""}[mask_kind]
+    mod = dpl.parse(f"""
+func main(q: f32[{batch}, {heads}, {seq}, {dim}], k: f32[{batch}, {heads}, {dim}, {seq}], v: f32[{batch}, {heads}, {seq}, {dim}]{mask}) -> f32[{batch}, {heads}, {seq}, {dim}] {{
+  s = matmul(q, k)
+  z = multiply(s, {1 / dim ** 0.5})
+  {"m = add(z, mask)" if mask_kind else ""}
+  p = nn.softmax({"m" if mask_kind else "z"})
+  o = matmul(p, v)
+  return o
+}}""")
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(p.ty.shape).astype(np.float32) for p in mod["main"].params]
+    if mask_kind == "causal":
+        args[3] = np.triu(np.full((seq, seq), -np.inf, np.float32), 1)
+    elif mask_kind == "padding":
+        args[3] = np.zeros((batch, 1, 1, seq), np.float32)
+        for b in range(batch):
+            args[3][b, ..., seq - 9 * b - 5:] = np.finfo(np.float32).min
+    return mod, args
+
+
+def isa_rows(march, rounds):
+    """The FMA peak of a ``-march=march`` build and per :data:`ISA_CASES` its flash and segments
+    GFLOP/s, one thread, medians of ``rounds`` interleaved samples of CPU time."""
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_products import _cpu_medians
+    from roofline import fma_peak
+    from dpl.backends.cpu.toolchain import KernelCache
+
+    rows = []
+    with tempfile.TemporaryDirectory() as cache_dir:
+        cache = KernelCache(cache_dir, march=march)
+        peak = fma_peak(1, cache)
+        for name, batch, seq, mask_kind in ISA_CASES:
+            mod, args = zoo_attention(batch, seq, mask_kind)
+            fused = dpl.apply(mod, ["llm"])
+            want = dpl.interpret(mod, *args)
+            fns = []
+            for mode in ("flash", "segments"):
+                backend = CpuBackend(attention=mode)
+                backend.cache = cache
+                exe = dpl.build(fused, [backend, "numpy"], config=dpl.FusionConfig(fallback_on_error=False), threads=1)
+                np.testing.assert_allclose(exe(*args), want, rtol=1e-4, atol=1e-4)
+                assert f"{mode} attention" in exe.summary() or f"attention={mode!r}" in exe.summary(), exe.summary()
+                out = np.empty_like(want)
+                fns.append(lambda exe=exe, out=out: exe(*args, out=out))
+            flops = 4 * batch * 4 * seq * seq * 64  # both products over every key
+            rows.append((name, *(flops / s / 1e9 for s in _cpu_medians(fns, rounds))))
+    return peak / 1e9, rows
+
+
+def isa_table(marchs, rounds):
+    """Each ``-march`` build's rows, each in a child process (a ``haswell`` one beside its
+    libraries' AVX2 kernels), as GFLOP/s and % of that build's FMA peak."""
+    from bench_products import AVX2_LIBRARIES
+
+    from dpl.host_cpu import describe
+
+    results = {}
+    for march in marchs:
+        env = {**os.environ, **(AVX2_LIBRARIES if march == "haswell" else {})}
+        child = subprocess.run([sys.executable, __file__, "--isa-child", march, "--rounds", str(rounds)], env=env,
+                               capture_output=True, text=True)
+        if child.returncode != 0:
+            raise SystemExit(f"bench_attention: the -march={march} build did not run here:\n{child.stderr[-2000:]}")
+        results[march] = json.loads(child.stdout.splitlines()[-1])
+    print(f"{describe()}; load average {os.getloadavg()[0]:.1f}; one thread, medians of {rounds} interleaved samples (CPU time)")
+    print("attention GFLOP/s over every key (% of the build's FMA peak): dpl flash, dpl segments")
+    print(f"  {'':<20}" + "".join(f" | {march + f' (peak {results[march][0]:.0f})':^32}" for march in marchs))
+    for i, (name, *_) in enumerate(results[marchs[0]][1]):
+        cells = ""
+        for march in marchs:
+            peak, rows = results[march]
+            cells += " | " + "  ".join(f"{g:6.1f} ({100 * g / peak:3.0f}%)" for g in rows[i][1:])
+        print(f"  {name:<20}{cells}")
 
 
 class _nothing:

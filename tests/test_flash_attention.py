@@ -428,3 +428,75 @@ def test_heads_too_wide_for_the_stack_run_as_the_segments(backend):
     # the heads models use stay well inside, 16-bit ones with their widened tiles included
     for dtype, head in (("float32", 256), ("float16", 256), ("bfloat16", 256), ("float64", 256)):
         assert fa.stack_bytes(attrs.evolve(spec, dtype=dtype, head_dim=head, value_dim=head)) <= fa.MAX_STACK_BYTES
+
+
+# the instruction sets the kernels are built for, by -march: this CPU's own (AVX-512 where it
+# has it) and AVX2 with FMA only, as on a host without AVX-512 (a Zen 3, a Haswell)
+BUILDS = {"native": (), "haswell": ("avx2", "fma")}
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def isa_backend(request, tmp_path_factory):
+    """A flash-only CPU backend whose kernels are built for each of :data:`BUILDS` this CPU runs."""
+    from dpl.backends.cpu.backend import CpuBackend, KernelCache
+    from dpl.host_cpu import isa_flags
+
+    needs.c_compiler()
+    march = request.param
+    if not set(BUILDS[march]) <= set(isa_flags()):
+        pytest.skip(f"this CPU cannot run a -march={march} build")
+    backend = CpuBackend(attention="flash")
+    backend.cache = KernelCache(tmp_path_factory.mktemp(f"kernels-{march}"), march=march)
+    return backend, march
+
+
+def test_each_build_has_its_own_vectors(isa_backend):
+    """The register blocks are the build's vectors: 16 float lanes on AVX-512, 8 on AVX2 (a
+    64-byte vector on AVX2 had split into spilled register pairs: 4 GFLOP/s)."""
+    import ctypes
+
+    from dpl.backends.cpu import flash_attention as fa
+    from dpl.host_cpu import isa_flags
+
+    backend, march = isa_backend
+    _, fn = composite(attention_module((1, 8, 64), (1, 64, 8), (1, 8, 64)))
+    lanes = backend.cache.load(fa.emit_flash(read_attention(fn), backend.cache.vector_math())).dpl_vector_lanes
+    lanes.restype = ctypes.c_int
+    assert lanes() == (16 if march == "native" and "avx512f" in isa_flags() else 8)
+
+
+MASK_KINDS = ["none", "causal", "padding"]
+
+
+def random_case(rng, head, mask_kind):
+    """A random attention for the micro-kernels' edges: batch and GQA groups, query and key
+    lengths that are rarely multiples of a vector or a tile (1 query row: the decode kernel),
+    and a mask of ``mask_kind``: none, causal (-inf or float32's minimum above the diagonal), or padding (each batch
+    entry's last keys at float32's minimum, broadcast over heads and rows, as Hugging Face's)."""
+    batch, kv_heads, group = int(rng.integers(1, 3)), int(rng.integers(1, 3)), int(rng.choice([1, 3]))
+    sq = int(rng.choice([1, 5, 13, 63, 77, 130]))
+    sk = sq if mask_kind == "causal" else int(rng.choice([3, 17, 64, 95, 150]))
+    q, k, v = (batch, kv_heads, group, sq, head), (batch, kv_heads, 1, head, sk), (batch, kv_heads, 1, sk, head)
+    mask = {"none": None, "causal": (sq, sk), "padding": (batch, 1, 1, 1, sk)}[mask_kind]
+    mod = attention_module(q, k, v, mask)
+    args = inputs(mod, int(rng.integers(1 << 30)), float(rng.choice([1.0, 8.0])))
+    if mask_kind == "causal":  # the torch frontend's -inf, or Hugging Face's float minimum (trimmed from the first tile)
+        args[3] = causal(sq, sk, float(rng.choice([-np.inf, np.finfo(np.float32).min])))
+    elif mask_kind == "padding":
+        pad = np.zeros(mask, np.float32)
+        for b in range(batch):
+            pad[b, ..., sk - int(rng.integers(0, sk)):] = np.finfo(np.float32).min
+        args[3] = pad
+    return mod, args
+
+
+@pytest.mark.parametrize("mask_kind", MASK_KINDS)
+@pytest.mark.parametrize("head", [32, 64, 80, 128])
+def test_micro_kernels_equal_the_interpreter_per_build(isa_backend, head, mask_kind):
+    """Both products' register blocks at each instruction set, on random shapes (odd lengths,
+    GQA groups, batches) and each mask kind, against the interpreter."""
+    backend, march = isa_backend
+    rng = np.random.default_rng([head, MASK_KINDS.index(mask_kind), len(march)])
+    for _ in range(3):
+        mod, args = random_case(rng, head, mask_kind)
+        check(dpl.interpret(mod, *args), run_flash(backend, mod, args))

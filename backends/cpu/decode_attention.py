@@ -102,7 +102,7 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
     }}
     (void)mrows;
     for (int64_t j0 = c0; j0 < c1; j0 += KEYS) {{
-      const int64_t jn = MIN_(KEYS, c1 - j0);
+      const int64_t jt = MIN_(KEYS, c1 - j0);  /* the tile's keys */
 {tile}    }}
     if (!part) {{
       for (int64_t r = 0; r < rows; ++r) {{
@@ -153,16 +153,17 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
 # the next tile's keys, fetched while this tile's are read: each tile reads D rows of k at once
 # (k is [D, n]), more streams than the hardware's prefetcher follows (8192 keys, 8 heads of 128,
 # one thread: 23.1 ms without, 17.1 with; at 2048 keys, in cache, no change)
-PREFETCH_K = "          __builtin_prefetch(kr + KEYS); __builtin_prefetch(kr + KEYS + LANES);\n"
+PREFETCH_K = 1  # flash_attention.BLOCKS' score_block: its k rows' next tile fetched
 # the mask's entries of a task row come from that row's batch entry (mrows, set per task)
 MASK_ROW = "        const elem_t *restrict mr = mrows[r] + j0 * mcol;"
-# a tile is skipped where it adds nothing to any row (flash_attention.TILE_MASKED, row by row)
+# a tile's keys past the last one any row needs are not computed (flash_attention.TILE_MASKED, row by row)
 SKIP_MASKED = """\
-      {
-        int hidden = 1;
-        for (int64_t r = 0; r < rows && hidden; ++r) hidden = tile_masked(mrows[r] + j0 * mcol, 1, jn, 0, mcol, m + r);
-        if (hidden) continue;
+      int64_t jn = 0;
+      for (int64_t r = 0; r < rows && jn < jt; ++r) {
+        const int64_t live = tile_live(mrows[r] + j0 * mcol, 1, jt, 0, mcol, m + r);
+        jn = live > jn ? live : jn;
       }
+      if (jn == 0) continue;
 """
 
 

@@ -13,14 +13,22 @@ The values' product runs a vector of value columns for all the task's rows at a 
 halved the kernel (4 heads x 512 x 64, causal, one thread: 3.2-4.2 ms before, 1.9-2.3 after;
 torch's SDPA 5.3-6.0, torch.compile of the written-out attention 4.0).
 
+Both products are register blocks of the build's own vectors (``BLOCKS``: AVX-512 8 rows x 2
+zmm, AVX2 4 x 2 ymm, chosen by ``#if`` as backends/cpu/packed_gemm.py chooses its tile), k's
+and v's rows streamed through them in place. The zoo's attentions (4 heads of 64, one thread,
+``python bench/bench_attention.py --isa native,haswell``, the 2-core Xeon): an AVX2 build had
+run at 3-4% of its FMA peak (its 64-byte vectors split into spilled register pairs) and runs at
+52-85%; the AVX-512 build went from 36-47% to 41-66%, GFLOP/s counted over every key.
+
 What the interpreter's softmax does, this does too: a row whose scores are all -inf (a fully
 masked row) is NaN, as exp(-inf - -inf) is; a NaN score makes its row NaN; +inf makes its row
 NaN (inf - inf). A tile whose scores are all -inf adds nothing (its exponentials would be
-exp(-inf - -inf) while the running maximum is still -inf). A tile whose mask entries are all
--inf, or all at most -1e30 once every row has a real score, is skipped before its scores are
-computed (a causal mask's upper triangle, -inf or Hugging Face's float minimum): its
-exponentials are exactly 0. The one difference this makes: a NaN or inf in q or k under such a
-tile does not reach the output, where the interpreter's would be NaN.
+exp(-inf - -inf) while the running maximum is still -inf). A tile's keys past the last one its
+mask leaves to any of its rows are not computed, the whole tile where it leaves none (a causal
+mask's upper triangle, -inf or Hugging Face's float minimum; padding: ``TILE_MASKED`` says
+when an entry is hidden): their exponentials are exactly 0. The one difference this makes: a
+NaN or inf in q or k under such keys does not reach the output, where the interpreter's would
+be NaN.
 
 Batch dimensions broadcast as NumPy's matmul does (GQA's k/v heads of size 1 over q's
 heads, a mask of shape [Sq, Sk] over every head): the runner gives the kernel, per flattened
@@ -39,6 +47,7 @@ import threading
 import numpy as np
 
 from dpl import dtypes
+from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import PRELUDE, VECTOR_MATH
 from dpl.kernel.attention import Attention, Const, Param
 from dpl.kernel.ir import Const as KConst
@@ -46,12 +55,86 @@ from dpl.kernel.ir import to_c
 from dpl.runtime.threads import openmp_kernel
 
 ROWS = 8  # query rows per task: the key tile is read once for all of them
-KEYS = 64  # keys per tile: the tile's scores (ROWS x KEYS) stay in L1
+KEYS = 128  # keys per tile: the tile's scores (ROWS x KEYS) stay in L1; 64 ran 9% slower at 1 x 128 (AVX-512 and AVX2)
 
 _STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
             "float64": ("double", "double", "(x)", "(double)(x)"),
             "float16": ("half", "float", "((float)(x))", "((half)(x))"),
             "bfloat16": ("uint16_t", "float", "dpl_bf16_load(x)", "dpl_bf16_store(x)")}
+
+# the two products' register blocks (micro-kernels), as backends/cpu/packed_gemm.py's: a block of
+# the result in vector registers while one operand's rows stream through as vectors and the
+# other's elements are broadcast against them. Their sizes are the instruction set's: AVX-512 8
+# rows x 2 vectors (16 of 32 zmm accumulate), AVX2 4 x 2 (8 of 16 ymm: as many as two FMA units
+# of latency 4 keep busy); ``mr`` and ``nv`` are constants where they are called (always inlined)
+BLOCKS = """\
+#if defined(__AVX512F__)
+enum {{ SR = 8, SN = 2, PR = 8, PN = 2 }};
+#else
+enum {{ SR = 4, SN = 2, PR = 4, PN = 2 }};
+#endif
+#define SR_ (ROWS < SR ? ROWS : SR)
+#define PR_ (ROWS < PR ? ROWS : PR)
+
+/* scores s[r][j] = sum_d q[r][d] k[d][j] for mr rows (q's at qf, stride D; s's stride KEYS) and
+   nv vectors of keys (k's rows at kt, stride kst), the last one's first `part` lanes only where
+   part > 0 (its other lanes 0: whole vectors stored, s's rows hold KEYS) */
+static inline __attribute__((always_inline)) void score_block(const acc_t *restrict qf, const acc_t *restrict kt,
+    int64_t kst, acc_t *restrict s, const int mr, const int nv, int64_t part) {{
+  vec_t acc[SR][SN];
+  for (int r = 0; r < mr; ++r)
+    for (int c = 0; c < nv; ++c) acc[r][c] = vzero();
+  for (int d = 0; d < D; ++d) {{
+    const acc_t *kr = kt + (int64_t)d * kst;
+    if (PREFETCH_K) {{ __builtin_prefetch(kr + KEYS); __builtin_prefetch(kr + KEYS + LANES); }}
+    vec_t kv[SN];
+    for (int c = 0; c < nv; ++c) kv[c] = (part && c == nv - 1) ? vload_part(kr + c * LANES, part) : vload(kr + c * LANES);
+    for (int r = 0; r < mr; ++r) {{
+      const acc_t x = qf[r * D + d];
+      for (int c = 0; c < nv; ++c) acc[r][c] += x * kv[c];
+    }}
+  }}
+  for (int r = 0; r < mr; ++r)
+    for (int c = 0; c < nv; ++c) vstore(s + r * KEYS + c * LANES, acc[r][c]);
+}}
+
+/* the tile's scores for rows [r0, r0 + mr): its keys [0, jn) a block of SN vectors at a time */
+static inline __attribute__((always_inline)) void score_rows(const acc_t *restrict qf, const acc_t *restrict kt,
+    int64_t kst, acc_t *restrict s, const int mr, int64_t jn) {{
+  int64_t jc = 0;
+  for (; jc + SN * LANES <= jn; jc += SN * LANES) score_block(qf, kt + jc, kst, s + jc, mr, SN, 0);
+  for (; jc + LANES <= jn; jc += LANES) score_block(qf, kt + jc, kst, s + jc, mr, 1, 0);
+  if (jc < jn) score_block(qf, kt + jc, kst, s + jc, mr, 1, jn - jc);
+}}
+
+/* o[r][c] += sum_j p[r][j] v[j][c] for mr rows (p's at s, stride KEYS; o's stride DV), keys
+   [0, jn) (v's rows at vt, stride DV) and nv vectors of value columns */
+static inline __attribute__((always_inline)) void value_block(const acc_t *restrict s, const acc_t *restrict vt,
+    acc_t *restrict o, const int mr, const int nv, int64_t jn) {{
+  vec_t acc[PR][PN];
+  for (int r = 0; r < mr; ++r)
+    for (int c = 0; c < nv; ++c) acc[r][c] = vload(o + r * DV + c * LANES);
+  for (int64_t j = 0; j < jn; ++j) {{
+    vec_t vv[PN];
+    for (int c = 0; c < nv; ++c) vv[c] = vload(vt + j * DV + c * LANES);
+    for (int r = 0; r < mr; ++r) {{
+      const acc_t x = s[r * KEYS + j];
+      for (int c = 0; c < nv; ++c) acc[r][c] += x * vv[c];
+    }}
+  }}
+  for (int r = 0; r < mr; ++r)
+    for (int c = 0; c < nv; ++c) vstore(o + r * DV + c * LANES, acc[r][c]);
+}}
+
+/* the tile's weighted values for rows [r0, r0 + mr): the value columns a block of PN vectors at a
+   time (DV a multiple of LANES) */
+static inline __attribute__((always_inline)) void value_rows(const acc_t *restrict s, const acc_t *restrict vt,
+    acc_t *restrict o, const int mr, int64_t jn) {{
+  int c0 = 0;
+  for (; c0 + PN * LANES <= DV; c0 += PN * LANES) value_block(s, vt + c0, o + c0, mr, PN, jn);
+  for (; c0 + LANES <= DV; c0 += LANES) value_block(s, vt + c0, o + c0, mr, 1, jn);
+}}
+"""
 
 # what both attention kernels open with (this one's and decode_attention.py's): the sizes, the
 # storage and accumulator types, the vector type and its helpers
@@ -67,16 +150,28 @@ typedef {acc} acc_t;
 #define ST(x) {store}
 #define MIN_(a, b) ((a) < (b) ? (a) : (b))
 #define WIDEN {widen}
-/* register blocks as GCC/Clang vector types of one 64-byte vector (split where registers are narrower) */
-typedef acc_t vec_t __attribute__((vector_size(64)));
-typedef {lane_int} ivec_t __attribute__((vector_size(64)));  /* what comparing two vec_t gives: -1 or 0 a lane */
-#define LANES {lanes}
+/* the vector: the widest the build's instruction set has (-march: AVX-512 64 bytes, AVX 32, else
+   16), as a GCC/Clang vector type. A 64-byte vector on an AVX2 build is split in pairs of
+   registers, its blocks spill and its comparisons go lane by lane: the kernel ran at 4 GFLOP/s */
+#if defined(__AVX512F__)
+#define VBYTES 64
+#elif defined(__AVX__)
+#define VBYTES 32
+#else
+#define VBYTES 16
+#endif
+typedef acc_t vec_t __attribute__((vector_size(VBYTES)));
+typedef {lane_int} ivec_t __attribute__((vector_size(VBYTES)));  /* what comparing two vec_t gives: -1 or 0 a lane */
+#define LANES (VBYTES / {acc_bytes})  /* a number the preprocessor can test */
+int dpl_vector_lanes(void) {{ return LANES; }}  /* what the build's vectors hold (tests) */
 static inline vec_t vload(const acc_t *p) {{ vec_t v; memcpy(&v, p, sizeof v); return v; }}
 static inline void vstore(acc_t *p, vec_t v) {{ memcpy(p, &v, sizeof v); }}
 static inline vec_t vzero(void) {{ vec_t v = {{0}}; return v; }}
-/* the first n <= LANES elements at p, the other lanes 0: one masked load where AVX-512 has it
-   (a memcpy call per vector had made ViT's 197 keys cost 1.4x of 192); a vector's maximum (no
-   NaN lanes), its sum, whether any lane is set: AVX-512's reductions (loops over the lanes had
+static inline ivec_t iota(void) {{ ivec_t v; for (int i = 0; i < LANES; ++i) v[i] = i; return v; }}
+#define IOTA iota()  /* lane numbers */
+/* the first n <= LANES elements at p, the other lanes 0: one masked load where AVX-512 and AVX2
+   have it (a memcpy call per vector had made ViT's 197 keys cost 1.4x of 192); a vector's maximum
+   (no NaN lanes), its sum, whether any lane is set: AVX-512's reductions (loops over the lanes had
    been a fifth of the row work: the kernel 4-5% faster with these) */
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -85,17 +180,22 @@ static inline acc_t hmax(vec_t v) {{ return {reduce_max}(({m512})v); }}
 static inline acc_t hsum(vec_t v) {{ return {reduce_add}(({m512})v); }}
 static inline int vany(ivec_t v) {{ return {test_mask}((__m512i)v, (__m512i)v) != 0; }}
 #else
+#if defined(__AVX2__)
+#include <immintrin.h>
+static inline vec_t vload_part(const acc_t *p, int64_t n) {{ return (vec_t){avx2_masked_load}(p, (__m256i)(IOTA < ({lane_int})n)); }}
+#else
 static inline vec_t vload_part(const acc_t *p, int64_t n) {{ vec_t v = vzero(); memcpy(&v, p, n * sizeof(acc_t)); return v; }}
+#endif
 static inline acc_t hmax(vec_t v) {{ acc_t x = v[0]; for (int i = 1; i < LANES; ++i) x = v[i] > x ? v[i] : x; return x; }}
 static inline acc_t hsum(vec_t v) {{ acc_t x = 0; for (int i = 0; i < LANES; ++i) x += v[i]; return x; }}
 static inline int vany(ivec_t v) {{ {lane_int} x = 0; for (int i = 0; i < LANES; ++i) x |= v[i]; return x != 0; }}
 #endif
-static const ivec_t IOTA = {{{iota}}};  /* lane numbers */
 #define FAST_EXP {fast_exp}
-{vexp}#define FAST_PV {fast_pv}
+{vexp}#define FAST_PV (DV % LANES == 0)
+#define PREFETCH_K {prefetch_k}
 
 {tile_masked}
-"""
+""" + BLOCKS
 
 # the buffers both kernels' entries take first: the operands, the output, the batch offsets
 OPERANDS = """\
@@ -134,7 +234,7 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
       m[r] = -INFINITY; l[r] = 0; nan[r] = 0;
     }}
     for (int64_t j0 = 0; j0 < sk; j0 += KEYS) {{
-      const int64_t jn = MIN_(KEYS, sk - j0);
+      const int64_t jt = MIN_(KEYS, sk - j0);  /* the tile's keys */
 {tile}    }}
     elem_t *restrict ob = out + (b * sq + i0) * DV;
     for (int64_t r = 0; r < rows; ++r) {{
@@ -164,38 +264,9 @@ TILE = """\
       const acc_t *restrict kt0 = kb + j0, *restrict vt0 = vb + j0 * DV;
       const int64_t kst = sk;
 #endif
-      /* the tile's scores: q rows x keys, a register block of ROWS x 2 vectors at a time */
-      int64_t jc = 0;
-      for (; jc + 2 * LANES <= jn; jc += 2 * LANES) {{
-        vec_t a0[ROWS], a1[ROWS];
-        #pragma GCC unroll 16
-        for (int r = 0; r < ROWS; ++r) {{ a0[r] = vzero(); a1[r] = vzero(); }}
-        for (int d = 0; d < D; ++d) {{
-          const acc_t *kr = kt0 + (int64_t)d * kst + jc;
-{prefetch_k}          const vec_t k0 = vload(kr), k1 = vload(kr + LANES);
-          #pragma GCC unroll 16
-          for (int r = 0; r < ROWS; ++r) {{
-            const acc_t x = qf[r][d];
-            a0[r] += x * k0;
-            a1[r] += x * k1;
-          }}
-        }}
-        #pragma GCC unroll 16
-        for (int r = 0; r < ROWS; ++r) {{ vstore(&s[r][jc], a0[r]); vstore(&s[r][jc + LANES], a1[r]); }}
-      }}
-      for (; jc < jn; jc += LANES) {{  /* the last keys: one vector, the keys past the tile read as 0 */
-        const int64_t n = MIN_(LANES, jn - jc);
-        vec_t a0[ROWS];
-        #pragma GCC unroll 16
-        for (int r = 0; r < ROWS; ++r) a0[r] = vzero();
-        for (int d = 0; d < D; ++d) {{
-          const vec_t k0 = vload_part(kt0 + (int64_t)d * kst + jc, n);
-          #pragma GCC unroll 16
-          for (int r = 0; r < ROWS; ++r) a0[r] += qf[r][d] * k0;
-        }}
-        /* whole vectors: s's rows hold KEYS, a multiple of LANES, and the lanes past jn are not read */
-        for (int r = 0; r < ROWS; ++r) vstore(&s[r][jc], a0[r]);
-      }}
+      /* the tile's scores: the task's rows SR_ at a time (the block's sizes are constants here) */
+      for (int r0 = 0; r0 + SR_ <= ROWS; r0 += SR_) score_rows(qf[r0], kt0, kst, s[r0], SR_, jn);
+      if (ROWS % SR_) score_rows(qf[ROWS - ROWS % SR_], kt0, kst, s[ROWS - ROWS % SR_], ROWS % SR_, jn);
       /* scale, mask, the online softmax */
       for (int64_t r = 0; r < rows; ++r) {{
         acc_t *restrict sr = s[r];
@@ -218,7 +289,8 @@ TILE = """\
           for (int64_t j = 0; j < jn; ++j) sr[j] = 0;
           continue;
         }}
-        const acc_t corr = exp(m[r] - mnew);
+        /* the row's first scores: nothing to rescale (libm's exp a row had been 6% of 1 x 128's kernel) */
+        const acc_t corr = m[r] == -INFINITY ? (acc_t)0 : exp(m[r] - mnew);
 #if FAST_EXP
         vec_t sv = vzero();
         int64_t je = 0;
@@ -253,20 +325,10 @@ TILE = """\
       }}
       /* the tile's values, weighted */
 #if FAST_PV
-      /* a vector of value columns at a time, for all the task's rows: ROWS accumulators, one
-         load of v per key (four rows times the whole value width ran 1.25x slower) */
-      for (int c0 = 0; c0 < DV; c0 += LANES) {{
-        vec_t acc[ROWS];
-        #pragma GCC unroll 16
-        for (int r = 0; r < ROWS; ++r) acc[r] = vload(&o[r][c0]);
-        for (int64_t j = 0; j < jn; ++j) {{
-          const vec_t vv = vload(vt0 + j * DV + c0);
-          #pragma GCC unroll 16
-          for (int r = 0; r < ROWS; ++r) acc[r] += s[r][j] * vv;
-        }}
-        #pragma GCC unroll 16
-        for (int r = 0; r < ROWS; ++r) vstore(&o[r][c0], acc[r]);
-      }}
+      /* the task's rows PR_ at a time, each block a PR_ x PN vectors of o in registers while the
+         tile's rows of v stream through */
+      for (int r0 = 0; r0 + PR_ <= ROWS; r0 += PR_) value_rows(s[r0], vt0, o[r0], PR_, jn);
+      if (ROWS % PR_) value_rows(s[ROWS - ROWS % PR_], vt0, o[ROWS - ROWS % PR_], ROWS % PR_, jn);
 #else
       for (int64_t j = 0; j < jn; ++j) {{
         const acc_t *restrict vr = vt0 + j * DV;
@@ -281,32 +343,50 @@ TILE = """\
 
 TEMPLATE = HEAD + FLASH_ENTRY.replace("{operands}", OPERANDS).replace("{tile}", TILE)
 
+# a tile's keys past the last one its mask leaves to any of the task's rows are not computed: a
+# causal mask's tile on the diagonal computes the keys up to its last row's (KEYS 128 and no
+# trimming: Llama's 1 x 128 skipped nothing; KEYS 64 and whole tiles skipped: a quarter)
 SKIP_MASKED = """\
-      if (tile_masked(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jn, mrow, mcol, m)) continue;
+      const int64_t jn = tile_live(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jt, mrow, mcol, m);
+      if (jn == 0) continue;
 """
+TILE_KEYS = "      const int64_t jn = jt;\n"
 TILE_MASKED = """
-/* whether a tile adds nothing to any of its rows, so its scores need not be computed: every
-   mask entry is -inf (a causal mask's upper triangle), or every entry is at most -1e30 (Hugging
-   Face's float minimum) while each row has already seen a score above -1e29, so that each
-   exp(score + mask - max) of the tile is exactly 0 for any score below 9e29 in magnitude */
-static int tile_masked(const elem_t *mk, int64_t rows, int64_t keys, int64_t mrow, int64_t mcol, const acc_t *m) {
-  int seen = 1;
-  for (int64_t r = 0; r < rows; ++r) seen &= m[r] > (acc_t)-1e29;
-  const acc_t floor_ = seen ? (acc_t)-1e30 : (acc_t)-INFINITY;
-  for (int64_t r = 0; r < rows; ++r) {
-    const elem_t *row = mk + r * mrow;
-    int64_t j = 0;
+/* whether a row of mask entries holds one above -1e29 among its first n (a NaN is not) */
+static int anchored(const elem_t *row, int64_t n, int64_t mcol) {
+  int64_t j = 0;
 #if !WIDEN
-    if (mcol == 1) {  /* a vector of entries at a time; a NaN entry is not <= floor_ */
-      ivec_t live = {0};
-      for (; j + LANES <= keys; j += LANES) live |= ~(vload(row + j) <= floor_);
-      if (vany(live)) return 0;
-    }
+  if (mcol == 1)
+    for (; j + LANES <= n; j += LANES)
+      if (vany(vload(row + j) > (acc_t)-1e29)) return 1;
 #endif
-    for (; j < keys; ++j)
-      if (!(LD(row[j * mcol]) <= floor_)) return 0;
+  for (; j < n; ++j)
+    if (LD(row[j * mcol]) > (acc_t)-1e29) return 1;
+  return 0;
+}
+
+/* the keys [0, n) of a tile that its rows need: past n every mask entry of every row is hidden,
+   so that those keys' scores need not be computed. Hidden, for a row: -inf (a causal mask's
+   upper triangle); at most -1e30 (Hugging Face's float minimum) once the row has seen a score
+   above -1e29; at most -1e37 where the row has a mask entry above -1e29 in this tile (its first
+   tile: that key is computed, so the row's maximum ends above -1e30). Either way each
+   exp(score + mask - max) there is exactly 0 for any score below 9e29 in magnitude. 0: the tile
+   adds nothing to any row */
+static int64_t tile_live(const elem_t *mk, int64_t rows, int64_t keys, int64_t mrow, int64_t mcol, const acc_t *m) {
+  int64_t live = 0;
+  for (int64_t r = 0; r < rows && live < keys; ++r) {  /* each row from its end down to the live keys found */
+    const elem_t *row = mk + r * mrow;
+    acc_t floor_ = m[r] > (acc_t)-1e29 ? (acc_t)-1e30 : (acc_t)-INFINITY;
+    if (floor_ == -INFINITY && anchored(row, keys, mcol)) floor_ = (acc_t)-1e37;
+    int64_t j = keys;
+#if !WIDEN
+    if (mcol == 1)  /* a vector of entries at a time; a NaN entry is not <= floor_ */
+      while (j - LANES >= live && !vany(~(vload(row + j - LANES) <= floor_))) j -= LANES;
+#endif
+    while (j > live && LD(row[(j - 1) * mcol]) <= floor_) --j;
+    live = j;
   }
-  return 1;
+  return live;
 }
 """
 
@@ -372,8 +452,6 @@ def template_fields(spec: Attention, rows: int) -> dict:
     else:
         scale = "LD(scale_buf[0])"
     widen = elem != acc  # 16-bit inputs: each tile widened into float before the register blocks
-    lanes = 64 // (8 if acc == "double" else 4)
-    fast_pv = spec.value_dim % lanes == 0
     masked = spec.mask is not None
     scale_op = "*" if spec.scale_op == "multiply" else "/"
     row_vectors = ""
@@ -382,16 +460,17 @@ def template_fields(spec: Attention, rows: int) -> dict:
                                          add="            x += vload(mr + jv);" if masked else "")
     fast_exp = acc == "float"
     return dict(head=spec.head_dim, value=spec.value_dim, rows=rows, keys=KEYS, elem=elem, acc=acc,
-                widen=int(widen), lanes=lanes, fast_pv=int(fast_pv),
+                widen=int(widen), acc_bytes=8 if acc == "double" else 4,
                 lane_int="int64_t" if acc == "double" else "int32_t", fast_exp=int(fast_exp),
                 masked_load="_mm512_maskz_loadu_pd" if acc == "double" else "_mm512_maskz_loadu_ps",
+                avx2_masked_load="_mm256_maskload_pd" if acc == "double" else "_mm256_maskload_ps",
                 mask_type="__mmask8" if acc == "double" else "__mmask16",
                 m512="__m512d" if acc == "double" else "__m512",
                 reduce_max="_mm512_reduce_max_pd" if acc == "double" else "_mm512_reduce_max_ps",
                 reduce_add="_mm512_reduce_add_pd" if acc == "double" else "_mm512_reduce_add_ps",
-                test_mask="_mm512_test_epi64_mask" if acc == "double" else "_mm512_test_epi32_mask", iota=", ".join(map(str, range(lanes))),
-                vexp=VEXP if fast_exp else "", row_vectors=row_vectors, prefetch_k="",
-                skip_masked=SKIP_MASKED if masked else "", tile_masked=TILE_MASKED if masked else "",
+                test_mask="_mm512_test_epi64_mask" if acc == "double" else "_mm512_test_epi32_mask",
+                vexp=VEXP if fast_exp else "", row_vectors=row_vectors, prefetch_k=0,
+                skip_masked=SKIP_MASKED if masked else TILE_KEYS, tile_masked=TILE_MASKED if masked else "",
                 load=load, store=store, scale=scale, scale_op=scale_op,
                 mask_row=MASK_ROW if spec.mask is not None else "",
                 mask_add=MASK_ADD if spec.mask is not None else "")
@@ -457,7 +536,15 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
     set_threads = getattr(lib, "omp_set_num_threads", None) if threads else None
     get_threads = getattr(lib, "omp_get_max_threads", None)
     np_dtype = dtypes.to_numpy(spec.dtype)
-    layout = layout_cache(spec, prepare or (lambda offs, dims: (offs, (ctypes.c_int64 * len(dims))(*dims))))
+    ready = prepare or (lambda offs, dims: (offs, (ctypes.c_int64 * len(dims))(*dims)))
+
+    def with_addresses(offs, dims):
+        """The shape's arrays, their addresses read once (a call then reads six: at 1 x 128 the
+        runner's Python had been a tenth of the kernel's 0.17 ms), and its dims."""
+        arrays, ints = ready(offs, dims)
+        return arrays, tuple(address(a) for a in arrays), ints, ctypes.c_void_p * (6 + len(arrays))
+
+    layout = layout_cache(spec, with_addresses)
     dummy = np.zeros(1, np_dtype)
 
     def operand(src, inputs):
@@ -471,9 +558,8 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
         scale = dummy if isinstance(spec.scale, float) else operand(spec.scale, inputs).reshape(-1)
         out = outputs[0]
         target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        offs, dims = layout(q, k, v, mask, out.shape)
-        arrays = [q, k, v, dummy if mask is None else mask, scale, target, *offs]
-        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        _, offsets, dims, slots = layout(q, k, v, mask, out.shape)
+        ptrs = slots(*(address(a) for a in (q, k, v, dummy if mask is None else mask, scale, target)), *offsets)
         if set_threads is None or get_threads is None:
             entry(ptrs, dims)
         else:
