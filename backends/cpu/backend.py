@@ -22,7 +22,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
-from dpl.backends.cpu import blas, call_list, experts, im2col, max_pool, packed_gemm, products_choice
+from dpl.backends.cpu import blas, call_list, conv_direct, experts, im2col, max_pool, packed_gemm, products_choice
 from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
@@ -60,7 +60,7 @@ class CpuBackend(Backend):
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
                  stream_bytes: int | None = STREAM_BYTES, products: str = "auto", cache_max_bytes: int = DEFAULT_MAX_BYTES,
-                 attention: str = "auto"):
+                 attention: str = "auto", convolutions: str = "provider"):
         self.cc = cc or os.environ.get("CC") or "cc"
         # who computes matrix products and convolutions: "auto" (the fastest here, measured once
         # and cached: backends/cpu/products_choice.py), "numpy", "torch" or "dpl" (NumPy's, float32
@@ -71,6 +71,13 @@ class CpuBackend(Backend):
         self.products_name = products
         self._products = None
         self._packed = None  # the packed product routine (backends/cpu/packed_gemm.py), made at the first product
+        self._direct_conv = None  # the direct convolution's routine (backends/cpu/conv_direct.py), made at the first one
+        # float32 convolutions: "provider" (the products' provider, or im2col and a product) or
+        # "direct" (backends/cpu/conv_direct.py: faster on ResNet's stem alone, slower in the whole
+        # model so far, issue 30 item 4; an option until it wins)
+        if convolutions not in ("provider", "direct"):
+            raise BackendError(f"CpuBackend(convolutions=...) takes 'provider' or 'direct', got {convolutions!r}")
+        self.convolutions = convolutions
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         # runs a prepared call's C calls (dpl.runtime.prepared), built through whatever cache the backend has then
@@ -221,7 +228,8 @@ class CpuBackend(Backend):
         the rest the provider's."""
         if experts.takes(call):  # NumPy's BLAS, run by run
             return blas.BLAS
-        return OPENMP if max_pool.takes(call) or self._packs(call) or self._packs_conv(call) else self.products.pool_of(call)
+        direct = self.convolutions == "direct" and conv_direct.takes(call)  # the direct convolution alone
+        return OPENMP if max_pool.takes(call) or self._packs(call) or self._packs_conv(call) or direct else self.products.pool_of(call)
 
     def _packs(self, call) -> bool:
         """Whether product ``call`` runs by dpl's packed-weight routine (backends/cpu/packed_gemm.py)."""
@@ -235,21 +243,27 @@ class CpuBackend(Backend):
                 and self._routine() is not None)
 
     def _routine(self):
-        """The packed routine (one per backend): loaded when the cache has it, else compiled on
-        the build pool beside the kernels; None where it failed to compile (the provider keeps
-        every product)."""
-        if self._packed is None or (self._packed and self._packed.failed):  # a pool's failed build: planned again
-            source = packed_gemm.source(self.cache.vector_math())
+        """The packed routine (one per backend), or None where it failed to compile (the provider
+        keeps every product)."""
+        return self._shared_routine("_packed", packed_gemm.source(self.cache.vector_math()), "packed products", packed_gemm.Routine)
+
+    def _shared_routine(self, attr: str, source: str, label: str, wrap):
+        """A routine of the backend's own kept in ``attr``: loaded when the cache has it, else
+        compiled on the build pool beside the kernels (a pool's failed build is made again at the
+        next plan); ``wrap(lib)`` makes it, None where it failed to compile."""
+        current = getattr(self, attr)
+        if current is None or (current and current.failed):
             lib = self.cache.cached(source)
             if lib is None:
-                lib = build_pool.submit(lambda: self.cache.load(source), "packed products")
+                lib = build_pool.submit(lambda: self.cache.load(source), label)
                 if lib.done():  # no pool: compiled now
                     try:
                         lib = lib.result()
                     except (CompileError, OSError):
                         lib = False
-            self._packed = packed_gemm.Routine(lib) if lib is not False else False
-        return self._packed or None
+            current = wrap(lib) if lib is not False else False
+            setattr(self, attr, current)
+        return current or None
 
     def _product(self, call, threads: int | None = None, epilogue: tuple = ()):
         """How a product of the segments runs: a convolution by the provider's own (torch's
@@ -270,11 +284,27 @@ class CpuBackend(Backend):
             bias = next((e[1] for e in epilogue if e[0] == "bias"), None)
             return packed_gemm.runner(call, self._routine(), threads, bias=bias, residual=any(e[0] == "residual" for e in epilogue),
                                       act=next((e[1] for e in epilogue if e[0] == "act"), None))
+        if call.op == "nn.conv2d":
+            return self._conv(call, threads)
+        return self.products.matmul if getattr(self.products, "matmuls", False) else None
+
+    def _conv(self, call, threads: int | None = None):
+        """A convolution of the segments: dpl's direct convolution (backends/cpu/conv_direct.py)
+        with convolutions="direct"; else the provider's own (torch's oneDNN) or im2col and a
+        product (the packed routine's where it packs). Not raced by default: with each ResNet conv
+        raced per input shape against the direct one (a TimedChoice per conv), ResNet at 224 took
+        4.77 ms of CPU time a call against 4.40 (issue 30, item 4: the direct convolution won
+        ResNet's 3x3s, lost its stem and 1x1s in the model)."""
+        routine = self._conv_routine() if self.convolutions == "direct" and conv_direct.takes(call) else None
+        if routine is not None:
+            return conv_direct.runner(call, routine, threads)
         if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
             return im2col.conv2d_product(call, packed_gemm.array_matmul(self._routine(), self.products.matmul, threads))
-        if call.op != "matmul":
-            return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
-        return self.products.matmul if getattr(self.products, "matmuls", False) else None
+        return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)
+
+    def _conv_routine(self):
+        """The direct convolution's routine (one per backend), None where it failed to compile."""
+        return self._shared_routine("_direct_conv", conv_direct.SOURCE, "direct convolutions", conv_direct.Routine)
 
     def _compile_kernel(self, function, threads: int | None = None, stream_bytes: int | None | str = "default"):
         """The kernel IR's loops as C; ``threads`` caps its OpenMP team (default: all cores);

@@ -1,0 +1,391 @@
+"""float32 ``nn.conv2d`` (NCHW data, OIHW weights, one group) as dpl's own C: a direct
+convolution over the input as it lies, the weights blocked once, no im2col.
+
+A convolution is a product whose right operand is never written out: output pixel ``q`` of
+output channel ``o`` sums ``w[o, k] * x[base(q) + off[k]]`` over the window's taps
+``k = (c, kh, kw)``, where ``off`` is a table of one address offset per tap. That holds
+exactly once the input is *prepared*: padded, and for a stride ``S`` split into its ``S x S``
+phases (``x[c, S i + ph, S j + pw]`` at ``[c, ph, pw, i, j]``, space-to-depth), so that
+consecutive output pixels of a row read consecutive input elements at every tap. The output
+grid is walked as rows of the prepared plane's width ``L`` (``L - OW`` columns of each row are
+computed and never stored), so a tile of ``NR`` consecutive pixels is one vector load per tap
+wherever it lies: a 3x3 conv at 56x56 (padded 58 wide) wastes 2 of 58 columns, the 7x7
+stride-2 stem 3 of 115, and a patch embedding (stride = kernel, no padding: its phases are its
+patches) or a 1x1 stride-1 conv (no preparation: the input itself) none.
+
+The micro-kernel is the packed product's (:mod:`dpl.backends.cpu.packed_gemm`) with the roles
+as the output's layout wants them: ``MR`` output channels times ``NR`` pixels in vector
+registers (AVX-512 6 x 64, AVX2 6 x 16), a weight broadcast against ``NV`` vectors of input per
+tap, the weights packed at the first call as ``ceil(O / MR)`` blocks of ``K x MR`` (zero rows
+pad the last), so a tile reads its broadcasts from one contiguous stream. Tiles go pixel-block
+major over the team (OpenMP, the generated kernels' pool), so a block's input stays in cache
+while every channel block reads it. Each tile's rows are stored straight into the NCHW output,
+then the epilogue the segments folded into the convolution: plus a per-channel bias, plus a
+residual of the output's shape, then an activation (``packed_gemm.ACTS``, the generated C's
+own expressions), each rounded as the separate ops round it.
+
+The arithmetic is the interpreter's sum in another order; padding is real zeros, so an
+infinite or NaN weight meets them as the reference's ``0 * inf`` does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from dpl.backends.cpu import packed_gemm
+from dpl.backends.cpu.addresses import address
+from dpl.backends.cpu.call_list import KERNEL, entry_address
+from dpl.backends.cpu.im2col import _pads, _pair
+from dpl.ir.expr import Call, Constant
+from dpl.runtime.prepared import Address, CCall
+from dpl.runtime.threads import openmp_kernel
+
+SOURCE_HEAD = r"""
+#include <tgmath.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__)
+enum { VL = 16, NV = 4, MR = 6 };
+#elif defined(__AVX__)
+enum { VL = 8, NV = 2, MR = 6 };
+#else
+enum { VL = 4, NV = 2, MR = 4 };
+#endif
+/* KB: the taps a tile takes at a time (its KB x NR input, 32 KB on AVX-512, stays in L1 while
+   every channel block of its group reads it); GB: the most channel blocks a task takes */
+enum { NR = VL * NV, KB = 128, GB = 16 };
+typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
+
+int64_t dpl_conv_rows(void) { return MR; }
+
+/* the MR x NR tile of channel block W (K x MR, packed) by pixels [q, q + NR) of the prepared
+   source S (tap k at S + off[k]): nv whole vectors, then (with `tailed`) a last one of `tail`
+   pixels, read without reaching past them; stored into t (MR x NR), or added to it (add) */
+static inline __attribute__((always_inline)) void tile(const float *restrict W, const float *restrict S,
+    const int64_t *restrict off, int64_t K, float *restrict t, int add, int nv, int tailed, int tail) {
+  vf c[MR][NV];
+  for (int r = 0; r < MR; r++)
+    for (int v = 0; v < NV; v++) c[r][v] = add ? *(const vf *)(t + r * NR + v * VL) : (vf){0};
+  const int used = nv + tailed;
+  for (int64_t k = 0; k < K; k++) {
+    const float *s = S + off[k];
+    vf b[NV];
+    for (int v = 0; v < NV && v < nv; v++) b[v] = *(const vf *)(s + v * VL);
+    if (tailed) { b[nv] = (vf){0}; memcpy(&b[nv], s + nv * VL, (size_t)tail * sizeof(float)); }
+    for (int r = 0; r < MR; r++) {
+      const float a = W[k * MR + r];
+      for (int v = 0; v < NV && v < used; v++) c[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < MR; r++)
+    for (int v = 0; v < NV; v++) *(vf *)(t + r * NR + v * VL) = c[r][v];
+}
+
+typedef void (*tile_fn)(const float *, const float *, const int64_t *, int64_t, float *, int, int);
+#define TILE(v, t) static void tile##v##_##t(const float *W, const float *S, const int64_t *off, int64_t K, float *out, \
+  int add, int tail) { tile(W, S, off, K, out, add, v, t, tail); }
+TILE(0, 1) TILE(1, 0) TILE(1, 1) TILE(2, 0) TILE(2, 1) TILE(3, 0) TILE(3, 1) TILE(4, 0)
+
+/* the tile of nv whole vectors and a last one of tail pixels (nv + (tail > 0) <= NV) */
+static tile_fn tile_of(int nv, int tail) {
+  switch (nv * 2 + (tail > 0)) {
+    case 1: return tile0_1;
+    case 2: return tile1_0;
+    case 3: return tile1_1;
+    case 4: return tile2_0;
+    case 5: return tile2_1;
+    case 6: return tile3_0;
+    case 7: return tile3_1;
+    default: return tile4_0;
+  }
+}
+
+/* plus bias, plus residual, then the activation, on ncols output elements at row (res: the
+   residual at the same place, NULL: none) */
+static void epilogue(float *restrict row, const float *restrict res, float bias, int has_bias, int64_t ncols, int act) {
+  if (has_bias) {
+    #pragma omp simd
+    for (int64_t j = 0; j < ncols; j++) row[j] += bias;
+  }
+  if (res) {
+    #pragma omp simd
+    for (int64_t j = 0; j < ncols; j++) row[j] += res[j];
+  }
+  switch (act) {
+ACT_CASES
+  }
+}
+
+/* x[C, H, W] (one image) padded by (pt, pl) and split into its Sh x Sw phases: P[c, ph, pw, i, j] =
+   x[c, Sh i + ph - pt, Sw j + pw - pl], zero outside x; each phase Hq x Wq */
+static void prepare(const float *restrict x, float *restrict P, int64_t C, int64_t H, int64_t Wd, int64_t Sh, int64_t Sw,
+                    int64_t pt, int64_t pl, int64_t Hq, int64_t Wq, int threads) {
+  #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && C * Sh * Sw > 1)
+  for (int64_t plane = 0; plane < C * Sh * Sw; plane++) {
+    const int64_t c = plane / (Sh * Sw), ph = plane / Sw % Sh, pw = plane % Sw;
+    float *to = P + plane * Hq * Wq;
+    for (int64_t i = 0; i < Hq; i++) {
+      const int64_t y = Sh * i + ph - pt;
+      float *row = to + i * Wq;
+      if (y < 0 || y >= H) { memset(row, 0, (size_t)Wq * sizeof(float)); continue; }
+      const float *from = x + (c * H + y) * Wd;
+      for (int64_t j = 0; j < Wq; j++) {
+        const int64_t xw = Sw * j + pw - pl;
+        row[j] = xw >= 0 && xw < Wd ? from[xw] : 0.0f;
+      }
+    }
+  }
+}
+
+/* p: x [N, C, H, W], the packed weights (ceil(O / MR) blocks of K x MR), out [N, O, OH, OW],
+   bias [O] (NULL: none), residual [N, O, OH, OW] (NULL: none), off [K] (the taps' offsets in the
+   prepared source), scratch (one prepared image, C Sh Sw Hq Wq; NULL where prepared is 0: the
+   input is its own source, a 1x1 stride-1 convolution without padding)
+   d: N, C, H, W, O, OH, OW, K, Sh, Sw, pt, pl, Hq, Wq, prepared, act, threads */
+void dpl_kernel(void **p, const int64_t *d) {
+  const float *x = p[0], *W = p[1], *bias = p[3], *res = p[4];
+  float *out = p[2], *scratch = p[6];
+  const int64_t *off = p[5];
+  const int64_t N = d[0], C = d[1], H = d[2], Wd = d[3], O = d[4], OH = d[5], OW = d[6], K = d[7], Sh = d[8], Sw = d[9];
+  const int64_t pt = d[10], pl = d[11], Hq = d[12], Wq = d[13], prepared = d[14];
+  const int act = (int)d[15];
+#ifdef _OPENMP
+  const int threads = d[16] > 0 ? (int)d[16] : omp_get_max_threads();
+#else
+  const int threads = 1;
+#endif
+  if (OH <= 0 || OW <= 0) return;
+  const int64_t L = prepared ? Wq : OW, Q = (OH - 1) * L + OW;
+  const int64_t oblocks = (O + MR - 1) / MR, qblocks = (Q + NR - 1) / NR;
+  for (int64_t n = 0; n < N; n++) {
+    const float *S0 = x + n * C * H * Wd;
+    if (prepared) {
+      prepare(S0, scratch, C, H, Wd, Sh, Sw, pt, pl, Hq, Wq, threads);
+      S0 = scratch;
+    }
+    float *on = out + n * O * OH * OW;
+    const float *rn = res ? res + n * O * OH * OW : 0;
+    /* tasks: a pixel block and a group of at most GB channel blocks, as many groups as give the
+       team four tasks a thread where the pixel blocks alone do not */
+    int64_t groups = (4 * threads + qblocks - 1) / qblocks;
+    if (groups < (oblocks + GB - 1) / GB) groups = (oblocks + GB - 1) / GB;
+    if (groups > oblocks) groups = oblocks;
+    const int64_t per = (oblocks + groups - 1) / groups;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && qblocks * groups > 1)
+    for (int64_t task = 0; task < qblocks * groups; task++) {
+      /* the last pixel block ends at Q, overlapping the one before it (its pixels from `skip` on
+         stored): whole vectors, where a narrow block paid a partial copy at every tap */
+      const int64_t qb = task / groups, ob0 = task % groups * per, first = qb * NR;
+      const int64_t q0 = first < Q - NR ? first : (Q > NR ? Q - NR : 0), skip = first - q0;
+      const int64_t ob1 = ob0 + per < oblocks ? ob0 + per : oblocks;
+      const int64_t ncols = Q - q0 < NR ? Q - q0 : NR;
+      float acc[GB * MR * NR] __attribute__((aligned(64)));
+      const tile_fn fn = tile_of((int)(ncols / VL), (int)(ncols % VL));
+      if (K == 0) memset(acc, 0, sizeof acc);
+      for (int64_t k0 = 0; k0 < K; k0 += KB) {
+        const int64_t kc = K - k0 < KB ? K - k0 : KB;
+        for (int64_t ob = ob0; ob < ob1; ob++)
+          fn(W + (ob * K + k0) * MR, S0 + q0, off + k0, kc, acc + (ob - ob0) * MR * NR, k0 > 0, (int)(ncols % VL));
+      }
+      for (int64_t ob = ob0; ob < ob1; ob++) {
+        const float *t = acc + (ob - ob0) * MR * NR;
+        for (int r = 0; r < MR && ob * MR + r < O; r++) {
+          const int64_t o = ob * MR + r;
+          for (int64_t j = skip, q = first; j < ncols;) {
+            const int64_t oh = q / L, ow = q % L, run = L - ow < ncols - j ? L - ow : ncols - j;
+            if (ow < OW) {
+              const int64_t keep = OW - ow < run ? OW - ow : run, at = (o * OH + oh) * OW + ow;
+              memcpy(on + at, t + r * NR + j, (size_t)keep * sizeof(float));
+              if (bias || rn || act) epilogue(on + at, rn ? rn + at : 0, bias ? bias[o] : 0.0f, bias != 0, keep, act);
+            }
+            j += run;
+            q += run;
+          }
+        }
+      }
+    }
+  }
+}
+"""
+
+SOURCE = SOURCE_HEAD.replace("ACT_CASES", packed_gemm._act_cases())
+
+
+def takes(call: Call) -> bool:
+    """Whether ``call`` is a convolution this routine computes: float32 throughout, NCHW data,
+    OIHW weights, one group, a static channel count and window."""
+    if not isinstance(call, Call) or call.op != "nn.conv2d" or len(call.args) != 2:
+        return False
+    a = call.attrs
+    if a.get("data_layout", "NCHW") != "NCHW" or a.get("kernel_layout", "OIHW") != "OIHW" or int(a.get("groups", 1)) != 1:
+        return False
+    x, w = call.args
+    if not all(getattr(t, "dtype", None) == "float32" for t in (x.ty, w.ty, call.ty)):
+        return False
+    return len(w.ty.shape) == 4 and all(isinstance(v, int) for v in w.ty.shape) and isinstance(x.ty.shape[1], int)
+
+
+class Geometry:
+    """Where a convolution's taps read the prepared input, at one input shape: the phase
+    planes' size and the offset of each tap ``(c, kh, kw)``."""
+
+    def __init__(self, attrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]):
+        n, c, h, wd = (int(v) for v in x_shape)
+        o, ci, kh, kw = w_shape
+        (sh, sw), (dh, dw) = _pair(attrs.get("strides", 1)), _pair(attrs.get("dilation", 1))
+        pt, pl, pb, pr = _pads(attrs.get("padding", 0))
+        self.oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+        self.ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+        self.n, self.c, self.h, self.w, self.o, self.k = n, c, h, wd, o, ci * kh * kw
+        self.pt, self.pl = pt, pl
+        # a 1x1 stride-1 convolution without padding reads its input as it lies
+        self.prepared = not (kh == kw == 1 and sh == sw == 1 and not any((pt, pl, pb, pr)))
+        if not self.prepared:
+            sh = sw = 1
+        self.sh, self.sw = sh, sw
+        self.hq, self.wq = -(-max(h + pt + pb, 1) // sh), -(-max(wd + pl + pr, 1) // sw)
+        plane = self.hq * self.wq
+        rows, cols = np.arange(kh)[:, None] * dh, np.arange(kw)[None, :] * dw
+        per_channel = ((rows % sh) * sw + cols % sw) * plane + (rows // sh) * self.wq + cols // sw  # (kh, kw)
+        offsets = np.arange(c)[:, None, None] * (sh * sw * plane) + per_channel[None]
+        self.offsets = np.ascontiguousarray(offsets.reshape(-1), np.int64)
+        self.scratch = c * sh * sw * plane if self.prepared else 0
+
+    @property
+    def valid(self) -> bool:
+        """Whether the output has any pixels (a window larger than the padded input has none)."""
+        return self.oh > 0 and self.ow > 0
+
+    def dims(self, act: int, threads: int) -> tuple[int, ...]:
+        """``dpl_kernel``'s dims."""
+        return (self.n, self.c, self.h, self.w, self.o, max(self.oh, 0), max(self.ow, 0), self.k, self.sh, self.sw,
+                self.pt, self.pl, self.hq, self.wq, int(self.prepared), act, threads)
+
+
+class Routine:
+    """The compiled convolution (``dpl_kernel``): its library (or the future of one compiling on the build pool),
+    resolved at the first call."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self._ready = None
+        self._lock = threading.Lock()
+
+    def _resolve(self):
+        with self._lock:
+            if self._ready is None:
+                lib = self._lib.result() if hasattr(self._lib, "result") else self._lib
+                entry, rows = lib.dpl_kernel, lib.dpl_conv_rows
+                entry.restype, entry.argtypes = None, [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
+                rows.restype, rows.argtypes = ctypes.c_int64, []
+                self._ready = (entry, int(rows()))
+        return self._ready
+
+    @property
+    def failed(self) -> bool:
+        """Whether the library's build finished with an error."""
+        lib = self._lib
+        return hasattr(lib, "result") and lib.done() and lib.exception() is not None
+
+    @property
+    def entry(self):
+        return (self._ready or self._resolve())[0]
+
+    def pack(self, w: np.ndarray) -> np.ndarray:
+        """OIHW weights as ``dpl_kernel`` reads them: ``ceil(O / MR)`` blocks of ``K x MR`` (the
+        taps ``(c, kh, kw)`` in order), zero rows padding the last block."""
+        rows = (self._ready or self._resolve())[1]
+        o = w.shape[0]
+        flat = np.zeros((-(-o // rows) * rows, int(np.prod(w.shape[1:]))), np.float32)
+        flat[:o] = np.asarray(w, np.float32).reshape(o, -1)
+        packed = packed_gemm.aligned_empty((flat.shape[0] // rows, flat.shape[1], rows))
+        packed[...] = flat.reshape(-1, rows, flat.shape[1]).transpose(0, 2, 1)
+        return packed
+
+
+class _Weights:
+    """A convolution's packed weights, made at the first call and shared by every thread cap."""
+
+    def __init__(self, w: np.ndarray, routine: Routine):
+        self.w, self.routine = w, routine
+        self.packed: np.ndarray | None = None
+        self.lock = threading.Lock()
+
+    def get(self) -> np.ndarray:
+        if self.packed is None:
+            with self.lock:
+                if self.packed is None:
+                    self.packed = self.routine.pack(self.w)
+                    self.w = None
+        return self.packed
+
+
+SHAPES_KEPT = 16  # input shapes a runner keeps the geometry of
+
+
+def runner(call: Call, routine: Routine, threads: int | None = None, bias: np.ndarray | None = None,
+           residual: bool = False, act: str | None = None, _weights: _Weights | None = None):
+    """``fn(x, w, out)`` computing convolution ``call`` (:func:`takes`) into ``out`` by
+    ``routine``, a constant weight packed once (a variable one at each call); with the epilogue the segments folded into it: plus ``bias`` (one value
+    per output channel), then with ``residual`` plus the array given before ``out``
+    (``fn(x, w, res, out)``), then activation ``act`` (one of ``packed_gemm.ACTS``). ``threads``
+    caps the team."""
+    constant = isinstance(call.args[1], Constant)
+    weights = _weights or (_Weights(call.args[1].value, routine) if constant else None)
+    w_shape = tuple(call.args[1].ty.shape)
+    cap = int(threads or 0)
+    code = 0 if act is None else packed_gemm.ACTS.index(act) + 1
+    bias = None if bias is None else np.ascontiguousarray(bias, np.float32).reshape(w_shape[0])
+    geometries: dict[tuple, Geometry] = {}
+    local = threading.local()
+
+    def geometry(shape) -> Geometry:
+        found = geometries.get(shape)
+        if found is None:
+            found = Geometry(call.attrs, shape, w_shape)
+            if len(geometries) < SHAPES_KEPT:
+                geometries[shape] = found
+        return found
+
+    def run(x, w, *rest):
+        *res, out = rest
+        x = np.ascontiguousarray(x, np.float32)
+        g = geometry(x.shape)
+        scratch = getattr(local, "buf", None)
+        if g.scratch and (scratch is None or scratch.size < g.scratch):
+            scratch = local.buf = packed_gemm.aligned_empty((g.scratch,))
+        r = np.ascontiguousarray(res[0], np.float32) if residual else None
+        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+        packed = weights.get() if constant else routine.pack(w)  # a variable weight: packed at each call
+        ptrs = (ctypes.c_void_p * 7)(address(x), address(packed), address(target),
+                                     None if bias is None else bias.ctypes.data, None if r is None else address(r),
+                                     g.offsets.ctypes.data, None if not g.scratch else address(scratch))
+        routine.entry(ptrs, (ctypes.c_int64 * 17)(*g.dims(code, cap)))
+        if target is not out:
+            np.copyto(out, target)
+        return out
+
+    def prepare(operands, outputs):
+        """The call as a record of a prepared call (dpl.runtime.prepared): the weights packed
+        now, a scratch of its own for the prepared input."""
+        if not constant:
+            return None  # packed at each call: the general path
+        (x, shape), _, *res = operands
+        g = geometry(tuple(shape))
+        scratch = Address.of(packed_gemm.aligned_empty((g.scratch,))) if g.scratch else None
+        args = (x, Address.of(weights.get()), outputs[0][0], None if bias is None else Address.of(bias),
+                res[0][0] if residual else None, Address.of(g.offsets), scratch)
+        return [CCall(entry_address(routine.entry), KERNEL, args, g.dims(code, cap), cap)]
+
+    run.prepare = prepare  # type: ignore[attr-defined]
+    epilogue = (" + bias" if bias is not None else "") + (" + residual" if residual else "") + (f", {act}" if act else "")
+    o, c, kh, kw = w_shape
+    return openmp_kernel(run, f"cpu:direct-conv {o}x{c}x{kh}x{kw}{epilogue}", SOURCE, threads,
+                         lambda t: runner(call, routine, t, bias, residual, act, weights))
+
