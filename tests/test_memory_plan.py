@@ -103,7 +103,7 @@ def test_outputs_never_alias_the_arena_inputs_or_each_other(case):
     outs = exe(*args)
     outs = outs if isinstance(outs, tuple) else (outs,)
     plan = exe.plan(*args)
-    temps = [v for views in plan._arenas for b, v in enumerate(views) if b in plan.slot_of]
+    temps = [v for views in plan._views.values() for b, v in enumerate(views) if b in plan.slot_of]
     for i, o in enumerate(outs):
         assert not any(np.shares_memory(o, t) for t in temps)
         assert not any(np.shares_memory(o, a) for a in args)

@@ -205,7 +205,7 @@ def test_threads_calling_at_once_each_use_their_own_prepared_call():
         t.join()
     assert not errors
     plan = exe.plan(*cases[0])
-    assert len(plan._prepared) == len(plan._arenas) >= 1  # one prepared call per arena the threads held
+    assert len(plan._prepared) == len(plan._views) >= 1  # one prepared call per arena the threads held
 
 
 def test_a_budget_of_two_threads_prepares_each_list_of_steps():

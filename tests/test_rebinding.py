@@ -212,24 +212,34 @@ def test_rebound_plans_held_are_bounded(monkeypatch):
     assert len(exe._plans) == 1 and [sig[0][0][0] for sig in exe._rebound] == [69, 70, 71]
 
 
-def test_a_rebound_plan_is_prepared_at_its_second_call_with_the_same_bits():
-    """A decode step at a new cache length runs once: its first call takes the general path, a
-    second prepares it (dpl.runtime.prepared); both give the walked plan's bits."""
+def test_rebound_plans_share_the_buckets_arenas_and_their_prepared_runs():
+    """The walked plan's arenas are sized for its bucket's largest binding; a plan rebound from it
+    borrows them, is prepared at its first call, and takes the prepared runs of the steps whose
+    shapes did not change (the weight's product) from the arena; bits as a walked plan's."""
     from dpl.backends.cpu.backend import CpuBackend
     from dpl.ir import const
 
     g = FunctionBuilder("fused_linear", attrs={"Primitive": True})  # the weight inside: packed, prepared
     w = const(np.random.default_rng(0).standard_normal((32, 48)).astype(np.float32), name="w")
-    fn = g.ret(g.emit("nn.gelu", g.emit("matmul", g.param("x", "f32", ("n", 32)), w)))
+    fn = g.ret(g.emit("nn.gelu", g.emit("matmul", g.param("x", "f32", (1, 32)), w)))
     fb = FunctionBuilder("main")
-    mod = Module([fb.ret(fb.call(fn, fb.param("x", "f32", ("n", 32)))), fn])
-    exe = dpl.build(mod, CpuBackend(products="dpl"), config=ALWAYS, progress=False, threads=1)  # packed: prepared C
+    x, s = fb.param("x", "f32", (1, 32)), fb.param("s", "f32", ("n", 48))
+    y = fb.call(fn, x)
+    mod = Module([fb.ret(fb.emit("concat", [s, y], axis=0)), fn])  # a cache of n rows and the new one
+    backend = CpuBackend(products="dpl")
+    exe = dpl.build(mod, backend, config=ALWAYS, progress=False, threads=1)
     exe(*inputs(mod, {"n": 5}))
-    args = inputs(mod, {"n": 6}, seed=3)
-    first = exe(*args).copy()
-    plan = exe.plan(*args)
-    assert plan.origin is not None and not plan._prepared
-    second = exe(*args)
-    assert plan._prepared and first.tobytes() == second.tobytes()
-    walked = dpl.build(mod, CpuBackend(products="dpl"), config=ALWAYS, progress=False, threads=1)
-    assert walked(*args).tobytes() == first.tobytes()
+    template = next(iter(exe._plans.values()))
+    assert template.sized_for_bucket and template.peak_bytes >= 48 * 4
+    runs = {k: v for arena in template._arenas for k, v in arena.runs.items()}
+    for n in (6, 7, 4):
+        args = inputs(mod, {"n": n}, seed=n)
+        got = exe(*args)
+        plan = exe.plan(*args)
+        assert plan.origin is template and plan._home is template and plan._prepared and plan.peak_bytes == 0
+        walked = dpl.build(mod, CpuBackend(products="dpl"), config=ALWAYS, progress=False, threads=1)
+        assert walked(*args).tobytes() == got.tobytes()
+    shared = {k: v for arena in template._arenas for k, v in arena.runs.items()}
+    moved = [k for k in shared if k not in runs]
+    assert all(shared[k] is v for k, v in runs.items())  # the unchanged runs made once, at n = 5
+    assert moved and all(any(len(shape) == 2 and shape[0] in (6, 7, 4) for _, shapes in k[1] for shape in shapes) for k in moved)

@@ -168,7 +168,8 @@ def test_a_lone_view_is_no_kernel_and_no_memory(target):
     plan = exe.plan(*args)
     assert [s.label for s in plan.steps] == ["op exp", "op tanh"]
     assert plan.view_count == 1 and plan.copies == []
-    assert plan.peak_bytes == 6 * 8 * 4  # exp's result only: the view has no buffer
+    # exp's result only, the view has no buffer; sized for n up to 7, its bucket (dpl.runtime.rebinding)
+    assert len(plan.slot_sizes) == 1 and plan.peak_bytes == 7 * 8 * 4
     seen = recording(plan)
     check(exe, mod, args)
     (_, _, exp_out), (_, tanh_in, _) = seen

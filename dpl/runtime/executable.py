@@ -312,6 +312,7 @@ class Executable(Compiler):
             self._plans[signature] = plan
             if family is not None and self._serves_every_binding(plan):
                 self._families[family[:2]] = plan
+                plan.for_bucket({s: (1 << v.bit_length()) - 1 for s, v in family[2].items()})  # arenas the bucket shares
         return plan
 
     def _rebound_plan(self, signature) -> Plan | None:

@@ -107,6 +107,17 @@ def single_op_function(call: Call) -> tuple[Function, list[Expr]]:
     return Function(call.op, params, [Binding(out, body)], out), operands
 
 
+class _Arena:
+    """One call's memory: a raw array per slot of a memory plan, and the prepared runs of steps
+    made on it, which every plan using it shares (see :meth:`Plan.for_bucket`)."""
+
+    __slots__ = ("slots", "runs")
+
+    def __init__(self, sizes: Sequence[int]):
+        self.slots = [np.empty(n, np.uint8) for n in sizes]
+        self.runs: dict = {}  # (list of steps, the run's steps and shapes) -> PreparedCall
+
+
 class Plan:
     """A plan for one input signature. Every call borrows an arena from the plan's pool and gives
     it back after, so calls from several threads at once never share a temporary."""
@@ -114,7 +125,8 @@ class Plan:
     def __init__(self, signature, buffers: list[Buffer], steps: list[Step], inputs: list[int], result,
                  output_ids: list[int | None], out_specs: list, copies: list[tuple[int, int]], decisions,
                  threads_note: str | None = None, threads: int | None = None, view_groups: Sequence[str] = (),
-                 single_steps: list[Step] | None = None, *, rebinding: Rebinding | None = None, shared_choice=None):
+                 single_steps: list[Step] | None = None, *, rebinding: Rebinding | None = None, shared_choice=None,
+                 home: "Plan | None" = None):
         self.signature = signature
         self.buffers = buffers
         self.steps = steps
@@ -138,6 +150,9 @@ class Plan:
         self.pools = None if any(d is None for d in declared) else frozenset().union(*declared)
         self.output_pool = OutputPool(out_specs)
         self.view_groups = tuple(view_groups)  # Primitive groups of views only, run as views
+        # the plan whose memory plan and arenas this one uses: itself, or the plan of its bucket
+        # that it was rebound from (sized for the bucket's largest binding, :meth:`for_bucket`)
+        self._home = home or self
         self._plan_views()
         self._plan_memory()
 
@@ -153,10 +168,25 @@ class Plan:
         buffers = [b if b.shape == shape else attrs.evolve(b, shape=shape) for b, shape in zip(self.buffers, shapes)]
         specs = [(buffers[b].shape, dt.to_numpy(buffers[b].dtype)) for b in r.outputs]
         signature = tuple((tuple(shape), str(np.dtype(dtype))) for shape, dtype in specs)
+        sizes = self.slot_sizes
+        fits = self.sized_for_bucket and all(buffers[b].nbytes <= sizes[slot] for b, slot in self.slot_of.items())
         plan = Plan(signature, buffers, self.steps, self.input_ids, self.result, self.output_ids, specs, self.copies, self.decisions,
-                    self.threads_note, self.threads, self.view_groups, self.single_steps, rebinding=r, shared_choice=self.thread_choice)
+                    self.threads_note, self.threads, self.view_groups, self.single_steps, rebinding=r, shared_choice=self.thread_choice,
+                    home=self if fits else None)
         plan.origin = self
         return plan
+
+    def for_bucket(self, dims: dict[str, int]) -> None:
+        """Size this plan's arenas for binding ``dims`` (its bucket's largest), so that the plans
+        rebound from it borrow them: same addresses at every size, so the prepared runs of steps
+        whose shapes do not change are shared (:func:`dpl.runtime.prepared.prepare`). Made before
+        the plan's first call; a binding whose buffers do not fit gets arenas of its own."""
+        shapes = None if self.rebinding is None else self.rebinding.shapes_at(dims, [b.shape for b in self.buffers])
+        if shapes is None or self._prepared:
+            return
+        largest = [math.prod(shape) * dt.to_numpy(buf.dtype).itemsize for buf, shape in zip(self.buffers, shapes)]
+        self._plan_memory(largest)
+        self.sized_for_bucket = True
 
     # -- views ----------------------------------------------------------------------------------
     def _plan_views(self) -> None:
@@ -209,7 +239,23 @@ class Plan:
         return late
 
     # -- memory ---------------------------------------------------------------------------------
-    def _plan_memory(self) -> None:
+    def _plan_memory(self, sizes: list[int] | None = None) -> None:
+        """Slots of the arena by liveness, each temporary's of ``sizes[b]`` bytes (default: its
+        own); a plan with another home uses its home's slots and arenas."""
+        self.sized_for_bucket = False
+        self.unplanned_bytes = sum(buf.nbytes for buf in self.buffers if buf.kind == "temp")
+        self.output_bytes = sum(self.buffers[b].nbytes for b in self._output_buffers())
+        self._pool_lock = threading.Lock()
+        self._views: dict[int, list[Any]] = {}  # views by arena: this plan's buffers on each arena it met
+        self._arena_of: dict[int, _Arena] = {}  # id of a views list -> its arena
+        self._prepared: dict[tuple[int, int], Any] = {}  # by (arena, list of steps): see _prepared_call
+        self._unprepared: set[int] = set()  # lists of steps that cannot be prepared
+        self._called_once: set[tuple[int, int]] = set()  # (arena, list of steps) a rebound plan ran once
+        if self._home is not self:
+            home = self._home
+            self.slot_of, self.slot_sizes, self.peak_bytes = home.slot_of, home.slot_sizes, 0  # no arena of its own
+            return
+        nbytes = sizes or [buf.nbytes for buf in self.buffers]
         last_use: dict[int, int] = {}  # by base: a buffer lives while any view of it is read
         for i, step in enumerate(self.steps):
             for b in (*step.inputs, *step.outputs):
@@ -223,7 +269,7 @@ class Plan:
             for b in step.outputs:
                 if self.buffers[b].kind != "temp":
                     continue
-                need = self.buffers[b].nbytes
+                need = nbytes[b]
                 fits = [s for s in free if self.slot_sizes[s] >= need]
                 if fits:
                     slot = min(fits, key=lambda s: (self.slot_sizes[s], s))
@@ -236,37 +282,36 @@ class Plan:
                 if b in self.slot_of and last_use[b] == i:
                     free.append(self.slot_of[b])
         self.peak_bytes = sum(self.slot_sizes)
-        self.unplanned_bytes = sum(buf.nbytes for buf in self.buffers if buf.kind == "temp")
-        self.output_bytes = sum(self.buffers[b].nbytes for b in self._output_buffers())
-        self._pool_lock = threading.Lock()
-        self._arenas: list[list[Any]] = [self._new_arena()]  # free arenas, as views by buffer number
-        self._prepared: dict[tuple[int, int], PreparedCall] = {}  # by (arena, list of steps): see _prepared_call
-        self._unprepared: set[int] = set()  # lists of steps that cannot be prepared
-        self._called_once: set[tuple[int, int]] = set()  # (arena, list of steps) a rebound plan ran once
+        self._arenas: list[_Arena] = [_Arena(self.slot_sizes)]  # free arenas
 
-    def _new_arena(self) -> list[Any]:
-        """The buffers of one call: a view into a fresh arena for every temporary, each constant's
-        array, the views of those, and None for inputs, outputs and their views (the call's own
-        arrays, bound by :meth:`bind`)."""
-        arena = [np.empty(n, np.uint8) for n in self.slot_sizes]
-        views: list[Any] = [None] * len(self.buffers)
+    def _views_on(self, arena: "_Arena") -> list[Any]:
+        """This plan's buffers on ``arena``: a view into its slot for every temporary, each
+        constant's array, the views of those, and None for inputs, outputs and their views (the
+        call's own arrays, bound by :meth:`bind`). Made once per arena."""
+        views = self._views.get(id(arena))
+        if views is not None:
+            return views
+        views = [None] * len(self.buffers)
         for b, buf in enumerate(self.buffers):
             if buf.kind == "const":
                 views[b] = buf.value
             elif b in self.slot_of:
-                raw = arena[self.slot_of[b]][: buf.nbytes]
+                raw = arena.slots[self.slot_of[b]][: buf.nbytes]
                 views[b] = raw.view(dt.to_numpy(buf.dtype)).reshape(buf.shape)
-        return self.fill_views(views)
+        views = self.fill_views(views)
+        self._views[id(arena)], self._arena_of[id(views)] = views, arena
+        return views
 
     def _borrow(self) -> list[Any]:
-        with self._pool_lock:
-            if self._arenas:
-                return self._arenas.pop()
-        return self._new_arena()  # another thread holds every arena: this call gets its own
+        home = self._home
+        with home._pool_lock:
+            arena = home._arenas.pop() if home._arenas else None
+        return self._views_on(arena or _Arena(home.slot_sizes))  # none free: another thread holds each; a new one
 
     def _give_back(self, views: list[Any]) -> None:
-        with self._pool_lock:
-            self._arenas.append(views)
+        home = self._home
+        with home._pool_lock:
+            home._arenas.append(self._arena_of[id(views)])
 
     def _prepared_call(self, views: list[Any], steps: list[Step]) -> PreparedCall | None:
         """The prepared call of ``steps`` on arena ``views``, made at its first call (at its
@@ -277,10 +322,10 @@ class Plan:
         found = self._prepared.get(key)
         if found is not None or id(steps) in self._unprepared:
             return found
-        if self.origin is not None and key not in self._called_once:
-            self._called_once.add(key)
+        if self.origin is not None and self._home is not self.origin and key not in self._called_once:
+            self._called_once.add(key)  # arenas of its own: nothing prepared on them yet
             return None
-        found = prepare(self, views, steps)
+        found = prepare(self, views, steps, self._arena_of[id(views)].runs)
         if found is None:
             self._unprepared.add(id(steps))  # the plan's own lists of steps: their ids stay theirs
         else:

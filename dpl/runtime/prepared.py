@@ -120,37 +120,99 @@ class MixedCall:
             part.kernel([bufs[b] for b in part.inputs], [bufs[b] for b in part.outputs])
 
 
-def prepare(plan, views: list, steps: Sequence) -> PreparedCall | MixedCall | None:
+def prepare(plan, views: list, steps: Sequence, runs: dict | None = None) -> PreparedCall | MixedCall | None:
     """The prepared call of ``steps`` (the plan's list, or its one-thread list) over arena
     ``views``: one :class:`PreparedCall` where every step is prepared, a :class:`MixedCall`
     where some run in Python between, or None where the general path must run them (see the
-    module text)."""
+    module text).
+
+    ``runs``: the prepared runs made on this arena before, by the plans of one bucket
+    (``dpl.runtime.rebinding``), which share its addresses. Then a run holds only steps whose
+    shapes the entry's symbols change, or only steps whose shapes they do not: a decode step at
+    a new cache length prepares its cache's concatenations again and takes every other run as
+    the last length made it."""
     if plan.copies or any(math.prod(buf.shape) == 0 for buf in plan.buffers):
         return None
     runner = next((s.kernel.call_list for s in steps if getattr(s.kernel, "call_list", None) is not None), None)
     if runner is None:
         return None
-    parts: list = []  # lists of C calls of consecutive prepared steps, and steps run in Python
-    for step in steps:
-        made = None
-        if getattr(step.kernel, "call_list", None) is runner and callable(getattr(step.kernel, "prepare", None)):
-            spec = [(plan.base_of(b), plan.buffers[b].shape) for b in step.inputs]
-            made = step.kernel.prepare(spec, [(plan.base_of(b), plan.buffers[b].shape) for b in step.outputs])
-        if made is None:
+    symbolic = plan.rebinding.shapes if runs is not None and plan.rebinding is not None else None
+    parts: list = []  # runs of consecutive prepared steps (their keys and C calls), and steps run in Python
+    for k, step in enumerate(steps):
+        if getattr(step.kernel, "call_list", None) is not runner or not callable(getattr(step.kernel, "prepare", None)):
             parts.append(step)
-        elif parts and isinstance(parts[-1], list):
-            parts[-1].extend(made)
-        else:
-            parts.append(list(made))
-    runs = [p for p in parts if isinstance(p, list)]
-    if not runs:
+            continue
+        moves = symbolic is not None and any(symbolic[b] is not None for b in (*step.inputs, *step.outputs))
+        key = (k, tuple(plan.buffers[b].shape for b in (*step.inputs, *step.outputs)))
+        if not (parts and isinstance(parts[-1], _Run) and parts[-1].moves == moves):
+            parts.append(_Run(moves))
+        parts[-1].keys.append(key)
+        parts[-1].steps.append(step)
+    made_parts = []
+    for part in parts:
+        if not isinstance(part, _Run):
+            made_parts.append(part)
+            continue
+        key = (id(steps), tuple(part.keys))
+        found = runs.get(key) if runs is not None else None
+        if found is None:
+            calls = part.calls(plan)
+            if calls is None:  # a step has no C call at these shapes: it runs in Python, the others prepared around it
+                for made in part.by_step(plan):
+                    run = _prepared_run(plan, views, made, runner) if isinstance(made, list) else made
+                    if run is None:
+                        return None
+                    made_parts.append(run)
+                continue
+            found = _prepared_run(plan, views, calls, runner)
+            if found is None:
+                return None
+            if runs is not None:
+                runs[key] = found
+        made_parts.append(found)
+    if not any(type(p) is PreparedCall for p in made_parts):
         return None
-    made_runs = {id(run): _prepared_run(plan, views, run, runner) for run in runs}
-    if any(r is None for r in made_runs.values()):
-        return None
-    if len(parts) == 1:
-        return made_runs[id(parts[0])]
-    return MixedCall(plan, views, [made_runs[id(p)] if isinstance(p, list) else p for p in parts])
+    if len(made_parts) == 1:
+        return made_parts[0]
+    return MixedCall(plan, views, made_parts)
+
+
+class _Run:
+    """Consecutive steps with C calls, whose shapes the entry's symbols change (``moves``) or not."""
+
+    __slots__ = ("moves", "keys", "steps")
+
+    def __init__(self, moves: bool):
+        self.moves, self.keys, self.steps = moves, [], []
+
+    def calls(self, plan) -> list[CCall] | None:
+        """The steps' C calls at ``plan``'s shapes, or None where one says it has none."""
+        out: list[CCall] = []
+        for step in self.steps:
+            made = _calls_of(plan, step)
+            if made is None:
+                return None
+            out.extend(made)
+        return out
+
+    def by_step(self, plan) -> list:
+        """The steps as lists of C calls of consecutive steps that have them, and the steps that
+        have none (run in Python)."""
+        out: list = []
+        for step in self.steps:
+            made = _calls_of(plan, step)
+            if made is None:
+                out.append(step)
+            elif out and isinstance(out[-1], list):
+                out[-1].extend(made)
+            else:
+                out.append(list(made))
+        return out
+
+
+def _calls_of(plan, step) -> list[CCall] | None:
+    spec = [(plan.base_of(b), plan.buffers[b].shape) for b in step.inputs]
+    return step.kernel.prepare(spec, [(plan.base_of(b), plan.buffers[b].shape) for b in step.outputs])
 
 
 def _prepared_run(plan, views: list, calls: list[CCall], runner) -> PreparedCall | None:
