@@ -62,7 +62,7 @@ def as_pattern_set(patterns: PatternsLike) -> PatternSet:
 def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, composites: bool = True,
           annotate_codegen: bool = True, fuse: bool = True, bind_constants: bool = True, allow_leaks: bool = False,
           fuse_reductions: bool = False, fold: bool = True, merge_products: bool = True, split_slices: bool = True,
-          views: bool = True, multi_output: bool = True, rematerialize: bool = True,
+          views: bool = True, multi_output: bool = True, rematerialize: bool = True, convert_layout: bool = False,
           trace: Trace | None = None, pipeline: PipelineLike | None = None,
           instruments: Sequence[PassInstrument] = ()) -> Module:
     """Rewrite, fuse by pattern, then fuse the rest automatically (see the module docstring).
@@ -75,7 +75,9 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
     injective joins the group that computes what it reads, as one more output of it (a
     decoder's ``where`` over the attention mask); ``multi_output=False`` leaves it alone, as TVM.
     ``rematerialize`` (on here, off in ``fuse_ops``): an op that reads no tensor (T5's
-    ``arange``), read by several groups, is computed in each of them."""
+    ``arange``), read by several groups, is computed in each of them. ``convert_layout`` (off by
+    default): NCHW convolutions and what lies between them channels-last (NHWC), before ``fold``
+    (dpl/transform/convert_layout.py)."""
     if not isinstance(mod, Module):
         raise DplError(f"dpl.apply takes a Module, got {type(mod).__name__}")
     patterns = as_pattern_set(patterns)
@@ -83,7 +85,8 @@ def apply(mod: Module, patterns: PatternsLike = (), *, rewrites: bool = True, co
         passes = default_pipeline(rewrites=rewrites, fold=fold, merge_products=merge_products, split_slices=split_slices,
                                   composites=composites, fuse=fuse, bind_constants=bind_constants,
                                   annotate_codegen=annotate_codegen, allow_leaks=allow_leaks, fuse_reductions=fuse_reductions,
-                                  views=views, multi_output=multi_output, rematerialize=rematerialize)
+                                  views=views, multi_output=multi_output, rematerialize=rematerialize,
+                                  convert_layout=convert_layout)
     else:
         passes = as_pipeline(pipeline)
     return run_pipeline(mod, passes, PassContext(patterns, trace, tuple(instruments)))

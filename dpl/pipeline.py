@@ -1,6 +1,6 @@
 """The flow of ``dpl.apply`` as data: a list of named passes, each a Module -> Module step.
 
-    rewrites, fold, merge-products, split-slices, by-pattern, fuse-ops
+    rewrites, [convert-layout,] fold, merge-products, split-slices, by-pattern, fuse-ops
 
 :func:`default_pipeline` builds that list from ``dpl.apply``'s switches; a user may pass their
 own list (or the default, edited) as ``dpl.apply(mod, patterns, pipeline=...)``, or its text
@@ -27,6 +27,7 @@ from dpl.ir.collector import paused_collector
 from dpl.ir.expr import Module
 from dpl.pattern.fusion import PatternSet
 from dpl.trace import Trace, rewrite_events
+from dpl.transform.convert_layout import convert_layout
 from dpl.transform.fold_constants import fold_constants
 from dpl.transform.fuse_by_pattern import fuse_ops_by_pattern
 from dpl.transform.fuse_ops import fuse_ops
@@ -112,6 +113,18 @@ class Rewrites(Pass):
 
 
 @attrs.frozen
+class ConvertLayout(Pass):
+    """NCHW convolutions, and what lies between them, channels-last (TVM's ConvertLayout):
+    permutes only where a chain starts and where its values leave it, constants transposed."""
+
+    name: ClassVar[str] = "convert-layout"
+    layout: str = "NHWC"
+
+    def run(self, mod, ctx):
+        return convert_layout(mod, self.layout)
+
+
+@attrs.frozen
 class Fold(Pass):
     """Bindings over bound weights computed once (TVM's FoldConstant)."""
 
@@ -178,7 +191,8 @@ class FuseOpsPass(Pass):
                         rematerialize=self.rematerialize)
 
 
-PASSES: dict[str, type[Pass]] = {p.name: p for p in (Rewrites, Fold, MergeProducts, SplitSlices, ByPattern, FuseOpsPass)}
+PASSES: dict[str, type[Pass]] = {p.name: p for p in (Rewrites, ConvertLayout, Fold, MergeProducts, SplitSlices, ByPattern,
+                                                      FuseOpsPass)}
 
 PipelineLike = Union[str, Sequence[Union[Pass, str]]]
 
@@ -186,10 +200,10 @@ PipelineLike = Union[str, Sequence[Union[Pass, str]]]
 def default_pipeline(*, rewrites: bool = True, fold: bool = True, merge_products: bool = True, split_slices: bool = True,
                      composites: bool = True, fuse: bool = True, bind_constants: bool = True, annotate_codegen: bool = True,
                      allow_leaks: bool = False, fuse_reductions: bool = False, views: bool = True, multi_output: bool = True,
-                     rematerialize: bool = True) -> list[Pass]:
+                     rematerialize: bool = True, convert_layout: bool = False) -> list[Pass]:
     """The passes ``dpl.apply`` runs for these switches (its keywords), in order."""
     steps: list[tuple[bool, Pass]] = [
-        (rewrites, Rewrites()), (fold, Fold()), (merge_products, MergeProducts()), (split_slices, SplitSlices()),
+        (rewrites, Rewrites()), (convert_layout, ConvertLayout()), (fold, Fold()), (merge_products, MergeProducts()), (split_slices, SplitSlices()),
         (composites, ByPattern(bind_constants=bind_constants, annotate_codegen=annotate_codegen, allow_leaks=allow_leaks)),
         (fuse, FuseOpsPass(fuse_reductions=fuse_reductions, views=views, multi_output=multi_output, rematerialize=rematerialize)),
     ]
@@ -224,20 +238,29 @@ def make_pass(name: str, options: dict | None = None) -> Pass:
         guess = f"; did you mean {close[0]!r}?" if close else ""
         raise DplError(f"unknown pass {name!r}{guess}", hint=f"the passes: {', '.join(PASSES)}")
     fields = {f.name: f for f in attrs.fields(cls)}
-    for key in options or {}:
+    for key, value in (options or {}).items():
         if key not in fields:
             known = ", ".join(k.replace("_", "-") for k in fields) or "none"
             raise DplError(f"pass {name!r} has no option {key.replace('_', '-')!r}", hint=f"its options: {known}")
+        want = type(fields[key].default)
+        if not isinstance(value, want):
+            spelled = "true or false" if want is bool else "a word"
+            raise DplError(f"option {key.replace('_', '-')!r} of pass {name!r} takes {spelled}, got {_word(value)!r}")
     return cls(**(options or {}))
 
 
+_WORD = re.compile(r"[A-Za-z0-9_]+")
+
+
 def _options(name: str, text: str) -> dict:
+    """KEY=true, KEY=false (booleans) and KEY=WORD (strings: ``convert-layout{layout=NHWC}``)."""
     out = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, eq, value = item.partition("=")
-        if not eq or value.strip().lower() not in ("true", "false"):
-            raise DplError(f"cannot read the option {item!r} of pass {name!r}", hint="options are KEY=true or KEY=false")
-        out[key.strip().replace("-", "_")] = value.strip().lower() == "true"
+        value = value.strip()
+        if not eq or not _WORD.fullmatch(value):
+            raise DplError(f"cannot read the option {item!r} of pass {name!r}", hint="options are KEY=true, KEY=false or KEY=WORD")
+        out[key.strip().replace("-", "_")] = value.lower() == "true" if value.lower() in ("true", "false") else value
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
-from dpl.backends.cpu import blas, call_list, conv_direct, experts, im2col, max_pool, packed_gemm, products_choice
+from dpl.backends.cpu import blas, call_list, conv_direct, conv_nhwc, experts, im2col, max_pool, packed_gemm, products_choice
 from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
@@ -228,6 +228,8 @@ class CpuBackend(Backend):
         the rest the provider's."""
         if experts.takes(call):  # NumPy's BLAS, run by run
             return blas.BLAS
+        if conv_nhwc.takes(call):  # torch's convolution, or the provider's product
+            return self.products.thread_pool if conv_nhwc.uses_torch(call, self.products) else self.products.pool_of(_MATMUL)
         direct = self.convolutions == "direct" and conv_direct.takes(call)  # the direct convolution alone
         return OPENMP if max_pool.takes(call) or self._packs(call) or self._packs_conv(call) or direct else self.products.pool_of(call)
 
@@ -295,6 +297,8 @@ class CpuBackend(Backend):
         raced per input shape against the direct one (a TimedChoice per conv), ResNet at 224 took
         4.77 ms of CPU time a call against 4.40 (issue 30, item 4: the direct convolution won
         ResNet's 3x3s, lost its stem and 1x1s in the model)."""
+        if conv_nhwc.takes(call):  # channels-last (the convert-layout pass): torch's on views, or products
+            return conv_nhwc.runner(call, self.products)
         routine = self._conv_routine() if self.convolutions == "direct" and conv_direct.takes(call) else None
         if routine is not None:
             return conv_direct.runner(call, routine, threads)
@@ -422,7 +426,8 @@ def _pool(b) -> bool:
 def _blas_product(b) -> bool:
     """A binding a library computes: a matrix product, a convolution (torch's, or im2col's
     product), a max pool (backends/cpu/max_pool.py), the experts' grouped product (experts.py)."""
-    return is_product(b) or im2col.takes(b.value) or max_pool.takes(b.value) or experts.takes(b.value)
+    return (is_product(b) or im2col.takes(b.value) or conv_nhwc.takes(b.value) or max_pool.takes(b.value)
+            or experts.takes(b.value))
 
 
 class _Library:

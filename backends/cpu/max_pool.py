@@ -10,8 +10,9 @@ the input without a test and in vectors, the few at the edges with one (0.32 ms,
 The interpreter's rules hold: the padding is -inf (never chosen over a real value, the result
 of a window all padding), and a NaN anywhere in a window makes its output NaN (a row that met
 one is recomputed element by element). float32 and float64, NCHW, any window, stride, padding
-and dilation; ``ceil_mode`` is whatever the output shape says. Other dtypes and layouts stay
-with the kernel IR (:func:`takes`).
+and dilation; ``ceil_mode`` is whatever the output shape says. NHWC pools (the convert-layout
+pass's) take each output pixel's window pixel by pixel, all channels at once in vectors (0.26 ms
+for the stem pool above). Other dtypes stay with the kernel IR (:func:`takes`).
 """
 
 from __future__ import annotations
@@ -118,6 +119,49 @@ void dpl_kernel(const T *restrict x, T *restrict y, const int64_t *d) {
     }
   }
 }
+
+/* NHWC (channels last): each output pixel the running maximum of its window's pixels, all
+   channels at once in vectors; d: N, H, W, C, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW */
+void dpl_kernel_nhwc(const T *restrict x, T *restrict y, const int64_t *d) {
+  const int64_t N = d[0], H = d[1], W = d[2], C = d[3], OH = d[4], OW = d[5], KH = d[6], KW = d[7];
+  const int64_t SH = d[8], SW = d[9], PT = d[10], PL = d[11], DH = d[12], DW = d[13];
+  #pragma omp parallel for collapse(2) schedule(static) if(N * OH * OW * C >= %(parallel)d)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t oy = 0; oy < OH; ++oy) {
+      for (int64_t ox = 0; ox < OW; ++ox) {
+        T *restrict yc = y + ((n * OH + oy) * OW + ox) * C;
+        int nan = 0;
+        for (int64_t c = 0; c < C; ++c) yc[c] = -INFINITY;
+        for (int64_t ky = 0; ky < KH; ++ky) {
+          const int64_t iy = oy * SH + ky * DH - PT;
+          if (iy < 0 || iy >= H) continue;
+          for (int64_t kx = 0; kx < KW; ++kx) {
+            const int64_t ix = ox * SW + kx * DW - PL;
+            if (ix < 0 || ix >= W) continue;
+            const T *restrict xc = x + ((n * H + iy) * W + ix) * C;
+            #pragma omp simd reduction(|:nan)
+            for (int64_t c = 0; c < C; ++c) {
+              const T v = xc[c];
+              yc[c] = v > yc[c] ? v : yc[c];
+              nan |= v != v;
+            }
+          }
+        }
+        if (!nan) continue;
+        for (int64_t ky = 0; ky < KH; ++ky) {  /* the channels whose window holds a NaN are NaN */
+          const int64_t iy = oy * SH + ky * DH - PT;
+          if (iy < 0 || iy >= H) continue;
+          for (int64_t kx = 0; kx < KW; ++kx) {
+            const int64_t ix = ox * SW + kx * DW - PL;
+            if (ix < 0 || ix >= W) continue;
+            const T *restrict xc = x + ((n * H + iy) * W + ix) * C;
+            for (int64_t c = 0; c < C; ++c) if (xc[c] != xc[c]) yc[c] = NAN;
+          }
+        }
+      }
+    }
+  }
+}
 """
 
 
@@ -127,11 +171,11 @@ def _pair(v) -> tuple[int, int]:
 
 
 def takes(call) -> bool:
-    """Whether ``call`` is a max pool this routine runs: NCHW, float32 or float64."""
+    """Whether ``call`` is a max pool this routine runs: NCHW or NHWC, float32 or float64."""
     if not isinstance(call, Call) or call.op != "nn.max_pool2d" or len(call.args) != 1:
         return False
     x = call.args[0].ty
-    return (call.attrs.get("layout", "NCHW") == "NCHW" and getattr(x, "dtype", None) in DTYPES
+    return (call.attrs.get("layout", "NCHW") in ("NCHW", "NHWC") and getattr(x, "dtype", None) in DTYPES
             and getattr(call.ty, "dtype", None) == x.dtype and len(x.shape) == 4)
 
 
@@ -142,7 +186,8 @@ def source(dtype: str) -> str:
 def runner(call: Call, lib, threads: int | None = None):
     """``fn(x, out)`` pooling ``x`` as ``call`` says into ``out`` (its shape is the output's), with
     the routine of ``lib`` (compiled from :func:`source`); ``threads`` caps its OpenMP team."""
-    entry = getattr(lib, SYMBOL)
+    nhwc = call.attrs.get("layout", "NCHW") == "NHWC"
+    entry = getattr(lib, SYMBOL + "_nhwc" if nhwc else SYMBOL)
     entry.restype = None
     entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
     get_threads = getattr(lib, "omp_get_max_threads", None)
@@ -157,10 +202,15 @@ def runner(call: Call, lib, threads: int | None = None):
 
     def run(x, out):
         x = np.ascontiguousarray(x, dtype)
-        n, c, h, w = x.shape
         target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        oh, ow = target.shape[2:]
-        dims = (ctypes.c_int64 * 13)(n * c, h, w, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw)
+        if nhwc:
+            n, h, w, c = x.shape
+            oh, ow = target.shape[1:3]
+            dims = (ctypes.c_int64 * 14)(n, h, w, c, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw)
+        else:
+            n, c, h, w = x.shape
+            oh, ow = target.shape[2:]
+            dims = (ctypes.c_int64 * 13)(n * c, h, w, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw)
         if set_threads is None:
             entry(x.ctypes.data, target.ctypes.data, dims)
         else:

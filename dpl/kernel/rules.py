@@ -23,7 +23,7 @@ from dpl.kernel.lower import (
     ELEMENTWISE, RULES, TUPLE_ITEM, Lowerer, LoweringError, accum_dtype, add, broadcast_index, conj, const, dim, div, idx_const, mod, mul, sub,
 )
 from dpl.ops._slices import slice_axes
-from dpl.ops.nn import adaptive_windows, avg_pool_axis
+from dpl.ops.nn import adaptive_windows, avg_pool_axis, layout_axes
 from dpl.ops.registry import call_info
 
 Rule = Callable[[Lowerer, Call, tuple], ir.Expr]
@@ -454,17 +454,28 @@ def _window(lw, o, k, stride, dil, pad, size, out_size, ksize):
     return pos, conj(lo, hi)
 
 
+def _nchw(shape_or_idx, layout: str) -> tuple:
+    """A 4-D shape or index of a ``layout`` tensor in NCHW order (kernel layouts: OIHW)."""
+    return tuple(shape_or_idx[a] for a in layout_axes(layout, "NCHW" if layout[0] == "N" else "OIHW"))
+
+
+def _laid_out(nchw: tuple, layout: str) -> tuple:
+    """An NCHW (or OIHW) index as ``layout`` orders it."""
+    return tuple(nchw[a] for a in layout_axes("NCHW" if layout[0] == "N" else "OIHW", layout))
+
+
 @rule("nn.conv2d")
 def _conv2d(lw, c, idx):
     x, w = c.args
-    _, _, H, W = x.ty.shape
-    O, CI, KH, KW = w.ty.shape
+    layout, kernel_layout = c.attrs["data_layout"], c.attrs["kernel_layout"]
+    _, _, H, W = _nchw(x.ty.shape, layout)
+    O, CI, KH, KW = _nchw(w.ty.shape, kernel_layout)
     groups = c.attrs["groups"]
     sh, sw = _pair(c.attrs["strides"])
     dh, dw = _pair(c.attrs["dilation"])
     pt, pl, _, _ = _pads(c.attrs["padding"])
-    _, _, OH, OW = c.ty.shape
-    n, oc, oy, ox = idx
+    _, _, OH, OW = _nchw(c.ty.shape, layout)
+    n, oc, oy, ox = _nchw(idx, layout)
     group = div(oc, idx_const(O // groups)) if groups > 1 else idx_const(0)
     acc = accum_dtype(c.ty.dtype)
     lw.anchors.append("conv2d")
@@ -474,8 +485,9 @@ def _conv2d(lw, c, idx):
         hy, hy_ok = _window(lw, oy, ky, sh, dh, pt, H, OH, KH)
         wx, wx_ok = _window(lw, ox, kx, sw, dw, pl, W, OW, KW)
         chan = add(mul(group, idx_const(CI)), ci)
-        xv = lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, (n, chan, hy, wx)), acc), const(0, acc))
-        return lw.op("multiply", xv, lw.cast(lw.value(w, (oc, ci, ky, kx)), acc))
+        xv = lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, _laid_out((n, chan, hy, wx), layout)), acc),
+                      const(0, acc))
+        return lw.op("multiply", xv, lw.cast(lw.value(w, _laid_out((oc, ci, ky, kx), kernel_layout)), acc))
 
     return lw.cast(lw.reduce("acc", "add", acc, [CI, KH, KW], product), c.ty.dtype)
 
@@ -484,21 +496,23 @@ def _pool_windows(lw, c, idx, dtype: str, outside):
     """The (ky, kx) window of a 2-D pool over ``c``'s input at output ``idx``: each element cast
     to ``dtype``, ``outside`` where the window reaches into the padding; and the reduction axes."""
     x = c.args[0]
-    _, _, H, W = x.ty.shape
+    layout = c.attrs["layout"]
+    _, _, H, W = _nchw(x.ty.shape, layout)
     sh, sw = _pair(c.attrs["strides"])
     dh, dw = _pair(c.attrs["dilation"])
     pt, pl, pb, pr = _pads(c.attrs["padding"])
     KH, KW = (_reachable_taps(k, d, size, lo + hi)
               for k, d, size, lo, hi in zip(_pair(c.attrs["pool_size"]), (dh, dw), (H, W), (pt, pl), (pb, pr)))
-    _, _, OH, OW = c.ty.shape
-    n, ch, oy, ox = idx
+    _, _, OH, OW = _nchw(c.ty.shape, layout)
+    n, ch, oy, ox = _nchw(idx, layout)
     lw.anchors.append("pool")
 
     def window(rvars):
         ky, kx = rvars
         hy, hy_ok = _window(lw, oy, ky, sh, dh, pt, H, OH, KH)
         wx, wx_ok = _window(lw, ox, kx, sw, dw, pl, W, OW, KW)
-        return lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, (n, ch, hy, wx)), dtype), const(outside, dtype))
+        return lw.guard(conj(hy_ok, wx_ok), lambda: lw.cast(lw.value(x, _laid_out((n, ch, hy, wx), layout)), dtype),
+                        const(outside, dtype))
 
     return window, [KH, KW]
 
@@ -534,28 +548,31 @@ def _table(lw, hint: str, values: np.ndarray, dtype: str, idx: tuple) -> ir.Expr
 @rule("nn.avg_pool2d")
 def _avg_pool2d(lw, c, idx):
     x = c.args[0]
-    _, _, H, W = x.ty.shape
+    layout = c.attrs["layout"]
+    _, _, H, W = _nchw(x.ty.shape, layout)
     KH, KW = _pair(c.attrs["pool_size"])
     sh, sw = _pair(c.attrs["strides"])
     dh, dw = _pair(c.attrs["dilation"])
     pt, pl, pb, pr = _pads(c.attrs["padding"])
-    _, _, OH, OW = c.ty.shape
+    _, _, OH, OW = _nchw(c.ty.shape, layout)
+    _, _, oy, ox = _nchw(idx, layout)
     acc = accum_dtype(x.ty.dtype)
     window, axes = _pool_windows(lw, c, idx, acc, 0)
     total = lw.reduce("pool", "add", acc, axes, window)
     include = c.attrs["count_include_pad"]
     _, div_h = avg_pool_axis(H, KH, sh, dh, pt, pb, OH, include)
     _, div_w = avg_pool_axis(W, KW, sw, dw, pl, pr, OW, include)
-    divisor = _table(lw, "divisor", np.outer(div_h, div_w), acc, (idx[2], idx[3]))
+    divisor = _table(lw, "divisor", np.outer(div_h, div_w), acc, (oy, ox))
     return lw.cast(lw.op("divide", total, divisor), c.ty.dtype)
 
 
 @rule("nn.adaptive_avg_pool2d")
 def _adaptive_avg_pool2d(lw, c, idx):
     x = c.args[0]
-    _, _, H, W = x.ty.shape
-    _, _, OH, OW = c.ty.shape
-    n, ch, oy, ox = idx
+    layout = c.attrs["layout"]
+    _, _, H, W = _nchw(x.ty.shape, layout)
+    _, _, OH, OW = _nchw(c.ty.shape, layout)
+    n, ch, oy, ox = _nchw(idx, layout)
     lw.anchors.append("pool")
     acc = accum_dtype(x.ty.dtype)
     axes = []
@@ -575,7 +592,7 @@ def _adaptive_avg_pool2d(lw, c, idx):
         for (start, _, length), r in zip(axes, rvars):
             pos.append(add(start, r))
             inside.append(None if length is None else Bin("<", r, length))
-        return lw.guard(conj(*inside), lambda: lw.cast(lw.value(x, (n, ch, *pos)), acc), const(0, acc))
+        return lw.guard(conj(*inside), lambda: lw.cast(lw.value(x, _laid_out((n, ch, *pos), layout)), acc), const(0, acc))
 
     total = lw.reduce("pool", "add", acc, [axes[0][1], axes[1][1]], window)
     counts = [np.diff(np.stack(adaptive_windows(size, out)), axis=0)[0] for size, out in ((H, OH), (W, OW))]

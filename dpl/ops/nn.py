@@ -165,7 +165,7 @@ register(
     doc="(x - mean) / sqrt(var + eps) * gamma + beta",
 )
 
-# -- convolution and pooling (NCHW) ------------------------------------------------------------
+# -- convolution and pooling (NCHW, NHWC) ------------------------------------------------------
 
 
 def _pair(info: CallInfo, key: str):
@@ -231,22 +231,56 @@ def pool_out_dim(size: Dim, kernel: int, stride: int, dilation: int, pad_lo: int
     return sub(out, dmin(1, dmax(0, add(sub(last_start, add(size, pad_lo)), 1))))
 
 
-def _check_layout(info: CallInfo, key: str, want: str):
-    if info.attrs[key] != want:
-        raise info.error(f"only {key}=\"{want}\" is supported, got \"{info.attrs[key]}\"")
+# The data layouts of 2-D convolutions and pools, each with its convolution's kernel layout:
+# NCHW (the frontends') and NHWC (channels last: what dpl's convert-layout pass makes, since the
+# CPU's convolutions run faster on it; the weights OHWI, each output channel's taps in a row).
+KERNEL_LAYOUTS = {"NCHW": "OIHW", "NHWC": "OHWI"}
+
+
+def layout_axes(layout: str, canonical: str = "NCHW") -> tuple[int, ...]:
+    """Where each letter of ``canonical`` sits in ``layout``: the transpose that reads a
+    ``layout`` array as a ``canonical`` one (NHWC -> NCHW: (0, 3, 1, 2))."""
+    return tuple(layout.index(c) for c in canonical)
+
+
+def _check_layout(info: CallInfo, key: str, allowed=tuple(KERNEL_LAYOUTS)) -> str:
+    """The layout ``info`` names under ``key``, one of ``allowed``."""
+    got = info.attrs[key]
+    if got not in allowed:
+        known = " or ".join(f'"{a}"' for a in allowed)
+        raise info.error(f"{key}=\"{got}\" is not supported; {key} is {known}")
+    return got
+
+
+def _as_nchw(shape: tuple, layout: str) -> tuple:
+    return tuple(shape[a] for a in layout_axes(layout))
+
+
+def _from_nchw(shape: tuple, layout: str) -> tuple:
+    return tuple(shape[a] for a in layout_axes("NCHW", layout))
+
+
+def _ref_in_nchw(ref, x, layout: str, *args, **attrs):
+    """A NCHW reference run on a ``layout`` array: transposed in, and back."""
+    if layout == "NCHW":
+        return ref(x, *args, **attrs)
+    out = ref(np.transpose(x, layout_axes(layout)), *args, **attrs)
+    return np.ascontiguousarray(np.transpose(out, layout_axes("NCHW", layout)))
 
 
 def _infer_conv2d(info: CallInfo) -> TensorType:
-    _check_layout(info, "data_layout", "NCHW")
-    _check_layout(info, "kernel_layout", "OIHW")
+    layout = _check_layout(info, "data_layout")
+    want = KERNEL_LAYOUTS[layout]
+    if info.attrs["kernel_layout"] != want:
+        raise info.error(f"data_layout=\"{layout}\" takes kernel_layout=\"{want}\", got \"{info.attrs['kernel_layout']}\"")
     x, w = info.tensor(0), info.tensor(1)
     if x.ndim != 4 or w.ndim != 4:
         raise info.error(f"operands {info.operand(0)} and {info.operand(1)} must have rank 4")
     groups = info.attrs["groups"]
     if groups < 1:
         raise info.error(f"groups must be positive, got {groups}")
-    n, c, h, wd = x.shape
-    o, i, kh, kw = w.shape
+    n, c, h, wd = _as_nchw(x.shape, layout)
+    o, i, kh, kw = tuple(w.shape[a] for a in layout_axes(want, "OIHW"))
     if isinstance(c, int) and isinstance(i, int) and c != i * groups:
         raise info.error(f"input channels {c} of {info.operand(0)} do not match {i} x groups {groups} of {info.operand(1)}")
     if isinstance(o, int) and o % groups:
@@ -258,10 +292,17 @@ def _infer_conv2d(info: CallInfo) -> TensorType:
     pt, pl, pb, pr = _padding(info)
     oh = _window_out(info, h, kh, sh, dh, pt, pb)
     ow = _window_out(info, wd, kw, sw, dw, pl, pr)
-    return TensorType((n, o, oh, ow), info.attrs["out_dtype"] or x.dtype)
+    return TensorType(_from_nchw((n, o, oh, ow), layout), info.attrs["out_dtype"] or x.dtype)
 
 
 def _conv2d_ref(x, w, strides, padding, dilation, groups, data_layout, kernel_layout, out_dtype):
+    if data_layout != "NCHW":
+        w = np.transpose(w, layout_axes(kernel_layout, "OIHW"))
+        return _ref_in_nchw(_conv2d_ref_nchw, x, data_layout, w, strides, padding, dilation, groups, out_dtype)
+    return _conv2d_ref_nchw(x, w, strides, padding, dilation, groups, out_dtype)
+
+
+def _conv2d_ref_nchw(x, w, strides, padding, dilation, groups, out_dtype):
     sh, sw = (strides, strides) if isinstance(strides, int) else (tuple(strides) * 2)[:2]
     dh, dw = (dilation, dilation) if isinstance(dilation, int) else (tuple(dilation) * 2)[:2]
     p = (padding,) if isinstance(padding, int) else tuple(padding)
@@ -298,12 +339,12 @@ register(
     infer=_infer_conv2d,
     kind=FUSABLE,
     ref=_conv2d_ref,
-    doc="2-D convolution, NCHW data and OIHW weights",
+    doc="2-D convolution, NCHW data and OIHW weights or NHWC data and OHWI weights",
 )
 
 
 def _infer_max_pool2d(info: CallInfo) -> TensorType:
-    _check_layout(info, "layout", "NCHW")
+    layout = _check_layout(info, "layout")
     x = info.tensor(0)
     if x.ndim != 4:
         raise info.error(f"operand {info.operand(0)} must have rank 4")
@@ -316,12 +357,15 @@ def _infer_max_pool2d(info: CallInfo) -> TensorType:
     dh, dw = _pair(info, "dilation")
     pt, pl, pb, pr = _padding(info)
     ceil = info.attrs["ceil_mode"]
-    oh = _window_out(info, x.shape[2], kh, sh, dh, pt, pb, ceil)
-    ow = _window_out(info, x.shape[3], kw, sw, dw, pl, pr, ceil)
-    return TensorType((x.shape[0], x.shape[1], oh, ow), x.dtype)
+    n, c, h, w = _as_nchw(x.shape, layout)
+    oh = _window_out(info, h, kh, sh, dh, pt, pb, ceil)
+    ow = _window_out(info, w, kw, sw, dw, pl, pr, ceil)
+    return TensorType(_from_nchw((n, c, oh, ow), layout), x.dtype)
 
 
 def _max_pool2d_ref(x, pool_size, strides, padding, dilation, ceil_mode, layout):
+    if layout != "NCHW":
+        return _ref_in_nchw(_max_pool2d_ref, x, layout, pool_size, strides, padding, dilation, ceil_mode, "NCHW")
     info = CallInfo("nn.max_pool2d", (TensorType(x.shape, str(x.dtype)),), dict(pool_size=pool_size, strides=strides, padding=padding, dilation=dilation, ceil_mode=ceil_mode, layout=layout))
     out_ty = _infer_max_pool2d(info)
     kh, kw = _pair(info, "pool_size")
@@ -355,7 +399,7 @@ register(
     infer=_infer_max_pool2d,
     kind=FUSABLE,
     ref=_max_pool2d_ref,
-    doc="2-D max pooling, NCHW",
+    doc="2-D max pooling, NCHW or NHWC",
 )
 
 # -- average pooling ---------------------------------------------------------------------------
@@ -385,6 +429,9 @@ def _infer_avg_pool2d(info: CallInfo) -> TensorType:
 
 
 def _avg_pool2d_ref(x, pool_size, strides, padding, dilation, ceil_mode, count_include_pad, layout):
+    if layout != "NCHW":
+        return _ref_in_nchw(_avg_pool2d_ref, x, layout, pool_size, strides, padding, dilation, ceil_mode,
+                            count_include_pad, "NCHW")
     attrs = dict(pool_size=pool_size, strides=strides, padding=padding, dilation=dilation, ceil_mode=ceil_mode,
                  count_include_pad=count_include_pad, layout=layout)
     info = CallInfo("nn.avg_pool2d", (TensorType(x.shape, str(x.dtype)),), attrs)
@@ -418,7 +465,7 @@ register(
     infer=_infer_avg_pool2d,
     kind=FUSABLE,
     ref=_avg_pool2d_ref,
-    doc="2-D average pooling, NCHW; padding counts in the divisor only with count_include_pad",
+    doc="2-D average pooling, NCHW or NHWC; padding counts in the divisor only with count_include_pad",
 )
 
 
@@ -430,10 +477,10 @@ def adaptive_windows(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
-def _adaptive_output(info: CallInfo, x: TensorType) -> tuple[int, int]:
+def _adaptive_output(info: CallInfo, hw: tuple) -> tuple[int, int]:
     size = info.attrs["output_size"]
     if size is None:
-        return x.shape[2], x.shape[3]
+        return hw
     oh, ow = _pair(info, "output_size")
     if oh < 1 or ow < 1:
         raise info.error(f"output_size {[oh, ow]} must be positive")
@@ -441,27 +488,30 @@ def _adaptive_output(info: CallInfo, x: TensorType) -> tuple[int, int]:
 
 
 def _infer_adaptive_avg_pool2d(info: CallInfo) -> TensorType:
-    _check_layout(info, "layout", "NCHW")
+    layout = _check_layout(info, "layout")
     x = info.tensor(0)
     if x.ndim != 4:
         raise info.error(f"operand {info.operand(0)} must have rank 4")
     if not x.dtype.startswith(("float", "bfloat")):
         raise info.error(f"operand {info.operand(0)} must have a floating-point dtype")
-    for d in x.shape[2:]:
+    n, c, h, w = _as_nchw(x.shape, layout)
+    for d in (h, w):
         if not isinstance(d, int):
             raise info.error(f"spatial dimension '{d}' of {info.operand(0)} must be static")
-    return TensorType(x.shape[:2] + _adaptive_output(info, x), x.dtype)
+    return TensorType(_from_nchw((n, c) + _adaptive_output(info, (h, w)), layout), x.dtype)
 
 
 def _adaptive_kind(info: CallInfo, out) -> OpPatternKind:
     # TVM 0.27 gives windows whose length varies with the output index along both axes (neither
     # size divides evenly) an extent AnnotateTIROpPattern cannot read: Opaque; one even axis suffices
-    h, w = info.tensor(0).shape[2:]
-    oh, ow = out.shape[2:]
+    axes = layout_axes(info.attrs["layout"])[2:]
+    (h, w), (oh, ow) = ([t.shape[a] for a in axes] for t in (info.tensor(0), out))
     return OpPatternKind.OPAQUE if h % oh and w % ow else FUSABLE
 
 
 def _adaptive_avg_pool2d_ref(x, output_size, layout):
+    if layout != "NCHW":
+        return _ref_in_nchw(_adaptive_avg_pool2d_ref, x, layout, output_size, "NCHW")
     info = CallInfo("nn.adaptive_avg_pool2d", (TensorType(x.shape, str(x.dtype)),), dict(output_size=output_size, layout=layout))
     oh, ow = _infer_adaptive_avg_pool2d(info).shape[2:]
     z = _acc(x)
@@ -479,5 +529,5 @@ register(
     infer=_infer_adaptive_avg_pool2d,
     kind=_adaptive_kind,
     ref=_adaptive_avg_pool2d_ref,
-    doc="2-D average pooling to a given output size (no output_size: the input's), NCHW",
+    doc="2-D average pooling to a given output size (no output_size: the input's), NCHW or NHWC",
 )
