@@ -154,7 +154,7 @@ def prepare(plan, views: list, steps: Sequence, runs: dict | None = None) -> Pre
             made_parts.append(part)
             continue
         key = (id(steps), tuple(part.keys))
-        found = runs.get(key) if runs is not None else None
+        found = runs.get(key) if runs is not None and not part.moves else None
         if found is None:
             calls = part.calls(plan)
             if calls is None:  # a step has no C call at these shapes: it runs in Python, the others prepared around it
@@ -167,7 +167,7 @@ def prepare(plan, views: list, steps: Sequence, runs: dict | None = None) -> Pre
             found = _prepared_run(plan, views, calls, runner)
             if found is None:
                 return None
-            if runs is not None:
+            if runs is not None and not part.moves:  # a moving run is the plan's own (its prepared call holds it)
                 runs[key] = found
         made_parts.append(found)
     if not any(type(p) is PreparedCall for p in made_parts):
