@@ -572,3 +572,25 @@ def test_a_lone_cumsum_runs_on_cpu_into_its_output(tmp_path):
         want = dpl.interpret(mod, x)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_lone_index_put_runs_on_cpu_as_its_reference(tmp_path):
+    """A static cache's update (index_put at the step's positions) runs on the CPU backend as the
+    op's NumPy reference writing the output (no interpreter): the same values, repeated indices
+    adding up with accumulate, an index out of range an error naming it."""
+    from dpl.ir import Tuple as TupleExpr
+
+    rng = np.random.default_rng(1)
+    for accumulate in (False, True):
+        fb = FunctionBuilder("main")
+        cache, pos, new = fb.param("cache", "f32", ("n", 8)), fb.param("pos", "i64", (3,)), fb.param("new", "f32", (3, 8))
+        mod = Module([fb.ret(fb.emit("index_put", cache, TupleExpr((pos,)), new, accumulate=accumulate))])
+        exe = dpl.build(mod, CpuBackend(cache_dir=tmp_path), progress=False)
+        for n, at in ((6, [4, -1, 4]), (9, [0, 8, 2])):
+            args = [rng.standard_normal((n, 8)).astype(np.float32), np.array(at), rng.standard_normal((3, 8)).astype(np.float32)]
+            got = exe(*args)
+            np.testing.assert_array_equal(got, dpl.interpret(mod, *args))
+            assert not np.array_equal(got, args[0])
+        assert exe.ran_on() == {"op index_put": "cpu"}
+        with pytest.raises(Exception, match="index 9 is out of range for axis 0"):
+            exe(args[0], np.array([0, 9, 0]), args[2])
