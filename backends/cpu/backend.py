@@ -29,7 +29,7 @@ from dpl.backends.registry import Backend, BackendError, Capabilities, CompileEr
 from dpl.backends.cpu.segments import NotSegmentable, Part, Product, fold_epilogues, is_product, segment, segment_runner
 from dpl.ir import dims as dimexpr
 from dpl.ir.expr import Call, Constant, Tuple as TupleExpr, Var
-from dpl.ops.registry import get_op
+from dpl.ops.indexing import index_put_into
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
 from dpl.kernel.lower import op_lowering
@@ -383,7 +383,7 @@ def _take_runner(function):
 
 def _index_put_runner(function):
     """A lone ``index_put`` (a static cache written at the step's positions) as the op's NumPy
-    reference itself, its result copied into the output, or None. The reference backend ran it
+    reference writing the output (:func:`dpl.ops.indexing.index_put_into`), or None. The reference backend ran it
     through its interpreter: 8 such calls a decode step of a 4-layer Llama with
     ``cache_implementation="static"``, most of their time binding and checking types."""
     if len(function.bindings) != 1 or function.ret is not function.bindings[0].var:
@@ -408,7 +408,6 @@ def _index_put_runner(function):
         return None
     types = [p.ty for p in function.params]
     accumulate = bool(call.attrs.get("accumulate", False))
-    reference = get_op("index_put").ref
 
     def value(o, given):
         k, v = o
@@ -419,7 +418,11 @@ def _index_put_runner(function):
     def run(inputs, outputs):
         given = unflatten(types, inputs)
         data, indices, values = (value(o, given) for o in operands)
-        np.copyto(outputs[0], reference(data, indices, values, accumulate))
+        out = outputs[0]
+        if out.flags.c_contiguous and out.dtype == data.dtype:
+            index_put_into(out, data, indices, values, accumulate)  # one copy of the cache, then the rows put
+        else:
+            np.copyto(out, index_put_into(np.empty_like(data), data, indices, values, accumulate))
 
     run.__qualname__ = f"cpu-index_put:{function.name}"
     return run

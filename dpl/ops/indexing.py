@@ -388,8 +388,15 @@ def _broadcast(info: CallInfo, shapes) -> tuple:
 
 
 def _index_put_ref(data, indices, values, accumulate):
+    return index_put_into(np.empty_like(data), data, indices, values, accumulate)
+
+
+def index_put_into(out: np.ndarray, data, indices, values, accumulate: bool) -> np.ndarray:
+    """``index_put`` written into ``out`` (data's shape and dtype): data copied once, then the
+    values put (a backend's runner writes its output buffer so, the reference a fresh array)."""
     index = tuple(_wrapped("index_put", i, data.shape[a], a) for a, i in enumerate(indices))
-    return _write(data.copy(), index, values, "add" if accumulate else "update")
+    np.copyto(out, data)
+    return _write(out, index, values, "add" if accumulate else "update")
 
 
 register(
