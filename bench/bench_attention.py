@@ -4,7 +4,7 @@ torch eager written out and torch.compile of it.
 
     python bench/bench_attention.py [HEADS SEQ HEAD_DIM] [--threads N] [--rounds R] [--dense]
     python bench/bench_attention.py --model llama512 [--threads N] [--rounds R]
-    python bench/bench_attention.py --decode [--threads N] [--rounds R]
+    python bench/bench_attention.py --decode [--heads H,HKV,D] [--keys N,N,...] [--threads N] [--rounds R]
     python bench/bench_attention.py --isa native,haswell [--rounds R]
 
 softmax(q @ k^T * 1/sqrt(D) + causal mask (--dense: a random one)) @ v in float32, k given transposed ([H, D, S]) to
@@ -15,8 +15,8 @@ dpl's ``["rewrites", "llm"]`` build with flash and with segments attention besid
 and torch.compile of the model.
 
 ``--decode`` times one decode step's attention (issue 31: a kernel made for one query row, not
-the prefill one): 32 query heads in 8 groups of 4 over 8 key/value heads of 128, 128 to 8192
-cached keys, no mask, float32, three ways: dpl's decode kernel (backends/cpu/decode_attention.py),
+the prefill one): 32 query heads in 8 groups of 4 over 8 key/value heads of 128 (``--heads
+8,4,64``: bench_zoo's generated Llama), 128 to 8192 cached keys (``--keys``), no mask, float32, three ways: dpl's decode kernel (backends/cpu/decode_attention.py),
 the flash kernel on the one row, and the segments (two library products around a C softmax).
 GB/s counts k and v read once (8 heads x n x 128 x 4 bytes each), what a decode step must read;
 GFLOP/s the two products. Measured on the loaded 2-core host (an Intel Xeon VM, other jobs beside
@@ -96,6 +96,9 @@ def main(argv=None):
     ap.add_argument("--model", help="a bench_models.py workload (llama128, llama512, gpt2) instead of one attention")
     ap.add_argument("--decode", action="store_true", help="one decode step's attention (32 query / 8 key-value heads of 128) "
                     "at 128-8192 cached keys: the decode kernel, the flash kernel on one row, the segments")
+    ap.add_argument("--heads", default="32,8,128", help="--decode's query heads, key/value heads and head size "
+                    "(8,4,64: bench_zoo's generated Llama)")
+    ap.add_argument("--keys", help="--decode's cached key counts, comma-separated (default 128,512,2048,8192)")
     ap.add_argument("--isa", help="comma-separated -march values (native,haswell): the zoo's attentions per build, "
                     "flash and segments, GFLOP/s and % of the build's FMA peak")
     ap.add_argument("--isa-child", help=argparse.SUPPRESS)
@@ -107,7 +110,9 @@ def main(argv=None):
     if args.model:
         return model_main(args)
     if args.decode:
-        return decode_main(args)
+        heads, kv_heads, dim = (int(x) for x in args.heads.split(","))
+        keys = tuple(int(x) for x in args.keys.split(",")) if args.keys else DECODE_KEYS
+        return decode_main(args, heads, kv_heads, dim, keys)
     heads, seq, dim = args.shape
     mod = dpl.apply(attention_module(heads, seq, dim), ["llm"])
     rng = np.random.default_rng(0)
@@ -248,7 +253,7 @@ def memory_bandwidth(mib=256, rounds=5) -> tuple[float, float]:
     return 2 * src.nbytes / float(np.median(copy)) / 1e9, src.nbytes / float(np.median(read)) / 1e9
 
 
-def decode_main(args, heads=32, kv_heads=8, dim=128):
+def decode_main(args, heads=32, kv_heads=8, dim=128, key_counts=DECODE_KEYS):
     """The three ways to run a decode step's attention, interleaved, at each key count: GB/s of
     k and v read (each read once in all: the bound a decode step has) and GFLOP/s."""
     from dpl.backends.cpu import flash_attention as fa
@@ -261,7 +266,7 @@ def decode_main(args, heads=32, kv_heads=8, dim=128):
           f"{os.getloadavg()[0]:.1f}; one thread streaming 256 MiB: copy {copy:.1f} GB/s (read + write), sum {read:.1f} GB/s")
     print(f"  {'keys':>5} {'kernel':<22} {'ms':>8} {'GB/s k,v':>9} {'GFLOP/s':>8} {'vs decode':>9}")
     rng = np.random.default_rng(0)
-    for keys in DECODE_KEYS:
+    for keys in key_counts:
         fused = dpl.apply(decode_module(heads, kv_heads, keys, dim), ["llm"])
         fn = next(f for f in fused.functions.values() if f.attrs.get("Composite") == "kernel.attention")
         arrays = {p.name: rng.standard_normal(p.ty.shape).astype(np.float32) for p in fused["main"].params}

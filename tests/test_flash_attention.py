@@ -500,3 +500,42 @@ def test_micro_kernels_equal_the_interpreter_per_build(isa_backend, head, mask_k
     for _ in range(3):
         mod, args = random_case(rng, head, mask_kind)
         check(dpl.interpret(mod, *args), run_flash(backend, mod, args))
+
+
+def shifted(a, offset):
+    """``a``'s values in memory ``offset`` bytes past a 64-byte boundary (NumPy's and the runtime's
+    buffers are 16-byte aligned: the kernel copies k and v where their vectors straddle lines)."""
+    raw = np.empty(a.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("offset", [0, 16, 32])
+@pytest.mark.parametrize("keys, mask_kind", [(129, "padding"), (256, "none"), (200, "causal")])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_k_and_v_at_any_alignment_and_row_stride(isa_backend, offset, keys, mask_kind, threads):
+    """k and v at 0, 16 and 32 bytes past a cache line, key counts whose rows of k are not whole
+    vectors (129), are a 1 KiB multiple (256) or neither (200), GQA groups sharing one k/v
+    matrix (each thread's copy of it reused), one and two threads: the interpreter's results."""
+    backend, _ = isa_backend
+    sq = keys if mask_kind == "causal" else 40
+    q, k, v = (2, 2, 3, sq, 64), (2, 2, 1, 64, keys), (2, 2, 1, keys, 64)
+    mask = {"none": None, "causal": (sq, keys), "padding": (2, 1, 1, 1, keys)}[mask_kind]
+    mod = attention_module(q, k, v, mask)
+    args = inputs(mod, offset + keys, 4.0)
+    if mask_kind == "causal":
+        args[3] = causal(sq, keys, -np.inf)
+    elif mask_kind == "padding":
+        args[3] = np.zeros(mask, np.float32)
+        args[3][1, ..., keys - 7:] = np.finfo(np.float32).min  # a partial vector of live keys
+    args[1], args[2] = shifted(args[1], offset), shifted(args[2], offset)
+    fused, fn = composite(mod)
+    names = [p.name for p in mod["main"].params]
+    call = next(b.value for b in fused["main"].bindings if b.value.op.name.endswith("_kernel"))
+    order = [names.index(a.name) for a in call.args]
+    kernel = backend.compile(fn, module=fused, shapes=tuple(args[i].shape for i in order)).with_threads(threads)
+    out = np.empty(fn.ret.ty.shape, np.float32)
+    kernel([args[i] for i in order], [out])
+    check(dpl.interpret(mod, *args), out)

@@ -32,6 +32,16 @@ Measured (bench/bench_attention.py --decode: 32 query heads over 8 key/value hea
 thread, a loaded 2-core host): 8192 keys 13.2 ms against the flash kernel's 67.4 on the one row
 and the segments' 195; 512 keys 0.33 against 0.66 and 3.1. At 8192 keys k and v are read at 5.1
 GB/s, where a plain sum of 256 MiB streams 6.5: the step is bound by memory.
+
+Against the segments that ``attention="auto"`` races it with (backend.py's ``RacedKernel``), at
+bench_zoo's generated Llama (8 query / 4 key-value heads of 64; ``bench_attention.py --decode
+--heads 8,4,64 --keys ...``, one thread, medians of 31 interleaved rounds, load average 1.5):
+130 keys 0.014 ms against 0.058 (4.3x), 195 0.019 / 0.080, 260 0.023 / 0.103, 1024 0.111 /
+0.463, 2048 0.191 / 0.976, 4096 0.359 / 2.18 (6.1x); two threads, where the loaded host let a
+team run, 130 keys 4.4x, 195 4.0x, 4096 10.8x. Of a call at 260 keys (CPU time) 5.4 us are
+the runner's Python, 10.9 us the kernel; at 2048-4096 keys k and v stream at 24 GB/s, where one
+thread copies 26 GB/s (read + write) and NumPy sums 16.5: the memory's pace. Splitting the
+one- and two-row blocks' sums over d and keys (FMA latency) changed nothing measurable.
 """
 
 from __future__ import annotations
@@ -72,6 +82,7 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
 {operands}  const int64_t *restrict gbatch = (const int64_t *)buffers[10];  /* batch entries, those of one k/v stream together */
   const int64_t *restrict blk = (const int64_t *)buffers[11];  /* per row block: its first row (over gbatch x sq), its rows */
   const int64_t sq = dims[1], sk = dims[2], mrow = dims[3], mcol = dims[4], nblocks = dims[5];
+  const int64_t krow = sk;  /* k's rows, in place */
   const acc_t scale = {scale};
   (void)mask; (void)scale_buf; (void)moff; (void)mrow; (void)mcol;
   if (nblocks == 0) return;  /* no query rows */
@@ -155,7 +166,7 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
 # one thread: 23.1 ms without, 17.1 with; at 2048 keys, in cache, no change)
 PREFETCH_K = 1  # flash_attention.BLOCKS' score_block: its k rows' next tile fetched
 # the mask's entries of a task row come from that row's batch entry (mrows, set per task)
-MASK_ROW = "        const elem_t *restrict mr = mrows[r] + j0 * mcol;"
+MASK_ROW = "          const elem_t *restrict mr = mrows[r] + j0 * mcol;"
 # a tile's keys past the last one any row needs are not computed (flash_attention.TILE_MASKED, row by row)
 SKIP_MASKED = """\
       int64_t jn = 0;
@@ -172,6 +183,7 @@ def emit_decode(spec: Attention, rows: int, vector_math: bool = False) -> str:
     fields = {**fa.template_fields(spec, rows), "prefetch_k": PREFETCH_K}
     if spec.mask is not None:
         fields.update(mask_row=MASK_ROW, skip_masked=SKIP_MASKED)
+    fields.update(tile_mask_row="mrows[r] + j0 * mcol")  # mrows: each task row's, set for all ROWS
     template = fa.HEAD + ENTRY.replace("{operands}", fa.OPERANDS).replace("{tile}", fa.TILE)
     return PRELUDE + (VECTOR_MATH if vector_math else "") + template.format(**fields, min_chunk=MIN_CHUNK, split=SPLIT)
 

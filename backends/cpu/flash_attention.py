@@ -14,11 +14,18 @@ halved the kernel (4 heads x 512 x 64, causal, one thread: 3.2-4.2 ms before, 1.
 torch's SDPA 5.3-6.0, torch.compile of the written-out attention 4.0).
 
 Both products are register blocks of the build's own vectors (``BLOCKS``: AVX-512 8 rows x 2
-zmm, AVX2 4 x 2 ymm, chosen by ``#if`` as backends/cpu/packed_gemm.py chooses its tile), k's
-and v's rows streamed through them in place. The zoo's attentions (4 heads of 64, one thread,
-``python bench/bench_attention.py --isa native,haswell``, the 2-core Xeon): an AVX2 build had
-run at 3-4% of its FMA peak (its 64-byte vectors split into spilled register pairs) and runs at
-52-85%; the AVX-512 build went from 36-47% to 41-66%, GFLOP/s counted over every key.
+zmm, AVX2 4 x 3 ymm for the scores and 4 x 2 for the values, chosen by ``#if`` as
+backends/cpu/packed_gemm.py chooses its tile), k's and v's rows streamed through them (copied
+first where they straddle cache lines: ``PACK``). The score blocks scale, mask and take the
+row's maximum as they store (``rowstat_t``), so the softmax reads the scores once, for exp.
+The zoo's attentions (4 heads of 64, one thread, ``python bench/bench_attention.py --isa
+native,haswell``, the 2-core Xeon): an AVX2 build had run at 3-4% of its FMA peak (its 64-byte
+vectors split into spilled register pairs), then 52-85%; the AVX-512 build 36-47%, then 41-66%.
+The kernel alone, medians of 31 interleaved samples of CPU time against the previous version,
+GFLOP/s over every key: AVX-512 (peak 235 GFLOP/s) T5 1x128 48 -> 54%, BERT 1x128 (padding)
+47 -> 54%, BERT 8x128 57 -> 65%, Llama 1x128 (causal) 70 -> 77%; AVX2 (-march=haswell, peak
+130) 57 -> 63%, 56 -> 62%, 68 -> 76%, 89 -> 100%. Through ``exe()`` (bench_attention: 10-15
+us of Python a call beside 0.13 ms) AVX-512's 1x128 rows read 47-48%.
 
 What the interpreter's softmax does, this does too: a row whose scores are all -inf (a fully
 masked row) is NaN, as exp(-inf - -inf) is; a NaN score makes its row NaN; +inf makes its row
@@ -65,22 +72,34 @@ _STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
 # the two products' register blocks (micro-kernels), as backends/cpu/packed_gemm.py's: a block of
 # the result in vector registers while one operand's rows stream through as vectors and the
 # other's elements are broadcast against them. Their sizes are the instruction set's: AVX-512 8
-# rows x 2 vectors (16 of 32 zmm accumulate), AVX2 4 x 2 (8 of 16 ymm: as many as two FMA units
-# of latency 4 keep busy); ``mr`` and ``nv`` are constants where they are called (always inlined)
+# rows x 2 vectors (16 of 32 zmm accumulate; 8 x 3 measured no faster), AVX2 4 x 2 for the values
+# (8 of 16 ymm: as many as two FMA units of latency 4 keep busy) and 4 x 3 for the scores (12 ymm
+# and 3 of k: one load of q's a row per 3 FMAs, the kernel 1-5% faster than 4 x 2 on the zoo's
+# rows); ``mr`` and ``nv`` are constants where they are called (always inlined)
 BLOCKS = """\
 #if defined(__AVX512F__)
 enum {{ SR = 8, SN = 2, PR = 8, PN = 2 }};
 #else
-enum {{ SR = 4, SN = 2, PR = 4, PN = 2 }};
+enum {{ SR = 4, SN = 3, PR = 4, PN = 2 }};
 #endif
+_Static_assert(SN <= 3, "score_rows' last block takes at most 3 vectors");
 #define SR_ (ROWS < SR ? ROWS : SR)
 #define PR_ (ROWS < PR ? ROWS : PR)
 
+/* what a tile's score blocks leave per row besides its scores where they fold the row's first pass
+   into their stores (scale, mask, maximum: the pass had read and written every score again): the
+   running maximum of the row's scaled and masked scores, a vector of them, and which lanes saw a NaN */
+typedef struct {{ vec_t max; ivec_t nan; }} rowstat_t;
+
 /* scores s[r][j] = sum_d q[r][d] k[d][j] for mr rows (q's at qf, stride D; s's stride KEYS) and
-   nv vectors of keys (k's rows at kt, stride kst), the last one's first `part` lanes only where
-   part > 0 (its other lanes 0: whole vectors stored, s's rows hold KEYS) */
+   nv vectors of keys (k's rows at kt, stride kst), the last one's first `last` lanes only where
+   `tail` (its other lanes 0: whole vectors stored, s's rows hold KEYS; `tail` a constant: a test of
+   `last` in the loop had made GCC keep the block's sums in memory, BERT 1 x 128 13% slower). Where `fold`, the
+   scores are stored scaled and masked (row r's mask entries at mk[r] + mj, contiguous) and
+   st[r] takes in their maximum and NaNs */
 static inline __attribute__((always_inline)) void score_block(const acc_t *restrict qf, const acc_t *restrict kt,
-    int64_t kst, acc_t *restrict s, const int mr, const int nv, int64_t part) {{
+    int64_t kst, acc_t *restrict s, const int mr, const int nv, const int tail, int64_t last,
+    const int fold, const acc_t scale, const elem_t *const *mk, int64_t mj, rowstat_t *restrict st) {{
   vec_t acc[SR][SN];
   for (int r = 0; r < mr; ++r)
     for (int c = 0; c < nv; ++c) acc[r][c] = vzero();
@@ -88,23 +107,50 @@ static inline __attribute__((always_inline)) void score_block(const acc_t *restr
     const acc_t *kr = kt + (int64_t)d * kst;
     if (PREFETCH_K) {{ __builtin_prefetch(kr + KEYS); __builtin_prefetch(kr + KEYS + LANES); }}
     vec_t kv[SN];
-    for (int c = 0; c < nv; ++c) kv[c] = (part && c == nv - 1) ? vload_part(kr + c * LANES, part) : vload(kr + c * LANES);
+    for (int c = 0; c < nv; ++c) kv[c] = tail && c == nv - 1 ? vload_part(kr + c * LANES, last) : vload(kr + c * LANES);
     for (int r = 0; r < mr; ++r) {{
       const acc_t x = qf[r * D + d];
       for (int c = 0; c < nv; ++c) acc[r][c] += x * kv[c];
     }}
   }}
+  /* unrolled whole: a loop left over the sums (the tail block's, masked) keeps them in memory */
+  #pragma GCC unroll 16
   for (int r = 0; r < mr; ++r)
-    for (int c = 0; c < nv; ++c) vstore(s + r * KEYS + c * LANES, acc[r][c]);
+    #pragma GCC unroll 4
+    for (int c = 0; c < nv; ++c) {{
+      const int part = tail && c == nv - 1;
+      vec_t x = acc[r][c];
+      if (fold) {{
+        x = x SCALE_OP scale;
+        if (MASKED) {{
+          const acc_t *m = (const acc_t *)(mk[r] + mj) + c * LANES;  /* fold: elem_t is acc_t where masked */
+          x += part ? vload_part(m, last) : vload(m);
+        }}
+      }}
+      vstore(s + r * KEYS + c * LANES, x);
+      if (!fold) continue;
+      if (part) {{  /* the lanes past the keys: -inf, no maximum */
+        const ivec_t past = IOTA >= ({lane_int})last;
+        x = (vec_t)(((ivec_t)x & ~past) | ((ivec_t)(vzero() - INFINITY) & past));
+      }}
+      st[r].nan |= x != x;
+      const ivec_t up = x > st[r].max;
+      st[r].max = (vec_t)(((ivec_t)st[r].max & ~up) | ((ivec_t)x & up));
+    }}
 }}
 
-/* the tile's scores for rows [r0, r0 + mr): its keys [0, jn) a block of SN vectors at a time */
+/* the tile's scores for rows [r0, r0 + mr): its keys [0, jn) a block of SN vectors at a time, the
+   rest one block of as many vectors as it needs, its last one partial (the rest had been blocks of
+   one vector, then one of the last keys: fewer FMAs a load) */
 static inline __attribute__((always_inline)) void score_rows(const acc_t *restrict qf, const acc_t *restrict kt,
-    int64_t kst, acc_t *restrict s, const int mr, int64_t jn) {{
+    int64_t kst, acc_t *restrict s, const int mr, int64_t jn,
+    const int fold, const acc_t scale, const elem_t *const *mk, rowstat_t *restrict st) {{
   int64_t jc = 0;
-  for (; jc + SN * LANES <= jn; jc += SN * LANES) score_block(qf, kt + jc, kst, s + jc, mr, SN, 0);
-  for (; jc + LANES <= jn; jc += LANES) score_block(qf, kt + jc, kst, s + jc, mr, 1, 0);
-  if (jc < jn) score_block(qf, kt + jc, kst, s + jc, mr, 1, jn - jc);
+  for (; jc + SN * LANES <= jn; jc += SN * LANES) score_block(qf, kt + jc, kst, s + jc, mr, SN, 0, 0, fold, scale, mk, jc, st);
+  const int64_t rest = jn - jc, last = rest - (rest - 1) / LANES * LANES;  /* the last vector's keys, 1 to LANES */
+  if (SN >= 3 && rest > 2 * LANES) score_block(qf, kt + jc, kst, s + jc, mr, MIN_(3, SN), 1, last, fold, scale, mk, jc, st);
+  else if (SN >= 2 && rest > LANES) score_block(qf, kt + jc, kst, s + jc, mr, MIN_(2, SN), 1, last, fold, scale, mk, jc, st);
+  else if (rest > 0) score_block(qf, kt + jc, kst, s + jc, mr, 1, 1, last, fold, scale, mk, jc, st);
 }}
 
 /* o[r][c] += sum_j p[r][j] v[j][c] for mr rows (p's at s, stride KEYS; o's stride DV), keys
@@ -193,6 +239,11 @@ static inline int vany(ivec_t v) {{ {lane_int} x = 0; for (int i = 0; i < LANES;
 #define FAST_EXP {fast_exp}
 {vexp}#define FAST_PV (DV % LANES == 0)
 #define PREFETCH_K {prefetch_k}
+#define MASKED {masked}
+#define SCALE_OP {scale_op}
+/* the score blocks fold scale, mask and maximum into their stores, where the mask's entries are
+   the scores' type (16-bit masks are widened in the row pass) and contiguous along the keys */
+#define FOLD (!(WIDEN && MASKED))
 
 {tile_masked}
 """ + BLOCKS
@@ -211,21 +262,40 @@ OPERANDS = """\
   const int64_t *restrict moff = (const int64_t *)buffers[9];
 """
 
-# the flash kernel's entry: a task per ROWS query rows of one batch entry, over all the keys
+# the flash kernel's entry: a task per ROWS query rows of one batch entry, over all the keys;
+# k and v first copied where their vectors are not whole cache lines (see PACK)
 FLASH_ENTRY = """\
+{pack}
 void dpl_kernel(void **buffers, const int64_t *dims) {{
 {operands}  const int64_t nbatch = dims[0], sq = dims[1], sk = dims[2], mrow = dims[3], mcol = dims[4];
   const acc_t scale = {scale};
   (void)mask; (void)scale_buf; (void)moff; (void)mrow; (void)mcol;
   const int64_t blocks = (sq + ROWS - 1) / ROWS;
+  const int64_t kstride = packed_stride(sk);
+  #pragma omp parallel
+  {{
+  /* each thread's copy of the k and v matrices its tasks read, made as it comes to them (tasks
+     of one batch entry, or of one GQA group, are dealt in turn), where PACK says it pays */
+  const int pack = packing(k, v, sk, blocks, omp_get_num_threads());
+  acc_t *kp = pack & 1 ? packed(D * kstride) : NULL, *vp = pack & 2 ? packed(sk * DV) : NULL;
+  int64_t kheld = -1, vheld = -1;
   /* tasks dealt round-robin: under a causal mask a block's cost grows with its rows (one head
      of 512 rows on two threads: 0.34 ms in halves, 0.24 dealt) */
-  #pragma omp parallel for schedule(static, 1)
+  #pragma omp for schedule(static, 1)
   for (int64_t task = 0; task < nbatch * blocks; ++task) {{
     const int64_t b = task / blocks, i0 = (task % blocks) * ROWS, rows = MIN_(ROWS, sq - i0);
     const elem_t *restrict qb = q + qoff[b] + i0 * D;
-    const elem_t *restrict kb = k + koff[b];
-    const elem_t *restrict vb = v + voff[b];
+    if (kp && koff[b] != kheld) {{
+      for (int d = 0; d < D; ++d) memcpy(kp + d * kstride, k + koff[b] + d * sk, sk * sizeof(acc_t));
+      kheld = koff[b];
+    }}
+    if (vp && voff[b] != vheld) {{
+      memcpy(vp, v + voff[b], sk * DV * sizeof(acc_t));
+      vheld = voff[b];
+    }}
+    const elem_t *restrict kb = kp ? (const elem_t *)kp : k + koff[b];
+    const elem_t *restrict vb = vp ? (const elem_t *)vp : v + voff[b];
+    const int64_t krow = kp ? kstride : sk;  /* kb's rows */
     acc_t qf[ROWS][D], o[ROWS][DV], s[ROWS][KEYS], m[ROWS], l[ROWS];
     int nan[ROWS];
     for (int r = 0; r < ROWS; ++r) {{
@@ -245,43 +315,66 @@ void dpl_kernel(void **buffers, const int64_t *dims) {{
       }}
     }}
   }}
+  free(kp);
+  free(vp);
+  }}
 }}
 """
 
 # one tile of keys [j0, j0 + jn) for a task's rows: scores, the online softmax, the weighted values
-# (qf, o, s, m, l, nan, rows, kb, vb, sk and the mask's row pointer mr are the entry's)
+# (qf, o, s, m, l, nan, rows, kb and its row stride krow, vb, sk are the entry's; {tile_mask_row}
+# is row r's mask entries at the tile's first key, r < ROWS, rows past the task's own reading its last)
 TILE = """\
 {skip_masked}#if WIDEN
       /* 16-bit inputs: the tile of k and v widened once, read by the register blocks below */
       acc_t kt[D * KEYS], vt[KEYS * DV];
       for (int d = 0; d < D; ++d)
-        for (int64_t j = 0; j < jn; ++j) kt[d * KEYS + j] = LD(kb[(int64_t)d * sk + j0 + j]);
+        for (int64_t j = 0; j < jn; ++j) kt[d * KEYS + j] = LD(kb[(int64_t)d * krow + j0 + j]);
       for (int64_t j = 0; j < jn; ++j)
         for (int c = 0; c < DV; ++c) vt[j * DV + c] = LD(vb[(j0 + j) * DV + c]);
       const acc_t *restrict kt0 = kt, *restrict vt0 = vt;
       const int64_t kst = KEYS;
 #else
       const acc_t *restrict kt0 = kb + j0, *restrict vt0 = vb + j0 * DV;
-      const int64_t kst = sk;
+      const int64_t kst = krow;
 #endif
-      /* the tile's scores: the task's rows SR_ at a time (the block's sizes are constants here) */
-      for (int r0 = 0; r0 + SR_ <= ROWS; r0 += SR_) score_rows(qf[r0], kt0, kst, s[r0], SR_, jn);
-      if (ROWS % SR_) score_rows(qf[ROWS - ROWS % SR_], kt0, kst, s[ROWS - ROWS % SR_], ROWS % SR_, jn);
+      /* the tile's scores: the task's rows SR_ at a time (the block's sizes are constants here);
+         where the mask's entries are contiguous (or there is none), scaled, masked and their
+         maxima taken as they are stored */
+      const int fold = FOLD && (!MASKED || mcol == 1);
+      rowstat_t st[ROWS];
+      const elem_t *mk[ROWS];
+      for (int r = 0; r < ROWS; ++r) {{
+        st[r].max = vzero() - INFINITY;
+        st[r].nan = (ivec_t){{0}};
+        mk[r] = {tile_mask_row};
+      }}
+      if (fold) {{
+        for (int r0 = 0; r0 + SR_ <= ROWS; r0 += SR_) score_rows(qf[r0], kt0, kst, s[r0], SR_, jn, 1, scale, mk + r0, st + r0);
+        if (ROWS % SR_) score_rows(qf[ROWS - ROWS % SR_], kt0, kst, s[ROWS - ROWS % SR_], ROWS % SR_, jn, 1, scale,
+                                   mk + ROWS - ROWS % SR_, st + ROWS - ROWS % SR_);
+      }} else {{
+        for (int r0 = 0; r0 + SR_ <= ROWS; r0 += SR_) score_rows(qf[r0], kt0, kst, s[r0], SR_, jn, 0, scale, mk, st);
+        if (ROWS % SR_) score_rows(qf[ROWS - ROWS % SR_], kt0, kst, s[ROWS - ROWS % SR_], ROWS % SR_, jn, 0, scale, mk, st);
+      }}
       /* scale, mask, the online softmax */
       for (int64_t r = 0; r < rows; ++r) {{
         acc_t *restrict sr = s[r];
         acc_t mx = -INFINITY;
         int bad = 0;
+        if (fold) {{
+          mx = hmax(st[r].max);
+          bad = vany(st[r].nan);
+        }} else {{  /* a mask of another stride, or 16-bit: the row's scores scaled and masked here */
 {mask_row}
-        int64_t jv = 0;
-{row_vectors}
-        #pragma omp simd reduction(max:mx) reduction(|:bad)
-        for (int64_t j = jv; j < jn; ++j) {{
-          acc_t x = (acc_t)(sr[j] {scale_op} scale);
+          #pragma omp simd reduction(max:mx) reduction(|:bad)
+          for (int64_t j = 0; j < jn; ++j) {{
+            acc_t x = (acc_t)(sr[j] {scale_op} scale);
 {mask_add}
-          sr[j] = x;
-          bad |= x != x;
-          mx = x > mx ? x : mx;
+            sr[j] = x;
+            bad |= x != x;
+            mx = x > mx ? x : mx;
+          }}
         }}
         nan[r] |= bad;
         const acc_t mnew = mx > m[r] ? mx : m[r];
@@ -341,14 +434,50 @@ TILE = """\
 #endif
 """
 
-TEMPLATE = HEAD + FLASH_ENTRY.replace("{operands}", OPERANDS).replace("{tile}", TILE)
+# k and v copied, by each thread as its tasks come to a batch entry's, into 64-byte aligned memory,
+# k's rows at a stride of an odd number of vectors: NumPy's and the runtime's buffers are 16-byte
+# aligned (the zoo's k and v at 16 and 32 bytes past a cache line: every vector load split across
+# two lines), and a row stride of a multiple of 1 KiB maps a tile's D rows of k onto a few L1
+# sets. Where it pays: a thread's tasks read each matrix twice or more (a copy costs about one
+# read), float32/64 (16-bit inputs are widened a tile at a time), at most PACK_MAX_BYTES each.
+# Copied once a call for all threads before the tasks, BERT 8 x 128's 2 MiB of k and v gained
+# nothing (1.016 ms either way: the copies had left the cache); copied as here, the zoo's 1 x 128
+# and 8 x 128 rows 3% faster than in place (AVX-512, one thread)
+PACK = """\
+#include <stdint.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static int omp_get_num_threads(void) { return 1; }
+#endif
+#define PACK_MAX_BYTES ((int64_t)16 << 20)
+static int64_t packed_stride(int64_t sk) { return ((sk + LANES - 1) / LANES | 1) * LANES; }
+static int unaligned(const void *p) { return ((uintptr_t)p & 63) != 0; }
+static acc_t *packed(int64_t n) { return (acc_t *)aligned_alloc(64, (n * sizeof(acc_t) + 63) / 64 * 64); }
+/* which of k (1) and v (2) a thread copies, a matrix's `blocks` tasks dealt over `threads` threads */
+static int packing(const elem_t *k, const elem_t *v, int64_t sk, int64_t blocks, int threads) {
+  if (WIDEN || sk == 0 || blocks < 2 * (int64_t)threads) return 0;
+  int which = 0;
+  if ((unaligned(k) || sk % LANES || (sk * sizeof(acc_t)) % 1024 == 0) && D * packed_stride(sk) * (int64_t)sizeof(acc_t) <= PACK_MAX_BYTES)
+    which |= 1;
+  if (unaligned(v) && DV % LANES == 0 && sk * DV * (int64_t)sizeof(acc_t) <= PACK_MAX_BYTES) which |= 2;
+  return which;
+}
+"""
+
+TEMPLATE = HEAD + FLASH_ENTRY.replace("{pack}", PACK.replace("{", "{{").replace("}", "}}")).replace("{operands}", OPERANDS).replace("{tile}", TILE)
 
 # a tile's keys past the last one its mask leaves to any of the task's rows are not computed: a
 # causal mask's tile on the diagonal computes the keys up to its last row's (KEYS 128 and no
 # trimming: Llama's 1 x 128 skipped nothing; KEYS 64 and whole tiles skipped: a quarter)
+# The live keys are rounded up to whole vectors (the keys past them are hidden too: their exponentials
+# are 0): a partial last vector cost more than the keys it saved (BERT 1 x 128's padding leaves
+# 123 of 128 keys: 9% slower than computing all 128)
 SKIP_MASKED = """\
-      const int64_t jn = tile_live(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jt, mrow, mcol, m);
-      if (jn == 0) continue;
+      const int64_t live = tile_live(mask + moff[b] + i0 * mrow + j0 * mcol, rows, jt, mrow, mcol, m);
+      if (live == 0) continue;
+      const int64_t jn = MIN_(jt, (live + LANES - 1) / LANES * LANES);
 """
 TILE_KEYS = "      const int64_t jn = jt;\n"
 TILE_MASKED = """
@@ -390,27 +519,10 @@ static int64_t tile_live(const elem_t *mk, int64_t rows, int64_t keys, int64_t m
 }
 """
 
-MASK_ROW = "        const elem_t *restrict mr = mask + moff[b] + (i0 + r) * mrow + j0 * mcol;"
-MASK_ADD = "          x = (acc_t)(x + LD(mr[j * mcol]));"
-
-# the row's scaled (and masked) scores and their maximum a vector at a time, where the mask's
-# columns are contiguous (float32 and float64 masks); the scalar loop after it takes the rest
-ROW_VECTORS = """\
-        if ({contiguous}) {{
-          vec_t mv = vzero() - INFINITY;
-          ivec_t bv = {{0}};
-          for (; jv + LANES <= jn; jv += LANES) {{
-            vec_t x = vload(sr + jv) {scale_op} scale;
-{add}
-            vstore(sr + jv, x);
-            bv |= x != x;
-            const ivec_t up = x > mv;
-            mv = (vec_t)(((ivec_t)mv & ~up) | ((ivec_t)x & up));
-          }}
-          bad |= vany(bv);
-          const acc_t top = hmax(mv);
-          mx = top > mx ? top : mx;
-        }}"""
+MASK_ROW = "          const elem_t *restrict mr = mask + moff[b] + (i0 + r) * mrow + j0 * mcol;"
+MASK_ADD = "            x = (acc_t)(x + LD(mr[j * mcol]));"
+# row r's mask entries at the tile's first key, for the score blocks (rows past the task's: its last row's)
+TILE_MASK_ROW = "mask + moff[b] + (i0 + MIN_(r, rows - 1)) * mrow + j0 * mcol"
 
 # exp of a vector of float lanes, x <= 0 (a score less the row's maximum): Cody and Waite's
 # reduction by ln 2 (its two-part constant), a degree-6 polynomial on [-ln2/2, ln2/2] (Cephes'
@@ -454,10 +566,6 @@ def template_fields(spec: Attention, rows: int) -> dict:
     widen = elem != acc  # 16-bit inputs: each tile widened into float before the register blocks
     masked = spec.mask is not None
     scale_op = "*" if spec.scale_op == "multiply" else "/"
-    row_vectors = ""
-    if not (masked and widen):
-        row_vectors = ROW_VECTORS.format(contiguous="mcol == 1" if masked else "1", scale_op=scale_op,
-                                         add="            x += vload(mr + jv);" if masked else "")
     fast_exp = acc == "float"
     return dict(head=spec.head_dim, value=spec.value_dim, rows=rows, keys=KEYS, elem=elem, acc=acc,
                 widen=int(widen), acc_bytes=8 if acc == "double" else 4,
@@ -469,7 +577,7 @@ def template_fields(spec: Attention, rows: int) -> dict:
                 reduce_max="_mm512_reduce_max_pd" if acc == "double" else "_mm512_reduce_max_ps",
                 reduce_add="_mm512_reduce_add_pd" if acc == "double" else "_mm512_reduce_add_ps",
                 test_mask="_mm512_test_epi64_mask" if acc == "double" else "_mm512_test_epi32_mask",
-                vexp=VEXP if fast_exp else "", row_vectors=row_vectors, prefetch_k=0,
+                vexp=VEXP if fast_exp else "", prefetch_k=0, masked=int(masked), tile_mask_row=TILE_MASK_ROW,
                 skip_masked=SKIP_MASKED if masked else TILE_KEYS, tile_masked=TILE_MASKED if masked else "",
                 load=load, store=store, scale=scale, scale_op=scale_op,
                 mask_row=MASK_ROW if spec.mask is not None else "",
@@ -546,6 +654,7 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
 
     layout = layout_cache(spec, with_addresses)
     dummy = np.zeros(1, np_dtype)
+    dummy_at = address(dummy)  # the absent mask's and the constant scale's, read once (0.45 us each a call)
 
     def operand(src, inputs):
         if isinstance(src, Param):
@@ -555,15 +664,17 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
     def run(inputs, outputs):
         q, k, v = (operand(s, inputs) for s in (spec.q, spec.k, spec.v))
         mask = None if spec.mask is None else operand(spec.mask, inputs)
-        scale = dummy if isinstance(spec.scale, float) else operand(spec.scale, inputs).reshape(-1)
+        scale = None if isinstance(spec.scale, float) else operand(spec.scale, inputs).reshape(-1)  # kept alive for the call
+        scale_at = dummy_at if scale is None else address(scale)
         out = outputs[0]
         target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
         _, offsets, dims, slots = layout(q, k, v, mask, out.shape)
-        ptrs = slots(*(address(a) for a in (q, k, v, dummy if mask is None else mask, scale, target)), *offsets)
-        if set_threads is None or get_threads is None:
+        ptrs = slots(address(q), address(k), address(v), dummy_at if mask is None else address(mask), scale_at,
+                     address(target), *offsets)
+        before = threads if set_threads is None or get_threads is None else get_threads()
+        if before == threads:  # the team already has the cap (or none asked): no call to set it
             entry(ptrs, dims)
         else:
-            before = get_threads()
             set_threads(threads)
             try:
                 entry(ptrs, dims)
