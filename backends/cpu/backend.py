@@ -134,8 +134,11 @@ class CpuBackend(Backend):
         note = None  # the path an attention took, and why (exe.summary() shows it)
         if function.attrs.get("Composite") == "kernel.attention":
             flash, note = self._compile_flash(function, shapes)
+            # one query row: the decode kernel alone, not raced (4-6x the two products at 130 to
+            # 4096 keys, Llama's 8 query / 4 key-value heads of 64, bench_attention --decode)
+            decode = flash is not None and flash.__qualname__.startswith("cpu-decode:")
             if flash is not None:
-                return self._race_segments(function, flash, note) if self.attention == "auto" else flash
+                return self._race_segments(function, flash, note) if self.attention == "auto" and not decode else flash
         lone = _take_runner(function) or _cumsum_runner(function) or _index_put_runner(function)
         if lone is not None:
             return lone
@@ -221,9 +224,9 @@ class CpuBackend(Backend):
             return None, f"segments (the {'decode' if decode else 'flash'} kernel did not compile: {err.message[:200]})"
         if decode:
             note = f"decode attention ({rows_why}, {rows} a task; {why})"
-            return da.decode_runner(function.name, spec, source, lib, rows, note=note), note
+            return da.decode_runner(function.name, spec, source, lib, rows, note=note, calls=self.call_list), note
         note = f"flash attention ({why})"
-        return fa.flash_runner(function.name, spec, source, lib, note=note), note
+        return fa.flash_runner(function.name, spec, source, lib, note=note, calls=self.call_list), note
 
     def _pool_of(self, call) -> str:
         """The thread pool a library step runs on: a max pool and a packed product on OpenMP,

@@ -246,13 +246,14 @@ def task_rows(spec: Attention, shapes) -> int:
 
 
 def decode_runner(name: str, spec: Attention, source: str, lib, rows: int, threads: int | None = None,
-                  note: str = "", chunk: int = 0):
+                  note: str = "", chunk: int = 0, calls=None):
     """``run(inputs, outputs)`` calling the compiled decode kernel (``rows`` query rows a task;
-    ``chunk`` > 0 fixes the keys a task takes, 0 leaves it to the kernel)."""
+    ``chunk`` > 0 fixes the keys a task takes, 0 leaves it to the kernel); ``calls``: the call
+    list its prepared calls run on (:func:`~dpl.backends.cpu.flash_attention.flash_runner`)."""
 
     def prepare(offsets, dims):
         gbatch, blocks = row_blocks(offsets, dims, rows)
         ints = (*dims, len(blocks) // 2, chunk)
         return [*offsets, gbatch, blocks if blocks.size else np.zeros(2, np.int64)], (ctypes.c_int64 * len(ints))(*ints)
 
-    return fa.flash_runner(name, spec, source, lib, threads, note, kind="decode", prepare=prepare)
+    return fa.flash_runner(name, spec, source, lib, threads, note, kind="decode", prepare=prepare, calls=calls)

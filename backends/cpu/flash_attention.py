@@ -50,15 +50,18 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
 from dpl import dtypes
 from dpl.backends.cpu.addresses import address
+from dpl.backends.cpu.call_list import KERNEL, entry_address
 from dpl.backends.cgen.emitter import PRELUDE, VECTOR_MATH
 from dpl.kernel.attention import Attention, Const, Param
 from dpl.kernel.ir import Const as KConst
 from dpl.kernel.ir import to_c
+from dpl.runtime.prepared import Address, CCall
 from dpl.runtime.threads import openmp_kernel
 
 ROWS = 8  # query rows per task: the key tile is read once for all of them
@@ -614,30 +617,40 @@ def batch_layout(spec: Attention, q, k, v, mask, out) -> tuple[list[np.ndarray],
     return offs, (nbatch, sq, sk, mrow, mcol)
 
 
+LAYOUTS_KEPT = 64  # shapes a runner keeps the layout of (a decode step meets a new one every token)
+
+
 def layout_cache(spec: Attention, prepare):
     """``layout(q, k, v, mask, out_shape)``: :func:`batch_layout` of these shapes as
     ``prepare(offsets, dims)`` readies it for a launch (ctypes arrays on the CPU, device arrays
-    and a grid on CUDA), made once per shape; safe to call from several threads."""
-    layouts: dict = {}
+    and a grid on CUDA), made once per shape (the latest ``LAYOUTS_KEPT`` kept); safe to call
+    from several threads. ``layout.of_shapes(q, k, v, mask, out)`` takes the shapes (mask: None)."""
+    layouts: OrderedDict = OrderedDict()
     lock = threading.Lock()
 
-    def layout(q, k, v, mask, out_shape):
-        shapes = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, tuple(out_shape))
+    def of_shapes(*shapes):
         got = layouts.get(shapes)
         if got is None:
             got = prepare(*batch_layout(spec, *shapes))
             with lock:
                 layouts[shapes] = got
+                while len(layouts) > LAYOUTS_KEPT:
+                    layouts.popitem(last=False)
         return got
 
+    def layout(q, k, v, mask, out_shape):
+        return of_shapes(q.shape, k.shape, v.shape, None if mask is None else mask.shape, tuple(out_shape))
+
+    layout.of_shapes = of_shapes  # type: ignore[attr-defined]
     return layout
 
 
 def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | None = None, note: str = "",
-                 kind: str = "flash", prepare=None):
+                 kind: str = "flash", prepare=None, calls=None):
     """``run(inputs, outputs)`` calling the compiled flash kernel on the composite's inputs; or
     another kernel of the same buffers (``kind``, its label): ``prepare(offsets, dims)`` gives
-    the arrays it takes after the offsets' and its dims (ctypes int64s), once per shape."""
+    the arrays it takes after the offsets' and its dims (ctypes int64s), once per shape.
+    ``run.prepare`` says the same call as one record of ``calls`` (dpl.runtime.prepared)."""
     entry = lib.dpl_kernel
     entry.restype = None
     entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
@@ -683,9 +696,31 @@ def flash_runner(name: str, spec: Attention, source: str, lib, threads: int | No
         if target is not out:
             np.copyto(out, target)
 
+    def operand_ref(src, inputs):
+        """(ref, shape) of an operand: the caller's for a parameter, a constant's own memory."""
+        if isinstance(src, Param):
+            return inputs[src.index]
+        value = np.ascontiguousarray(src.value.astype(np_dtype, copy=False))
+        return Address.of(value), value.shape
+
+    def prepare_call(inputs, outputs):
+        """The kernel's call at these ``(ref, shape)`` of the composite's inputs and its output,
+        as one record of the call list (its arguments as ``run`` passes them)."""
+        (q, qs), (k, ks), (v, vs) = (operand_ref(s, inputs) for s in (spec.q, spec.k, spec.v))
+        mask, ms = (Address(dummy, dummy_at), None) if spec.mask is None else operand_ref(spec.mask, inputs)
+        scale = Address(dummy, dummy_at) if isinstance(spec.scale, float) else operand_ref(spec.scale, inputs)[0]
+        out, out_shape = outputs[0]
+        arrays, offsets, dims, _ = layout.of_shapes(tuple(qs), tuple(ks), tuple(vs), None if ms is None else tuple(ms),
+                                                    tuple(out_shape))
+        held = [Address(a, at) for a, at in zip(arrays, offsets)]
+        cap = int(threads) if threads and set_threads is not None else 0
+        return [CCall(entry_address(entry), KERNEL, (q, k, v, mask, scale, out, *held), tuple(dims), cap)]
+
     run.note = note  # type: ignore[attr-defined]  # the path and why, for exe.summary()
+    if calls is not None:
+        run.prepare, run.call_list = prepare_call, calls  # type: ignore[attr-defined]
     return openmp_kernel(run, f"cpu-{kind}:{name}", source, threads,
-                         lambda n: flash_runner(name, spec, source, lib, n, note, kind, prepare))
+                         lambda n: flash_runner(name, spec, source, lib, n, note, kind, prepare, calls))
 
 
 # "auto" builds the flash kernel, raced against the segments, from this many keys on (see

@@ -49,7 +49,7 @@ from dpl.ir.extent_symbols import with_caller_dims
 from dpl.ir.types import TupleType
 from dpl.limits import MAX_CALL_DEPTH, LimitError
 from dpl.runtime.output_pool import OutputPool
-from dpl.runtime.prepared import PreparedCall, prepare
+from dpl.runtime.prepared import MixedCall, PreparedCall, prepare
 from dpl.runtime.rebinding import Lifter, Rebinding
 from dpl.runtime.shapes import ShapeError, bind_dims, concrete
 from dpl.runtime.timed_choice import thread_choice
@@ -316,13 +316,18 @@ class Plan:
     def _prepared_call(self, views: list[Any], steps: list[Step]) -> PreparedCall | None:
         """The prepared call of ``steps`` on arena ``views``, made at its first call (at its
         second in a rebound plan: a decode step at a new cache length is called once, and
-        preparing its 55 steps took 5.6 ms where the general path runs them in 5); None where
-        the steps cannot be prepared (then never asked again)."""
+        preparing its 55 steps took 5.6 ms where the general path runs them in 5; at its first
+        where it shares its bucket's arenas), and again once a race it ran in Python has chosen
+        a kernel with C calls; None where the steps cannot be prepared (then never asked again)."""
         key = (id(views), id(steps))
         found = self._prepared.get(key)
-        if found is not None or id(steps) in self._unprepared:
-            return found
-        if self.origin is not None and self._home is not self.origin and key not in self._called_once:
+        if found is not None:
+            if type(found) is not MixedCall or not found.later or not found.stale():
+                return found
+            # a race run in Python has chosen since: prepared again, its choice among the C calls
+        elif id(steps) in self._unprepared:
+            return None
+        elif self.origin is not None and self._home is not self.origin and key not in self._called_once:
             self._called_once.add(key)  # arenas of its own: nothing prepared on them yet
             return None
         found = prepare(self, views, steps, self._arena_of[id(views)].runs)

@@ -107,6 +107,12 @@ class MixedCall:
     def __init__(self, plan, views: list, parts: Sequence):
         self.plan, self.views = plan, views
         self.parts = tuple(parts)  # PreparedCall, or a Step run in Python
+        # steps in Python whose kernel may have C calls later (a race once it has chosen)
+        self.later = tuple(p for p in self.parts if type(p) is not PreparedCall and hasattr(p.kernel, "preparable"))
+
+    def stale(self) -> bool:
+        """Whether a step run in Python could now be prepared (then the call is made again)."""
+        return any(p.kernel.preparable() for p in self.later)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         bufs = None
@@ -170,9 +176,9 @@ def prepare(plan, views: list, steps: Sequence, runs: dict | None = None) -> Pre
             if runs is not None and not part.moves:  # a moving run is the plan's own (its prepared call holds it)
                 runs[key] = found
         made_parts.append(found)
-    if not any(type(p) is PreparedCall for p in made_parts):
-        return None
-    if len(made_parts) == 1:
+    if not any(type(p) is PreparedCall or hasattr(p.kernel, "preparable") for p in made_parts):
+        return None  # nothing in C, now or later (a race still timing may be, once it has chosen)
+    if len(made_parts) == 1 and type(made_parts[0]) is PreparedCall:
         return made_parts[0]
     return MixedCall(plan, views, made_parts)
 

@@ -139,6 +139,22 @@ class RacedKernel:
         self.source = "\n".join(getattr(k, "source", "") for k in self.kernels)
         self.thread_pools = frozenset().union(*(getattr(k, "thread_pools", ()) for k in self.kernels))
         self.threads = next((k.threads for k in self.kernels if hasattr(k, "threads")), None)
+        lists = {id(getattr(k, "call_list", None)) for k in self.kernels}
+        self.call_list = getattr(first, "call_list", None) if len(lists) == 1 else None  # dpl.runtime.prepared
+
+    def preparable(self) -> bool:
+        """Whether :meth:`prepare` may give C calls now (a prepared call made before asks again)."""
+        return self.choice.settled() and callable(getattr(self.kernels[self.choice.current()], "prepare", None))
+
+    def prepare(self, inputs, outputs):
+        """The C calls of the kernel the race chose, once both are timed (a prepared call then
+        runs it, and keeps it: the race goes on only in calls that are not prepared, and in plans
+        prepared later); None before, or where the chosen kernel has none (``dpl.runtime.prepared``)."""
+        if not self.choice.settled():
+            return None
+        chosen = self.kernels[self.choice.current()]
+        prepare = getattr(chosen, "prepare", None)
+        return prepare(inputs, outputs) if callable(prepare) else None
 
     def __call__(self, inputs, outputs) -> None:
         which = self.choice.pick()
