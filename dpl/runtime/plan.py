@@ -114,8 +114,18 @@ class _Arena:
     __slots__ = ("slots", "runs")
 
     def __init__(self, sizes: Sequence[int]):
-        self.slots = [np.empty(n, np.uint8) for n in sizes]
+        self.slots = [_aligned(n) for n in sizes]
         self.runs: dict = {}  # (list of steps, the run's steps and shapes) -> PreparedCall
+
+
+ALIGN = 64  # bytes: a cache line, and an AVX-512 vector (the flash kernel copied k and v it found 16 bytes past one)
+
+
+def _aligned(n: int) -> np.ndarray:
+    """``n`` bytes starting on an ``ALIGN``-byte boundary."""
+    raw = np.empty(n + ALIGN, np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return raw[skip:skip + n]
 
 
 class Plan:
