@@ -527,3 +527,24 @@ def test_each_build_computes_the_gated_unit(isa_lib, rows, k, f, gate_first):
     got = np.empty((rows, f), np.float32)
     run(x, w, got)
     np.testing.assert_allclose(got, gate / (1 + np.exp(-gate)) * up, rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+def test_runners_of_one_constant_share_its_panels(tmp_path):
+    """A plan per bucket of sizes makes runners of its own: each product of one weight reads the
+    panels packed once, for as long as the weight lives."""
+    needs.c_compiler()
+    import gc
+    import weakref
+
+    from dpl.backends.cpu.toolchain import KernelCache
+
+    routine = packed_gemm.Routine(KernelCache(tmp_path).load(packed_gemm.source(True)))
+    w = np.random.default_rng(0).standard_normal((32, 48)).astype(np.float32)
+    first = packed_gemm.packed_weight(w, routine)
+    assert packed_gemm.packed_weight(w, routine) is first and packed_gemm.packed_weight(w, routine, ("glu", True)) is not first
+    panels = first.get()
+    assert packed_gemm.packed_weight(w, routine).get() is panels
+    ref = weakref.ref(first)
+    del first, panels, w
+    gc.collect()
+    assert ref() is None  # the weight gone, its panels with it

@@ -59,6 +59,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+import weakref
 
 import numpy as np
 
@@ -484,10 +485,16 @@ def _into(out: np.ndarray, compute) -> np.ndarray:
 class _Packed:
     """A constant's packed panels, made at the first call that needs them (a warm build stays
     quick: packing a small model's 4.7 MB of weights took 4 ms, mostly first-touch page
-    faults) and shared by every thread cap of the product's runner."""
+    faults) and shared by every runner of that constant (:func:`packed_weight`)."""
 
     def __init__(self, w: np.ndarray, routine: Routine):
-        self.w, self.routine = w, routine
+        # the weight, weakly where it can be (its runners' calls hold it): a shared entry must
+        # not keep a dead module's weight alive
+        try:
+            self.w = weakref.ref(w)
+        except TypeError:
+            self.w = lambda w=w: w
+        self.routine = routine
         self.panels: np.ndarray | None = None
         self.lock = threading.Lock()
 
@@ -496,9 +503,32 @@ class _Packed:
         if self.panels is None:
             with self.lock:
                 if self.panels is None:
-                    self.panels = self.routine.pack(self.w) if glu is None else self.routine.pack_glu(self.w, glu)
-                    self.w = None
+                    w = self.w()
+                    self.panels = self.routine.pack(w) if glu is None else self.routine.pack_glu(w, glu)
         return self.panels
+
+
+_SHARED: dict[tuple, tuple] = {}  # (id of the weight, id of the routine, how it is packed) -> (weakref of the weight, _Packed)
+_SHARED_LOCK = threading.Lock()
+
+
+def packed_weight(w: np.ndarray, routine: Routine, how: tuple = ()) -> _Packed:
+    """The one :class:`_Packed` of constant ``w`` for ``routine`` (``how``: the gated unit's
+    order), held while ``w`` lives: every plan's runner of a product of ``w`` shares its panels.
+    A plan per bucket of sizes makes runners of its own, and packing a 4-layer Llama's weights
+    again took 76 ms of each new bucket's first call (issue 31)."""
+    key = (id(w), id(routine), how)
+    with _SHARED_LOCK:
+        found = _SHARED.get(key)
+        if found is not None and found[0]() is w:
+            return found[1]
+        packed = _Packed(w, routine)
+        try:
+            ref = weakref.ref(w, lambda _r, key=key, shared=_SHARED: shared.pop(key, None))
+        except TypeError:  # not weakly referable: not shared
+            return packed
+        _SHARED[key] = (ref, packed)
+        return packed
 
 
 def glu_runner(call: Call, routine: Routine, gate_first: bool, threads: int | None = None, _packed: _Packed | None = None):
@@ -506,7 +536,7 @@ def glu_runner(call: Call, routine: Routine, gate_first: bool, threads: int | No
     columns, :func:`takes_glu`) into ``out`` (F columns), the weight packed once, its gate and
     up panels alternating; a K of more than one block keeps the whole product in a per-thread
     scratch."""
-    packed = _packed or _Packed(call.args[1].value, routine)
+    packed = _packed or packed_weight(call.args[1].value, routine, ("glu", gate_first))
     k, n = call.args[1].ty.shape
     cap = int(threads or 0)
     local = threading.local()
@@ -555,7 +585,7 @@ def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _P
     ``ACTS``), each applied as the last K-block stores its tiles."""
     if not isinstance(call.args[1], Constant):
         return _variable_runner(call, routine, threads)
-    packed = _packed or _Packed(call.args[1].value, routine)
+    packed = _packed or packed_weight(call.args[1].value, routine)
     k, n = call.args[1].ty.shape
     cap = int(threads or 0)
     bias = None if bias is None else np.ascontiguousarray(bias, np.float32).reshape(n)
