@@ -42,19 +42,22 @@ class OutputPool:
         self._lock = threading.Lock()
         self.reused = 0  # how many outputs came from the pool (for tests and reports)
 
-    def take(self) -> list[np.ndarray]:
-        """One array per output position, none of them memory a caller still holds."""
+    def take(self, specs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None) -> list[np.ndarray]:
+        """One array per output position, none of them memory a caller still holds; ``specs``:
+        other shapes, at most the pool's own bytes at each position (the plans of one bucket
+        share the pool of the plan sized for its largest binding, dpl.runtime.rebinding)."""
         with self._lock:
-            return [self._take(pos) for pos in range(len(self.specs))]
+            if specs is None:
+                return [self._take(pos, *spec) for pos, spec in enumerate(self.specs)]
+            return [self._take(pos, tuple(shape), np.dtype(dtype)) for pos, (shape, dtype) in enumerate(specs)]
 
-    def _take(self, pos: int) -> np.ndarray:
-        shape, dtype = self.specs[pos]
-        n, buffers = self._nbytes[pos], self._buffers[pos]
+    def _take(self, pos: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        n, buffers = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, self._buffers[pos]
         for i in range(len(buffers)):
-            if _refs(buffers, i) <= _FREE_REFS:
+            if _refs(buffers, i) <= _FREE_REFS and buffers[i].size >= n:
                 self.reused += 1
                 return buffers[i][:n].view(dtype).reshape(shape)
-        raw = np.empty(max(1, n), np.uint8)
+        raw = np.empty(max(1, n, self._nbytes[pos]), np.uint8)
         if len(buffers) < KEEP:
             buffers.append(raw)
         return raw[:n].view(dtype).reshape(shape)

@@ -158,7 +158,9 @@ class Plan:
         # None, when one does not, and every pool is capped (a NumPy reference may use the BLAS)
         declared = [getattr(s.kernel, "thread_pools", None) for s in steps]
         self.pools = None if any(d is None for d in declared) else frozenset().union(*declared)
-        self.output_pool = OutputPool(out_specs)
+        # outputs: a pool of the plan's own, or its home's (sized for the bucket's largest binding)
+        self.output_pool = home.output_pool if home is not None else OutputPool(out_specs)
+        self._out_specs = None if home is None else out_specs  # the shapes this plan takes from a shared pool
         self.view_groups = tuple(view_groups)  # Primitive groups of views only, run as views
         # the plan whose memory plan and arenas this one uses: itself, or the plan of its bucket
         # that it was rebound from (sized for the bucket's largest binding, :meth:`for_bucket`)
@@ -196,6 +198,8 @@ class Plan:
             return
         largest = [math.prod(shape) * dt.to_numpy(buf.dtype).itemsize for buf, shape in zip(self.buffers, shapes)]
         self._plan_memory(largest)
+        self.output_pool = OutputPool([(shapes[b], dt.to_numpy(self.buffers[b].dtype)) for b in self.rebinding.outputs])
+        self._out_specs = self.out_specs  # its own shapes, from a pool sized for the largest
         self.sized_for_bucket = True
 
     # -- views ----------------------------------------------------------------------------------
@@ -384,11 +388,11 @@ class Plan:
         if out is None and timer is None:
             prepared = self._prepared_call(views, steps)
             if prepared is not None:  # the steps' C calls in one call into C (dpl.runtime.prepared)
-                outs = self.output_pool.take()
+                outs = self.output_pool.take(self._out_specs)
                 prepared.run(arrays, outs)
                 return _nest(self.result, outs)
         bufs = list(views)
-        outs = list(out) if out is not None else self.output_pool.take()
+        outs = list(out) if out is not None else self.output_pool.take(self._out_specs)
         late = self.bind(bufs, arrays, outs)
         for step in steps:
             ins = [bufs[b] for b in step.inputs]
