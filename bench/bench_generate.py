@@ -14,33 +14,27 @@ one ``generate`` of each variant. tokens/s is 32 / the whole ``generate`` (prefi
 the table gives the medians over the rounds and the ratios to eager and to inductor. Each
 variant's tokens are checked equal to eager's.
 
-Measured on a loaded 2-core host (other jobs beside it, load average 8-10: the process got
-about 40% of a core, so wall figures move by 10-20% from run to run, and 2 threads oversubscribe
-it: OpenMP teams spin while their partner waits for a core; read the 2-thread rows as that, not
-as scaling), 5 rounds, tokens/s, wall and this process's CPU time:
+Stop 39, a quiet host (load under 1; the 2-core Xeon with AVX-512), 5 rounds, tokens/s of wall
+time (the CPU-time columns agree within 5% at 1 thread):
 
-    --cache dynamic       wall: eager  inductor   dpl  dpl/inductor   CPU: eager  inductor   dpl  dpl/inductor
-      1 thread                   37.0      45.7  33.0          0.72         93.1     116.0  88.6          0.76
-      2 threads                   1.9       3.9  10.2          2.62          4.8      10.7  26.0          2.42
-    --cache static
-      1 thread                   57.8      78.6  50.6          0.64         88.1     108.8  81.1          0.75
-      2 threads                   7.5       8.5  13.8          1.62         11.4      13.4  23.5          1.75
+    cache, prompt            threads   eager  inductor    dpl   dpl/inductor
+    dynamic, 128 each round     1      143.4     191.8   210.0      1.09
+                                2      226.0     315.2   295.8      0.94
+    static, 128 each round      1      149.4     195.0   186.0      0.95
+                                2      217.6     305.9   258.5      0.85
+    dynamic, --fresh            1      107.6     148.7   106.0      0.71
+                                2      166.9     245.3   137.0      0.56
 
-At 1 thread dpl is 0.64-0.76x inductor: the goal (dpl >= inductor) is not met. Where a decode
-step's time goes (dynamic cache, 1 thread, cProfile of process time): dpl's packed products
-33-39%, the attention kernels 0.4-3% (so a decode-specific attention kernel could win at most
-that at 160 keys), the rest the other kernels and dpl's per-step dispatch. Every variant
-generated eager's tokens; dpl ran every op of the prefill and decode graphs with the dynamic
-cache, and all but 4 of the prefill's 249 with the static one (with the prompt length symbolic,
-size work stays in torch: the cache's lazily allocated ``zeros`` of symbolic size, an ``add``
-of a SymInt to a tensor, which the frontend does not translate).
-Stop 38, the host quiet (load 1.2-1.6), 1 thread, dynamic cache, the same prompt every round:
-eager 100.3, inductor 130.5, dpl 101.3 tokens/s (0.78x inductor; at 2 threads 0.51x). With
-``--fresh`` (a prompt length no round met, as a server meets them): eager 99.5, inductor 134.9,
-dpl **29.0** (0.22x inductor, 0.29x eager). dpl's runtime makes a plan per input signature, so
-every decode step at a new cache length plans anew (about 24 ms a step here: kernel lookups by
-concrete shape, the attention race, the planner's walk), which the default rounds, repeating one
-prompt, hide. A plan that serves every value of a symbol is the fix this needs.
+Every variant generated eager's tokens. Stop 38 measured the dynamic rows at 0.78x (1 thread)
+and --fresh at 29.0 tokens/s (0.22x): a plan per input signature planned every new cache
+length anew. Now a plan serves every size of its bucket (same bit length) with the same kernels
+and arenas (dpl/runtime/rebinding.py), a decode step's call runs in one call into C with only
+the steps that cannot be prepared in Python between (dpl/runtime/prepared.py), one query row
+takes the decode attention kernel alone, and a static cache's index_put runs as NumPy's indexing.
+What --fresh still pays per new length: rebinding the plan (~0.5 ms), preparing the steps the
+length moves (~1-2 ms: the cache's concatenations, the key transpose, the attention's layout),
+and a walk (~30 ms) at each new bucket. At 2 threads the decode step's products are
+bandwidth-bound and dpl's share of the second core is smaller than inductor's.
 Dynamo's automatic-dynamic state is per code object, so the variants compiled after the first
 see a symbolic prompt length from their first call.
 """
