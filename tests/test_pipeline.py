@@ -124,7 +124,7 @@ def _ctx(patterns):
 @pytest.mark.parametrize("text, message", [
     ("rewrite", "unknown pass 'rewrite'; did you mean 'rewrites'?"),
     ("fuse-ops{view=false}", "pass 'fuse-ops' has no option 'view'"),
-    ("fuse-ops{views=maybe}", "cannot read the option 'views=maybe' of pass 'fuse-ops'"),
+    ("fuse-ops{views=maybe}", "option 'views' of pass 'fuse-ops' takes true or false, got 'maybe'"),
     ("fold,,fuse-ops", "cannot read the pipeline 'fold,,fuse-ops' at column 6"),
     ("", "the pipeline names no pass"),
     ("fold{", "cannot read the pipeline 'fold{' at column 1"),
