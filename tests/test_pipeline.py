@@ -136,7 +136,7 @@ def test_a_bad_pipeline_is_named(text, message):
 
 
 def test_every_pass_has_a_name_and_a_docstring():
-    assert set(PASSES) == {"rewrites", "fold", "merge-products", "split-slices", "by-pattern", "fuse-ops"}
+    assert set(PASSES) == {"rewrites", "convert-layout", "fold", "merge-products", "split-slices", "by-pattern", "fuse-ops"}
     for name, cls in PASSES.items():
         assert cls.name == name and cls.__doc__
 
