@@ -268,14 +268,8 @@ class Geometry:
                 self.pt, self.pl, self.hq, self.wq, int(self.prepared), act, threads)
 
 
-class Routine:
-    """The compiled convolution (``dpl_kernel``): its library (or the future of one compiling on the build pool),
-    resolved at the first call."""
-
-    def __init__(self, lib):
-        self._lib = lib
-        self._ready = None
-        self._lock = threading.Lock()
+class Routine(packed_gemm.LibraryRoutine):
+    """The compiled convolution (``dpl_kernel``), resolved at the first call."""
 
     def _resolve(self):
         with self._lock:
@@ -286,12 +280,6 @@ class Routine:
                 rows.restype, rows.argtypes = ctypes.c_int64, []
                 self._ready = (entry, int(rows()))
         return self._ready
-
-    @property
-    def failed(self) -> bool:
-        """Whether the library's build finished with an error."""
-        lib = self._lib
-        return hasattr(lib, "result") and lib.done() and lib.exception() is not None
 
     @property
     def entry(self):

@@ -385,15 +385,29 @@ def takes(call: Call) -> bool:
 _ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
 
 
-class Routine:
-    """The compiled routine: its library, or the future of one still compiling on the build
-    pool (:mod:`dpl.runtime.build_pool`: the C compiler takes about a second over this source,
-    beside the model's kernels rather than before them), resolved at the first call."""
+class LibraryRoutine:
+    """A routine of the backend's own in a library, or the future of one still compiling on the
+    build pool (:mod:`dpl.runtime.build_pool`: the C compiler takes about a second over such a
+    source, beside the model's kernels rather than before them), resolved at the first call
+    (``_resolve``, the subclass's)."""
 
     def __init__(self, lib):
         self._lib = lib
         self._ready = None
         self._lock = threading.Lock()
+
+    @property
+    def failed(self) -> bool:
+        """Whether the library's build finished with an error."""
+        lib = self._lib
+        return hasattr(lib, "result") and lib.done() and lib.exception() is not None
+
+
+class Routine(LibraryRoutine):
+    """The compiled product routine (see :class:`LibraryRoutine`)."""
+
+    def __init__(self, lib):
+        super().__init__(lib)
         self._scratch = threading.local()  # per thread: the narrow last panels of variable operands
 
     def _resolve(self):
@@ -409,12 +423,6 @@ class Routine:
                     fn.restype, fn.argtypes = res, args
                 self._ready = (lib.dpl_kernel, lib.dpl_batched, lib.dpl_pack, int(lib.dpl_panel_width()), lib.dpl_glu)
         return self._ready
-
-    @property
-    def failed(self) -> bool:
-        """Whether the library's build finished with an error."""
-        lib = self._lib
-        return hasattr(lib, "result") and lib.done() and lib.exception() is not None
 
     @property
     def kernel(self):
