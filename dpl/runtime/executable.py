@@ -4,8 +4,10 @@ It chooses a backend for every function the entry calls (the first of the target
 available and capable; every one passed over is recorded with its reason), asks the fusion
 scheduler about every Primitive group at each concrete shape, compiles kernels through the
 kernel cache, and keeps one memory-planned :class:`~dpl.runtime.plan.Plan` per signature of
-input shapes. A kernel that fails to compile falls back to the next backend of the target
-(composites, codegen functions, single ops) or to running its ops one by one (groups).
+input shapes: walked for the first signature of a bucket of sizes, rebound from that one for
+the others (:mod:`dpl.runtime.rebinding`). A kernel that fails to compile falls back to the next
+backend of the target (composites, codegen functions, single ops) or to running its ops one by
+one (groups).
 
 Fall-backs are loud: a unit that does not run where it was meant to (its backend is
 unavailable or failed to compile it, its codegen prefix's owner cannot run it, or no backend
@@ -39,10 +41,10 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections import OrderedDict
 import re
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, TextIO
 
 import attrs
@@ -60,10 +62,10 @@ from dpl.runtime.config import FusionConfig
 from dpl.runtime.heuristics import FusionDecision
 from dpl.runtime.keys import exact_key
 from dpl.runtime.plan import Compiler, Plan, Planner
-from dpl.runtime.rebinding import bucket
-from dpl.runtime.shapes import ShapeError, bind_dims
 from dpl.runtime.progress import terminal_stderr
+from dpl.runtime.rebinding import bucket
 from dpl.runtime.scheduler import FusionScheduler, ScheduledGroup
+from dpl.runtime.shapes import ShapeError, bind_dims
 from dpl.runtime.timed_choice import SAMPLES
 
 
