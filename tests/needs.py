@@ -51,3 +51,17 @@ def gpu():
     if count == 0:
         pytest.skip("no GPU: no CUDA device")
     return cp
+
+
+# the instruction sets kernels are built for in the per-ISA tests, by -march: this CPU's own
+# (AVX-512 where it has it) and AVX2 with FMA only, as on a host without AVX-512 (a Zen 3, a Haswell)
+BUILDS = {"native": (), "haswell": ("avx2", "fma")}
+
+
+def build_runs_here(march: str) -> None:
+    """Skip where this CPU cannot run a ``-march`` build of :data:`BUILDS` (an AVX2 build on a
+    CPU without AVX2: the build's code would not run at all)."""
+    from dpl.host_cpu import isa_flags
+
+    if not set(BUILDS[march]) <= set(isa_flags()):
+        pytest.skip(f"this CPU cannot run a -march={march} build")

@@ -430,21 +430,13 @@ def test_heads_too_wide_for_the_stack_run_as_the_segments(backend):
         assert fa.stack_bytes(attrs.evolve(spec, dtype=dtype, head_dim=head, value_dim=head)) <= fa.MAX_STACK_BYTES
 
 
-# the instruction sets the kernels are built for, by -march: this CPU's own (AVX-512 where it
-# has it) and AVX2 with FMA only, as on a host without AVX-512 (a Zen 3, a Haswell)
-BUILDS = {"native": (), "haswell": ("avx2", "fma")}
-
-
-@pytest.fixture(scope="module", params=list(BUILDS))
+@pytest.fixture(scope="module", params=list(needs.BUILDS))
 def isa_backend(request, tmp_path_factory):
-    """A flash-only CPU backend whose kernels are built for each of :data:`BUILDS` this CPU runs."""
+    """A flash-only CPU backend whose kernels are built for each of :data:`needs.BUILDS` this CPU runs."""
     from dpl.backends.cpu.backend import CpuBackend, KernelCache
-    from dpl.host_cpu import isa_flags
-
     needs.c_compiler()
     march = request.param
-    if not set(BUILDS[march]) <= set(isa_flags()):
-        pytest.skip(f"this CPU cannot run a -march={march} build")
+    needs.build_runs_here(march)
     backend = CpuBackend(attention="flash")
     backend.cache = KernelCache(tmp_path_factory.mktemp(f"kernels-{march}"), march=march)
     return backend, march

@@ -429,21 +429,13 @@ def test_a_view_back_to_batch_and_sequence_folds_with_the_epilogue(tmp_path, mon
     np.testing.assert_allclose(result, got, rtol=1e-5, atol=1e-5)
 
 
-# the instruction sets the routine is built for, by -march: this CPU's own (AVX-512 where it has
-# it) and AVX2 with FMA only, as on a host without AVX-512 (a Zen 3, a Haswell)
-BUILDS = {"native": (), "haswell": ("avx2", "fma")}
-
-
-@pytest.fixture(scope="module", params=list(BUILDS))
+@pytest.fixture(scope="module", params=list(needs.BUILDS))
 def isa_lib(request, tmp_path_factory):
-    """The routine built for each of :data:`BUILDS` this CPU runs, and its -march."""
+    """The routine built for each of :data:`needs.BUILDS` this CPU runs, and its -march."""
     from dpl.backends.cpu.toolchain import KernelCache
-    from dpl.host_cpu import isa_flags
-
     needs.c_compiler()
     march = request.param
-    if not set(BUILDS[march]) <= set(isa_flags()):
-        pytest.skip(f"this CPU cannot run a -march={march} build")
+    needs.build_runs_here(march)
     cache = KernelCache(tmp_path_factory.mktemp(f"kernels-{march}"), march=march)
     return packed_gemm.Routine(cache.load(packed_gemm.source(cache.vector_math()))), march
 

@@ -190,16 +190,17 @@ class TorchProducts:
         2.75 vs 2.63 with the copies) are not made."""
         from dpl.backends.cpu import im2col
 
-        if channels_last:
-            return self._channels_last(attrs, dtype)
         top, left, _, _ = im2col._pads(attrs.get("padding", 0))
         stride, dilation = im2col._pair(attrs.get("strides", 1)), im2col._pair(attrs.get("dilation", 1))
         groups = int(attrs.get("groups", 1))
         conv, torch = self.torch.nn.functional.conv2d, self.torch
 
+        def nchw(t):  # an NHWC array as torch's channels-last view of its NCHW shape
+            return t.permute(0, 3, 1, 2) if channels_last else t
+
         def run(x, w, out=None):
             x, w = np.ascontiguousarray(x, dtype), np.ascontiguousarray(w, dtype)
-            xt, wt = self._tensor(x), self._tensor(w)
+            xt, wt = nchw(self._tensor(x)), nchw(self._tensor(w))
             if (top or left) and not self._finite(w):
                 # oneDNN skips the padding, so a NaN or infinite weight never meets its zeros;
                 # the interpreter's 0 * inf = NaN there needs the zeros written out
@@ -207,37 +208,12 @@ class TorchProducts:
                 y = conv(xt, wt, None, stride, 0, dilation, groups)
             else:
                 y = conv(xt, wt, None, stride, (top, left), dilation, groups)
-            if out is None:
-                return y.numpy()
-            torch.from_numpy(out).copy_(y)
-            return out
-
-        run.returns_own = True  # type: ignore[attr-defined]  # out=None: its own array, no copy
-        return run
-
-    def _channels_last(self, attrs, dtype):
-        """:meth:`convolution` of NHWC data and OHWI weights, as channels-last views (NCHW
-        shapes over NHWC memory): no copy in, none out where ``out`` is None."""
-        from dpl.backends.cpu import im2col
-
-        top, left, _, _ = im2col._pads(attrs.get("padding", 0))
-        stride, dilation = im2col._pair(attrs.get("strides", 1)), im2col._pair(attrs.get("dilation", 1))
-        groups = int(attrs.get("groups", 1))
-        conv, torch = self.torch.nn.functional.conv2d, self.torch
-
-        def run(x, w, out=None):
-            x, w = np.ascontiguousarray(x, dtype), np.ascontiguousarray(w, dtype)
-            xt, wt = self._tensor(x).permute(0, 3, 1, 2), self._tensor(w).permute(0, 3, 1, 2)
-            if (top or left) and not self._finite(w):  # the zeros written out, as in NCHW
-                xt = torch.nn.functional.pad(xt, (left, left, top, top))
-                y = conv(xt, wt, None, stride, 0, dilation, groups)
-            else:
-                y = conv(xt, wt, None, stride, (top, left), dilation, groups)
-            y = y.permute(0, 2, 3, 1)  # NHWC: contiguous where oneDNN kept channels last
+            if channels_last:
+                y = y.permute(0, 2, 3, 1)  # NHWC: contiguous where oneDNN kept channels last
             if out is None:
                 return y.contiguous().numpy()
             torch.from_numpy(out).copy_(y)
             return out
 
-        run.returns_own = True  # type: ignore[attr-defined]
+        run.returns_own = True  # type: ignore[attr-defined]  # out=None: its own array, no copy
         return run

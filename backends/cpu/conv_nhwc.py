@@ -89,8 +89,7 @@ class _Im2colNhwc(Conv2d):
         o, kh, kw, ci = w.shape
         (sh, sw), (dh, dw) = self.strides, self.dilation
         pt, pl, pb, pr = self.padding
-        oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-        ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+        oh, ow = self.out_extent(h, wd, kh, kw)
         if out is None:
             out = np.empty((n, oh, ow, o), x.dtype)
         if any(self.padding):

@@ -67,13 +67,18 @@ class Conv2d:
             cache[key] = buf
         return buf
 
+    def out_extent(self, h: int, wd: int, kh: int, kw: int) -> tuple[int, int]:
+        """The output's height and width over an input of ``h`` x ``wd`` and a ``kh`` x ``kw`` window."""
+        (sh, sw), (dh, dw) = self.strides, self.dilation
+        pt, pl, pb, pr = self.padding
+        return (h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+
     def __call__(self, x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         n, c, h, wd = x.shape
         o, ci, kh, kw = w.shape
         (sh, sw), (dh, dw) = self.strides, self.dilation
         pt, pl, pb, pr = self.padding
-        oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-        ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+        oh, ow = self.out_extent(h, wd, kh, kw)
         if out is None:
             out = np.empty((n, o, oh, ow), x.dtype)
         if kh == kw == 1 and sh == sw == 1 and not any(self.padding):
