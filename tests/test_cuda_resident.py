@@ -68,9 +68,9 @@ def test_products_by_cupy_matmul_run_step_by_step_and_say_why(fake):
 
 
 def test_a_plan_whose_edges_outweigh_its_launches_runs_on_the_callers_arrays(fake):
-    """One kernel over 1024 x 1024 floats: copying 12 MB through a graph's buffers would cost
-    more than the one launch it saves, so no graph is captured, and the note says why."""
-    mod = dpl.parse("func main(x: f32[1024, 1024], y: f32[1024, 1024]) -> f32[1024, 1024] {\n"
+    """One kernel over 2048 x 4096 floats: copying 100 MB through a graph's buffers would cost
+    more than the most one step could save, so no graph is captured, and the note says why."""
+    mod = dpl.parse("func main(x: f32[2048, 4096], y: f32[2048, 4096]) -> f32[2048, 4096] {\n"
                     "  z = add(x, y)\n  w = multiply(z, x)\n  return w\n}")
     backend = CupyBackend(cupy=fake, block=8, cublaslt=False)
     exe = dpl.build(dpl.apply(mod, []), [backend, "numpy"], config=ALWAYS)
@@ -78,9 +78,28 @@ def test_a_plan_whose_edges_outweigh_its_launches_runs_on_the_callers_arrays(fak
         args = random_args(mod["main"], seed)
         assert_close(dpl.interpret(mod, *args), exe(*args))
     assert not fake.graphs
-    assert "step by step: 1 launch(es) save about 10 us, copying 12.6 MB in and out of a graph costs about 17 us" in exe.summary(), \
-        exe.summary()
+    assert "step by step: 1 step(s) save at most 100 us, copying 100.7 MB in and out of a graph costs about 134 us" \
+        in exe.summary(), exe.summary()
     assert cuda_graph.worth_capturing(40, 1 << 20) is None  # a decoder step: many launches, small edges
+
+
+@pytest.mark.parametrize("steps_s, graph_s", [(1.0, 2.0), (2.0, 1.0)])
+def test_the_second_call_times_the_steps_against_the_graph_and_keeps_the_faster(fake, monkeypatch, steps_s, graph_s):
+    """A captured plan is timed once both ways (each to its synchronisation) on the call after
+    the capture; the slower way is dropped for good, and the note gives both times."""
+    ticks = iter(np.cumsum([0.0, steps_s, 0.0, graph_s]))
+    monkeypatch.setattr(GraphRunner, "clock", staticmethod(lambda: float(next(ticks))))
+    mod, exe = build(fake)
+    for seed in (0, 1, 2, 3):
+        args = random_args(mod["main"], seed)
+        assert_close(dpl.interpret(mod, *args), exe(*args))
+    assert len(fake.graphs) == 1  # captured once, on the first call
+    note = exe.summary()
+    if graph_s < steps_s:
+        assert "CUDA graph captured, replayed 3 time(s) (a call timed 1000000 us replayed, 2000000 us step by step)" in note, note
+    else:
+        assert "step by step: measured faster than its CUDA graph (1000000 us a call, 2000000 us replayed with its copies)" in note, note
+        assert fake.graphs[0].launches == 1  # the trial's replay only
 
 
 def test_cupy_arrays_in_cupy_arrays_out_without_a_copy(fake):
@@ -116,11 +135,14 @@ def test_the_graph_replays_the_launches_of_one_run(fake):
     graph = fake.graphs[0]
     launches = len(fake.launches)
     assert graph.calls and launches > 0
+    exe(*random_args(mod["main"], 4))  # the trial: step by step once more, and one replay
+    trial = len(fake.launches) - launches
+    assert 0 < trial < launches and graph.launches == 1
     for seed in (5, 6, 7):  # new inputs through the graph's fixed input buffers
         args = random_args(mod["main"], seed)
         assert_close(dpl.interpret(mod, *args), exe(*args))
-    assert graph.launches == 3
-    assert len(fake.launches) == launches  # nothing launched outside the graph
+    assert graph.launches == 4
+    assert len(fake.launches) == launches + trial  # nothing launched outside the graph
     assert len(fake.graphs) == 1  # one capture per shape
 
 

@@ -16,30 +16,40 @@ runs step by step; ``note`` says which and why. Allocations are refused during t
 
 A graph pays for its launches saved with those copies, so a plan whose edges are large against
 its launch count (one kernel over 8192 x 8192 floats: 800 MB copied to save one launch) runs
-step by step on the caller's arrays: :func:`worth_capturing` weighs a launch from Python
-(``LAUNCH_S``) against the copies at ``COPY_BYTES_PER_S``, a device-to-device rate below
-any recent data-centre GPU's.
+step by step on the caller's arrays. Two tests decide. Before the capture,
+:func:`worth_capturing` weighs the most a step from Python could cost (``STEP_S``) against the
+copies at ``COPY_BYTES_PER_S``, a device-to-device rate below any recent data-centre GPU's: a
+plan it refuses is never captured (nor its fixed buffers allocated). After it, the second call
+times both ways once (``measured``: the steps on the caller's arrays, then the graph with
+its copies, each ended by a synchronisation) and keeps the faster; on an H100 a step of a
+CuPy plan cost 70-100 us of Python and launches, far above a launch alone, so neither a
+constant nor a model of the host would hold on another machine.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 log = logging.getLogger(__name__)
 
-LAUNCH_S = 10e-6  # what a graph saves per step: a kernel launch and the runner's Python around it
+STEP_S = 100e-6  # the most a graph saves per step: its launches and the runner's Python around them
 COPY_BYTES_PER_S = 1.5e12  # what the copies in and out cost (bytes read and written)
 
 
 def worth_capturing(steps: int, edge_bytes: int) -> str | None:
     """None when a graph of ``steps`` launches is worth copying ``edge_bytes`` of inputs and
     results through its fixed buffers at every call; else why not."""
-    copy_s, saved_s = 2 * edge_bytes / COPY_BYTES_PER_S, steps * LAUNCH_S
+    copy_s, saved_s = 2 * edge_bytes / COPY_BYTES_PER_S, steps * STEP_S
     if copy_s <= saved_s:
         return None
-    return (f"{steps} launch(es) save about {saved_s * 1e6:.0f} us, copying {edge_bytes / 1e6:.1f} MB in and out "
+    return (f"{steps} step(s) save at most {saved_s * 1e6:.0f} us, copying {edge_bytes / 1e6:.1f} MB in and out "
             f"of a graph costs about {copy_s * 1e6:.0f} us")
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} us"
 
 
 class AllocationInCapture(RuntimeError):
@@ -62,19 +72,23 @@ def _no_allocations(cp):
 class GraphRunner:
     """Runs a DevicePlan: step by step, or as its captured graph."""
 
+    clock = staticmethod(time.perf_counter)  # what the trial times with (the tests' stand-in ticks)
+
     def __init__(self, cp, device_plan, why_not: str | None = None):
         self._cp, self._plan = cp, device_plan
         self.why_not = why_not  # None: not yet captured, or captured
         self.graph = None
         self.stream = None
         self.replays = 0
+        self.measured: tuple[float, float] | None = None  # (steps, graph) seconds, once timed
         self._static_in: list | None = None
         self._static_out: list | None = None
 
     @property
     def note(self) -> str:
+        timed = "" if self.measured is None else f" (a call timed {_us(self.measured[1])} replayed, {_us(self.measured[0])} step by step)"
         if self.graph is not None:
-            return f"CUDA graph captured, replayed {self.replays} time(s)"
+            return f"CUDA graph captured, replayed {self.replays} time(s){timed}"
         if self.why_not is not None:
             return f"step by step: {self.why_not}"
         return "step by step until the second call (then captured as a CUDA graph)"
@@ -98,13 +112,36 @@ class GraphRunner:
                     self._capture(inputs)
                 self.stream.synchronize()
                 return outs
-            for static, a in zip(self._static_in, inputs):
-                cp.copyto(static, a)
-            self.graph.launch(self.stream)
-            self.replays += 1
-            outs = [o.copy() for o in self._static_out]
-            self.stream.synchronize()
-            return outs
+            if self.measured is None:
+                return self._trial(inputs)
+            return self._replay(inputs)
+
+    def _replay(self, inputs: list) -> list:
+        for static, a in zip(self._static_in, inputs):
+            self._cp.copyto(static, a)
+        self.graph.launch(self.stream)
+        self.replays += 1
+        outs = [o.copy() for o in self._static_out]
+        self.stream.synchronize()
+        return outs
+
+    def _trial(self, inputs: list) -> list:
+        """The first call after the capture: one run step by step and one replay, each timed
+        to its synchronisation; the graph is kept only if it was faster."""
+        start = self.clock()
+        outs = self._plan.new_outputs()
+        self._plan.run_steps(inputs, outs)
+        self.stream.synchronize()
+        steps_s = self.clock() - start
+        start = self.clock()
+        outs = self._replay(inputs)
+        graph_s = self.clock() - start
+        self.measured = (steps_s, graph_s)
+        if graph_s > steps_s:
+            self.graph = self._static_in = self._static_out = None
+            self.why_not = f"measured faster than its CUDA graph ({_us(steps_s)} a call, {_us(graph_s)} replayed with its copies)"
+            log.info("plan runs step by step: %s", self.why_not)
+        return outs
 
     def _capture(self, inputs: list) -> None:
         cp = self._cp
