@@ -33,6 +33,29 @@ def test_the_first_call_is_a_warm_up_then_both_counts_take_turns():
     assert picked[:2] in ([2, 1], [1, 2])  # turns, not one count's samples in a row
 
 
+def test_many_threads_clearly_faster_at_their_first_timed_call_end_the_turns():
+    """A prefill called once a generate: two threads a quarter faster than one at the first
+    timed call of each are chosen then, not after three turns each; one thread is still retried."""
+    choice = thread_choice(2)
+    picked = feed(choice, {2: 0.015, 1: 0.024}, 1 + 2)
+    assert sorted(picked[1:]) == [1, 2] and choice.settled() and choice.current() == 2
+    assert "2 threads now, the faster" in choice.describe()
+    times = {2: 0.015, 1: 0.024}
+    picked = feed(choice, times, 400)
+    tries = picked.count(1)
+    assert tries >= 1 and tries * (times[1] - times[2]) <= 1.5 * tc.PROBE_SHARE * sum(times[n] for n in picked)
+
+
+@pytest.mark.parametrize("times", [{2: 0.020, 1: 0.024}, {2: 0.030, 1: 0.024}])
+def test_a_close_race_or_one_thread_ahead_still_takes_full_turns(times):
+    """Two threads less than a quarter faster, or slower (which load can make them): no shortcut."""
+    choice = thread_choice(2)
+    feed(choice, times, 1 + 2)
+    assert not choice.settled()
+    picked = feed(choice, times, 2 * tc.SAMPLES - 2)
+    assert sorted(picked) == [1] * (tc.SAMPLES - 1) + [2] * (tc.SAMPLES - 1) and choice.settled()
+
+
 def test_the_faster_count_runs_and_the_slower_is_retried_for_a_small_share_of_the_time():
     choice = thread_choice(2)
     times = {2: 0.001, 1: 0.004}

@@ -27,6 +27,13 @@ retrying costs at most about that share of the time: an option 60 times slower (
 5) is retried after about 15 s of calls of the faster one, two about as fast every few calls, so
 a choice made under a passing load comes back soon (the zoo benchmark's two-thread runs kept one
 thread when its first timings met torch's spinning threads and retries waited on the median).
+
+Turns cost most where a plan is called rarely: a decoder's prefill runs once a ``generate``, so
+its turns took six generates, and three of them ran the prompt on one thread (bench_generate at
+2 threads: 22-26 ms against 15). So a many-thread call that beats the one-thread call by
+:data:`CLEAR` ends the turns at once (``trusted``): load slows a call down, and a many-thread
+call more (it waits for a thread the scheduler is not running), so such a win was no accident
+of the machine's state; one thread is retried as ever, and comes back if it is faster.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from dpl.errors import count
 SAMPLES = 3  # timed calls of each option before choosing
 WINDOW = 5  # recent calls an option's median is taken over
 HOPELESS = 4.0  # a first call this many times the other's best ends that option's turns early
+CLEAR = 1.25  # a first call of the trusted option this many times faster than the other's ends the turns
 PROBE_SHARE = 0.02  # the share of the time retrying the slower option may cost beyond the faster's
 TIE = 0.1  # the least extra a retry is counted at, as a share of the faster option's call
 
@@ -49,8 +57,11 @@ class TimedChoice:
     """Chooses between two ``options`` by the timed calls :meth:`record` is given; ``names``
     says them in :meth:`describe`. Thread-safe."""
 
-    def __init__(self, options: tuple, names: tuple[str, str], what: str):
+    def __init__(self, options: tuple, names: tuple[str, str], what: str, trusted=None):
+        """``trusted``: the option whose first timed call, :data:`CLEAR` times faster than the
+        other's, ends the turns (see the module text); None: none."""
         self.options = tuple(options)
+        self.trusted = trusted
         self.names = dict(zip(self.options, names))
         self.what = what  # what is chosen, for describe: "threads", "attention"
         self._times = {o: deque(maxlen=WINDOW) for o in self.options}
@@ -63,7 +74,13 @@ class TimedChoice:
 
     def _settled(self, option) -> bool:
         times, other = self._times[option], self._times[self._other(option)]
-        return len(times) >= SAMPLES or bool(times and other and min(times) > HOPELESS * min(other))
+        return len(times) >= SAMPLES or bool(times and other and min(times) > HOPELESS * min(other)) or self._clear_win()
+
+    def _clear_win(self) -> bool:
+        if self.trusted is None:
+            return False
+        mine, other = self._times[self.trusted], self._times[self._other(self.trusted)]
+        return bool(mine and other and CLEAR * min(mine) <= min(other))
 
     def _other(self, option):
         return self.options[1] if option == self.options[0] else self.options[0]
@@ -122,7 +139,8 @@ class TimedChoice:
 
 def thread_choice(many: int | None) -> TimedChoice:
     """A plan's thread budget ``many`` (an int > 1, or None: each pool's own threads) or one thread."""
-    return TimedChoice((many, 1), ("each pool's own threads" if many is None else count(many, "thread"), "1 thread"), "threads")
+    return TimedChoice((many, 1), ("each pool's own threads" if many is None else count(many, "thread"), "1 thread"), "threads",
+                       trusted=many)
 
 
 class RacedKernel:
