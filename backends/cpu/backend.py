@@ -22,14 +22,13 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
-from dpl.backends.cpu import blas, call_list, conv_direct, conv_nhwc, experts, im2col, max_pool, packed_gemm, products_choice
+from dpl.backends.cpu import blas, call_list, conv_direct, conv_nhwc, experts, im2col, index_put, max_pool, packed_gemm, products_choice
 from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
-from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, unflatten, wrapped_composite
+from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
 from dpl.backends.cpu.segments import NotSegmentable, Part, Product, fold_epilogues, is_product, segment, segment_runner
 from dpl.ir import dims as dimexpr
-from dpl.ir.expr import Call, Constant, Tuple as TupleExpr, Var
-from dpl.ops.indexing import index_put_into
+from dpl.ir.expr import Call, Constant, Var
 from dpl.ir.traverse import vars_in
 from dpl.ir.types import TensorType
 from dpl.kernel.lower import op_lowering
@@ -84,6 +83,7 @@ class CpuBackend(Backend):
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         # runs a prepared call's C calls (dpl.runtime.prepared), built through whatever cache the backend has then
         self.call_list = call_list.CallList(lambda source: self.cache.load(source))
+        self._index_put = index_put.Routine(lambda source: self.cache.load(source))  # a lone index_put's C
         self._warned = False
         self._has_cc: bool | None = None  # whether the compiler is on PATH (see available)
         # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"
@@ -139,7 +139,7 @@ class CpuBackend(Backend):
             decode = flash is not None and flash.__qualname__.startswith("cpu-decode:")
             if flash is not None:
                 return self._race_segments(function, flash, note) if self.attention == "auto" and not decode else flash
-        lone = _take_runner(function) or _cumsum_runner(function) or _index_put_runner(function)
+        lone = _take_runner(function) or _cumsum_runner(function) or index_put.runner(function, self._index_put, self.call_list)
         if lone is not None:
             return lone
         grouped = experts.read(function)  # the experts' grouped product, alone or with its gated unit
@@ -381,53 +381,6 @@ def _take_runner(function):
         np.take(x, idx, axis=axis, out=out, mode="wrap")  # every index in range: wrap only takes the negative ones
 
     run.__qualname__ = f"cpu-take:{function.name}"
-    return run
-
-
-def _index_put_runner(function):
-    """A lone ``index_put`` (a static cache written at the step's positions) as the op's NumPy
-    reference writing the output (:func:`dpl.ops.indexing.index_put_into`), or None. The reference backend ran it
-    through its interpreter: 8 such calls a decode step of a 4-layer Llama with
-    ``cache_implementation="static"``, most of their time binding and checking types."""
-    if len(function.bindings) != 1 or function.ret is not function.bindings[0].var:
-        return None
-    call = function.bindings[0].value
-    if not (isinstance(call, Call) and call.op == "index_put"):
-        return None
-    params = {id(p): k for k, p in enumerate(function.params)}
-
-    def operand(a):
-        if isinstance(a, Constant):
-            return None, a.value
-        if isinstance(a, Var) and id(a) in params:
-            return params[id(a)], None
-        if isinstance(a, TupleExpr):  # the index tensors, each a parameter or a constant
-            fields = [operand(f) for f in a.fields]
-            return (None, tuple(fields)) if all(f is not None for f in fields) else None
-        return None
-
-    operands = [operand(a) for a in call.args]
-    if any(o is None for o in operands):
-        return None
-    types = [p.ty for p in function.params]
-    accumulate = bool(call.attrs.get("accumulate", False))
-
-    def value(o, given):
-        k, v = o
-        if isinstance(v, tuple) and k is None and all(isinstance(f, tuple) for f in v):
-            return tuple(value(f, given) for f in v)
-        return v if k is None else given[k]
-
-    def run(inputs, outputs):
-        given = unflatten(types, inputs)
-        data, indices, values = (value(o, given) for o in operands)
-        out = outputs[0]
-        if out.flags.c_contiguous and out.dtype == data.dtype:
-            index_put_into(out, data, indices, values, accumulate)  # one copy of the cache, then the rows put
-        else:
-            np.copyto(out, index_put_into(np.empty_like(data), data, indices, values, accumulate))
-
-    run.__qualname__ = f"cpu-index_put:{function.name}"
     return run
 
 

@@ -62,7 +62,9 @@ class CCall:
     """One call into C: ``entry`` (a function's address) called the way ``kind`` says (the
     runner's numbering), on pointer arguments ``args`` (each a caller's ``ref``, an
     :class:`Address` or None: NULL), the dims array ``dims``, and two integers: ``threads``
-    (an OpenMP cap or argument; 0: none) and ``code`` (a kind's own flag: an activation)."""
+    (an OpenMP cap or argument; 0: none) and ``code`` (a kind's own flag: an activation).
+    ``check``: called after the program has run, to raise what the call reported in memory of
+    its own (a C routine cannot raise: an index out of range, ``backends/cpu/index_put.py``)."""
 
     entry: int
     kind: int
@@ -70,6 +72,7 @@ class CCall:
     dims: tuple[int, ...] = ()
     threads: int = 0
     code: int = 0
+    check: Callable[[], None] | None = None
 
 
 class PreparedCall:
@@ -85,6 +88,7 @@ class PreparedCall:
         self._outputs = outputs  # (output position, table entry)
         self._program = program
         self._address = address
+        self._checks = tuple(c.check for c in self.calls if c.check is not None)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         table, address = self._table, self._address
@@ -98,6 +102,8 @@ class PreparedCall:
         for pos, entry in self._outputs:
             table[entry] = address(outputs[pos])
         self._program()
+        for check in self._checks:
+            check()
 
 
 class MixedCall:
