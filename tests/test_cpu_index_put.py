@@ -146,3 +146,63 @@ def test_a_static_caches_update_is_part_of_the_prepared_call():
         prepared = list(exe.plan(*args)._prepared.values())
         parts = [q for p in prepared for q in (p.parts if isinstance(p, MixedCall) else (p,))]
         assert parts and all(isinstance(q, PreparedCall) for q in parts)  # runs of C calls only, none in Python
+
+
+def cache_module(reread: bool = False):
+    """A cache updated at a position, then read through a view and a kernel; ``reread``: the
+    cache's old values read by another step too."""
+    fb = FunctionBuilder("main")
+    cache, pos, new = fb.param("cache", "f32", (4, "n", 8)), fb.param("pos", "i64", (1,)), fb.param("new", "f32", (4, 1, 8))
+    i0 = fb.param("i0", "i64", (4, 1))
+    put = fb.emit("index_put", cache, TupleExpr((i0, pos)), new)
+    seen = fb.emit("reshape", put, shape=[4, -1])
+    outs = [put, fb.emit("multiply", seen, seen)]
+    if reread:
+        outs.append(fb.emit("add", cache, cache))
+    return Module([fb.ret(TupleExpr(tuple(outs)))])
+
+
+def cache_arrays(n=6, at=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((4, n, 8)).astype(np.float32), np.array([at]), rng.standard_normal((4, 1, 8)).astype(np.float32),
+            np.arange(4).reshape(4, 1)]
+
+
+def test_an_output_that_is_its_input_updated_is_written_in_the_inputs_memory():
+    """Executable.call_in_place: the updated cache is the input's own array (nothing copied);
+    the other results read it updated; on both the prepared call and the general path."""
+    mod = cache_module()
+    exe = dpl.build(mod, cpu(), progress=None)
+    for n, at in ((6, 2), (6, -1), (9, 0)):
+        args = cache_arrays(n, at)
+        want = dpl.interpret(mod, *[a.copy() for a in args])
+        cache = args[0]
+        got = exe.call_in_place(args, [(0, 0)])
+        assert got[0] is cache
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        plan = exe.plan(*args)
+        assert plan.in_place([(0, 0), (1, 0), (0, 2), (5, 0)]) == ((0, 0),)
+        args = cache_arrays(n, at, seed=1)
+        want = dpl.interpret(mod, *[a.copy() for a in args])
+        got = plan.run(args, None, timer=lambda step, run: run(), in_place=[(0, 0)])  # the general path
+        assert got[0] is args[0]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_an_input_another_step_reads_is_never_written():
+    mod = cache_module(reread=True)
+    exe = dpl.build(mod, cpu(), progress=None)
+    args = cache_arrays()
+    before = args[0].copy()
+    want = dpl.interpret(mod, *[a.copy() for a in args])
+    got = exe.call_in_place(args, [(0, 0)])
+    assert got[0] is not args[0] and exe.plan(*args).in_place([(0, 0)]) == ()
+    np.testing.assert_array_equal(args[0], before)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    strided = cache_arrays()  # an input that is not C-contiguous is no place to write
+    strided[0] = np.asfortranarray(strided[0])
+    got = dpl.build(cache_module(), cpu(), progress=None).call_in_place(strided, [(0, 0)])
+    assert got[0] is not strided[0]

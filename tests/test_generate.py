@@ -78,6 +78,9 @@ def test_greedy_generate_gives_eager_tokens_and_decodes_in_dpl(name, cache):
     calls = sum(p.calls for g in decode for p in g.parts if p.runs == "dpl")
     assert calls == NEW_TOKENS - 1, report.text()  # one call of the decode graph's partition a new token after the first
     assert all("kernel.attention" in p.composites for g in decode for p in g.parts), report.text()
+    if cache == "static":  # each layer's key and value caches written where they are, not copied and copied back
+        layers = model.config.num_hidden_layers if hasattr(model.config, "num_hidden_layers") else model.config.n_layer
+        assert [p.in_place for g in decode for p in g.parts] == [2 * layers], report.text()
 
 
 class GroupedAttention(torch.nn.Module):

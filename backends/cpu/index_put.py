@@ -259,6 +259,7 @@ def runner(function, routine: Routine | None = None, calls: call_list.CallList |
                       dims, check=lambda: _raise(error, shapes[0]) if error[0] else None)]
 
     run.__qualname__ = f"cpu-index_put:{function.name}"
+    run.in_place = True  # type: ignore[attr-defined]  # out may be data itself (dpl.runtime.plan.Plan.in_place): no copy then
     if calls is not None and routine is not None:
         run.prepare, run.call_list = prepare, calls  # type: ignore[attr-defined]
     return run

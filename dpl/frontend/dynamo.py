@@ -184,11 +184,46 @@ def _aot(gm, example_inputs, settings: Options, record: GraphRecord):
             by_name = {}
         else:
             by_name = {p: w for p, w in zip(placeholders, weights) if w is not None}
-        return _compile_forward(fw_gm, by_name, settings, record)
+        return _compile_forward(fw_gm, by_name, settings, record, _written_back())
 
     keep, decompositions = _keeping(ATEN_OPS)
     with keep:
         return aot_autograd(fw_compiler=forward, decompositions=decompositions)(gm, example_inputs)
+
+
+def _written_back() -> list[tuple[int, int]]:
+    """(output, input) positions of the forward graph whose output AOTAutograd copies into that
+    input after the call (a data mutation of the input, its new value among the first outputs),
+    read off the graph's metadata; none where this torch does not say."""
+    try:
+        from torch._guards import TracingContext
+
+        meta = TracingContext.try_get().fw_metadata
+        mutated = list(meta.mutated_inp_runtime_indices)
+        infos = meta.input_info
+    except Exception:  # noqa: BLE001 (another torch's private metadata: no input written in place)
+        return []
+    return [(m, i) for m, i in enumerate(mutated)
+            if infos[i].mutates_data and not infos[i].mutates_metadata and not getattr(infos[i], "mutates_storage_metadata", False)]
+
+
+def _in_place(fw_gm, part, tensor_at: list[int], written_back) -> list[tuple[int, int, int]]:
+    """(output of the partition, input of its Executable, argument of its call) of each input
+    AOTAutograd writes back from one of the partition's outputs, where nothing outside the
+    partition reads the input (a torch node after the call would see the new values)."""
+    placeholders = [n for n in fw_gm.graph.nodes if n.op == "placeholder"]
+    (returned,) = [n.args[0] for n in fw_gm.graph.nodes if n.op == "output"]
+    inside = set(part.nodes)
+    found = []
+    for m, i in written_back:
+        if m >= len(returned) or i >= len(placeholders):
+            continue
+        node, given = returned[m], placeholders[i]
+        if node in part.outputs and given in part.inputs and all(u in inside for u in given.users):
+            arg = list(part.inputs).index(given)
+            if arg in tensor_at:
+                found.append((list(part.outputs).index(node), tensor_at.index(arg), arg))
+    return found
 
 
 def _keeping(table):
@@ -227,19 +262,19 @@ def _weight_name(name: str) -> str:
     return sanitize(re.sub(r"(modules|parameters|buffers)_", "", text)) or name
 
 
-def _compile_forward(fw_gm, weights: dict, settings: Options, record: GraphRecord):
+def _compile_forward(fw_gm, weights: dict, settings: Options, record: GraphRecord, written_back=()):
     """AOTAutograd's forward compiler: ``fw_gm`` with each dpl partition in place of its nodes."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     try:
         with unset_fake_temporarily():  # AOTAutograd calls it in its fake mode; the weights are real
-            return _partition(fw_gm, weights, settings, record)
+            return _partition(fw_gm, weights, settings, record, written_back)
     except Exception as err:  # a bug of dpl's: the graph is torch's, said loudly
         _whole_in_torch(record, fw_gm, f"dpl failed to partition it: {_first_line(err)}")
         return fw_gm
 
 
-def _partition(fw_gm, weights: dict, settings: Options, record: GraphRecord):
+def _partition(fw_gm, weights: dict, settings: Options, record: GraphRecord, written_back=()):
     from dpl.apply import apply
     from dpl.frontend import dynamo_partition as dp
     from dpl.frontend.dynamo_call import DplCall
@@ -274,7 +309,8 @@ def _partition(fw_gm, weights: dict, settings: Options, record: GraphRecord):
         bound = [(i, weights[n.name][0], weights[n.name][1]) for i, n in enumerate(placeholders) if n.name in weights]
         params = {p.name for p in part.module["main"].params}
         size_at = [i for i, symbol in _size_arguments(part.sub) if _carrier_name(symbol) in params]
-        built.append((part, DplCall(exe, part.sub, tensor_at, bound, entry, size_at)))
+        in_place = _in_place(fw_gm, part, tensor_at, written_back)
+        built.append((part, DplCall(exe, part.sub, tensor_at, bound, entry, size_at, in_place)))
     record.parts.sort(key=lambda p: p.runs != "dpl")
     if not built:
         logger.info("%s", record.text())

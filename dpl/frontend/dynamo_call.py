@@ -66,9 +66,13 @@ class DplCall(torch.nn.Module):
     the arguments built in as constants; ``fallback`` is the partition's torch GraphModule (same
     arguments, a tuple of results); ``record`` its report entry."""
 
-    def __init__(self, exe, fallback, tensor_at, weights, record, size_at=()):
+    def __init__(self, exe, fallback, tensor_at, weights, record, size_at=(), in_place=()):
         super().__init__()
         self.exe = exe
+        # (output, Executable input, argument) of each result that AOTAutograd writes back into
+        # that argument after the call (a static cache's update): written there by dpl instead
+        # and returned as the argument itself, so the write-back copies nothing
+        self.in_place = tuple(in_place)
         self.fallback = fallback
         self.tensor_at = tuple(tensor_at)
         self.size_at = tuple(size_at)
@@ -90,12 +94,20 @@ class DplCall(torch.nn.Module):
                                         "compile again (torch._dynamo.reset()) to build with the new values")
         try:
             sizes = [np.empty((int(args[i]), 0), np.uint8) for i in self.size_at]
-            out = self.exe(*[as_array(args[i]) for i in self.tensor_at], *sizes)
+            arrays = [as_array(args[i]) for i in self.tensor_at]
+            pairs = [(k, j) for k, j, i in self.in_place if args[i].is_contiguous()]  # else as_array copied it
+            out = self.exe.call_in_place([*arrays, *sizes], pairs) if pairs else self.exe(*arrays, *sizes)
         except Exception as err:  # any failure of a dpl call: this partition is torch's from now on
             return self._to_torch(args, f"dpl failed at run time: {_first_line(err)}")
         self.record.calls += 1
         outs = out if isinstance(out, tuple) else (out,)
-        return tuple(as_tensor(o) for o in outs)
+        result = [as_tensor(o) for o in outs]
+        written = 0
+        for k, j, i in self.in_place:
+            if outs[k] is arrays[j]:  # written in the argument's memory: the argument is the result
+                result[k], written = args[i], written + 1
+        self.record.in_place = written
+        return tuple(result)
 
     def _changed_weight(self, args) -> str | None:
         for i, name, _built, ptr, offset, version in self.weights:  # _built: keeps the memory dpl reads alive

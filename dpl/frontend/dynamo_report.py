@@ -30,6 +30,7 @@ class PartitionRecord:
     why: str = ""
     composites: dict[str, int] = attrs.field(factory=dict)
     calls: int = 0  # calls dpl ran (a generate's decode steps each call the decode graph's partitions)
+    in_place: int = 0  # inputs its last call updated in their own memory (a static cache's layers), not copied back
     module: object = attrs.field(default=None, repr=False, eq=False)  # the dpl Module it was translated to, if it was
 
     @property
@@ -45,7 +46,8 @@ class PartitionRecord:
                         for name, n in sorted(self.ops.items(), key=lambda item: (-item[1], item[0])))
         if self.runs == "dpl":
             made = ", ".join(f"{c} x{n}" if n > 1 else c for c, n in sorted(self.composites.items()))
-            return f"{self.name}: dpl, {self.op_count} ops" + (f", composites {made}" if made else "") + f" ({ops})"
+            written = f", {self.in_place} inputs updated in place" if self.in_place else ""
+            return f"{self.name}: dpl, {self.op_count} ops" + (f", composites {made}" if made else "") + written + f" ({ops})"
         return f"{self.name}: torch, {self.op_count} ops ({ops}): {self.why}"
 
 

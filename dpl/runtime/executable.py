@@ -45,7 +45,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 import attrs
 import numpy as np
@@ -433,6 +433,25 @@ class Executable(Compiler):
                 self._last = (plan, tuple((a.shape, a.dtype) for a in flat))
         outs = None if out is None else self._check_out(plan, out, flat)
         return plan.run(flat, outs)
+
+    def call_in_place(self, arrays: Sequence[np.ndarray], pairs: Sequence[tuple[int, int]]) -> Any:
+        """Run like a call on the flat NumPy ``arrays``, writing output ``k`` in input ``j``'s
+        array for each pair ``(k, j)`` the plan can (:meth:`Plan.in_place`: the output is that
+        input updated by one step, a lone index_put, and nothing else reads it); that array is
+        then the result there, and the input's old values are gone. Where the plan cannot, or
+        the array is not C-contiguous and writable, that output is a fresh array as in a call.
+        For a caller that would write the output back into its input anyway (AOTAutograd's
+        input mutations: dpl.frontend.dynamo_call)."""
+        if self._device_runner() is not None:  # device-resident: outputs are the device's arrays
+            return self(*arrays)
+        plan = self._last_plan(arrays)
+        if plan is None:
+            arrays = self._flat_inputs(arrays)
+            plan = self._plan_for([(a.shape, a.dtype) for a in arrays])
+            if self._flat_entry:
+                self._last = (plan, tuple((a.shape, a.dtype) for a in arrays))
+        usable = [(k, j) for k, j in plan.in_place(pairs) if arrays[j].flags.c_contiguous and arrays[j].flags.writeable]
+        return plan.run(arrays, None, in_place=usable)
 
     def _last_plan(self, arrays) -> Plan | None:
         """The latest call's plan where ``arrays`` are NumPy arrays of its very shapes and dtypes

@@ -165,6 +165,7 @@ class Plan:
         # the plan whose memory plan and arenas this one uses: itself, or the plan of its bucket
         # that it was rebound from (sized for the bucket's largest binding, :meth:`for_bucket`)
         self._home = home or self
+        self._in_place: dict[tuple, tuple] = {}  # pairs asked for -> those this plan can write in place (in_place)
         self._plan_views()
         self._plan_memory()
 
@@ -227,6 +228,39 @@ class Plan:
         for b, base in self.arena_views:
             views[b] = views[base].reshape(self.buffers[b].shape)
         return views
+
+    def in_place(self, pairs: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+        """Those of ``pairs`` (output position, input position) whose output a call may write in
+        its input's memory: the output's buffer written by one step, whose kernel lets its first
+        output be its first input (``kernel.in_place``, a lone index_put), that input the plan's
+        input itself, which no other step of either list of steps reads, no view shows and no
+        output returns (views of the output are fine: they see it updated). A static cache updated so is written once, not copied whole and then
+        copied back (issue 31)."""
+        key = tuple(pairs)
+        found = self._in_place.get(key)
+        if found is None:
+            found = self._in_place[key] = tuple(p for p in key if self._writes_in_place(*p))
+        return found
+
+    def _writes_in_place(self, k: int, j: int) -> bool:
+        if not (0 <= k < len(self.output_ids) and 0 <= j < len(self.input_ids)):
+            return False
+        out, given = self.output_ids[k], self.input_ids[j]
+        # views of the output see it updated, as they would see a fresh output; a view of the
+        # input would be a reader of its old values
+        views = {b for b, _ in self.call_views}
+        if (out is None or out in views or given in views or given in self._viewed or self.output_ids.count(out) != 1 or given in self.output_ids
+                or any(b in (out, given) for _, b in self.copies) or self.input_ids.count(given) != 1):
+            return False
+        for steps in (self.steps, self.single_steps or ()):
+            readers = [s for s in steps if given in s.inputs]
+            if len(readers) != 1:
+                return False
+            (step,) = readers
+            if (not getattr(step.kernel, "in_place", False) or step.inputs[0] != given or step.inputs.count(given) != 1
+                    or not step.outputs or step.outputs[0] != out):
+                return False
+        return True
 
     def bind(self, bufs: list, inputs: Sequence, outs: Sequence) -> list[tuple[int, int]]:
         """Put one call's ``inputs`` and ``outs`` (NumPy or CuPy arrays) into ``bufs``, an
@@ -365,36 +399,43 @@ class Plan:
         threads = self.thread_choice.current()
         return threads, self.single_steps if threads == 1 else self.steps
 
-    def run(self, arrays: Sequence[np.ndarray], out: Sequence[np.ndarray] | None = None, timer=None) -> Any:
+    def run(self, arrays: Sequence[np.ndarray], out: Sequence[np.ndarray] | None = None, timer=None,
+            in_place: Sequence[tuple[int, int]] = ()) -> Any:
+        """One call; ``in_place``: (output, input) positions of :meth:`in_place`'s answer, each
+        output written in its input's array (C-contiguous, writable), which is returned for it."""
         views = self._borrow()
         try:
             choice = self.thread_choice
             if choice is None or timer is not None:  # a profile times what calls run now, and chooses nothing
-                return self._on(*self.steps_now(), views, arrays, out, timer)
+                return self._on(*self.steps_now(), views, arrays, out, timer, in_place)
             threads = choice.pick()
             steps = self.single_steps if threads == 1 else self.steps
             start = time.perf_counter()
-            result = self._on(threads, steps, views, arrays, out, timer)
+            result = self._on(threads, steps, views, arrays, out, timer, in_place)
             choice.record(threads, time.perf_counter() - start)
             return result
         finally:
             self._give_back(views)
 
-    def _on(self, threads, steps, views, arrays, out, timer) -> Any:
+    def _on(self, threads, steps, views, arrays, out, timer, in_place=()) -> Any:
         if not budget_binds(threads, self.pools):  # no budget, or none it would change: not even the context managers
-            return self._run(steps, views, arrays, out, timer)
+            return self._run(steps, views, arrays, out, timer, in_place)
         with budget_threads(threads, self.pools):
-            return self._run(steps, views, arrays, out, timer)
+            return self._run(steps, views, arrays, out, timer, in_place)
 
-    def _run(self, steps, views: list[Any], arrays, out, timer) -> Any:
+    def _run(self, steps, views: list[Any], arrays, out, timer, in_place=()) -> Any:
         if out is None and timer is None:
             prepared = self._prepared_call(views, steps)
             if prepared is not None:  # the steps' C calls in one call into C (dpl.runtime.prepared)
                 outs = self.output_pool.take(self._out_specs)
+                for k, j in in_place:
+                    outs[k] = arrays[j]
                 prepared.run(arrays, outs)
                 return _nest(self.result, outs)
         bufs = list(views)
         outs = list(out) if out is not None else self.output_pool.take(self._out_specs)
+        for k, j in in_place:
+            outs[k] = arrays[j]
         late = self.bind(bufs, arrays, outs)
         for step in steps:
             ins = [bufs[b] for b in step.inputs]
