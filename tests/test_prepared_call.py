@@ -276,3 +276,39 @@ def test_without_the_call_list_routine_every_plan_runs_the_general_path():
     x = np.random.default_rng(8).standard_normal((3, 32)).astype(np.float32)
     assert bits(exe(x)) == bits(general(exe.plan(x), [x]))
     assert not exe.plan(x)._prepared
+
+
+def test_a_plan_with_steps_in_python_is_freed_without_the_garbage_collector():
+    """A MixedCall holds its plan weakly: a rebound plan evicted from the executable's cache is
+    freed when its last reference goes, not at the next full collection (which over a torch
+    process's heap took 250 ms of a generate at fresh cache lengths)."""
+    import gc
+    import weakref
+
+    from dpl.runtime import executable
+
+    mod = dpl.parse("""
+func main(x: f32[n, 64], c: f32[m, 64], i: i64[n]) -> (f32[n + m, 64], f32[n, 64]) {
+  e = take(x, i, axis=0)
+  y = concat((c, e), axis=0)
+  z = nn.softmax(e)
+  return (y, z)
+}""")
+    exe = dpl.build(mod, CpuBackend(), progress=None)
+    x, i = np.ones((1, 64), np.float32), np.zeros(1, np.int64)
+    refs = []
+    gc.disable()
+    try:
+        for m in range(130, 130 + executable.REBOUND_PLANS + 10):
+            c = np.full((m, 64), 0.5, np.float32)
+            for _ in range(2):
+                y, z = exe(x, c, i)
+            plan = exe.plan(x, c, i)
+            assert any(isinstance(p, MixedCall) for p in plan._prepared.values())
+            refs.append(weakref.ref(plan))
+            del plan
+        evicted = len(refs) - 1 - executable.REBOUND_PLANS  # the first plan is the template, kept
+        assert sum(r() is None for r in refs) == evicted > 0  # gone by reference counting alone
+    finally:
+        gc.enable()
+    np.testing.assert_array_equal(y, dpl.interpret(mod, x, c, i)[0])

@@ -32,6 +32,7 @@ the same function on the same bytes, so both paths give the same bits.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -111,7 +112,10 @@ class MixedCall:
     Python on the arena's arrays with the call's inputs and outputs bound (see the module text)."""
 
     def __init__(self, plan, views: list, parts: Sequence):
-        self.plan, self.views = plan, views
+        # the plan weakly: it holds this call, and a cycle would outlive the plan's eviction
+        # from the rebound plans (dpl.runtime.executable) until a full garbage collection, which
+        # over a torch process's heap took 250 ms of a 32-token generate at fresh lengths
+        self._plan, self.views = weakref.ref(plan), views
         self.parts = tuple(parts)  # PreparedCall, or a Step run in Python
         # steps in Python whose kernel may have C calls later (a race once it has chosen)
         self.later = tuple(p for p in self.parts if type(p) is not PreparedCall and hasattr(p.kernel, "preparable"))
@@ -128,7 +132,7 @@ class MixedCall:
                 continue
             if bufs is None:  # bound at the first Python step: the arrays every later one reads
                 bufs = list(self.views)
-                self.plan.bind(bufs, inputs, outputs)
+                self._plan().bind(bufs, inputs, outputs)
             part.kernel([bufs[b] for b in part.inputs], [bufs[b] for b in part.outputs])
 
 
