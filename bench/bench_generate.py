@@ -14,27 +14,26 @@ one ``generate`` of each variant. tokens/s is 32 / the whole ``generate`` (prefi
 the table gives the medians over the rounds and the ratios to eager and to inductor. Each
 variant's tokens are checked equal to eager's.
 
-Stop 39, a quiet host (load under 1; the 2-core Xeon with AVX-512), 5 rounds, tokens/s of wall
-time (the CPU-time columns agree within 5% at 1 thread):
+Stop 40, the 2-core Xeon with AVX-512, tokens/s of wall time, medians of 7 rounds; in brackets
+dpl / inductor in the other runs of that day (5 or 9 rounds), between which the host moved
+eager's figures by up to 25% and dpl's by less:
 
-    cache, prompt            threads   eager  inductor    dpl   dpl/inductor
-    dynamic, 128 each round     1      143.4     191.8   210.0      1.09
-                                2      226.0     315.2   295.8      0.94
-    static, 128 each round      1      149.4     195.0   186.0      0.95
-                                2      217.6     305.9   258.5      0.85
-    dynamic, --fresh            1      107.6     148.7   106.0      0.71
-                                2      166.9     245.3   137.0      0.56
+    cache, prompt            threads   eager  inductor    dpl   dpl/inductor (other runs)
+    dynamic, 128 each round     1      186.9     235.8   230.1      0.98  (1.00, 1.05, 1.14)
+                                2      261.2     362.2   329.9      0.91  (0.95, 0.97, 1.00)
+    static, 128 each round      1      179.1     223.8   216.7      0.97  (1.02, 1.04)
+                                2      251.7     337.5   331.3      0.98  (0.98, 1.04)
+    dynamic, --fresh            1      141.5     190.0   128.7      0.68
+                                2      219.1     287.1   164.9      0.57
 
-Every variant generated eager's tokens. Stop 38 measured the dynamic rows at 0.78x (1 thread)
-and --fresh at 29.0 tokens/s (0.22x): a plan per input signature planned every new cache
-length anew. Now a plan serves every size of its bucket (same bit length) with the same kernels
-and arenas (dpl/runtime/rebinding.py), a decode step's call runs in one call into C with only
-the steps that cannot be prepared in Python between (dpl/runtime/prepared.py), one query row
-takes the decode attention kernel alone, and a static cache's index_put runs as NumPy's indexing.
-What --fresh still pays per new length: rebinding the plan (~0.5 ms), preparing the steps the
-length moves (~1-2 ms: the cache's concatenations, the key transpose, the attention's layout),
-and a walk (~30 ms) at each new bucket. At 2 threads the decode step's products are
-bandwidth-bound and dpl's share of the second core is smaller than inductor's.
+Every variant generated eager's tokens. Stop 39 measured 1.04 / 0.94 (dynamic), 0.95 / 0.84
+(static) and 0.71 / 0.56 (--fresh). Since then: a many-thread call clearly faster than one
+thread ends the thread choice's turns at once (the prefill, called once a generate, had spent six
+generates taking turns, three on one thread); a static cache's index_put runs in C inside the
+prepared call and writes each layer's cache in place (no copy in dpl, no copy back by
+AOTAutograd); an evicted rebound plan no longer waits for a full garbage collection (one took
+250 ms of a --fresh generate). What --fresh still pays per new length: rebinding the plan and
+preparing the steps the length moves (about 2 ms a decode step), and a walk at each new bucket.
 Dynamo's automatic-dynamic state is per code object, so the variants compiled after the first
 see a symbolic prompt length from their first call.
 """

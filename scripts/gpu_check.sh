@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, on a machine with a CUDA device, CuPy and a CUDA torch:
-# the GPU suite, the row kernels' bandwidth, the CUDA benchmarks. Logs go to $OUT (default ./gpu-logs).
+# the GPU suite, the row kernels' bandwidth, the CUDA benchmarks, where the CUDA time goes
+# (bench/cuda_where.py). Logs go to $OUT (default ./gpu-logs). On an H100, 2026-11-28: 165 s.
 # Wheels of missing pure-Python dependencies (lark, platformdirs) may sit in .whl/.
 set -u
 export PYTHONUNBUFFERED=1
@@ -19,4 +20,6 @@ step "bench/cuda_rows.py"
 timeout 60 python3 bench/cuda_rows.py >"$OUT/rows.txt" 2>&1; echo "rows rc=$?"; cat "$OUT/rows.txt"
 step "bench/bench_cuda.py --models"
 timeout "${BT:-170}" python3 bench/bench_cuda.py --models >"$OUT/bench.txt" 2>&1; echo "bench rc=$?"; grep -v -i warn "$OUT/bench.txt" | tail -60
+step "bench/cuda_where.py"
+timeout "${WT:-90}" python3 bench/cuda_where.py >"$OUT/where.txt" 2>&1; echo "where rc=$?"; grep -v -i warn "$OUT/where.txt" | tail -20
 step done
