@@ -259,7 +259,9 @@ def runner(function, routine: Routine | None = None, calls: call_list.CallList |
                       dims, check=lambda: _raise(error, shapes[0]) if error[0] else None)]
 
     run.__qualname__ = f"cpu-index_put:{function.name}"
-    run.in_place = True  # type: ignore[attr-defined]  # out may be data itself (dpl.runtime.plan.Plan.in_place): no copy then
+    # out may be data itself (dpl.runtime.plan.Plan.in_place): no copy then. Not when adding: a
+    # call that failed after the write would be run again by torch on the values added to
+    run.in_place = not accumulate  # type: ignore[attr-defined]
     if calls is not None and routine is not None:
         run.prepare, run.call_list = prepare, calls  # type: ignore[attr-defined]
     return run
