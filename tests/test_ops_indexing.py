@@ -120,6 +120,8 @@ CASES = [
     ("setitem", _setitem, (randn(5, 6),), {}),
     ("index_put", lambda x, i, v: _put(x, i, v), (randn(5, 6), torch.tensor([0, -2]), randn(5, 2)), {0: 0, 2: 0}),
     ("index_put-accumulate", _put_acc, (randn(5, 6), torch.tensor([0, 2, 0]), randn(3, 6)), {}),
+    # repeated indices adding values that broadcast (NumPy 2.4's add.at folds in only the values' own elements)
+    ("index_put-accumulate-broadcast", _put_acc, (randn(5), torch.tensor([[1, 1], [-4, 1]]), randn(2)), {}),
     ("index_put-mask", _mask, (randn(5, 6),), {0: 0}),
     ("copy", _copy, (randn(5, 6), randn(6)), {0: 0}),
     ("index_copy", lambda x, i, v: x.index_copy(1, i, v), (randn(5, 6), torch.tensor([4, 1]), randn(5, 2)), {0: 0, 2: 0}),

@@ -284,11 +284,16 @@ def _reduction(info: CallInfo) -> str:
 
 
 def _write(out: np.ndarray, index: tuple, values: np.ndarray, reduction: str) -> np.ndarray:
-    """``out[index] = values`` (repeated indices: the last write wins), or folded in."""
+    """``out[index] = values`` (repeated indices: the last write wins), or folded in. ``index``:
+    integer arrays over the leading axes."""
     if reduction == "update":
         out[index] = values
     else:
-        _AT[reduction](out, index, values)
+        # the values as a whole array of the indexed shape: NumPy 2.4's ufunc.at folds in only
+        # the values' own elements where they broadcast (np.add.at(np.zeros(1), (np.zeros((2, 2),
+        # int),), [1.0, 2.0]) gives 3, not 6) and has read past them (garbage, run to run)
+        shape = np.broadcast_shapes(*(np.shape(i) for i in index)) + out.shape[len(index):]
+        _AT[reduction](out, index, np.broadcast_to(values, shape).copy())  # a copy: C order, 0-d stays 0-d
     return out
 
 
