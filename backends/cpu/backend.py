@@ -83,7 +83,7 @@ class CpuBackend(Backend):
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
         # runs a prepared call's C calls (dpl.runtime.prepared), built through whatever cache the backend has then
         self.call_list = call_list.CallList(lambda source: self.cache.load(source))
-        self._index_put = index_put.Routine(lambda source: self.cache.load(source))  # a lone index_put's C
+        self._index_put = index_put.routine(lambda source: self.cache.load(source))  # a lone index_put's C
         self._warned = False
         self._has_cc: bool | None = None  # whether the compiler is on PATH (see available)
         # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"

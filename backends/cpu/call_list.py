@@ -92,31 +92,39 @@ def entry_address(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+class LoadedEntry:
+    """``dpl_kernel`` of a C source of the backend's own, built through its kernel cache
+    (``load``) and loaded at the first call; None where it cannot be had (a package's prebuilt
+    kernels that lack it, a compile error), said once at ``level`` with ``why``."""
+
+    def __init__(self, load: Callable[[str], ctypes.CDLL], source: str, argtypes: list, why: str, level=logging.DEBUG):
+        self._load, self._source, self._argtypes, self._why, self._level = load, source, argtypes, why, level
+        self._entry = None
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        with self._lock:
+            if self._entry is None:
+                try:
+                    fn = self._load(self._source).dpl_kernel
+                except (CompileError, OSError) as err:
+                    log.log(self._level, "%s (%s)", self._why, err)
+                    self._entry = False
+                    return None
+                fn.restype, fn.argtypes = None, self._argtypes
+                self._entry = fn
+        return self._entry or None
+
+
 class CallList:
     """The routine of one backend (its kernel cache), compiled at the first prepared call; where
-    it cannot be had (a package's prebuilt kernels that lack it, a compile error), every plan
-    runs the general path."""
+    it cannot be had, every plan runs the general path."""
 
     address = staticmethod(address)  # how a prepared call reads its arrays' addresses
 
     def __init__(self, load: Callable[[str], ctypes.CDLL]):
-        self._load = load
-        self._run = None
-        self._lock = threading.Lock()
-
-    def _routine(self):
-        """The loaded routine, or None where it cannot be loaded (said once, at debug level)."""
-        with self._lock:
-            if self._run is None:
-                try:
-                    fn = self._load(SOURCE).dpl_kernel
-                except (CompileError, OSError) as err:
-                    log.debug("no prepared calls: the call-list routine did not load (%s)", err)
-                    self._run = False
-                    return None
-                fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-                self._run = fn
-        return self._run or None
+        self._routine = LoadedEntry(load, SOURCE, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],
+                                    "no prepared calls: the call-list routine did not load")
 
     def program(self, calls: Sequence[tuple[CCall, tuple]], fixed: Sequence[int], keep: list):
         """The table of addresses (``fixed`` its first values) and ``run()``: ``calls`` in

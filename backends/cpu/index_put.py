@@ -29,14 +29,12 @@ import numpy as np
 from dpl import dtypes
 from dpl.backends.cpu import call_list
 from dpl.backends.cpu.addresses import address
-from dpl.backends.registry import CompileError
 from dpl.errors import InterpretError
 from dpl.ir.expr import Call, Constant, Tuple as TupleExpr, Var
 from dpl.ir.types import TensorType, TupleType
 from dpl.ops.indexing import index_put_into
 from dpl.runtime.prepared import Address, CCall
 
-log = logging.getLogger(__name__)
 
 SOURCE = r"""
 #include <stdint.h>
@@ -112,24 +110,11 @@ INDEX_CODES = {"int64": 0, "int32": 1, "int16": 2, "int8": 3, "uint8": 4}
 ADD_CODES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3}
 
 
-class Routine:
-    """The compiled routine of one backend, loaded at its first use; None where it cannot be
-    (a compile error: the NumPy reference runs)."""
-
-    def __init__(self, load):
-        self._load, self._entry, self._lock = load, None, threading.Lock()
-
-    def entry(self):
-        with self._lock:
-            if self._entry is None:
-                try:
-                    fn = self._load(SOURCE).dpl_kernel
-                    fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p]
-                    self._entry = fn
-                except (CompileError, OSError) as err:  # a perf cliff, never silent
-                    log.warning("a lone index_put runs as NumPy's indexing: its C routine did not load (%s)", err)
-                    self._entry = False
-        return self._entry or None
+def routine(load) -> call_list.LoadedEntry:
+    """The compiled routine of one backend (its kernel cache's ``load``), loaded at its first
+    use; where it cannot be, the NumPy reference runs, said once as a warning (a perf cliff)."""
+    return call_list.LoadedEntry(load, SOURCE, [ctypes.c_void_p, ctypes.c_void_p],
+                                 "a lone index_put runs as NumPy's indexing: its C routine did not load", logging.WARNING)
 
 
 def _strides(shape, target) -> list[int] | None:
@@ -183,7 +168,7 @@ def _raise(word: np.ndarray, data_shape) -> None:
     raise InterpretError(f"'index_put': index {index} is out of range for axis {axis} of size {data_shape[axis]}")
 
 
-def runner(function, routine: Routine | None = None, calls: call_list.CallList | None = None):
+def runner(function, routine: call_list.LoadedEntry | None = None, calls: call_list.CallList | None = None):
     """A lone ``index_put`` (see the module text) as ``run(inputs, outputs)``, with ``run.prepare``
     for a prepared call where the routine applies; or None for any other function."""
     if len(function.bindings) != 1 or function.ret is not function.bindings[0].var:
@@ -229,7 +214,7 @@ def runner(function, routine: Routine | None = None, calls: call_list.CallList |
         data, *indices, values = (value(o, inputs) for o in operands)
         out = outputs[0]
         dims = None
-        entry = routine.entry() if routine is not None else None
+        entry = routine() if routine is not None else None
         if entry is not None and out.flags.c_contiguous and out.dtype == data.dtype:
             dims = dims_of(data.shape, [i.shape for i in indices], index_dtypes, values.shape, dtype, accumulate)
         if dims is None:
@@ -243,7 +228,7 @@ def runner(function, routine: Routine | None = None, calls: call_list.CallList |
                 _raise(word, data.shape)
 
     def prepare(inputs, outputs):
-        entry = routine.entry() if routine is not None else None
+        entry = routine() if routine is not None else None
         if entry is None:
             return None
         (out_ref, out_shape), = outputs

@@ -101,13 +101,10 @@ class DplCall(torch.nn.Module):
             return self._to_torch(args, f"dpl failed at run time: {_first_line(err)}")
         self.record.calls += 1
         outs = out if isinstance(out, tuple) else (out,)
-        result = [as_tensor(o) for o in outs]
-        written = 0
-        for k, j, i in self.in_place:
-            if outs[k] is arrays[j]:  # written in the argument's memory: the argument is the result
-                result[k], written = args[i], written + 1
-        self.record.in_place = written
-        return tuple(result)
+        # a result written in its argument's memory: the argument itself is the result
+        written = {k: i for k, j, i in self.in_place if outs[k] is arrays[j]}
+        self.record.in_place = len(written)
+        return tuple(args[written[k]] if k in written else as_tensor(o) for k, o in enumerate(outs))
 
     def _changed_weight(self, args) -> str | None:
         for i, name, _built, ptr, offset, version in self.weights:  # _built: keeps the memory dpl reads alive

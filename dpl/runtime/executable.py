@@ -425,14 +425,19 @@ class Executable(Compiler):
         resident = self._device_runner()
         if resident is not None:  # the whole plan on the device (backends/cuda/resident.py)
             return resident.run(self, arrays, out)
+        plan, flat = self._plan_of(arrays)
+        outs = None if out is None else self._check_out(plan, out, flat)
+        return plan.run(flat, outs)
+
+    def _plan_of(self, arrays) -> tuple[Plan, Sequence]:
+        """The plan of a call's ``arrays`` and its flat inputs: the latest call's where they fit it."""
         plan, flat = self._last_plan(arrays), arrays
         if plan is None:
             flat = self._flat_inputs(arrays)
             plan = self._plan_for([(a.shape, a.dtype) for a in flat])
             if self._flat_entry:
                 self._last = (plan, tuple((a.shape, a.dtype) for a in flat))
-        outs = None if out is None else self._check_out(plan, out, flat)
-        return plan.run(flat, outs)
+        return plan, flat
 
     def call_in_place(self, arrays: Sequence[np.ndarray], pairs: Sequence[tuple[int, int]]) -> Any:
         """Run like a call on the flat NumPy ``arrays``, writing output ``k`` in input ``j``'s
@@ -444,12 +449,7 @@ class Executable(Compiler):
         input mutations: dpl.frontend.dynamo_call)."""
         if self._device_runner() is not None:  # device-resident: outputs are the device's arrays
             return self(*arrays)
-        plan = self._last_plan(arrays)
-        if plan is None:
-            arrays = self._flat_inputs(arrays)
-            plan = self._plan_for([(a.shape, a.dtype) for a in arrays])
-            if self._flat_entry:
-                self._last = (plan, tuple((a.shape, a.dtype) for a in arrays))
+        plan, arrays = self._plan_of(arrays)
         usable = [(k, j) for k, j in plan.in_place(pairs) if arrays[j].flags.c_contiguous and arrays[j].flags.writeable]
         return plan.run(arrays, None, in_place=usable)
 
