@@ -312,3 +312,26 @@ func main(x: f32[n, 64], c: f32[m, 64], i: i64[n]) -> (f32[n + m, 64], f32[n, 64
     finally:
         gc.enable()
     np.testing.assert_array_equal(y, dpl.interpret(mod, x, c, i)[0])
+
+
+def test_an_empty_input_no_step_reads_leaves_the_call_prepared():
+    """dynamo's prefill graph of a decoder takes f32[0] placeholders for caches it has not made,
+    and reads none of them: the call is prepared (it ran the general path: 1 ms of a 10 ms
+    prefill); an empty buffer that a step reads still sends the call to the general path."""
+    unused = dpl.parse("""
+func main(x: f32[4, 8], cache: f32[0]) -> f32[4, 8] {
+  y = exp(multiply(x, 2.0))
+  return y
+}
+""")
+    read = dpl.parse("""
+func main(x: f32[4, 8], cache: f32[0, 8]) -> f32[4, 8] {
+  y = exp(multiply(concat((x, cache), axis=0), 2.0))
+  return y
+}
+""")
+    x = np.random.default_rng(7).standard_normal((4, 8)).astype(np.float32)
+    for mod, cache, prepared in ((unused, np.zeros(0, np.float32), True), (read, np.zeros((0, 8), np.float32), False)):
+        exe = dpl.build(mod, "cpu", progress=None, threads=1)
+        assert check_both_ways(exe, (x, cache)) is prepared
+        np.testing.assert_allclose(exe(x, cache), np.exp(x * 2.0), rtol=1e-6)

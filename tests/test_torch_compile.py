@@ -150,13 +150,22 @@ def test_a_failed_build_leaves_the_partition_in_torch_with_a_warning(monkeypatch
     assert "stays in torch" in caplog.text and "no compiler today" in caplog.text
 
 
-def test_a_weight_changed_in_place_sends_its_partition_to_torch(caplog):
+def _add_in_place(w):
+    w.add_(0.5)  # the version counter moves
+
+
+def _swap_storage(w):
+    w.data = w.data.clone() + 0.5  # other memory; the version counter of the new data starts again
+
+
+@pytest.mark.parametrize("change", [_add_in_place, _swap_storage])
+def test_a_weight_changed_in_place_sends_its_partition_to_torch(caplog, change):
     model = mlp()
     compiled = dpl.compile(model)
     x = torch.randn(4, 16)
     with torch.no_grad():
         compiled(x)
-        model[0].weight.add_(0.5)  # dpl built the old values in
+        change(model[0].weight)  # dpl built the old values in
         with caplog.at_level(logging.WARNING, logger="dpl"):
             assert_close(compiled(x), model(x))
     (part,) = compiled.dpl_report.graphs[0].parts

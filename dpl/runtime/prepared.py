@@ -23,7 +23,7 @@ the steps around it (:class:`MixedCall`): the arena's arrays with the call's inp
 bound, as on the general path. A decode step of a 4-layer Llama has 55 steps, of which the
 embedding's take and the 4 attentions (raced against two products) are such steps: 5 Python
 steps a call instead of 55. The general path runs the whole call where an output is an input
-or a constant or returned twice (a copy after the steps), a buffer is empty, no step is
+or a constant or returned twice (a copy after the steps), a buffer a step reads or writes is empty, no step is
 prepared, or a call has ``out=`` or a timer. An input that is not C-contiguous is copied to one
 for the call, as every C kernel does with it on the general path; what each C call computes is
 the same function on the same bytes, so both paths give the same bits.
@@ -147,8 +147,9 @@ def prepare(plan, views: list, steps: Sequence, runs: dict | None = None) -> Pre
     shapes the entry's symbols change, or only steps whose shapes they do not: a decode step at
     a new cache length prepares its cache's concatenations again and takes every other run as
     the last length made it."""
-    if plan.copies or any(math.prod(buf.shape) == 0 for buf in plan.buffers):
-        return None
+    touched = {c for s in steps for b in (*s.inputs, *s.outputs) for c in (b, plan.base_of(b))}
+    if plan.copies or any(math.prod(plan.buffers[b].shape) == 0 for b in touched):
+        return None  # (an empty input no step reads does not count: dynamo's placeholders for a cache not yet made)
     runner = next((s.kernel.call_list for s in steps if getattr(s.kernel, "call_list", None) is not None), None)
     if runner is None:
         return None
