@@ -335,3 +335,35 @@ func main(x: f32[4, 8], cache: f32[0, 8]) -> f32[4, 8] {
         exe = dpl.build(mod, "cpu", progress=None, threads=1)
         assert check_both_ways(exe, (x, cache)) is prepared
         np.testing.assert_allclose(exe(x, cache), np.exp(x * 2.0), rtol=1e-6)
+
+
+def test_a_plan_called_again_joins_its_consecutive_prepared_runs():
+    """Runs are cut where the entry's symbol moves a step's shapes (the concatenation of a cache),
+    so that the plans of one bucket share the rest; a plan called again runs them as one
+    program, with the same bits, and a length met once keeps its cut runs."""
+    from dpl.runtime.prepared import JOIN_AFTER
+
+    mod = dpl.parse("""
+func main(ids: i64[1], table: f32[16, 8], cache: f32[n, 8]) -> (f32[n + 1, 8], f32[1, 8]) {
+  e = take(table, ids, axis=0)
+  a = exp(multiply(e, 2.0))
+  c = concat((cache, a), axis=0)
+  d = tanh(multiply(a, 3.0))
+  return (c, d)
+}
+""")
+    exe = dpl.build(mod, "cpu", progress=None, threads=1)
+    rng = np.random.default_rng(8)
+
+    def shape_of(plan):
+        (mixed,) = plan._prepared.values()
+        return ["py" if type(p) is not PreparedCall else len(p.calls) for p in mixed.parts]
+
+    for n in (5, 7, *[6] * (JOIN_AFTER + 1)):
+        args = (np.array([3]), rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal((n, 8)).astype(np.float32))
+        got = exe(*args)
+        plan = exe.plan(*args)
+        assert bits(got) == bits(general(plan, exe._flat_inputs(args)))
+        np.testing.assert_allclose(got[0], np.concatenate([args[2], np.exp(args[1][3:4] * 2.0)]), rtol=1e-6)
+    assert shape_of(exe.plan(*args)) == ["py", 5]  # the take in Python, then one run of the five C calls
+    assert shape_of(exe.plan(np.array([3]), args[1], rng.standard_normal((5, 8)).astype(np.float32))) == ["py", 2, 1, 2]

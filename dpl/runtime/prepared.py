@@ -40,6 +40,8 @@ import numpy as np
 
 from dpl import dtypes as dt
 
+JOIN_AFTER = 2  # the call of a mixed call at which its consecutive prepared runs become one (MixedCall._join_runs)
+
 
 class Address:
     """Memory fixed for a prepared call: its address, and the object that owns it (kept alive
@@ -111,7 +113,7 @@ class MixedCall:
     """Prepared runs of steps with the steps that cannot be prepared between them, run in
     Python on the arena's arrays with the call's inputs and outputs bound (see the module text)."""
 
-    def __init__(self, plan, views: list, parts: Sequence):
+    def __init__(self, plan, views: list, parts: Sequence, runner=None):
         # the plan weakly: it holds this call, and a cycle would outlive the plan's eviction
         # from the rebound plans (dpl.runtime.executable) until a full garbage collection, which
         # over a torch process's heap took 250 ms of a 32-token generate at fresh lengths
@@ -119,12 +121,40 @@ class MixedCall:
         self.parts = tuple(parts)  # PreparedCall, or a Step run in Python
         # steps in Python whose kernel may have C calls later (a race once it has chosen)
         self.later = tuple(p for p in self.parts if type(p) is not PreparedCall and hasattr(p.kernel, "preparable"))
+        self._runner, self._calls = runner, 0
+
+    def _join_runs(self) -> None:
+        """Consecutive prepared runs as one (a table and a program of their own): runs are cut
+        where the entry's symbols move a step's shapes, so that the plans of one bucket share
+        the others (:func:`prepare`), and a 4-layer decode step ran 17 of them, 17 calls into C
+        with their Python between. A plan called again is worth its own: it joins them at its
+        :data:`JOIN_AFTER`-th call (a length met once, as a server's fresh prompts are, never
+        pays for it)."""
+        plan, joined, group = self._plan(), [], []
+        if plan is None or self._runner is None:
+            return
+        for part in (*self.parts, None):
+            if type(part) is PreparedCall:
+                group.append(part)
+                continue
+            if len(group) > 1:
+                run = _prepared_run(plan, self.views, [c for g in group for c in g.calls], self._runner)
+                joined.extend([run] if run is not None else group)
+            else:
+                joined.extend(group)
+            group = []
+            if part is not None:
+                joined.append(part)
+        self.parts = tuple(joined)
 
     def stale(self) -> bool:
         """Whether a step run in Python could now be prepared (then the call is made again)."""
         return any(p.kernel.preparable() for p in self.later)
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        self._calls += 1
+        if self._calls == JOIN_AFTER:
+            self._join_runs()
         bufs = None
         for part in self.parts:
             if type(part) is PreparedCall:
@@ -191,7 +221,7 @@ def prepare(plan, views: list, steps: Sequence, runs: dict | None = None) -> Pre
         return None  # nothing in C, now or later (a race still timing may be, once it has chosen)
     if len(made_parts) == 1 and type(made_parts[0]) is PreparedCall:
         return made_parts[0]
-    return MixedCall(plan, views, made_parts)
+    return MixedCall(plan, views, made_parts, runner)
 
 
 class _Run:
