@@ -14,26 +14,26 @@ one ``generate`` of each variant. tokens/s is 32 / the whole ``generate`` (prefi
 the table gives the medians over the rounds and the ratios to eager and to inductor. Each
 variant's tokens are checked equal to eager's.
 
-Stop 40, the 2-core Xeon with AVX-512, tokens/s of wall time, medians of 7 rounds; in brackets
-dpl / inductor in the other runs of that day (5 or 9 rounds), between which the host moved
-eager's figures by up to 25% and dpl's by less:
+Stop 41, the 2-core Xeon with AVX-512 (480 MiB L3), quiet host, tokens/s of wall time, medians
+of 7 rounds, one run per cache (stop 40's runs of the same rows in brackets, dpl / inductor):
 
-    cache, prompt            threads   eager  inductor    dpl   dpl/inductor (other runs)
-    dynamic, 128 each round     1      186.9     235.8   230.1      0.98  (1.00, 1.05, 1.14)
-                                2      261.2     362.2   329.9      0.91  (0.95, 0.97, 1.00)
-    static, 128 each round      1      179.1     223.8   216.7      0.97  (1.02, 1.04)
-                                2      251.7     337.5   331.3      0.98  (0.98, 1.04)
-    dynamic, --fresh            1      141.5     190.0   128.7      0.68
-                                2      219.1     287.1   164.9      0.57
+    cache, prompt            threads   eager  inductor    dpl   dpl/inductor (stop 40)
+    dynamic, 128 each round     1      177.9     229.8   246.1      1.07  (0.98-1.14)
+                                2      258.2     343.1   346.3      1.01  (0.91-1.00)
+    static, 128 each round      1      167.4     219.2   214.3      0.98  (0.97-1.04)
+                                2      243.6     334.5   329.6      0.99  (0.98-1.04)
 
-Every variant generated eager's tokens. Stop 39 measured 1.04 / 0.94 (dynamic), 0.95 / 0.84
-(static) and 0.71 / 0.56 (--fresh). Since then: a many-thread call clearly faster than one
-thread ends the thread choice's turns at once (the prefill, called once a generate, had spent six
-generates taking turns, three on one thread); a static cache's index_put runs in C inside the
-prepared call and writes each layer's cache in place (no copy in dpl, no copy back by
-AOTAutograd); an evicted rebound plan no longer waits for a full garbage collection (one took
-250 ms of a --fresh generate). What --fresh still pays per new length: rebinding the plan and
-preparing the steps the length moves (about 2 ms a decode step), and a walk at each new bucket.
+Every variant generated eager's tokens. Since stop 40: the prefill (whose graph takes f32[0]
+placeholders for the caches) runs prepared, a decode call's consecutive prepared runs are one
+program from its second call, and the output pool and the weight check cost 65 us less a call.
+Where a decode step still loses time to inductor (``exe.profile`` of the step): each layer's key
+cache is transposed for the attention (a copy, 15-60 us), and with the static cache Hugging Face
+repeats the key/value heads for the grouped query heads (two more copies a layer, which the
+dynamic cache's SDPA avoids with ``enable_gqa``). A decode plan on two threads also retries one
+thread about once a generate (``timed_choice.PROBE_SHARE``: 1-3 ms). ``--fresh`` was not run at
+stop 41 (stop 40: 0.68 and 0.57 of inductor: each new length rebinds its plan and prepares the
+steps it moves, about 2 ms a decode step).
+
 Dynamo's automatic-dynamic state is per code object, so the variants compiled after the first
 see a symbolic prompt length from their first call.
 """
