@@ -103,6 +103,49 @@ def test_attention_of_grouped_query_heads_translates(mask):
     assert compiled.dpl_report.ops("torch") == 0, compiled.dpl_report.text()
 
 
+def repeat_heads(x, n):
+    """Hugging Face's repeat_kv, as transformers writes it."""
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+
+class RepeatedHeads(torch.nn.Module):
+    """Attention over key/value heads repeated for the query heads (the static cache's path)."""
+
+    def __init__(self, repeat=repeat_heads):
+        super().__init__()
+        self.repeat = repeat
+
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, self.repeat(k, 2), self.repeat(v, 2), attn_mask=mask) * 2.0
+
+
+def _batch_repeated(x, n):  # repeats the batch axis, not the heads: plain attention
+    return x.expand(n, *x.shape[1:]).reshape(n, *x.shape[1:]).repeat(1, 2, 1, 1)
+
+
+@pytest.mark.parametrize("mask", [None, "bool[b,1,q,k]", "float[b,h,q,k]", "float[q,k]"])
+def test_attention_over_repeated_key_value_heads_reads_them_unrepeated(mask):
+    """repeat_kv then SDPA is grouped-query attention over the unrepeated heads: the module
+    keeps no broadcast of them (a copy of each layer's cache a token), and equals torch with each
+    shape of mask; a lookalike that repeats something else stays plain attention."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 2, 7, 8, generator=g), torch.randn(2, 2, 7, 8, generator=g)
+    masks = {None: None, "bool[b,1,q,k]": torch.rand(2, 1, 5, 7, generator=g) > 0.3,
+             "float[b,h,q,k]": torch.randn(2, 4, 5, 7, generator=g), "float[q,k]": torch.randn(5, 7, generator=g)}
+    for model, grouped in ((RepeatedHeads(), True), (RepeatedHeads(_batch_repeated), False)):
+        args = (q, k, v, masks[mask]) if grouped else (q, k[:1], v[:1], masks[mask])
+        mod = dpl.from_torch(model, args)
+        ops = {b.value.op for b in mod["main"].bindings if hasattr(b.value, "op")}
+        assert ("broadcast_to" not in ops) is grouped, mod
+        for target in ("numpy", "cpu"):
+            compiled = dpl.compile(model, target=target)
+            with torch.no_grad():
+                got, want = compiled(*args), model(*args)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (target, (got - want).abs().max())
+            torch._dynamo.reset()
+
+
 def test_key_and_value_lengths_traced_apart_are_guarded_equal():
     """Dynamo's automatic dynamic shapes give the key's and the value's lengths a symbol each
     (as a decoder's cache at its second decode step); the backend guards them equal, so the

@@ -144,6 +144,13 @@ class NodeContext:
             raise FrontendError(f"expected a tensor operand, got {value!r}")
         return value
 
+    def producer(self, x: Expr, op: str) -> Call | None:
+        """The call of ``op`` that computed ``x`` (a variable bound by an earlier node, or a
+        call built by this one), or None: for translations that see through what torch wrote
+        (attention over repeated key/value heads)."""
+        call = x if isinstance(x, Call) else self.importer.defined.get(id(x)) if isinstance(x, Var) else None
+        return call if call is not None and call.op == op else None
+
     def reshape(self, x: Expr, shape) -> Expr:
         """Reshape; a constant (a weight) is reshaped now rather than at every run."""
         if isinstance(x, Constant) and all(isinstance(d, int) for d in shape):
@@ -187,6 +194,7 @@ class GraphImporter:
         # what each bound value computes -> its variable: torch does not share repeated work
         # (``x - mu`` written twice is two nodes), and a pattern that uses a value twice needs it
         self.computed: dict[tuple, Var] = {}
+        self.defined: dict[int, Call] = {}  # id of a bound variable -> the call it names (NodeContext.producer)
         self.names: set[str] = set()
         self.torch = import_torch()
         self.weights: dict[str, np.ndarray] = {}
@@ -428,6 +436,8 @@ class GraphImporter:
             if var is None:
                 var = self.fb.bind(new, self.unique(node.name if root else f"{node.name}_{next(fresh)}"))
                 self.computed[key] = var
+                if isinstance(new, Call):
+                    self.defined[id(var)] = new
             self.bound[id(e)] = var
             self.keep.append(e)
             return var

@@ -548,6 +548,10 @@ def _sdpa(cx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     q, k, v = cx.tensor(query), cx.tensor(key), cx.tensor(value)
     if enable_gqa and q.ty.ndim >= 3 and k.ty.shape[-3] != q.ty.shape[-3]:
         return _grouped_sdpa(cx, q, k, v, attn_mask, is_causal, scale)
+    shared = [_repeated_heads(cx, x) for x in (k, v)]
+    if (q.ty.ndim >= 3 and None not in shared and shared[0].ty.shape[-3] == shared[1].ty.shape[-3]
+            and q.ty.shape[-3] == k.ty.shape[-3]):
+        return _grouped_sdpa(cx, q, *shared, attn_mask, is_causal, scale)
     dtype = q.ty.dtype
     head = cx.static(q.ty.shape[-1], "the head dimension")
     scale = 1.0 / math.sqrt(head) if scale is None else scale
@@ -568,6 +572,31 @@ def _sdpa(cx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         scores = cx.call("add", scores, cx.cast(mask, dtype))
     out = cx.call("matmul", cx.call("nn.softmax", scores, axis=-1), v)
     return out if seen is None else cx.call("multiply", out, seen)
+
+
+def _repeated_heads(cx, x):
+    """The key/value heads ``x`` repeats, where it is Hugging Face's ``repeat_kv`` (each head
+    ``n`` times in a row: ``reshape(broadcast_to(expand_dims(h, axis=-4), [..., H, n, S, D]),
+    [..., H * n, S, D])``), else None. Attention over the repeated heads is grouped-query
+    attention over ``h``: the static cache's decode step copied every layer's cache twice a token
+    for it (21 + 38 us a layer at 159 keys), where the dynamic cache's ``enable_gqa`` copies none."""
+    merged = cx.producer(x, "reshape")
+    spread = merged is not None and cx.producer(merged.args[0], "broadcast_to")
+    added = spread and cx.producer(spread.args[0], "expand_dims")
+    if not added or x.ty.ndim < 3:
+        return None
+    h, wide = added.args[0], spread.ty.shape
+    axis = [a % added.ty.ndim for a in added.attrs["axis"]]
+    if axis != [added.ty.ndim - 3] or len(wide) != x.ty.ndim + 1 or h.ty.ndim != x.ty.ndim:
+        return None
+    heads, group = wide[-4], wide[-3]
+    # h only lacks the repeats: a broadcast over any other axis (a key axis of 1) is not this
+    same = tuple(h.ty.shape[:-3]) == tuple(x.ty.shape[:-3]) == tuple(wide[:-4]) and \
+        tuple(h.ty.shape[-2:]) == tuple(x.ty.shape[-2:]) == tuple(wide[-2:])
+    if (not same or h.ty.shape[-3] != heads or not isinstance(heads, int) or not isinstance(group, int)
+            or x.ty.shape[-3] != heads * group):
+        return None
+    return h
 
 
 def _grouped_sdpa(cx, q, k, v, attn_mask, is_causal, scale):
