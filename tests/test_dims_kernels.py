@@ -464,3 +464,24 @@ def test_a_symbol_no_buffer_of_a_kernel_determines_takes_the_callers_value(targe
         np.testing.assert_array_equal(y, x[:, : n // 10 - 1] + np.arange(n // 10 - 1, dtype=np.float32))
         assert total == sum(range(n // 5 + 2))
     assert "fall-back" not in exe.summary()
+
+
+def test_a_symbol_only_in_a_linear_dim_is_solved_per_call_without_the_general_binding(monkeypatch):
+    """A decode step's key cache after its concatenation is ``s + 1`` long in every buffer of the
+    permute and the attention that read it: the CPU runner solves s from that axis (the checks
+    still compare every dim), not through the general binding at each new length; a length no s
+    gives still names the expression."""
+    from dpl.kernel import ir as kernel_ir
+
+    calls = []
+    general = kernel_ir.Kernel.bind_dims
+    monkeypatch.setattr(kernel_ir.Kernel, "bind_dims", lambda self, *a, **k: calls.append(1) or general(self, *a, **k))
+    mod, fn = group("fused_permute_dims", [("x", (2, P("n * 2 + 1"), 3))],
+                    lambda g, x: g.emit("exp", g.emit("permute_dims", x, axes=[0, 2, 1])))
+    exe = dpl.build(mod, "cpu", config=ALWAYS)
+    for k, n in enumerate((1, 4, 9)):
+        args = inputs(fn, {"n": n}, k)
+        assert_close(dpl.interpret(mod, *args), exe(*args), f"n = {n}")
+    assert not calls
+    with pytest.raises(DplError, match=r"n \* 2 \+ 1"):
+        exe(np.zeros((2, 6, 3), np.float32))  # no n makes 2n + 1 equal 6
