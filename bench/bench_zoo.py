@@ -92,6 +92,7 @@ SHAPES = "1x128,1x512,8x128"
 SMOKE_SHAPES = "1x16"
 RTOL, ATOL = 1e-3, 1e-4
 SAMPLE_S = 0.02  # each timed sample runs the call this long at least
+WARM_CALLS = 5  # calls of each contender before its calls per sample are set (interleaved)
 
 # the zoo's config keys (hidden 64), by what they measure
 WIDTHS = {"hidden_size", "intermediate_size", "n_embd", "ffn_dim", "word_embed_proj_dim", "d_model", "d_kv", "d_ff",
@@ -153,8 +154,14 @@ def interleaved(contenders: dict, repeat: int, settle: float = 0.0) -> dict[str,
     many calls as take ``SAMPLE_S``, and ``settle`` seconds of sleep follow each."""
     counts = {}
     for name, fn in contenders.items():
-        fn()
-        _, ms = timed(fn)
+        # the calls per sample from the median of warm calls: one early call's time (dpl's thread
+        # count still being chosen, a prepared call made at its first call) had set two calls a
+        # sample, and a sample of two after the settle measured mostly the wake-up of its threads
+        # (Llama 1x128 at 2 threads: 2.3-3.6 ms a call in the table, 1.4 in a loop of calls)
+        time.sleep(settle)  # the peers' threads (a session just made and checked) quiet before its first calls too:
+        for _ in range(WARM_CALLS):  # dpl's thread choice timed its first two-thread call at 26 ms beside them
+            fn()
+        ms = statistics.median(timed(fn)[1] for _ in range(3))
         counts[name] = max(1, math.ceil(SAMPLE_S * 1e3 / max(ms, 1e-3)))
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(repeat):
