@@ -66,14 +66,24 @@ def test_the_faster_count_runs_and_the_slower_is_retried_for_a_small_share_of_th
     assert "2 threads now, the faster" in choice.describe()
 
 
-def test_a_hopeless_count_gets_one_call_not_its_full_turns():
+def test_a_hopeless_count_gets_two_calls_not_its_full_turns():
     """A loaded machine: two threads 30-60 times slower (measured: 10.9 ms against 322)."""
     choice = thread_choice(2)
     times = {2: 0.300, 1: 0.005}
-    picked = feed(choice, times, 1 + 1 + tc.SAMPLES + 200)
+    picked = feed(choice, times, 1 + tc.HOPELESS_CALLS + tc.SAMPLES + 200)
     assert picked[0] == 2  # the warm-up
-    assert picked[1:].count(2) == 1  # its one timed call, then retries only after 0.3 / PROBE_SHARE s
+    assert picked[1:].count(2) == tc.HOPELESS_CALLS  # its timed calls, then retries only after 0.3 / PROBE_SHARE s
     assert choice.describe().startswith("threads: 1 thread now")
+
+
+def test_one_disturbed_call_is_no_verdict():
+    """bench_zoo's Llama at two threads: its first timed two-thread call ran beside an ONNX
+    Runtime session's threads (26 ms against 1.9 on one thread), the next took 1.3 ms."""
+    choice = thread_choice(2)
+    feed(choice, {2: 0.0013, 1: 0.0019}, 1)  # the warm-up
+    choice.record(choice.pick(), 0.026 if choice.pick() == 2 else 0.0019)
+    picked = feed(choice, {2: 0.0013, 1: 0.0019}, 2 * tc.SAMPLES + 20)
+    assert choice.current() == 2 and picked[-10:].count(2) >= 9, choice.describe()
 
 
 def test_two_options_about_as_fast_are_retried_every_few_calls():

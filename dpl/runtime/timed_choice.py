@@ -18,8 +18,10 @@ hidden (BERT at 1x512, padding mask: 25.0 ms with flash against 23.1 with segmen
 Llama at 1x512: 24.0 against 24.7).
 
 The rule (:class:`TimedChoice`): the first call is a warm-up and not counted; then the
-two options take turns until each has :data:`SAMPLES` calls (one call is enough for an option
-:data:`HOPELESS` times slower than the other's best); after that every call runs on the option
+two options take turns until each has :data:`SAMPLES` calls (two are enough for an option
+:data:`HOPELESS` times slower than the other's best: one was, until a two-thread call beside an ONNX
+Runtime session's threads took 26 ms against 1.3 and kept a plan on one thread for a second of
+calls); after that every call runs on the option
 with the lower median of its last :data:`WINDOW` calls, and the other is tried again once the
 calls since its last try have taken 1 / :data:`PROBE_SHARE` times what a try costs beyond a call
 of the faster one (its median's excess, at least :data:`TIE` of the faster one's median), so
@@ -47,7 +49,8 @@ from dpl.errors import count
 
 SAMPLES = 3  # timed calls of each option before choosing
 WINDOW = 5  # recent calls an option's median is taken over
-HOPELESS = 4.0  # a first call this many times the other's best ends that option's turns early
+HOPELESS = 4.0  # calls this many times the other's best end that option's turns early
+HOPELESS_CALLS = 2  # ... once it has this many: one call beside another pool's spinning threads is no verdict
 CLEAR = 1.25  # a first call of the trusted option this many times faster than the other's ends the turns
 PROBE_SHARE = 0.02  # the share of the time retrying the slower option may cost beyond the faster's
 TIE = 0.1  # the least extra a retry is counted at, as a share of the faster option's call
@@ -74,13 +77,16 @@ class TimedChoice:
 
     def _settled(self, option) -> bool:
         times, other = self._times[option], self._times[self._other(option)]
-        return len(times) >= SAMPLES or bool(times and other and min(times) > HOPELESS * min(other)) or self._clear_win()
+        hopeless = len(times) >= HOPELESS_CALLS and other and min(times) > HOPELESS * min(other)
+        return len(times) >= SAMPLES or bool(hopeless) or self._clear_win()
 
     def _clear_win(self) -> bool:
         if self.trusted is None:
             return False
         mine, other = self._times[self.trusted], self._times[self._other(self.trusted)]
-        return bool(mine and other and CLEAR * min(mine) <= min(other))
+        # medians, as the choice itself: by the fastest calls a disturbed first call (26 ms, then
+        # 1.3) won clearly, ended the turns, and the median then chose the other option
+        return bool(mine and other and CLEAR * statistics.median(mine) <= statistics.median(other))
 
     def _other(self, option):
         return self.options[1] if option == self.options[0] else self.options[0]
