@@ -107,6 +107,8 @@ def test_samples_are_interleaved_with_the_settle_between_them(monkeypatch):
     monkeypatch.setattr(bench_zoo, "SAMPLE_S", 0.0)  # one call a sample
     medians = bench_zoo.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 2, settle=0.25)
     assert set(medians) == {"a", "b"}
-    assert calls[4:] == ["sleep", "a", "sleep", "b"] * 2 and sleeps == [0.25] * 4  # after the warm-up and count calls
+    # each contender's warm and count calls after a settle of their own, then the samples in turns
+    warm = ["sleep"] + ["a"] * (bench_zoo.WARM_CALLS + 3) + ["sleep"] + ["b"] * (bench_zoo.WARM_CALLS + 3)
+    assert calls == warm + ["sleep", "a", "sleep", "b"] * 2 and sleeps == [0.25] * 6
     with pytest.raises(SystemExit, match="--peers takes ort, openvino"):
         bench_zoo.parse_peers("ort,tensorrt")
