@@ -15,24 +15,26 @@ the table gives the medians over the rounds and the ratios to eager and to induc
 variant's tokens are checked equal to eager's.
 
 Stop 41, the 2-core Xeon with AVX-512 (480 MiB L3), quiet host, tokens/s of wall time, medians
-of 7 rounds, one run per cache (stop 40's runs of the same rows in brackets, dpl / inductor):
+of 9 rounds, the last run of the day; in brackets dpl / inductor in that day's other runs since
+the static cache's grouped heads (7 or 9 rounds), between which eager moved by up to 20%:
 
-    cache, prompt            threads   eager  inductor    dpl   dpl/inductor (stop 40)
-    dynamic, 128 each round     1      177.9     229.8   246.1      1.07  (0.98-1.14)
-                                2      258.2     343.1   346.3      1.01  (0.91-1.00)
-    static, 128 each round      1      167.4     219.2   214.3      0.98  (0.97-1.04)
-                                2      243.6     334.5   329.6      0.99  (0.98-1.04)
+    cache, prompt            threads   eager  inductor    dpl   dpl/inductor (other runs)  stop 40
+    dynamic, 128 each round     1      172.5     215.6   238.0      1.10  (1.18, 1.12)    0.98-1.14
+                                2      250.4     333.3   345.7      1.04  (1.08, 1.05)    0.91-1.00
+    static, 128 each round      1      167.4     212.8   224.9      1.06  (1.16, 1.14, 1.13) 0.97-1.04
+                                2      246.2     331.7   348.4      1.05  (1.13, 1.17, 1.13) 0.98-1.04
+    dynamic, --fresh (5 rounds, 1      129.8     180.2   119.9      0.67                  0.68
+      an earlier run)           2      213.5     295.8   163.8      0.55                  0.57
 
-Every variant generated eager's tokens. Since stop 40: the prefill (whose graph takes f32[0]
-placeholders for the caches) runs prepared, a decode call's consecutive prepared runs are one
-program from its second call, and the output pool and the weight check cost 65 us less a call.
-Where a decode step still loses time to inductor (``exe.profile`` of the step): each layer's key
-cache is transposed for the attention (a copy, 15-60 us), and with the static cache Hugging Face
-repeats the key/value heads for the grouped query heads (two more copies a layer, which the
-dynamic cache's SDPA avoids with ``enable_gqa``). A decode plan on two threads also retries one
-thread about once a generate (``timed_choice.PROBE_SHARE``: 1-3 ms). ``--fresh`` was not run at
-stop 41 (stop 40: 0.68 and 0.57 of inductor: each new length rebinds its plan and prepares the
-steps it moves, about 2 ms a decode step).
+Every variant generated eager's tokens. Since stop 40: attention over key/value heads repeated for
+the query heads (transformers' repeat_kv, the static cache's path) is grouped-query attention over
+the unrepeated heads (two copies of each layer's cache a token fewer); the prefill (whose graph
+takes f32[0] placeholders for the caches) runs prepared; a decode call's consecutive prepared runs
+are one program from its second call; the output pool and the weight check cost 65 us less a call.
+What is left (``exe.profile`` of a decode step): each layer's key cache is transposed for the
+attention (a copy, 15-60 us); a decode plan on two threads retries one thread about once a
+generate (``timed_choice.PROBE_SHARE``: 1-3 ms); ``--fresh`` pays about 2 ms a decode step at each
+new length (rebinding the plan and preparing the steps the length moves) and 6 ms a prefill.
 
 Dynamo's automatic-dynamic state is per code object, so the variants compiled after the first
 see a symbolic prompt length from their first call.
