@@ -487,9 +487,11 @@ def _c_runner(name, kernel, source, library: _Library, threads, calls: call_list
     linear = {}
     for i, buf in enumerate(buffers):
         for k, d in enumerate(buf.shape):
-            names = dimexpr.free_symbols(d) if not isinstance(d, (int, str)) else ()
-            if len(names) == 1 and next(iter(names)) not in lone and dimexpr.solve(d, dimexpr.evaluate(d, {next(iter(names)): 5})):
-                linear.setdefault(next(iter(names)), (i, k, d))
+            if isinstance(d, (int, str)) or len(names := dimexpr.free_symbols(d)) != 1:
+                continue
+            (name,) = names
+            if name not in lone and dimexpr.solve(d, dimexpr.evaluate(d, {name: 5})):  # solve: None where not linear
+                linear.setdefault(name, (i, k, d))
     fast = expressions and set(dim_names) <= lone.keys() | linear.keys()
     checks = [(i, k, d) for i, buf in enumerate(buffers) for k, d in enumerate(buf.shape) if (i, k) not in lone.values()]
 

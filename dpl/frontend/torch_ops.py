@@ -581,9 +581,9 @@ def _repeated_heads(cx, x):
     attention over ``h``: the static cache's decode step copied every layer's cache twice a token
     for it (21 + 38 us a layer at 159 keys), where the dynamic cache's ``enable_gqa`` copies none."""
     merged = cx.producer(x, "reshape")
-    spread = merged is not None and cx.producer(merged.args[0], "broadcast_to")
+    spread = merged and cx.producer(merged.args[0], "broadcast_to")
     added = spread and cx.producer(spread.args[0], "expand_dims")
-    if not added or x.ty.ndim < 3:
+    if added is None or x.ty.ndim < 3:
         return None
     h, wide = added.args[0], spread.ty.shape
     axis = [a % added.ty.ndim for a in added.attrs["axis"]]

@@ -31,6 +31,7 @@ the same function on the same bytes, so both paths give the same bits.
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from typing import Any, Callable, Sequence
@@ -130,21 +131,15 @@ class MixedCall:
         with their Python between. A plan called again is worth its own: it joins them at its
         :data:`JOIN_AFTER`-th call (a length met once, as a server's fresh prompts are, never
         pays for it)."""
-        plan, joined, group = self._plan(), [], []
+        plan, joined = self._plan(), []
         if plan is None or self._runner is None:
             return
-        for part in (*self.parts, None):
-            if type(part) is PreparedCall:
-                group.append(part)
-                continue
-            if len(group) > 1:
-                run = _prepared_run(plan, self.views, [c for g in group for c in g.calls], self._runner)
-                joined.extend([run] if run is not None else group)
-            else:
-                joined.extend(group)
-            group = []
-            if part is not None:
-                joined.append(part)
+        for is_run, parts in itertools.groupby(self.parts, lambda p: type(p) is PreparedCall):
+            parts = list(parts)
+            if is_run and len(parts) > 1:
+                run = _prepared_run(plan, self.views, [c for p in parts for c in p.calls], self._runner)
+                parts = parts if run is None else [run]
+            joined.extend(parts)
         self.parts = tuple(joined)
 
     def stale(self) -> bool:

@@ -51,7 +51,7 @@ SAMPLES = 3  # timed calls of each option before choosing
 WINDOW = 5  # recent calls an option's median is taken over
 HOPELESS = 4.0  # calls this many times the other's best end that option's turns early
 HOPELESS_CALLS = 2  # ... once it has this many: one call beside another pool's spinning threads is no verdict
-CLEAR = 1.25  # a first call of the trusted option this many times faster than the other's ends the turns
+CLEAR = 1.25  # the trusted option's median this many times faster than the other's ends the turns
 PROBE_SHARE = 0.02  # the share of the time retrying the slower option may cost beyond the faster's
 TIE = 0.1  # the least extra a retry is counted at, as a share of the faster option's call
 
