@@ -87,6 +87,23 @@ def test_model_shapes_equal_the_interpreter(routine, shape):
     np.testing.assert_allclose(out, expected(x, w, attrs), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape, attrs", [
+    ((2, 16, 12, 12), {}),  # a 1x1 read as it lies (more pixels than a tile)
+    ((1, 8, 3, 5), {}),  # a 1x1 with fewer pixels than a tile: prepared, whole vectors inside the slack
+    ((1, 16, 20, 21), dict(strides=[2, 2])),  # a 1x1 at stride 2: one phase of four prepared
+    ((1, 4, 9, 40), dict(strides=[1, 3], dilation=[2, 1])),  # phases some taps skip
+], ids=["in place", "tiny", "strided", "dilated"])
+def test_pointwise_and_phase_geometries(routine, shape, attrs):
+    rng = np.random.default_rng(6)
+    k = 1 if "dilation" not in attrs else 3
+    w = rng.standard_normal((19, shape[1], k, k)).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    call = conv_module(x.shape, w, attrs)["main"].bindings[0].value
+    out = np.full(expected(x, w, attrs).shape, np.nan, np.float32)
+    conv_direct.runner(call, routine, threads=2)(x, w, out)
+    np.testing.assert_allclose(out, expected(x, w, attrs), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("act", [None, "nn.relu", "nn.gelu"])
 def test_the_epilogue_rounds_as_the_separate_ops(routine, act):
     """Plus a bias per channel, plus a residual, then the activation, each on the stored sum:
@@ -144,3 +161,87 @@ def test_through_the_backend_at_two_sizes_of_symbolic_dims(tmp_path):
         x = rng.standard_normal(shape).astype(np.float32)
         np.testing.assert_allclose(exe(x), dpl.interpret(mod, x), rtol=1e-4, atol=1e-4)
     assert cpu._direct_conv  # the convolution went to the direct routine
+
+
+STEP_OPS = [("add", False), ("subtract", False), ("subtract", True), ("multiply", False), ("divide", False), ("divide", True)]
+
+
+@pytest.mark.parametrize("shape, window, attrs", [
+    ((1, 3, 40, 44), 7, dict(strides=[2, 2], padding=[3, 3, 3, 3])),  # a stem: output rows walked one by one
+    ((2, 5, 14, 14), 3, dict(padding=[1, 1, 1, 1])),  # a 3x3: the flat walk
+], ids=["rows", "flat"])
+@pytest.mark.parametrize("act", [None, "nn.relu", "nn.gelu"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_per_channel_steps_round_as_the_separate_ops(routine, shape, window, attrs, act, residual):
+    """Every per-channel step (both operand orders of subtract and divide), then a residual, then
+    the activation, on the tiles' registers or the stored rows: bit for bit the convolution
+    followed by NumPy's float32 ops in order (relu by the kernels' own rule), in either walk."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(shape).astype(np.float32)
+    o = 13
+    w = rng.standard_normal((o, shape[1], window, window)).astype(np.float32)
+    call = conv_module(x.shape, w, attrs)["main"].bindings[0].value
+    plain = np.empty(expected(x, w, attrs).shape, np.float32)
+    conv_direct.runner(call, routine)(x, w, plain)
+    steps, want = [], plain.copy()
+    for op, first in STEP_OPS:
+        values = rng.uniform(0.5, 1.5, o).astype(np.float32) * np.where(rng.random(o) < 0.5, -1, 1).astype(np.float32)
+        steps.append((conv_direct.step_code(op, first), values))
+        c = values.reshape(-1, 1, 1)
+        want = getattr(np, op)(c, want) if first else getattr(np, op)(want, c)
+    res = rng.standard_normal(plain.shape).astype(np.float32)
+    if residual:
+        want = want + res
+    got = np.full_like(plain, np.nan)
+    run = conv_direct.runner(call, routine, steps=tuple(steps), residual=residual, act=act)
+    run(x, w, *([res] if residual else []), got)
+    if act == "nn.gelu":
+        np.testing.assert_allclose(got, get_op(act).ref(want), rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, np.where(want <= 0, np.float32(0), want) if act else want)
+
+
+def test_step_codes():
+    assert conv_direct.step_code("add", True) == conv_direct.step_code("add", False)
+    assert conv_direct.step_code("subtract", True) != conv_direct.step_code("subtract", False)
+    assert conv_direct.step_code("power", False) is None
+
+
+def test_which_convolutions_it_wins():
+    """By measurement: windows at stride 1 and the few-channel stem; not 1x1s, strided windows
+    over many channels or patch embeddings."""
+    def call(c, k, stride):
+        w = np.ones((8, c, k, k), np.float32)
+        return conv_module((1, c, 32, 32), w, dict(strides=[stride, stride]))["main"].bindings[0].value
+
+    assert conv_direct.wins(call(16, 3, 1)) and conv_direct.wins(call(3, 7, 2))
+    assert not conv_direct.wins(call(64, 1, 1)) and not conv_direct.wins(call(32, 3, 2)) and not conv_direct.wins(call(3, 4, 4))
+
+
+def test_an_inference_batchnorm_folds_into_the_convolution(tmp_path):
+    """A conv, a BatchNorm as inference computes it (subtract, multiply, multiply, add, one value
+    per channel), a residual and a ReLU, claimed by the shipped `cnn` library (its constants kept):
+    through the backend the direct convolution applies all of it as it stores, equal to the
+    interpreter; the default ("auto") takes this 3x3."""
+    from dpl.backends.cpu.backend import CpuBackend
+
+    needs.c_compiler()
+    rng = np.random.default_rng(5)
+    o = 11
+    w = rng.standard_normal((o, 6, 3, 3)).astype(np.float32)
+    per = [rng.uniform(0.5, 1.5, (o, 1, 1)).astype(np.float32) for _ in range(4)]
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (2, 6, 15, 17))
+    r = fb.param("r", "f32", (2, o, 15, 17))
+    y = fb.emit("nn.conv2d", x, const(w), padding=[1, 1])
+    y = fb.emit("add", fb.emit("multiply", fb.emit("multiply", fb.emit("subtract", y, const(per[0])), const(per[1])),
+                               const(per[2])), const(per[3]))
+    mod = Module([fb.ret(fb.emit("nn.relu", fb.emit("add", y, r)))])
+    cpu = CpuBackend(cache_dir=tmp_path)
+    exe = dpl.build(dpl.apply(mod, ["cnn"]), [cpu, "numpy"], config=FUSE_ALL)
+    xs, rs = rng.standard_normal((2, 6, 15, 17)).astype(np.float32), rng.standard_normal((2, o, 15, 17)).astype(np.float32)
+    np.testing.assert_allclose(exe(xs, rs), dpl.interpret(mod, xs, rs), rtol=1e-5, atol=1e-5)
+    (kernel,) = [step.kernel for step in exe.plan(xs, rs).steps]
+    names = [fn.__qualname__ for fn in kernel.products]
+    assert names == ["cpu:direct-conv 11x6x3x3 subtract multiply multiply add + residual, nn.relu"], names
+    assert not kernel.parts  # nothing left for generated C

@@ -239,6 +239,7 @@ def _twin_cnn():
         return bn | c
     stem = is_op("nn.max_pool2d")(is_op("nn.relu")(conv_bn()))
     shortcut = is_op("nn.relu")(is_op("add")(conv_bn(), conv_bn()))
+    block = is_op("nn.relu")(is_op("add")(conv_bn(), wildcard())) | is_op("nn.relu")(conv_bn())
     x = wildcard()
     pooled = is_op("mean")(x).has_attr({"axis": [-2, -1], "keepdims": True}) | is_op("nn.adaptive_avg_pool2d")(x)
 
@@ -249,6 +250,7 @@ def _twin_cnn():
         FusionPattern("kernel.conv2d_relu_max_pool", stem),
         FusionPattern("kernel.conv2d_shortcut", shortcut),
         FusionPattern("kernel.global_avg_pool", pooled, {"x": x, "root": pooled}, one_by_one),
+        FusionPattern("kernel.conv2d_bn_relu", block),
     ]
 
 
@@ -291,8 +293,9 @@ def accepted_roots(library, module):
         ("llm", "attention", {("kernel.attention", "ctx")}),
         ("llm", "attention_nomask", {("kernel.attention", "ctx")}),
         ("llm", "mlp_relu", set()),
-        ("cnn", "model_resnet_stem_torch", {("kernel.conv2d_relu_max_pool", "pool")}),
-        ("cnn", "model_resnet_shortcut_onnx", {("kernel.conv2d_shortcut", "out")}),
+        # the block pattern matches inside both; the earlier pattern claims them first (fusion)
+        ("cnn", "model_resnet_stem_torch", {("kernel.conv2d_relu_max_pool", "pool"), ("kernel.conv2d_bn_relu", "act")}),
+        ("cnn", "model_resnet_shortcut_onnx", {("kernel.conv2d_shortcut", "out"), ("kernel.conv2d_bn_relu", "out")}),
         ("cnn", "model_resnet_head_onnx", {("kernel.global_avg_pool", "pooled")}),
         ("cnn", "model_gpt2_onnx_mlp", set()),
         ("llm", "merged_swiglu", {("kernel.matmul_glu", "h"), ("kernel.swiglu", "h")}),

@@ -61,7 +61,7 @@ class CpuBackend(Backend):
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
                  stream_bytes: int | None = STREAM_BYTES, products: str = "auto", cache_max_bytes: int = DEFAULT_MAX_BYTES,
-                 attention: str = "auto", convolutions: str = "provider"):
+                 attention: str = "auto", convolutions: str = "auto"):
         self.cc = cc or os.environ.get("CC") or "cc"
         # who computes matrix products and convolutions: "auto" (the fastest here, measured once
         # and cached: backends/cpu/products_choice.py), "numpy", "torch" or "dpl" (NumPy's, float32
@@ -73,11 +73,11 @@ class CpuBackend(Backend):
         self._products = None
         self._packed = None  # the packed product routine (backends/cpu/packed_gemm.py), made at the first product
         self._direct_conv = None  # the direct convolution's routine (backends/cpu/conv_direct.py), made at the first one
-        # float32 convolutions: "provider" (the products' provider, or im2col and a product) or
-        # "direct" (backends/cpu/conv_direct.py: faster on ResNet's stem alone, slower in the whole
-        # model so far, issue 30 item 4; an option until it wins)
-        if convolutions not in ("provider", "direct"):
-            raise BackendError(f"CpuBackend(convolutions=...) takes 'provider' or 'direct', got {convolutions!r}")
+        # float32 convolutions: "provider" (the products' provider, or im2col and a product),
+        # "direct" (backends/cpu/conv_direct.py, every one it takes) or "auto" (direct where
+        # conv_direct.wins says it does, the rest as "provider")
+        if convolutions not in ("auto", "provider", "direct"):
+            raise BackendError(f"CpuBackend(convolutions=...) takes 'auto', 'provider' or 'direct', got {convolutions!r}")
         self.convolutions = convolutions
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
         self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
@@ -164,9 +164,10 @@ class CpuBackend(Backend):
         steps = segment(function, _blas_product, starts_part=_pool)
         # a packed product of a weight applies its bias, residual and activation (or its gated
         # unit) to its tiles
-        steps = fold_epilogues(steps, lambda p: self._packs(p.call) and isinstance(p.args[1], Constant), vars_in(function.ret),
+        steps = fold_epilogues(steps, lambda p: (self._packs(p.call) or self._direct(p.call, folds=True)) and isinstance(p.args[1], Constant),
+                               vars_in(function.ret),
                                glu=lambda p: self._packs(p.call) and packed_gemm.takes_glu(p.call), acts=packed_gemm.ACTS)
-        pools = {self._pool_of(s.call) for s in steps if isinstance(s, Product)}
+        pools = {self._pool_of(s.call, bool(s.epilogue)) for s in steps if isinstance(s, Product)}
         # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
         # products, and an OpenMP team sharing their cores waits for the scheduler
         # (dpl.runtime.threads; measured: the Llama MLP's SiLU-times-up group 4.5 ms with two
@@ -228,19 +229,31 @@ class CpuBackend(Backend):
         note = f"flash attention ({why})"
         return fa.flash_runner(function.name, spec, source, lib, note=note, calls=self.call_list), note
 
-    def _pool_of(self, call) -> str:
-        """The thread pool a library step runs on: a max pool and a packed product on OpenMP,
-        the rest the provider's."""
+    def _pool_of(self, call, folded: bool = False) -> str:
+        """The thread pool a library step runs on (``folded``: with an epilogue folded into it):
+        a max pool, a packed product and a direct convolution on OpenMP, the rest the provider's."""
         if experts.takes(call):  # NumPy's BLAS, run by run
             return blas.BLAS
         if conv_nhwc.takes(call):  # torch's convolution, or the provider's product
             return self.products.thread_pool if conv_nhwc.uses_torch(call, self.products) else self.products.pool_of(_MATMUL)
-        direct = self.convolutions == "direct" and conv_direct.takes(call)  # the direct convolution alone
+        direct = self._direct(call, folds=folded)
         return OPENMP if max_pool.takes(call) or self._packs(call) or self._packs_conv(call) or direct else self.products.pool_of(call)
 
     def _packs(self, call) -> bool:
         """Whether product ``call`` runs by dpl's packed-weight routine (backends/cpu/packed_gemm.py)."""
         return call.op == "matmul" and self.products.packs and packed_gemm.takes(call) and self._routine() is not None
+
+    def _direct(self, call, folds: bool = False) -> bool:
+        """Whether convolution ``call`` runs by dpl's direct routine (backends/cpu/conv_direct.py):
+        with an epilogue to fold into it (``folds``) wherever the routine takes it (its batch
+        norm, residual and ReLU otherwise cost a pass over the output: ResNet's 3x3 at stride 2
+        on 32 channels 0.31 -> 0.18 ms, its 1x1s 0.14-0.17 -> 0.11-0.13 ms in the zoo model, one
+        thread), alone where :func:`conv_direct.wins`."""
+        if self.convolutions == "provider" or not conv_direct.takes(call):
+            return False
+        if self.convolutions == "auto" and not isinstance(call.args[1], Constant):
+            return False  # weights of a parameter would be packed at every call
+        return (self.convolutions == "direct" or folds or conv_direct.wins(call)) and self._conv_routine() is not None
 
     def _packs_conv(self, call) -> bool:
         """Whether convolution ``call`` runs as im2col and the packed routine's product (float32,
@@ -281,6 +294,8 @@ class CpuBackend(Backend):
         if experts.takes(call):  # the experts' grouped product, each expert's rows by the BLAS
             return experts.product
         packs = self._packs(call)
+        if epilogue and call.op == "nn.conv2d":  # folded only where the direct routine runs it
+            return self._conv(call, threads, epilogue)
         if epilogue and not packs:  # the routine did not build: the runner's matmul, then the adds
             return None
         if max_pool.takes(call):  # its C routine, compiled once per dtype, capped at ``threads``
@@ -295,18 +310,20 @@ class CpuBackend(Backend):
             return self._conv(call, threads)
         return self.products.matmul if getattr(self.products, "matmuls", False) else None
 
-    def _conv(self, call, threads: int | None = None):
+    def _conv(self, call, threads: int | None = None, epilogue: tuple = ()):
         """A convolution of the segments: dpl's direct convolution (backends/cpu/conv_direct.py)
-        with convolutions="direct"; else the provider's own (torch's oneDNN) or im2col and a
-        product (the packed routine's where it packs). Not raced by default: with each ResNet conv
-        raced per input shape against the direct one (a TimedChoice per conv), ResNet at 224 took
-        4.77 ms of CPU time a call against 4.40 (issue 30, item 4: the direct convolution won
-        ResNet's 3x3s, lost its stem and 1x1s in the model)."""
+        where :meth:`_direct` says so, with the ``epilogue`` the segments folded into it (its
+        per-channel steps, residual and activation); else the provider's own (torch's oneDNN) or
+        im2col and a product (the packed routine's where it packs). Chosen by shape, not raced:
+        with each ResNet conv raced per input shape (a TimedChoice per conv), ResNet at 224 took
+        4.77 ms of CPU time a call against 4.40 (issue 30, item 4)."""
         if conv_nhwc.takes(call):  # channels-last (the convert-layout pass): torch's on views, or products
             return conv_nhwc.runner(call, self.products)
-        routine = self._conv_routine() if self.convolutions == "direct" and conv_direct.takes(call) else None
-        if routine is not None:
-            return conv_direct.runner(call, routine, threads)
+        if self._direct(call, folds=bool(epilogue)):
+            steps = tuple((conv_direct.step_code(op, first), values) for kind, *rest in epilogue if kind == "channel"
+                          for op, first, values in [rest])
+            return conv_direct.runner(call, self._conv_routine(), threads, residual=any(e[0] == "residual" for e in epilogue),
+                                      act=next((e[1] for e in epilogue if e[0] == "act"), None), steps=steps)
         if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
             return im2col.conv2d_product(call, packed_gemm.array_matmul(self._routine(), self.products.matmul, threads))
         return self.products.conv2d(call) or im2col.conv2d_product(call, self.products.matmul)

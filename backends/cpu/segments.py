@@ -37,7 +37,9 @@ class Product:
     """A product the library computes. ``epilogue``: what :func:`fold_epilogues` moved into it
     from the part after it, in order: ``("bias", array)`` (plus a constant of the result's last
     dim) and ``("residual",)`` (plus the last of ``args``, an array of the result's shape), then
-    ``("act", op)`` (a unary activation of the registry); or
+    ``("act", op)`` (a unary activation of the registry); for an NCHW convolution, in place of the
+    bias, ``("channel", op, value_first, values)`` steps (an elementwise op with one value per
+    channel: an inference BatchNorm's subtract, multiply, multiply, add); or
     ``("glu", gate_first)`` alone: the product's two halves of its last dim, ``silu(gate) * up``
     (the gate the first half where ``gate_first``), so that ``var`` is half as wide as the
     product (a gated MLP's merged gate and up projections)."""
@@ -149,6 +151,7 @@ def _fold(product: Product, part: Part, later: set, results: set, acts: frozense
     if len(at) != 1 or _uses(fn, fn.params[at[0]]) != 1:
         return None
     ty = product.var.ty
+    per_channel = _channels_first(product.call)
     current, args, epilogue, n = fn.params[at[0]], list(product.args), [], 0
     last = None  # (bindings taken, the value) at the last epilogue step: a view after it stays in the part
     for b in fn.bindings:
@@ -165,11 +168,17 @@ def _fold(product: Product, part: Part, later: set, results: set, acts: frozense
             break
         if epilogue and epilogue[-1][0] == "residual":  # after the residual only an activation
             break
+        step = per_channel and alone and len(epilogue) < MAX_CHANNEL_STEPS and _channel_step(value, current, b.var.ty, ty)
+        if step and all(e[0] == "channel" for e in epilogue):
+            epilogue.append(step)
+            current, n = b.var, n + 1
+            last = (n, current)
+            continue
         if not (alone and isinstance(value, Call) and value.op == "add" and len(value.args) == 2 and _is_in(current, value.args)
                 and b.var.ty == ty):
             break
         other = value.args[1] if value.args[0] is current else value.args[0]
-        if (not epilogue and isinstance(other, Constant) and other.value.dtype == dtypes.to_numpy(ty.dtype)
+        if (not epilogue and not per_channel and isinstance(other, Constant) and other.value.dtype == dtypes.to_numpy(ty.dtype)
                 and other.value.size == ty.shape[-1] and other.value.shape[-1:] == (ty.shape[-1],)):
             epilogue.append(("bias", other.value))
         elif isinstance(other, Var) and other.ty == ty and _is_in(other, fn.params) and other is not current:
@@ -183,6 +192,36 @@ def _fold(product: Product, part: Part, later: set, results: set, acts: frozense
         return None
     n, current = last
     return _folded(Product(current, tuple(args), product.call, tuple(epilogue)), part, n, results)
+
+
+MAX_CHANNEL_STEPS = 8  # per-channel steps a convolution's epilogue takes (an inference BatchNorm is four)
+CHANNEL_OPS = ("add", "subtract", "multiply", "divide")
+
+
+def _channels_first(call) -> bool:
+    """Whether ``call`` is a convolution whose result's channels are its second axis (NCHW): its
+    epilogue takes per-channel steps, not a bias over the last dim."""
+    return (isinstance(call, Call) and call.op == "nn.conv2d" and call.attrs.get("data_layout", "NCHW") == "NCHW"
+            and call.attrs.get("out_layout", "") in ("", "NCHW"))
+
+
+def _channel_step(value, current, ty, before) -> tuple | None:
+    """``("channel", op, value_first, values)`` where ``value`` combines ``current`` (an NCHW
+    result of type ``before``) with a constant of one value per channel (or one value), keeping
+    its type; None where it does not."""
+    if not (isinstance(value, Call) and value.op in CHANNEL_OPS and len(value.args) == 2 and ty == before
+            and _is_in(current, value.args) and not all(a is current for a in value.args)):
+        return None
+    other = value.args[1] if value.args[0] is current else value.args[0]
+    if not isinstance(other, Constant) or other.value.dtype != dtypes.to_numpy(ty.dtype):
+        return None
+    c, shape = ty.shape[1], other.value.shape
+    if not isinstance(c, int) or len(shape) > len(ty.shape):
+        return None
+    lead = (1,) * (len(ty.shape) - len(shape)) + tuple(shape)  # aligned with [N, C, H, W]
+    if not (all(d == 1 for i, d in enumerate(lead) if i != 1) and lead[1] in (1, c)):
+        return None
+    return ("channel", value.op, value.args[0] is other, np.broadcast_to(other.value.reshape(-1), (c,)).copy())
 
 
 def _row_view(value, current, ty, before) -> bool:
@@ -357,6 +396,10 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
             if kind == "act":
                 with np.errstate(over="ignore", invalid="ignore"):
                     xp.copyto(result, get_op(value[0]).ref(result))
+            elif kind == "channel":  # one value per channel of an NCHW result
+                op, value_first, values = value
+                c = xp.asarray(values).reshape(-1, *[1] * (result.ndim - 2))
+                xp.copyto(result, getattr(xp, op)(c, result) if value_first else getattr(xp, op)(result, c))
             else:
                 other = xp.asarray(value[0]) if kind == "bias" else operands[-1].reshape(result.shape)
                 result = xp.add(result, other, out=result)
@@ -440,5 +483,6 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
         return calls
 
     run.parts = list(kernels)  # type: ignore[attr-defined]
+    run.products = list(library.values())  # type: ignore[attr-defined]  # the libraries' runners, in order
     run.prepare = prepare  # type: ignore[attr-defined]
     return run
