@@ -17,8 +17,12 @@ kernel skips the tiles a causal mask hides and the segments' BLAS products win w
 hidden (BERT at 1x512, padding mask: 25.0 ms with flash against 23.1 with segments; the causal
 Llama at 1x512: 24.0 against 24.7).
 
-The rule (:class:`TimedChoice`): the first call is a warm-up and not counted; then the
-two options take turns until each has :data:`SAMPLES` calls (two are enough for an option
+The rule (:class:`TimedChoice`): each option's first :data:`WARM_UP` calls are warm-ups and
+not counted (a prepared call is made at an option's first call and its runs joined at the
+second, and both touch memory for the first time: bench_zoo's Llama at 1x128 took 5.6 and
+7.5 ms on two threads, 3.4 and 3.1 on one, in its first calls, 1.4 and 2.1 after; with only
+the plan's first call left out the two-thread median lost and the plan ran one thread for the
+whole benchmark, in about one run of two); then the two options take turns until each has :data:`SAMPLES` calls (two are enough for an option
 :data:`HOPELESS` times slower than the other's best: one was, until a two-thread call beside an ONNX
 Runtime session's threads took 26 ms against 1.3 and kept a plan on one thread for a second of
 calls); after that every call runs on the option
@@ -48,6 +52,7 @@ from collections import deque
 from dpl.errors import count
 
 SAMPLES = 3  # timed calls of each option before choosing
+WARM_UP = 2  # calls of each option before its first timed one
 WINDOW = 5  # recent calls an option's median is taken over
 HOPELESS = 4.0  # calls this many times the other's best end that option's turns early
 HOPELESS_CALLS = 2  # ... once it has this many: one call beside another pool's spinning threads is no verdict
@@ -68,7 +73,7 @@ class TimedChoice:
         self.names = dict(zip(self.options, names))
         self.what = what  # what is chosen, for describe: "threads", "attention"
         self._times = {o: deque(maxlen=WINDOW) for o in self.options}
-        self._warm = False
+        self._seen = {o: 0 for o in self.options}  # calls of each option, warm-ups included
         self._since_probe = 0.0  # seconds of calls on the faster option since the other's last try
         self._lock = threading.Lock()
 
@@ -94,11 +99,9 @@ class TimedChoice:
     def pick(self):
         """The option the next call runs on."""
         with self._lock:
-            if not self._warm:
-                return self.options[0]
             learning = [o for o in self.options if not self._settled(o)]
-            if learning:
-                return min(learning, key=lambda o: len(self._times[o]))
+            if learning:  # turns: the option with fewer calls, the first on a tie
+                return min(learning, key=lambda o: self._seen[o])
             best = min(self.options, key=self._median)
             other = self._other(best)
             # what a retry costs beyond a call on the best: its extra time, at least a tenth of
@@ -109,8 +112,8 @@ class TimedChoice:
     def record(self, option, seconds: float) -> None:
         """A call on ``option`` took ``seconds``."""
         with self._lock:
-            if not self._warm:
-                self._warm = True  # the first call pays for first touches: not a sample
+            self._seen[option] += 1
+            if self._seen[option] <= WARM_UP:  # first touches, a prepared call made: not a sample
                 return
             settled = all(self._settled(o) for o in self.options)
             best = min(self.options, key=self._median) if settled else None
