@@ -33,6 +33,9 @@ retrying costs at most about that share of the time: an option 60 times slower (
 5) is retried after about 15 s of calls of the faster one, two about as fast every few calls, so
 a choice made under a passing load comes back soon (the zoo benchmark's two-thread runs kept one
 thread when its first timings met torch's spinning threads and retries waited on the median).
+A retry faster than the chosen option's median starts its option's window afresh, so one such
+call is enough to switch: with the older calls kept, two more retries, each after its share of
+the time, had to agree first.
 
 Turns cost most where a plan is called rarely: a decoder's prefill runs once a ``generate``, so
 its turns took six generates, and three of them ran the prompt on one thread (bench_generate at
@@ -117,6 +120,8 @@ class TimedChoice:
                 return
             settled = all(self._settled(o) for o in self.options)
             best = min(self.options, key=self._median) if settled else None
+            if best is not None and option != best and seconds < self._median(best):
+                self._times[option].clear()  # a retry that beats the best: its older calls met another state
             self._times[option].append(seconds)
             if best is not None:
                 self._since_probe = self._since_probe + seconds if option == best else 0.0
