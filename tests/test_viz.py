@@ -190,6 +190,39 @@ func main(x: f32[64, 128], w: f32[128, 256]) -> f32[64, 256] {
     assert "a matrix product, computed by BLAS */" in kernel_source(group, fused)
 
 
+def test_a_convolution_shows_what_the_direct_routine_folds_into_it():
+    """A ResNet block claimed by the `cnn` library: its kernel source says the direct convolution
+    applies the BatchNorm's per-channel steps and the ReLU, and leaves no C after it."""
+    from dpl.viz.kernels import kernel_source
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
+               **{k: rng.uniform(0.5, 1.5, (8, 1, 1)).astype(np.float32) for k in ("m", "s", "g", "b")}}
+    mod = dpl.parse("""
+const w: f32[8, 4, 3, 3]
+const m: f32[8, 1, 1]
+const s: f32[8, 1, 1]
+const g: f32[8, 1, 1]
+const b: f32[8, 1, 1]
+func main(x: f32[1, 4, 16, 16]) -> f32[1, 8, 16, 16] {
+  c = nn.conv2d(x, w, padding=[1, 1])
+  d = subtract(c, m)
+  e = multiply(d, s)
+  f = multiply(e, g)
+  n = add(f, b)
+  y = nn.relu(n)
+  return y
+}""", constants=weights)
+    fused = dpl.apply(mod, ["cnn"])
+    block = next(f for f in fused.functions.values() if f.attrs.get("Composite") == "kernel.conv2d_bn_relu")
+    source = kernel_source(block, fused)
+    assert "direct routine, which applies subtract per channel, multiply per channel, multiply per channel, " \
+           "add per channel, nn.relu to each tile" in source, source
+    assert "generated C" not in source  # nothing left after it
+
+
 def test_the_svg_has_a_legend_of_its_colours():
     """Graphviz's picture says what each colour means, as the HTML page's header does."""
     needs.package("graphviz")

@@ -2,7 +2,8 @@
 kernel IR lowered and emitted as the CPU backend does; a group with matrix products is cut
 into segments as the backend cuts it (products go to the products provider, each run between
 them is one C kernel), with what a float32 product of a weight takes into its tiles when dpl's
-packed routine computes it (bias, residual, activation, gated unit) said beside it."""
+packed routine computes it (bias, residual, activation, gated unit), or a convolution of a weight
+when dpl's direct routine does (per-channel steps, residual, activation), said beside it."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ def kernel_source(fn: Function, mod: Module) -> str:
     """The generated C of module function ``fn`` (a Primitive group, a composite or its Codegen
     wrapper), or a line saying why it has none."""
     from dpl.backends.cpu import backend as cpu
-    from dpl.backends.cpu import packed_gemm
+    from dpl.backends.cpu import conv_direct, packed_gemm
     from dpl.backends.cpu.segments import Part, Product, fold_epilogues, segment
     from dpl.ir.traverse import vars_in
 
-    def _packed(p) -> bool:  # as CpuBackend._packs, where the packed routine is available
-        return p.call is not None and packed_gemm.takes(p.call) and isinstance(p.args[1], Constant)
+    def _packed(p) -> bool:  # as CpuBackend._packs and its folding _direct, where the routines are available
+        return p.call is not None and (packed_gemm.takes(p.call) or conv_direct.takes(p.call)) and isinstance(p.args[1], Constant)
 
     if "Codegen" in fn.attrs:
         for b in fn.bindings:
@@ -37,7 +38,10 @@ def kernel_source(fn: Function, mod: Module) -> str:
             for s in steps:
                 if isinstance(s, Product):
                     op = s.call.op if s.call is not None else "matmul"
-                    if s.epilogue:
+                    if s.epilogue and op == "nn.conv2d":
+                        parts.append(f"/* {s.var.name} = {op}(...): a convolution, computed by dpl's direct routine, "
+                                     f"which applies {_epilogue(s.epilogue)} to each tile as it stores it */")
+                    elif s.epilogue:
                         parts.append(f"/* {s.var.name} = {op}(...): a matrix product, computed by dpl's packed routine "
                                      f"(the CPU backend's float32 products), which applies {_epilogue(s.epilogue)} "
                                      "to each tile as it stores it */")
@@ -74,6 +78,8 @@ def _epilogue(epilogue: tuple) -> str:
             words.append("silu(first half) * second half" if step[1] else "first half * silu(second half)")
         elif step[0] == "act":
             words.append(step[1])
+        elif step[0] == "channel":
+            words.append(f"{step[1]} per channel")
         else:
             words.append(f"+ {step[0]}")
     return ", ".join(words)
