@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dpl
-from dpl.ir import FunctionBuilder, const
+from dpl.ir import FunctionBuilder, Module, const
 from dpl.lang import load_patterns
 from dpl.lang.matching import find_matches
 from dpl.pattern import FusionPattern, is_const, is_op, wildcard
@@ -402,3 +402,43 @@ def test_rewrites_leave_other_code_alone():
     for module in ["mlp_relu", "attention", "swiglu", "residual"]:
         func = CORPUS[module]
         assert dpl.structural_equal(load_patterns("rewrites").apply_rewrites(func), func)
+
+
+def patch_embedding(image=(2, 3, 12, 16), patch=4, strides=None, padding=(0, 0), bias_shape=None, batch="n"):
+    """ViT's patch embedding as torch.export spells it: conv (stride = window), + bias, flatten(2),
+    transpose(1, 2); the batch symbolic."""
+    n, c, h, w = image
+    o = 5
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (batch, c, h, w))
+    weight = const(rng.standard_normal((o, c, patch, patch)).astype(np.float32))
+    bias = const(rng.standard_normal(bias_shape or (o, 1, 1)).astype(np.float32))
+    conv = fb.emit("nn.conv2d", x, weight, strides=list(strides or (patch, patch)), padding=list(padding), name="c")
+    b = fb.emit("add", conv, bias, name="b")
+    oh, ow = conv.ty.shape[2], conv.ty.shape[3]
+    f = fb.emit("reshape", b, shape=[batch, o, oh * ow], name="f")
+    return fb.ret(fb.emit("permute_dims", f, axes=[0, 2, 1], name="out"))
+
+
+def test_a_patch_embedding_becomes_one_product_of_its_patches():
+    """Each patch a row of a product by the weights as a matrix (its transpose folded once),
+    the bias added: the numbers of the convolution, flattened and transposed, at any batch."""
+    func = patch_embedding()
+    new = load_patterns("rewrites").apply_rewrites(func)
+    ops = [b.value.op for b in new.bindings]
+    assert "nn.conv2d" not in ops and ops.count("matmul") == 1, ops
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 3, 12, 16)).astype(np.float32)
+        np.testing.assert_allclose(dpl.interpret(new, x), dpl.interpret(func, x), rtol=1e-5, atol=1e-5)
+    fused = dpl.apply(Module([func]), ["rewrites"])
+    assert "nn.conv2d" not in str(fused)
+    x = rng.standard_normal((2, 3, 12, 16)).astype(np.float32)
+    np.testing.assert_allclose(dpl.build(fused, ["cpu", "numpy"])(x), dpl.interpret(func, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", [dict(strides=(2, 2)), dict(padding=(1, 1)), dict(image=(2, 3, 13, 16)),
+                                  dict(bias_shape=(5, 1, 4))], ids=["overlapping", "padded", "remainder", "bias"])
+def test_what_is_not_a_patch_embedding_stays(case):
+    """Windows that overlap, padding, an image the patches do not tile, a bias not per channel."""
+    func = patch_embedding(**case)
+    assert dpl.structural_equal(load_patterns("rewrites").apply_rewrites(func), func)
