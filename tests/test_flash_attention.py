@@ -240,7 +240,7 @@ def test_auto_takes_flash_from_min_keys(tmp_path, keys):
     exe = dpl.build(dpl.apply(mod, ["llm"]), [backend, "numpy"], config=dpl.FusionConfig(fallback_on_error=False), threads=1)
     args = inputs(mod, 10)
     want = dpl.interpret(mod, *args)
-    for _ in range(2 + 2 * timed_choice.SAMPLES):  # from flash keys on, every call of both kernels' turns
+    for _ in range(2 * (timed_choice.WARM_UP + timed_choice.SAMPLES)):  # from flash keys on, every call of both kernels' turns
         check(want, exe(*args))
     flash = keys >= flash_attention.MIN_KEYS
     assert ("flash attention" in exe.summary()) == flash, exe.summary()
