@@ -6,23 +6,29 @@ output channel ``o`` sums ``w[o, k] * x[base(q) + off[k]]`` over the window's ta
 ``k = (c, kh, kw)``, where ``off`` is a table of one address offset per tap. That holds
 exactly once the input is *prepared*: padded, and for a stride ``S`` split into its ``S x S``
 phases (``x[c, S i + ph, S j + pw]`` at ``[c, ph, pw, i, j]``, space-to-depth), so that
-consecutive output pixels of a row read consecutive input elements at every tap. The output
-grid is walked as rows of the prepared plane's width ``L`` (``L - OW`` columns of each row are
+consecutive output pixels of a row read consecutive input elements at every tap. The flat
+walk takes the output grid as rows of the prepared plane's width ``L`` (``L - OW`` columns of each row are
 computed and never stored), so a tile of ``NR`` consecutive pixels is one vector load per tap
 wherever it lies: a 3x3 conv at 56x56 (padded 58 wide) wastes 2 of 58 columns, the 7x7
 stride-2 stem 3 of 115, and a patch embedding (stride = kernel, no padding: its phases are its
-patches) or a 1x1 stride-1 conv (no preparation: the input itself) none.
+patches) or a 1x1 stride-1 conv (no preparation where it has a tile of pixels: the input itself)
+none. Phases no tap reads are not prepared (a 1x1 at stride 2 reads one of four).
 
 The micro-kernel is the packed product's (:mod:`dpl.backends.cpu.packed_gemm`) with the roles
 as the output's layout wants them: ``MR`` output channels times ``NR`` pixels in vector
 registers (AVX-512 6 x 64, AVX2 6 x 16), a weight broadcast against ``NV`` vectors of input per
 tap, the weights packed at the first call as ``ceil(O / MR)`` blocks of ``K x MR`` (zero rows
-pad the last), so a tile reads its broadcasts from one contiguous stream. Tiles go pixel-block
-major over the team (OpenMP, the generated kernels' pool), so a block's input stays in cache
-while every channel block reads it. Each tile's rows are stored straight into the NCHW output,
-then the epilogue the segments folded into the convolution: plus a per-channel bias, plus a
-residual of the output's shape, then an activation (``packed_gemm.ACTS``, the generated C's
-own expressions), each rounded as the separate ops round it.
+pad the last), so a tile reads its broadcasts from one contiguous stream. The prepared image has
+``NR`` zeroed floats of slack, so every tap loads whole vectors. Two walks of the output, the
+kernel taking whichever computes fewer lanes: by output rows, each tile up to ``NR`` pixels of
+one row stored straight from its registers (the stem's 112-wide rows: 64 + 48), or flat, as
+above, through a buffer (a 3x3 at 56: 58 of every 64 lanes kept). Tiles go pixel-block major
+over the team (OpenMP, the generated kernels' pool), so a block's input stays in cache while
+every channel block reads it. The last tap block of a tile applies the epilogue the segments
+folded into the convolution in its registers: per-channel steps (an inference BatchNorm's
+subtract, multiply, multiply, add: :data:`STEPS`), plus a residual of the output's shape, then a
+ReLU; another activation (``packed_gemm.ACTS``, the generated C's own expressions), and the
+flat walk's residual, on the stored rows. Each step is rounded as its separate op rounds it.
 
 The arithmetic is the interpreter's sum in another order; padding is real zeros, so an
 infinite or NaN weight meets them as the reference's ``0 * inf`` does.
