@@ -78,6 +78,18 @@ static int dpl_edge(const T *restrict xr, T *restrict yr, int64_t from, int64_t 
       yr[ox] = m; \
     } }
 
+/* the window across one input row xr, into the running maxima yr: the edge columns tested, the
+   interior in vectors; whether a NaN was met */
+static inline int dpl_across(const T *restrict xr, T *restrict yr, int64_t lo, int64_t hi, int64_t OW, int64_t W,
+                             int64_t KW, int64_t SW, int64_t DW, int64_t PL) {
+  int nan = dpl_edge(xr, yr, 0, lo, W, KW, SW, DW, PL);
+  if (DW == 1 && KW == 3 && SW == 2) DPL_INTERIOR(2, 3, 1)
+  else if (DW == 1 && KW == 3 && SW == 1) DPL_INTERIOR(1, 3, 1)
+  else if (DW == 1 && KW == 2 && SW == 2) DPL_INTERIOR(2, 2, 1)
+  else DPL_INTERIOR(SW, KW, DW)
+  return nan | dpl_edge(xr, yr, hi, OW, W, KW, SW, DW, PL);
+}
+
 /* d: planes, H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW. Each output row: the running maximum
    of its window's input rows down the columns first (contiguous, in vectors), then the window
    across that one row (the shuffles once a row, not once per window row) */
@@ -90,7 +102,8 @@ void dpl_kernel(const T *restrict x, T *restrict y, const int64_t *d) {
   if (hi < lo) hi = lo;
   #pragma omp parallel if(planes * OH * OW >= %(parallel)d)
   {
-  T *restrict xr = malloc((size_t)(W > 0 ? W : 1) * sizeof(T));  /* the column maxima of one output row */
+  /* the column maxima of one output row; without it (no memory) the window goes across each input row */
+  T *restrict xr = malloc((size_t)(W > 0 ? W : 1) * sizeof(T));
   #pragma omp for schedule(static)
   for (int64_t p = 0; p < planes; ++p) {
     const T *restrict xp = x + p * H * W;
@@ -98,11 +111,14 @@ void dpl_kernel(const T *restrict x, T *restrict y, const int64_t *d) {
     for (int64_t oy = 0; oy < OH; ++oy) {
       T *restrict yr = yr0 + oy * OW;
       int nan = 0, rows = 0;
+      for (int64_t ox = 0; ox < OW; ++ox) yr[ox] = -INFINITY;
       for (int64_t ky = 0; ky < KH; ++ky) {
         const int64_t iy = oy * SH + ky * DH - PT;
         if (iy < 0 || iy >= H) continue;
         const T *restrict row = xp + iy * W;
-        if (rows++ == 0) {
+        if (!xr) {
+          nan |= dpl_across(row, yr, lo, hi, OW, W, KW, SW, DW, PL);
+        } else if (rows++ == 0) {
           #pragma omp simd reduction(|:nan)
           for (int64_t i = 0; i < W; ++i) { const T v = row[i]; xr[i] = v; nan |= v != v; }
         } else {
@@ -110,14 +126,7 @@ void dpl_kernel(const T *restrict x, T *restrict y, const int64_t *d) {
           for (int64_t i = 0; i < W; ++i) { const T v = row[i]; xr[i] = v > xr[i] ? v : xr[i]; nan |= v != v; }
         }
       }
-      for (int64_t ox = 0; ox < OW; ++ox) yr[ox] = -INFINITY;
-      if (rows == 0) continue;  /* a window all padding */
-      dpl_edge(xr, yr, 0, lo, W, KW, SW, DW, PL);
-      if (DW == 1 && KW == 3 && SW == 2) DPL_INTERIOR(2, 3, 1)
-      else if (DW == 1 && KW == 3 && SW == 1) DPL_INTERIOR(1, 3, 1)
-      else if (DW == 1 && KW == 2 && SW == 2) DPL_INTERIOR(2, 2, 1)
-      else DPL_INTERIOR(SW, KW, DW)
-      dpl_edge(xr, yr, hi, OW, W, KW, SW, DW, PL);
+      if (rows > 0) dpl_across(xr, yr, lo, hi, OW, W, KW, SW, DW, PL);  /* none: a window all padding, or no buffer */
       if (nan) {  /* the outputs whose window holds a NaN are NaN */
         for (int64_t ox = 0; ox < OW; ++ox) {
           int here = 0;
