@@ -245,3 +245,23 @@ def test_an_inference_batchnorm_folds_into_the_convolution(tmp_path):
     names = [fn.__qualname__ for fn in kernel.products]
     assert names == ["cpu:direct-conv 11x6x3x3 subtract multiply multiply add + residual, nn.relu"], names
     assert not kernel.parts  # nothing left for generated C
+
+
+def test_a_step_after_a_view_is_not_taken_per_channel(tmp_path):
+    """conv [1, 8, 4, 4] viewed as [8, 4, 4], plus a constant [4, 1]: its second axis is the rows,
+    not the channels, so the add stays after the convolution; the numbers are the interpreter's."""
+    from dpl.backends.cpu.backend import CpuBackend
+
+    needs.c_compiler()
+    rng = np.random.default_rng(7)
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (1, 3, 4, 4))
+    y = fb.emit("nn.conv2d", x, const(rng.standard_normal((8, 3, 3, 3)).astype(np.float32)), padding=[1, 1])
+    v = fb.emit("reshape", y, shape=[8, 4, 4])
+    mod = Module([fb.ret(fb.emit("nn.relu", fb.emit("add", v, const(rng.standard_normal((4, 1)).astype(np.float32)))))])
+    block = dpl.lang.parse_patterns("codegen kernel\npattern block { out = nn.relu(add(reshape(nn.conv2d(x, w)), k)) }")
+    exe = dpl.build(dpl.apply(mod, block), [CpuBackend(cache_dir=tmp_path, convolutions="direct"), "numpy"], config=FUSE_ALL)
+    xs = rng.standard_normal((1, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(exe(xs), dpl.interpret(mod, xs), rtol=1e-5, atol=1e-5)
+    (kernel,) = [step.kernel for step in exe.plan(xs).steps]
+    assert [fn.__qualname__ for fn in kernel.products] == ["cpu:direct-conv 8x3x3x3"]  # constant weights, no step

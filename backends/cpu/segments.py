@@ -168,8 +168,11 @@ def _fold(product: Product, part: Part, later: set, results: set, acts: frozense
             break
         if epilogue and epilogue[-1][0] == "residual":  # after the residual only an activation
             break
-        step = per_channel and alone and len(epilogue) < MAX_CHANNEL_STEPS and _channel_step(value, current, b.var.ty, ty)
-        if step and all(e[0] == "channel" for e in epilogue):
+        # per-channel steps open a convolution's epilogue (a residual ended the loop above), on its
+        # own result: after a view the second axis need not be the channels
+        step = (per_channel and alone and len(epilogue) < MAX_CHANNEL_STEPS and ty == product.var.ty
+                and _channel_step(value, current, b.var.ty, ty))
+        if step:
             epilogue.append(step)
             current, n = b.var, n + 1
             last = (n, current)
