@@ -320,8 +320,8 @@ class CpuBackend(Backend):
         if conv_nhwc.takes(call):  # channels-last (the convert-layout pass): torch's on views, or products
             return conv_nhwc.runner(call, self.products)
         if self._direct(call, folds=bool(epilogue)):
-            steps = tuple((conv_direct.step_code(op, first), values) for kind, *rest in epilogue if kind == "channel"
-                          for op, first, values in [rest])
+            steps = tuple((conv_direct.step_code(op, first), values) for kind, op, first, values in
+                          (e for e in epilogue if e[0] == "channel"))
             return conv_direct.runner(call, self._conv_routine(), threads, residual=any(e[0] == "residual" for e in epilogue),
                                       act=next((e[1] for e in epilogue if e[0] == "act"), None), steps=steps)
         if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
