@@ -540,3 +540,21 @@ def test_runners_of_one_constant_share_its_panels(tmp_path):
     del first, panels, w
     gc.collect()
     assert ref() is None  # the weight gone, its panels with it
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 1100), st.integers(1, 300), st.integers(0, 2**31))
+def test_every_team_size_computes_the_same_bits(lib, rows, k, n, seed):
+    """The team shares (group, panel, row share) items; each element still sums its K-blocks in
+    order on one thread, so one thread and two give the same bits, every row block once."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    fb = FunctionBuilder("main")
+    fb.emit("matmul", fb.param("x", "f32", (rows, k)), const(w))
+    call = fb.bindings[0].value
+    one, two = (np.full((rows, n), np.nan, np.float32) for _ in range(2))
+    packed_gemm.runner(call, lib, 1)(x, w, one)
+    packed_gemm.runner(call, lib, 2)(x, w, two)
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(one, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * k ** 0.5)
