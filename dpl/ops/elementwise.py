@@ -226,7 +226,9 @@ _unary(
 _unary(
     "nn.gelu_tanh",
     _same_float(lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))),
-    "(0.5 * {0} * (1 + tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}))))",
+    # 0.5 x (1 + tanh(u)) is x * sigmoid(2u): one exp instead of tanh (a vector tanhf is ~2.3x a
+    # vector expf in glibc's libmvec), and no 1 + tanh(u) cancelling where x < 0
+    "({0} / (1 + exp(-1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0}))))",
     "GELU, tanh approximation",
 )
 _unary("nn.silu", _same_float(lambda x: x / (1.0 + np.exp(-x))), "({0} / (1 + exp(-{0})))", "x * sigmoid(x)")
