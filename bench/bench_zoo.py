@@ -88,6 +88,10 @@ from roofline import fma_peak, product_flops  # noqa: E402  (bench/, beside this
 
 MODELS = ["llama", "qwen2", "mistral", "phi3", "gpt2", "opt", "bert", "t5", "vit", "resnet"]
 PATTERNS = ["rewrites", "llm", "cublas", "cnn"]
+# --march: what else a child is held to, beside dpl's C. OpenBLAS's and MKL's kernels and oneDNN's
+# (torch eager and torch.compile) follow these; ONNX Runtime's and OpenVINO's products (MLAS,
+# chosen by the CPU's own flags) do not: on an AVX-512 host they keep AVX-512
+MARCH_LIBRARIES = {"haswell": {"OPENBLAS_CORETYPE": "Haswell", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 SHAPES = "1x128,1x512,8x128"
 SMOKE_SHAPES = "1x16"
 RTOL, ATOL = 1e-3, 1e-4
@@ -226,9 +230,9 @@ def add_peers(torch, model, inputs, want, threads, engines, cache_root, row, con
 
 
 def bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, threads, repeat, compile_too, cache_root, peak,
-                engines=(), settle=0.0):
+                engines=(), settle=0.0, march="native"):
     """One row: dpl's costs and check, the peers' checks, then the interleaved runs."""
-    row = {"model": arch.name, "shape": label, "threads": threads, "peak_gflops": peak / 1e9}
+    row = {"model": arch.name, "shape": label, "threads": threads, "peak_gflops": peak / 1e9, "march": march}
     want = torch_outputs(model, inputs)
     arrays = [v.numpy() for v in inputs.values()]
     contenders = {}
@@ -242,7 +246,7 @@ def bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, threads, rep
         cache_dir = tempfile.mkdtemp(dir=cache_root)
 
         def build():
-            return dpl.build(fused, [CpuBackend(cache_dir=cache_dir), "numpy"], threads=threads, progress=False)
+            return dpl.build(fused, [CpuBackend(cache_dir=cache_dir, march=march), "numpy"], threads=threads, progress=False)
 
         _, row["build_cold_ms"] = timed(build)
         exe, row["build_warm_ms"] = timed(build)
@@ -289,10 +293,10 @@ def child_rows(opts) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench_zoo_kernels_") as cache_root, torch.no_grad():
         # the machine's peak for the row's threads: one core's, measured, times the threads (a
         # probe of several threads on a shared host measures the other processes too)
-        peak = fma_peak(1, KernelCache(Path(cache_root) / "probe")) * opts.threads
+        peak = fma_peak(1, KernelCache(Path(cache_root) / "probe", march=opts.march)) * opts.threads
         for label, inputs in model_shapes(arch, shapes):
             rows.append(bench_shape(torch, dpl, CpuBackend, arch, model, label, inputs, opts.threads, opts.repeat,
-                                    not opts.no_compile, cache_root, peak, parse_peers(opts.peers), opts.settle))
+                                    not opts.no_compile, cache_root, peak, parse_peers(opts.peers), opts.settle, opts.march))
     return rows
 
 
@@ -304,9 +308,11 @@ def run_child(model: str, threads: int, opts) -> list[dict]:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, __file__, "--child", model, "--threads", str(threads), "--shapes", opts.shapes,
                "--repeat", str(opts.repeat), "--hidden", str(opts.hidden), "--layers", str(opts.layers),
-               "--image", str(opts.image), "--json", str(out), "--peers", opts.peers, "--settle", str(opts.settle)]
+               "--image", str(opts.image), "--json", str(out), "--peers", opts.peers, "--settle", str(opts.settle),
+               "--march", opts.march]
         cmd += ["--smoke"] * opts.smoke + ["--no-compile"] * opts.no_compile
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = {**os.environ, **MARCH_LIBRARIES.get(opts.march, {})}
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         if proc.returncode != 0 or not out.exists():
             tail = proc.stdout.strip().splitlines()[-1:] or [""]
             return [{"model": model, "threads": threads, "shape": "-", "dpl_error": f"process exited {proc.returncode}: {tail[0]}"}]
@@ -344,8 +350,12 @@ def best_peer_ms(row) -> float | None:
     return min(times) if times else None
 
 
-def print_cpu(cpu: str, out) -> None:
+def print_cpu(cpu: str, out, rows=()) -> None:
     print(f"CPU: {cpu}", file=out)
+    for march in sorted({r.get("march", "native") for r in rows} - {"native"}):
+        held = ", ".join(f"{k}={v}" for k, v in MARCH_LIBRARIES.get(march, {}).items())
+        print(f"dpl's C built for -march={march}" + (f"; torch's libraries held to it ({held})" if held else "")
+              + "; ONNX Runtime's and OpenVINO's products keep this CPU's own instruction sets", file=out)
 
 
 def print_tables(rows, out=sys.stdout, cpu: str | None = None):
@@ -354,7 +364,7 @@ def print_tables(rows, out=sys.stdout, cpu: str | None = None):
 
     cpu = cpu or describe()
     one = {(r["model"], r["shape"]): r for r in rows if r["threads"] == 1}
-    print_cpu(cpu, out)
+    print_cpu(cpu, out, rows)
     print(f"{'model':8} {'shape':14} {'thr':>3} {'dpl ms':>9} {'eager ms':>9} {'compile ms':>10} {'ort ms':>9} {'ov ms':>9} "
           f"{'dpl/eager':>9} {'dpl/comp':>8} {'dpl/peer':>8} {'max err':>9} {'dpl/1thr':>8}", file=out)
     for r in rows:
@@ -369,7 +379,7 @@ def print_tables(rows, out=sys.stdout, cpu: str | None = None):
               f"{scaling:>8}", file=out)
     print("\nwhat it costs to get there, ms (dpl's import, apply, build with a fresh kernel cache and again warm;"
           " torch.compile's first call; the peers' ONNX export)", file=out)
-    print_cpu(cpu, out)
+    print_cpu(cpu, out, rows)
     print(f"{'model':8} {'shape':14} {'thr':>3} {'import':>8} {'apply':>8} {'build cold':>10} {'build warm':>10} {'compile 1st':>11} "
           f"{'export':>8}", file=out)
     for r in rows:
@@ -404,7 +414,7 @@ def print_roofline(rows, out, cpu: str):
     peaks = sorted({f"{r['peak_gflops']:.0f} at {r['threads']}" for r in rows if r.get("peak_gflops")})
     print(f"\nagainst the float32 FMA peak (GFLOP/s at threads: {', '.join(peaks) or '-'}): the products' and"
           " convolutions' flops as written, the floor they set, the share of the peak each run used", file=out)
-    print_cpu(cpu, out)
+    print_cpu(cpu, out, rows)
     print(f"{'model':8} {'shape':14} {'thr':>3} {'GFLOP':>7} {'floor ms':>9} {'dpl':>5} {'eager':>6} {'compile':>7} "
           f"{'0.85 x compile':>14}", file=out)
     for r in rows:
@@ -431,6 +441,9 @@ def main(argv=None):
                         help=f"engines fed one ONNX export, comma-separated, '' for none (default: {','.join(peers.ENGINES)})")
     parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
                         help="sleep this long after each sample, so one engine's threads are idle before the next runs")
+    parser.add_argument("--march", default="native",
+                        help="the instruction sets dpl's C is built for (default: native, this CPU's; haswell: AVX2 and "
+                             "FMA only, with torch's libraries held to AVX2 too, as on an AVX2 host)")
     parser.add_argument("--json", help="write every row to this file")
     parser.add_argument("--tables", metavar="JSON", help="print the tables of an earlier run's --json file and stop")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one model, in this process

@@ -41,6 +41,11 @@ def cpu_model() -> str:
     return _cpuinfo()[0]
 
 
+def cpu_flags() -> frozenset[str]:
+    """Every flag /proc/cpuinfo gives the first processor (empty where there is none)."""
+    return _cpuinfo()[1]
+
+
 def isa_flags() -> tuple[str, ...]:
     """Which of :data:`ISA_FLAGS` this CPU has, in that order."""
     flags = _cpuinfo()[1]

@@ -112,3 +112,15 @@ def test_samples_are_interleaved_with_the_settle_between_them(monkeypatch):
     assert calls == warm + ["sleep", "a", "sleep", "b"] * 2 and sleeps == [0.25] * 6
     with pytest.raises(SystemExit, match="--peers takes ort, openvino"):
         bench_zoo.parse_peers("ort,tensorrt")
+
+
+def test_a_march_run_says_what_was_held_to_it_beside_every_table():
+    import io
+
+    out = io.StringIO()
+    bench_zoo.print_tables([table_row(march="haswell")], out, cpu="Some CPU, 2 cores, avx2 fma avx512f")
+    said = [line for line in out.getvalue().splitlines() if line.startswith("dpl's C built for -march=haswell")]
+    assert len(said) == 3 and "MKL_ENABLE_INSTRUCTIONS=AVX2" in said[0] and "OpenVINO's products keep" in said[0]
+    native = io.StringIO()
+    bench_zoo.print_tables([table_row()], native, cpu="Some CPU")
+    assert "-march" not in native.getvalue()

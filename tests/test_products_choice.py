@@ -154,8 +154,12 @@ def fake_measure(calls, **times):
     ("dpl", "99.0"),
     ("torch", "9.9.9"),
     ("kernel", "0123456789abcdef"),
+    ("march", "haswell"),
+    ("environment", "AVX2"),
 ])
 def test_a_choice_is_measured_again_when_the_cpu_the_blas_or_a_version_changes(store, monkeypatch, probe, changed):
+    """... or the C's instruction sets (``CpuBackend(march=...)``), or the environment holding a
+    library to fewer than the CPU has: an AVX2 host's choice, measured on an AVX-512 one."""
     kept(store, numpy_matmul=1.0, numpy_conv=1.0, spread=0.01)
     calls = []
     monkeypatch.setattr(products_choice, "measure", fake_measure(calls))
@@ -170,9 +174,11 @@ def test_a_choice_is_measured_again_when_the_cpu_the_blas_or_a_version_changes(s
         monkeypatch.setattr(products_choice, "_blas", lambda: changed)
     elif probe == "kernel":
         monkeypatch.setattr(products_choice, "_kernel_digest", lambda: changed)
-    else:
+    elif probe == "environment":
+        monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", changed)
+    elif probe != "march":
         monkeypatch.setattr(products_choice, "_version", lambda dist: changed if dist == probe else real_version(dist))
-    products_choice.products("auto")
+    products_choice.products("auto", march=changed if probe == "march" else "native")
     assert calls == ["cc"]  # measured again, and kept beside the other machine's
     assert len(list(store.glob("*.json"))) == 2
 

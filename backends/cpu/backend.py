@@ -42,7 +42,8 @@ from dpl.runtime.threads import OPENMP, openmp_kernel
 
 # the toolchain's names, as the CPU backend's own (tests and benchmarks import them from here)
 from dpl.backends.cpu.toolchain import (  # noqa: E402,F401
-    BASE_FLAGS, FAST_FLAGS, SYMBOL, KernelCache, compiler_version, cpu_identity, default_cache_dir, usable_flags, vector_math,
+    BASE_FLAGS, FAST_FLAGS, SYMBOL, KernelCache, compiler_version, cpu_identity, default_cache_dir, march_missing, usable_flags,
+    vector_math,
 )
 
 
@@ -61,8 +62,19 @@ class CpuBackend(Backend):
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, cc: str | None = None,
                  stream_bytes: int | None = STREAM_BYTES, products: str = "auto", cache_max_bytes: int = DEFAULT_MAX_BYTES,
-                 attention: str = "auto", convolutions: str = "auto"):
+                 attention: str = "auto", convolutions: str = "auto", march: str = "native"):
         self.cc = cc or os.environ.get("CC") or "cc"
+        # the instruction sets the C is built for: this CPU's, or another's that this one can run
+        # (``"haswell"``: AVX2 and FMA only, what an AVX2 host runs, measured on an AVX-512 one)
+        if march != "native" and shutil.which(self.cc) is not None:
+            missing = march_missing(self.cc, march)
+            if missing is None:
+                raise BackendError(f"the C compiler '{self.cc}' does not take -march={march}",
+                                   hint="march='native' (default), or an -march it knows, such as 'haswell'")
+            if missing:
+                raise BackendError(f"-march={march} builds code this CPU cannot run: it lacks {', '.join(missing)}",
+                                   hint="march='native' (default), or an -march of a CPU this one is a superset of")
+        self.march = march
         # who computes matrix products and convolutions: "auto" (the fastest here, measured once
         # and cached: backends/cpu/products_choice.py), "numpy", "torch" or "dpl" (NumPy's, float32
         # products by backends/cpu/packed_gemm.py); resolved at the first
@@ -80,7 +92,7 @@ class CpuBackend(Backend):
             raise BackendError(f"CpuBackend(convolutions=...) takes 'auto', 'provider' or 'direct', got {convolutions!r}")
         self.convolutions = convolutions
         self.stream_bytes = stream_bytes  # outputs this large are written with streaming stores
-        self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes)  # cache_dir: None is the user cache
+        self.cache = KernelCache(cache_dir, self.cc, cache_max_bytes, march=march)  # cache_dir: None is the user cache
         # runs a prepared call's C calls (dpl.runtime.prepared), built through whatever cache the backend has then
         self.call_list = call_list.CallList(lambda source: self.cache.load(source))
         self._index_put = index_put.routine(lambda source: self.cache.load(source))  # a lone index_put's C
@@ -96,17 +108,21 @@ class CpuBackend(Backend):
         """The provider of matrix products and convolutions (backends/cpu/blas.py), chosen on first use."""
         if self._products is None:
             self._heap = keep_mapped()  # before any measurement: torch's convolutions allocate per call
-            self._products = products_choice.products(self.products_name, self.cc, load=self.cache.load)
+            self._products = products_choice.products(self.products_name, self.cc, load=self.cache.load, march=self.march)
         return self._products
 
     def notes(self) -> tuple[str, ...]:
         """What ``exe.summary()`` says under this backend: who computes the products, and why."""
         if self._products is None:
-            return (f"products: {self.products_name} (not chosen yet: no product built)",)
+            return (f"products: {self.products_name} (not chosen yet: no product built)", *self._built_for())
         p = self._products
         pools = f"threads: products on {p.pool_of(_MATMUL)}, convolutions on {p.pool_of(_CONV)}"
         packed = f"; {blas.PACKED}, on {OPENMP}" if p.packs else ""
-        return (f"products: {p.name} ({p.library}; {pools}){packed}; {p.why}", self._heap)
+        return (f"products: {p.name} ({p.library}; {pools}){packed}; {p.why}", self._heap, *self._built_for())
+
+    def _built_for(self) -> tuple[str, ...]:
+        """The build's instruction sets, where they are not this CPU's own."""
+        return () if self.march == "native" else (f"C built for -march={self.march}, not this CPU's own instruction sets",)
 
     def can_run(self, unit):
         """The capability table, and for a single op whether it has a C kernel here: one the

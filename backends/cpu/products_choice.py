@@ -23,7 +23,9 @@ at least ``MARGIN`` faster than it: a tie goes to the routine, for one thread po
 The result is kept in dpl's cache directory (``~/.cache/dpl/products``, :mod:`dpl.cache_dir`),
 keyed by everything that could change it (:func:`_key`): the CPU (model and instruction sets),
 the core count, NumPy and its BLAS library (threadpoolctl's name and version), torch, the C
-compiler, dpl's version and the packed routine's source; a change of any of them measures again.
+compiler, dpl's version and the packed routine's source, and where they are not the CPU's own, the
+instruction sets the C is built for (``CpuBackend(march=...)``) and the libraries are held to
+(:data:`ISA_ENVIRONMENT`); a change of any of them measures again.
 A measurement whose rounds spread too far (the interquartile range over the median beyond
 :data:`NOISY` for any contender: a machine busy enough to disturb even CPU time) is used by this
 process only and not kept, so a one-off under load does not stick. A later build reads the small
@@ -184,14 +186,16 @@ def _kernel_digest() -> str:
     return hashlib.sha256((packed_gemm.source(True) + "\0" + packed_gemm.source(False)).encode()).hexdigest()[:16]
 
 
-def _machine(compiler: str) -> str:
+def _machine(compiler: str, march: str = "native") -> str:
     """The things :func:`_key` hashes, in words: the CPU model and instruction sets, its cores,
-    the libraries."""
+    the libraries, and the instruction sets the C and the libraries were restricted to."""
     from dpl.host_cpu import describe
 
     torch = _version("torch")
+    restricted = "".join(f", {name}={os.environ[name]}" for name in ISA_ENVIRONMENT if name in os.environ)
     return (f"{describe()}; NumPy {np.__version__} with {_blas()}, {f'torch {torch}' if torch else 'no torch'}, "
-            f"{compiler or 'no C compiler'}, dpl {_version('dpl')}")
+            f"{compiler or 'no C compiler'}, dpl {_version('dpl')}"
+            + ("" if march == "native" else f", C for -march={march}") + restricted)
 
 
 def read_stored(path) -> Measured | None:
@@ -202,18 +206,28 @@ def read_stored(path) -> Measured | None:
         return None
 
 
-def stored_here(cc: str = "cc") -> str:
-    """The name of the file that holds this machine's choice (with the C compiler ``cc``)."""
+def stored_here(cc: str = "cc", march: str = "native") -> str:
+    """The name of the file that holds this machine's choice (with the C compiler ``cc``, its
+    C built for ``-march=march``)."""
     from dpl.backends.cpu.toolchain import compiler_version, cpu_identity
 
-    return f"{_key(cpu_identity(), compiler_version(cc))}.json"
+    return f"{_key(cpu_identity(), compiler_version(cc), march)}.json"
 
 
-def _key(cpu: str, compiler: str = "") -> str:
+# what restricts the libraries to fewer instruction sets than the CPU's (an AVX2 host's run,
+# measured on an AVX-512 one): OpenBLAS's kernels, MKL's, oneDNN's (torch's convolutions)
+ISA_ENVIRONMENT = ("OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def _key(cpu: str, compiler: str = "", march: str = "native") -> str:
     """The name of the choice measured on the CPU ``cpu`` (``toolchain.cpu_identity``: its model
-    and flags) with the C compiler ``compiler``, and everything else a choice depends on."""
+    and flags) with the C compiler ``compiler`` building for ``-march=march``, the libraries'
+    instruction sets as the environment restricts them, and everything else a choice depends on."""
     parts = [str(VERSION), cpu, str(os.cpu_count()), np.__version__, _blas(), str(_version("torch")), compiler,
              str(_version("dpl")), _kernel_digest()]
+    restricted = [f"{name}={os.environ[name]}" for name in ISA_ENVIRONMENT if name in os.environ]
+    if march != "native" or restricted:  # the keys of native, unrestricted choices stay as they were
+        parts += [march, *restricted]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -307,14 +321,14 @@ def measure(cc: str = "cc", rounds: int = ROUNDS, load=None) -> Measured:
                     when=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def choose(cc: str = "cc", load=None):
+def choose(cc: str = "cc", load=None, march: str = "native"):
     """The provider ``products="auto"`` takes: torch when installed and measured faster, else
     NumPy's, with float32 products by the packed routine where it measured
     faster (``load(source)``: a C source's library, the CPU backend's kernel cache); measured
     once per machine (cached on disk), its ``why`` saying what was measured."""
     from dpl.backends.cpu import blas
 
-    measured = _measured(cc, load)
+    measured = _measured(cc, load, march)
     if measured.torch_matmuls or measured.torch_convolutions:
         provider = blas.TorchProducts(cc, why=measured.why(), matmuls=measured.torch_matmuls,
                                       convolutions=measured.torch_convolutions)
@@ -325,11 +339,11 @@ def choose(cc: str = "cc", load=None):
     return provider
 
 
-def _measured(cc: str, load=None) -> Measured:
+def _measured(cc: str, load=None, march: str = "native") -> Measured:
     from dpl.backends.cpu.toolchain import compiler_version, cpu_identity
 
     compiler = compiler_version(cc)
-    key = _key(cpu_identity(), compiler)
+    key = _key(cpu_identity(), compiler, march)
     with _lock:
         found = _chosen.get(key)
         if found is not None:
@@ -340,7 +354,7 @@ def _measured(cc: str, load=None) -> Measured:
             _chosen[key] = found
             return found
         log.info("measuring the products' libraries for products='auto' (once per machine)")
-        found = attrs.evolve(measure(cc, load=load), machine=_machine(compiler))
+        found = attrs.evolve(measure(cc, load=load), machine=_machine(compiler, march))
         if found.noisy:
             log.warning("the products choice's measurement spread %.0f%% (more than %.0f%%: the machine is busy): "
                         "used by this process only, not kept; the next process measures again",
@@ -356,12 +370,12 @@ def _measured(cc: str, load=None) -> Measured:
         return found
 
 
-def products(name: str, cc: str = "cc", load=None):
+def products(name: str, cc: str = "cc", load=None, march: str = "native"):
     """The provider called ``name``: ``"auto"`` (the fastest here, measured once and cached:
     :func:`dpl.backends.cpu.products_choice.choose`), ``"numpy"``, ``"torch"`` or ``"dpl"``
     (NumPy's, with the float32 products :mod:`dpl.backends.cpu.packed_gemm` takes by it).
-    ``load(source)``: a C source's compiled library (the CPU backend's kernel cache), for
-    measuring the packed routine."""
+    ``load(source)``: a C source's compiled library (the CPU backend's kernel cache, built for
+    ``-march=march``), for measuring the packed routine."""
     from dpl.backends.cpu import blas
 
     if name in ("numpy", "dpl"):
@@ -372,5 +386,5 @@ def products(name: str, cc: str = "cc", load=None):
     if name == "torch":
         return blas.TorchProducts(cc)
     if name == "auto":
-        return choose(cc, load)
+        return choose(cc, load, march)
     raise blas.BackendError(f"unknown products library {name!r}", hint="products='auto' (default), 'numpy', 'torch' or 'dpl'")

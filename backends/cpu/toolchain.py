@@ -9,6 +9,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from functools import lru_cache
@@ -54,6 +55,39 @@ def cpu_identity() -> str:
     except OSError:
         pass
     return hashlib.sha256((platform.machine() + platform.processor() + text).encode()).hexdigest()
+
+
+# the instruction sets a ``-march`` may use, by the macro GCC and Clang predefine for each, as
+# /proc/cpuinfo names them: a build for one this CPU lacks would stop at its first such instruction
+MARCH_MACROS = {
+    "__SSSE3__": "ssse3", "__SSE4_1__": "sse4_1", "__SSE4_2__": "sse4_2", "__AVX__": "avx", "__AVX2__": "avx2",
+    "__FMA__": "fma", "__F16C__": "f16c", "__BMI__": "bmi1", "__BMI2__": "bmi2", "__AVX512F__": "avx512f",
+    "__AVX512CD__": "avx512cd", "__AVX512BW__": "avx512bw", "__AVX512DQ__": "avx512dq", "__AVX512VL__": "avx512vl",
+    "__AVX512VNNI__": "avx512_vnni", "__AVX512BF16__": "avx512_bf16", "__AVX512FP16__": "avx512_fp16",
+    "__AMX_TILE__": "amx_tile",
+}
+MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+@lru_cache(maxsize=None)
+def march_missing(cc: str, march: str) -> tuple[str, ...] | None:
+    """The instruction sets a ``-march=march`` build may use that this CPU lacks (empty: it runs
+    here), or None where the compiler does not take that ``-march``. Where /proc/cpuinfo names no
+    flags (another system) nothing is known to be missing."""
+    from dpl.host_cpu import cpu_flags
+
+    if not MARCH_NAME.fullmatch(march):
+        return None
+    try:
+        r = subprocess.run([cc, f"-march={march}", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    have = cpu_flags()
+    defined = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("#define ")}
+    return tuple(flag for macro, flag in MARCH_MACROS.items() if macro in defined and have and flag not in have)
 
 
 @lru_cache(maxsize=None)
