@@ -96,7 +96,9 @@ def test_takes_large_wide_float32_products_by_constants(lead, k, n, dtype, takes
     ((256, 256), (256, 256), True),            # packed at each call
     ((4, 128, 64), (4, 64, 128), True),        # attention's scores: the batches in turn
     ((4, 128, 64), (64, 128), True),           # one matrix for every batch
-    ((4, 128, 64), (1, 64, 128), False),       # broadcast batch dims: the provider's
+    ((4, 128, 64), (1, 64, 128), True),        # one of b's matrices for every batch of a's
+    ((1, 2, 2, 128, 64), (1, 2, 1, 64, 128), True),  # grouped-query attention: b's for a run of a's
+    ((4, 1, 8, 4), (1, 3, 4, 8), False),       # a's broadcast too: the provider's
     (("n", 256), (256, 256), False),           # a symbolic dim: the scratch's size is unknown
 ])
 def test_takes_products_of_two_tensors_of_static_shapes(a, b, takes):
@@ -558,3 +560,23 @@ def test_every_team_size_computes_the_same_bits(lib, rows, k, n, seed):
     packed_gemm.runner(call, lib, 2)(x, w, two)
     np.testing.assert_array_equal(one, two)
     np.testing.assert_allclose(one, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("a, b", [
+    ((1, 2, 3, 37, 19), (1, 2, 1, 19, 70)),  # grouped-query attention's scores: 2 key heads for 6 query heads
+    ((2, 3, 1, 5, 8), (2, 1, 1, 8, 47)),     # b's ones after the prefix, a's last one too; a narrow last panel
+    ((4, 9, 16), (1, 16, 100)),              # one b for every batch
+])
+def test_a_broadcast_right_operand_serves_each_run_of_batches(lib, a, b, threads):
+    """b's matrices broadcast over a's trailing batch dims (``dims[5]``: how many of a's batches
+    in a row each serves) give NumPy's broadcast product, the narrow last panel included."""
+    rng = np.random.default_rng(sum(a) + sum(b))
+    x, y = rng.standard_normal(a).astype(np.float32), rng.standard_normal(b).astype(np.float32)
+    fb = FunctionBuilder("main")
+    fb.emit("matmul", fb.param("x", "f32", a), fb.param("y", "f32", b))
+    call = fb.bindings[0].value
+    assert packed_gemm.takes(call)
+    got = np.full(np.broadcast_shapes(a[:-2], b[:-2]) + (a[-2], b[-1]), np.nan, np.float32)
+    packed_gemm.runner(call, lib, threads)(x, y, got)
+    np.testing.assert_allclose(got, np.matmul(x.astype(np.float64), y), rtol=1e-5, atol=1e-5)

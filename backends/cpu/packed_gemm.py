@@ -345,20 +345,22 @@ static panels_t in_place(const float *B, int64_t K, int64_t N, float *tail) {
   return w;
 }
 
-/* C[b] = A[b] @ B[b] for b < batch, B[b] (K x N, row-major) read in place (the narrow last
-   panel from scratch[b], K x NR); dims: batch, M, K, N, and the elements between A's batches
-   (0: one A for every batch). Batches shared by the team where there are enough, else tiles */
+/* C[b] = A[b] @ B[b / rep] for b < batch, B's matrices (K x N, row-major) read in place (the
+   narrow last panel from scratch[b], K x NR); dims: batch, M, K, N, the elements between A's
+   batches (0: one A for every batch) and rep, how many of A's batches in a row each of B's
+   serves (1: its own; grouped-query attention's k and v: the group's size). Batches shared by
+   the team where there are enough, else tiles */
 void dpl_batched(const float *A, const float *B, float *C, const int64_t *dims, int threads, float *scratch) {
-  const int64_t batch = dims[0], M = dims[1], K = dims[2], N = dims[3], as = dims[4];
+  const int64_t batch = dims[0], M = dims[1], K = dims[2], N = dims[3], as = dims[4], rep = dims[5];
   const epi_t none = {0, 0, 0};
   threads = team(threads);
   if (batch >= threads) {
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t b = 0; b < batch; b++)
-      gemm(A + b * as, in_place(B + b * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, 1, none);
+      gemm(A + b * as, in_place(B + b / rep * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, 1, none);
   } else {
     for (int64_t b = 0; b < batch; b++)
-      gemm(A + b * as, in_place(B + b * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, threads, none);
+      gemm(A + b * as, in_place(B + b / rep * K * N, K, N, scratch + b * K * NR), C + b * M * N, M, K, N, threads, none);
   }
 }
 """
@@ -392,10 +394,24 @@ def source(vector_math: bool) -> str:
     return VECTOR_MATH + SOURCE if vector_math else SOURCE
 
 
+def _broadcasts_after_a_prefix(sa, sb) -> bool:
+    """Whether ``b``'s batch dims are ``a``'s, but for ones where ``a``'s are not after some
+    prefix (the batch broadcast :func:`_repeats` counts: one matrix of ``b`` for a run of
+    ``a``'s)."""
+    lead_a, lead_b = tuple(sa[:-2]), tuple(sb[:-2])
+    if len(lead_a) != len(lead_b):
+        return False
+    shared = len(lead_b)
+    while shared and lead_b[shared - 1] == 1:
+        shared -= 1
+    return lead_a[:shared] == lead_b[:shared]
+
+
 def takes(call: Call) -> bool:
     """Whether ``call`` is a float32 product this routine computes: of a tensor (any leading
     dims) by a constant matrix (packed once), or of two tensors of static shapes with the same
-    batch dims, or by a matrix (read in place); wide enough that little of its last vector is
+    batch dims (or the right one's broadcast after a prefix: grouped-query attention's), or by a
+    matrix (read in place); wide enough that little of its last vector is
     padding (``VECTOR`` columns counted, the widest the routine is built with)."""
     if call.op != "matmul" or len(call.args) != 2:
         return False
@@ -408,7 +424,7 @@ def takes(call: Call) -> bool:
     if isinstance(b, Constant):
         if len(sb) != 2:
             return False
-    elif any(not isinstance(d, int) for d in (*sa, *sb)) or (len(sb) > 2 and tuple(sa[:-2]) != tuple(sb[:-2])):
+    elif any(not isinstance(d, int) for d in (*sa, *sb)) or (len(sb) > 2 and not _broadcasts_after_a_prefix(sa, sb)):
         return False
     n = sb[-1]
     padded = -n % VECTOR
@@ -493,15 +509,15 @@ class Routine(LibraryRoutine):
         return self.pack(np.ascontiguousarray(pairs.reshape(k, n)))
 
     def batched(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, dims: tuple[int, ...], cap: int) -> None:
-        """``out[i] = a[i] @ b[i]`` for the ``dims = (batch, M, K, N, a's batch stride)`` the
-        arrays hold (contiguous float32), ``b`` read in place, each batch's narrow last panel
-        copied into this thread's scratch (kept from call to call)."""
-        batch, _, k, _, _ = dims
+        """``out[i] = a[i] @ b[i // rep]`` for the ``dims = (batch, M, K, N, a's batch stride,
+        rep)`` the arrays hold (contiguous float32), ``b`` read in place, each batch's narrow last
+        panel copied into this thread's scratch (kept from call to call)."""
+        batch, _, k, _, _, _ = dims
         size = max(1, batch * k * self.panel_width)
         buf = getattr(self._scratch, "buf", None)
         if buf is None or buf.size < size:
             buf = self._scratch.buf = aligned_empty((size,))  # the narrow last panels, read as the packed ones
-        (self._ready or self._resolve())[1](address(a), address(b), address(out), (ctypes.c_int64 * 5)(*dims), cap, address(buf))
+        (self._ready or self._resolve())[1](address(a), address(b), address(out), (ctypes.c_int64 * 6)(*dims), cap, address(buf))
 
 
 def aligned_empty(shape: tuple[int, ...], align: int = 64) -> np.ndarray:
@@ -655,6 +671,15 @@ def runner(call: Call, routine: Routine, threads: int | None = None, _packed: _P
                          lambda t: runner(call, routine, t, packed, bias, residual, act))
 
 
+def _repeats(a_shape, b_shape) -> int:
+    """How many of ``a``'s batches in a row each of ``b``'s matrices serves: 1 where their batch
+    dims are the same, the product of ``a``'s where ``b``'s broadcast (are 1) after a shared
+    prefix (grouped-query attention's k and v: [1, 2, 1, ...] for q's [1, 2, 2, ...])."""
+    if len(b_shape) == 2:
+        return 1
+    return math.prod(a_shape[:-2]) // max(1, math.prod(b_shape[:-2]))
+
+
 def _variable_runner(call: Call, routine: Routine, threads: int | None):
     """:func:`runner` for a variable right operand, read in place (each batch's narrow last
     panel copied into a per-thread scratch kept from call to call), the batches shared by the
@@ -665,7 +690,7 @@ def _variable_runner(call: Call, routine: Routine, threads: int | None):
         batch, m = 1, math.prod(a_shape[:-1])
     else:
         batch, m = math.prod(a_shape[:-2]), a_shape[-2]
-    dims = (batch, m, k, n, m * k)
+    dims = (batch, m, k, n, m * k, _repeats(a_shape, b_shape))
     cap = int(threads or 0)
 
     def run(a, b, out):
@@ -697,7 +722,7 @@ def array_matmul(routine: Routine, fallback, threads: int | None = None):
                 and a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
             return fallback(a, b, out)
         n, k, cols = b.shape
-        routine.batched(a, b, out, (n, a.shape[0], k, cols, 0), cap)
+        routine.batched(a, b, out, (n, a.shape[0], k, cols, 0, 1), cap)
         return out
 
     return run
