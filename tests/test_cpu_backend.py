@@ -553,6 +553,38 @@ def test_a_lone_take_runs_into_its_output_and_refuses_indices_out_of_range(tmp_p
             exe(*([np.array([[0, 1, 2, 3, n], [0] * 5])] if constant else [table, np.array([[0, 1, 2, 3, n], [0] * 5])]))
 
 
+@pytest.mark.parametrize("dt, shape, axis, index_dtype", [
+    ("f32", (5, 7, 3), 1, np.int32), ("f16", (9, 4), 0, np.uint8), ("i64", (6,), 0, np.int16), ("f64", (2, 3, 11), -1, np.int64),
+])
+def test_a_lone_take_is_one_c_call_at_every_width(tmp_path, monkeypatch, dt, shape, axis, index_dtype):
+    """The lookup's C routine (backends/cpu/take.py), not NumPy's take: any element size, index
+    widths from 8 to 64 bits, negative indices from the end, every call of the executable (the
+    first and the prepared ones after it) the reference's bytes, and an index out of range
+    NumPy's IndexError at every call, nothing written before the check."""
+    from dpl.backends.cpu import take
+
+    rng = np.random.default_rng(len(shape))
+    table = (rng.standard_normal(shape) * 100).astype({"f32": np.float32, "f16": np.float16, "i64": np.int64, "f64": np.float64}[dt])
+    n = shape[axis]
+    idx = np.array([[0, n - 1, 1], [n - 1, 0, 2]], index_dtype)
+    if np.issubdtype(index_dtype, np.signedinteger):
+        idx[1, 2] = -n
+    fb = FunctionBuilder("main")
+    t, i = fb.param("t", dt, shape), fb.param("i", np.dtype(index_dtype).name.replace("int", "i").replace("ui", "u"), idx.shape)
+    mod = Module([fb.ret(fb.emit("take", t, i, axis=axis))])
+    want = np.take(table, idx, axis=axis)
+    exe = dpl.build(mod, [CpuBackend(cache_dir=tmp_path), "numpy"], config=ALWAYS, progress=False)
+    monkeypatch.setattr(take.np, "take", lambda *a, **k: pytest.fail("NumPy's take ran"))
+    for _ in range(3):
+        np.testing.assert_array_equal(exe(table, idx), want)
+    bad = idx.copy()
+    bad[0, 1] = n
+    for _ in range(2):
+        with pytest.raises(IndexError, match=f"index {n} is out of bounds for axis {axis % len(shape)} with size {n}"):
+            exe(table, bad)
+    np.testing.assert_array_equal(exe(table, idx), want)
+
+
 def test_a_lone_cumsum_runs_on_cpu_into_its_output(tmp_path):
     """A scan is opaque to the kernel IR; a lone cumsum (OPT's positions from its padding mask)
     runs on the CPU backend as NumPy's cumsum into the output, bit for bit the reference's, in

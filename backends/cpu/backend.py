@@ -22,7 +22,9 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.errors import DplError
-from dpl.backends.cpu import blas, call_list, conv_direct, conv_nhwc, experts, im2col, index_put, max_pool, packed_gemm, products_choice
+from dpl.backends.cpu import (
+    blas, call_list, conv_direct, conv_nhwc, experts, im2col, index_put, max_pool, packed_gemm, products_choice, take,
+)
 from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
@@ -96,6 +98,7 @@ class CpuBackend(Backend):
         # runs a prepared call's C calls (dpl.runtime.prepared), built through whatever cache the backend has then
         self.call_list = call_list.CallList(lambda source: self.cache.load(source))
         self._index_put = index_put.routine(lambda source: self.cache.load(source))  # a lone index_put's C
+        self._take = take.routine(lambda source: self.cache.load(source))  # a lone take's C
         self._warned = False
         self._has_cc: bool | None = None  # whether the compiler is on PATH (see available)
         # kernel.attention: "auto" (flash_attention.choose's rule), "flash" or "segments"
@@ -155,7 +158,8 @@ class CpuBackend(Backend):
             decode = flash is not None and flash.__qualname__.startswith("cpu-decode:")
             if flash is not None:
                 return self._race_segments(function, flash, note) if self.attention == "auto" and not decode else flash
-        lone = _take_runner(function) or _cumsum_runner(function) or index_put.runner(function, self._index_put, self.call_list)
+        lone = (take.runner(function, self._take, self.call_list) or _cumsum_runner(function)
+                or index_put.runner(function, self._index_put, self.call_list))
         if lone is not None:
             return lone
         grouped = experts.read(function)  # the experts' grouped product, alone or with its gated unit
@@ -387,34 +391,6 @@ def _remember(key, lowered) -> None:
 
 
 RUNNERS = ("take", "cumsum", "index_put", "grouped_matmul")  # lone ops the backend runs without the kernel IR (below; experts.py)
-
-
-def _take_runner(function):
-    """A lone ``take`` along an axis (an embedding lookup) as NumPy's take writing straight into
-    the output, or None: the reference backend ran it through its interpreter, then copied it
-    (BERT 8x128's two lookups took 0.28 ms a call that way). Indices out of range go to NumPy's
-    checked take, whose IndexError the reference raises too."""
-    if len(function.bindings) != 1 or function.ret is not function.bindings[0].var:
-        return None
-    call = function.bindings[0].value
-    if not (isinstance(call, Call) and call.op == "take" and call.attrs.get("axis") is not None):
-        return None
-    params = {id(p): k for k, p in enumerate(function.params)}
-    if len(call.args) != 2 or not all(isinstance(a, Constant) or id(a) in params for a in call.args):
-        return None
-    axis = int(call.attrs["axis"])
-    operands = [(None, a.value) if isinstance(a, Constant) else (params[id(a)], None) for a in call.args]
-
-    def run(inputs, outputs):
-        x, idx = (value if k is None else inputs[k] for k, value in operands)
-        out, n = outputs[0], x.shape[axis]
-        if (idx.size and (idx.min() < -n or idx.max() >= n)) or not out.flags.c_contiguous or out.dtype != x.dtype:
-            np.copyto(out, np.take(x, idx, axis=axis))  # NumPy's IndexError for an index out of range
-            return
-        np.take(x, idx, axis=axis, out=out, mode="wrap")  # every index in range: wrap only takes the negative ones
-
-    run.__qualname__ = f"cpu-take:{function.name}"
-    return run
 
 
 def _cumsum_runner(function):
