@@ -23,7 +23,11 @@ BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu11"]
 # each kept only if the compiler takes it. The last two change no value: no kernel reads errno or
 # the floating-point exception flags, and without traps GCC may compute both arms of a select and
 # vectorize it (a conversion to an integer or a libm call under a condition, as in T5's buckets)
-FAST_FLAGS = ["-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+# -mprefer-vector-width=512: GCC vectorizes loops for AVX-512 hosts in 256-bit vectors unless told
+# (the registers' width costs some older cores their clock); on the bench host's Xeon a GELU's
+# erf ran 11% and a layer norm's rows 15% faster in 512 (the routines' explicit vectors are
+# theirs either way); a build without AVX-512 has no 512-bit vectors to prefer
+FAST_FLAGS = ["-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 SYMBOL = "dpl_kernel"
 
 
