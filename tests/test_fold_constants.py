@@ -118,3 +118,24 @@ def test_folding_never_changes_the_numbers(steps, seed):
     a = rng.standard_normal((3, 4)).astype("float32")
     np.testing.assert_array_equal(dpl.interpret(folded, a), dpl.interpret(mod, a))
     assert len(folded["main"].bindings) <= len(mod["main"].bindings)
+
+
+def test_a_relative_position_bias_over_a_small_table_folds_whole():
+    """T5's attention bias at a static length: two ranges, their difference, a bucket of each,
+    the table's rows at them, as the heads' [1, 4, 128, 128] floats (256 KiB from a 512-byte
+    table): computed once at build, one constant left beside the scores, the numbers the
+    interpreter's."""
+    fb = FunctionBuilder("main")
+    scores = fb.param("s", "f32", (1, 4, 128, 128))
+    q = fb.emit("reshape", fb.emit("arange", end=128, dtype="int64"), shape=[128, 1], name="q")
+    k = fb.emit("reshape", fb.emit("arange", end=128, dtype="int64"), shape=[1, 128], name="k")
+    rel = fb.emit("subtract", k, q, name="rel")
+    bucket = fb.emit("clip", fb.emit("add", rel, const(np.array(16, np.int64))), min=0, max=31, name="bucket")
+    rows = fb.emit("take", _weights(32, 4, name="table"), bucket, axis=0, name="rows")  # [128, 128, 4]
+    bias = fb.emit("expand_dims", fb.emit("permute_dims", rows, axes=[2, 0, 1]), axis=0, name="bias")
+    y = fb.emit("add", scores, bias, name="y")
+    mod = Module([fb.ret(y)])
+    folded = fold_constants(mod)
+    assert _ops(folded) == ["add"]
+    a = RNG.standard_normal((1, 4, 128, 128)).astype("float32")
+    np.testing.assert_array_equal(dpl.interpret(folded, a), dpl.interpret(mod, a))
