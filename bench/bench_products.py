@@ -52,6 +52,14 @@ there, ahead of OpenBLAS, about level with MKL, short of 80% on most shapes: its
 at 83% with every operand in L1 and L2 (120 x 128 by 128 x 128 in C, no Python between calls),
 so the rest is the memory hierarchy. At K = 64-128 both pay each call's fixed costs (a product
 of 3 MFLOP takes 15-25 us, a few of them Python's).
+
+Stop 43 (a thread walks a panel's K-blocks with its part of C near; the first tiles of each
+block fetch the next into L2), same host, load 0.5, 9 rounds, the AVX-512 build at K >= 256,
+before -> after: 128 rows 69-83 -> 72-83% (128x256x768 70 -> 83), 1024 rows 70-78 -> 74-84%
+(1024x256x1024 73 -> 84, 1024x512x256 77 -> 83); the AVX2 build 82-90%, as before. A model
+meets its weights from L3, which this bench (its weights in L2 from call to call) does not
+show: there, in C, 128x256x1024 with 16 weights in turn ran at 70-76% of the peak before and
+76-83% after (the medians of three interleaved runs each).
 """
 
 from __future__ import annotations
