@@ -36,7 +36,9 @@ from dpl.ops.indexing import index_put_into
 from dpl.runtime.prepared import Address, CCall
 
 
-SOURCE = r"""
+# element e of an integer index array of the dtype INDEX_CODES gives `code`: the backend's index
+# readers share it (take.py's too)
+INDEX_AT = r"""
 #include <stdint.h>
 #include <string.h>
 
@@ -46,9 +48,15 @@ static int64_t index_at(const void *p, int64_t e, int64_t code) {
     case 1: return ((const int32_t *)p)[e];
     case 2: return ((const int16_t *)p)[e];
     case 3: return ((const int8_t *)p)[e];
-    default: return ((const uint8_t *)p)[e];
+    case 4: return ((const uint8_t *)p)[e];
+    case 5: return (int64_t)((const uint16_t *)p)[e];
+    default: return (int64_t)((const uint32_t *)p)[e];
   }
 }
+"""
+INDEX_CODES = {"int64": 0, "int32": 1, "int16": 2, "int8": 3, "uint8": 4, "uint16": 5, "uint32": 6}
+
+SOURCE = INDEX_AT + r"""
 
 /* p: data, K index arrays, values, out, error word (int64[3]: set, axis, index).
    d: K, nd, shape[nd], nb, bshape[nb], index strides[K][nb], index codes[K],
@@ -106,7 +114,6 @@ void dpl_kernel(void **p, const int64_t *d) {  /* the kernel cache's entry name 
 """
 
 MAX_RANK = 16  # the routine's position and stride arrays
-INDEX_CODES = {"int64": 0, "int32": 1, "int16": 2, "int8": 3, "uint8": 4}
 ADD_CODES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3}
 
 

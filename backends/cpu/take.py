@@ -24,25 +24,11 @@ import numpy as np
 from dpl import dtypes
 from dpl.backends.cpu import call_list
 from dpl.backends.cpu.addresses import address
+from dpl.backends.cpu.index_put import INDEX_AT, INDEX_CODES
 from dpl.ir.expr import Call, Constant
 from dpl.runtime.prepared import Address, CCall
 
-SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-
-static int64_t index_at(const void *p, int64_t e, int64_t code) {
-  switch (code) {
-    case 0: return ((const int64_t *)p)[e];
-    case 1: return ((const int32_t *)p)[e];
-    case 2: return ((const int16_t *)p)[e];
-    case 3: return ((const int8_t *)p)[e];
-    case 4: return ((const uint8_t *)p)[e];
-    case 5: return (int64_t)((const uint16_t *)p)[e];
-    default: return (int64_t)((const uint32_t *)p)[e];
-  }
-}
-
+SOURCE = INDEX_AT + r"""
 /* p: x, indices, out, error word (int64[2]: set, the index). d: the blocks before the axis, the
    axis' size, the bytes after it (one row), how many indices, their code (index_at) */
 void dpl_kernel(void **p, const int64_t *d) {  /* the kernel cache's entry name */
@@ -63,8 +49,6 @@ void dpl_kernel(void **p, const int64_t *d) {  /* the kernel cache's entry name 
     }
 }
 """
-
-INDEX_CODES = {"int64": 0, "int32": 1, "int16": 2, "int8": 3, "uint8": 4, "uint16": 5, "uint32": 6}
 
 
 def routine(load) -> call_list.LoadedEntry:
