@@ -15,7 +15,6 @@ backend raises it. Where the routine does not load, NumPy's take runs as before.
 from __future__ import annotations
 
 import ctypes
-import logging
 import math
 import threading
 
