@@ -359,13 +359,13 @@ def isa_rows(march, rounds):
 def isa_table(marchs, rounds):
     """Each ``-march`` build's rows, each in a child process (a ``haswell`` one beside its
     libraries' AVX2 kernels), as GFLOP/s and % of that build's FMA peak."""
-    from bench_products import AVX2_LIBRARIES
+    from roofline import MARCH_LIBRARIES
 
     from dpl.host_cpu import describe
 
     results = {}
     for march in marchs:
-        env = {**os.environ, **(AVX2_LIBRARIES if march == "haswell" else {})}
+        env = {**os.environ, **MARCH_LIBRARIES.get(march, {})}
         child = subprocess.run([sys.executable, __file__, "--isa-child", march, "--rounds", str(rounds)], env=env,
                                capture_output=True, text=True)
         if child.returncode != 0:

@@ -138,8 +138,6 @@ def interleaved(found, rounds):
 # default sizes (hidden 256: q/k/v, o, gate and up merged, down) and BERT-base's MLP (768 / 3072)
 ISA_SHAPES = ((64, 192), (64, 256), (128, 64), (256, 768), (256, 256), (256, 1024), (512, 256), (768, 3072), (3072, 768))
 ISA_ROWS = (128, 1024)  # 1x128 and 8x128 tokens
-# what a build for ``-march=haswell`` runs beside: OpenBLAS's and MKL's AVX2 kernels, as on an AVX2 host
-AVX2_LIBRARIES = {"OPENBLAS_CORETYPE": "Haswell", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 def isa_rows(march, rounds):
@@ -198,11 +196,13 @@ def _cpu_medians(fns, rounds):
 def isa_table(marchs, rounds):
     """Each ``-march`` build's rows, each run in a child process (a ``haswell`` one beside
     OpenBLAS's and MKL's AVX2 kernels), printed side by side as % of that build's FMA peak."""
+    from roofline import MARCH_LIBRARIES
+
     from dpl.host_cpu import describe
 
     results = {}
     for march in marchs:
-        env = {**os.environ, **(AVX2_LIBRARIES if march == "haswell" else {})}
+        env = {**os.environ, **MARCH_LIBRARIES.get(march, {})}
         child = subprocess.run([sys.executable, __file__, "--isa-child", march, "--rounds", str(rounds)], env=env,
                                capture_output=True, text=True)
         if child.returncode != 0:  # an unknown -march, or one this CPU cannot run

@@ -84,16 +84,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from zoo import ARCHS, torch_outputs  # noqa: E402
 
 import peers  # noqa: E402  (bench/, beside this file)
-from roofline import fma_peak, product_flops  # noqa: E402  (bench/, beside this file)
+from roofline import MARCH_LIBRARIES, fma_peak, product_flops  # noqa: E402  (bench/, beside this file)
 
 MODELS = ["llama", "qwen2", "mistral", "phi3", "gpt2", "opt", "bert", "t5", "vit", "resnet"]
 PATTERNS = ["rewrites", "llm", "cublas", "cnn"]
-# --march: what else a child is held to, beside dpl's C. OpenBLAS's and MKL's kernels and oneDNN's
-# (torch eager and torch.compile, and dpl's convolutions by torch) follow these; ONNX Runtime's and
-# OpenVINO's products (MLAS, chosen by the CPU's own flags) do not: on an AVX-512 host they keep
-# AVX-512. OpenVINO 2026.4 under ONEDNN_MAX_CPU_ISA=AVX2 computed wrong outputs for BERT, GPT-2,
-# ViT and ResNet here (max err 2.8-4.2; its `!` keeps it out of dpl/peer)
-MARCH_LIBRARIES = {"haswell": {"OPENBLAS_CORETYPE": "Haswell", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 SHAPES = "1x128,1x512,8x128"
 SMOKE_SHAPES = "1x16"
 RTOL, ATOL = 1e-3, 1e-4

@@ -32,6 +32,14 @@ import sys
 import time
 from pathlib import Path
 
+# what a ``-march`` build other than this CPU's runs beside, as on a host of that instruction set:
+# OpenBLAS's, MKL's and oneDNN's kernels (NumPy's and torch's products, torch's convolutions, dpl's
+# convolutions by torch) held to it. ONNX Runtime's and OpenVINO's products (MLAS, chosen by the
+# CPU's own flags) are not: on an AVX-512 host they keep AVX-512. OpenVINO 2026.4 under
+# ONEDNN_MAX_CPU_ISA=AVX2 computed wrong outputs for BERT, GPT-2, ViT and ResNet on the bench host
+# (max err 2.8-4.2; bench_zoo's `!` keeps it out of dpl/peer)
+MARCH_LIBRARIES = {"haswell": {"OPENBLAS_CORETYPE": "Haswell", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
 PROBE = r"""
 #include <stdint.h>
 #ifdef _OPENMP

@@ -677,7 +677,7 @@ def _repeats(a_shape, b_shape) -> int:
     prefix (grouped-query attention's k and v: [1, 2, 1, ...] for q's [1, 2, 2, ...])."""
     if len(b_shape) == 2:
         return 1
-    return math.prod(a_shape[:-2]) // max(1, math.prod(b_shape[:-2]))
+    return max(1, math.prod(a_shape[:-2]) // max(1, math.prod(b_shape[:-2])))  # >= 1: the C divides by it
 
 
 def _variable_runner(call: Call, routine: Routine, threads: int | None):
