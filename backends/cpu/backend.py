@@ -23,7 +23,7 @@ import numpy as np
 from dpl import dtypes
 from dpl.errors import DplError
 from dpl.backends.cpu import (
-    blas, call_list, conv_direct, conv_nhwc, experts, im2col, index_put, max_pool, packed_gemm, products_choice, take,
+    blas, call_list, conv_direct, conv_lanes, conv_nhwc, experts, im2col, index_put, max_pool, packed_gemm, products_choice, take,
 )
 from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
@@ -87,9 +87,11 @@ class CpuBackend(Backend):
         self._products = None
         self._packed = None  # the packed product routine (backends/cpu/packed_gemm.py), made at the first product
         self._direct_conv = None  # the direct convolution's routine (backends/cpu/conv_direct.py), made at the first one
+        self._lanes_conv = None  # the channels-last one's (backends/cpu/conv_lanes.py)
         # float32 convolutions: "provider" (the products' provider, or im2col and a product),
-        # "direct" (backends/cpu/conv_direct.py, every one it takes) or "auto" (direct where
-        # conv_direct.wins says it does, the rest as "provider")
+        # "direct" (backends/cpu/conv_direct.py and conv_lanes.py, every one they take) or "auto"
+        # (direct where conv_direct.wins says it does or an epilogue folds into it, every
+        # channels-last one of constant weights, the rest as "provider")
         if convolutions not in ("auto", "provider", "direct"):
             raise BackendError(f"CpuBackend(convolutions=...) takes 'auto', 'provider' or 'direct', got {convolutions!r}")
         self.convolutions = convolutions
@@ -184,7 +186,7 @@ class CpuBackend(Backend):
         steps = segment(function, _blas_product, starts_part=_pool)
         # a packed product of a weight applies its bias, residual and activation (or its gated
         # unit) to its tiles
-        steps = fold_epilogues(steps, lambda p: (self._packs(p.call) or self._direct(p.call, folds=True)) and isinstance(p.args[1], Constant),
+        steps = fold_epilogues(steps, lambda p: (self._packs(p.call) or self._direct(p.call, folds=True) or self._lanes(p.call)) and isinstance(p.args[1], Constant),
                                vars_in(function.ret),
                                glu=lambda p: self._packs(p.call) and packed_gemm.takes_glu(p.call), acts=packed_gemm.ACTS)
         pools = {self._pool_of(s.call, bool(s.epilogue)) for s in steps if isinstance(s, Product)}
@@ -254,6 +256,8 @@ class CpuBackend(Backend):
         a max pool, a packed product and a direct convolution on OpenMP, the rest the provider's."""
         if experts.takes(call):  # NumPy's BLAS, run by run
             return blas.BLAS
+        if self._lanes(call):
+            return OPENMP
         if conv_nhwc.takes(call):  # torch's convolution, or the provider's product
             return self.products.thread_pool if conv_nhwc.uses_torch(call, self.products) else self.products.pool_of(_MATMUL)
         direct = self._direct(call, folds=folded)
@@ -274,6 +278,15 @@ class CpuBackend(Backend):
         if self.convolutions == "auto" and not isinstance(call.args[1], Constant):
             return False  # weights of a parameter would be packed at every call
         return (self.convolutions == "direct" or folds or conv_direct.wins(call)) and self._conv_routine() is not None
+
+    def _lanes(self, call) -> bool:
+        """Whether channels-last convolution ``call`` runs by dpl's own (backends/cpu/conv_lanes.py):
+        every one it takes of constant weights (or any, with ``convolutions="direct"``)."""
+        if self.convolutions == "provider" or not conv_lanes.takes(call):
+            return False
+        if self.convolutions == "auto" and not isinstance(call.args[1], Constant):
+            return False  # weights of a parameter would be packed at every call
+        return self._lanes_routine() is not None
 
     def _packs_conv(self, call) -> bool:
         """Whether convolution ``call`` runs as im2col and the packed routine's product (float32,
@@ -337,11 +350,14 @@ class CpuBackend(Backend):
         im2col and a product (the packed routine's where it packs). Chosen by shape, not raced:
         with each ResNet conv raced per input shape (a TimedChoice per conv), ResNet at 224 took
         4.77 ms of CPU time a call against 4.40 (issue 30, item 4)."""
-        if conv_nhwc.takes(call):  # channels-last (the convert-layout pass): torch's on views, or products
+        steps = tuple((conv_direct.step_code(op, first), values) for kind, op, first, values in
+                      (e for e in epilogue if e[0] == "channel"))
+        if self._lanes(call):  # channels-last (the convert-layout pass): dpl's own
+            return conv_lanes.runner(call, self._lanes_routine(), threads, residual=any(e[0] == "residual" for e in epilogue),
+                                     act=next((e[1] for e in epilogue if e[0] == "act"), None), steps=steps)
+        if conv_nhwc.takes(call):  # channels-last, else: torch's on views, or products
             return conv_nhwc.runner(call, self.products)
         if self._direct(call, folds=bool(epilogue)):
-            steps = tuple((conv_direct.step_code(op, first), values) for kind, op, first, values in
-                          (e for e in epilogue if e[0] == "channel"))
             return conv_direct.runner(call, self._conv_routine(), threads, residual=any(e[0] == "residual" for e in epilogue),
                                       act=next((e[1] for e in epilogue if e[0] == "act"), None), steps=steps)
         if self._packs_conv(call):  # the columns read in place: one pool with the C kernels
@@ -351,6 +367,10 @@ class CpuBackend(Backend):
     def _conv_routine(self):
         """The direct convolution's routine (one per backend), None where it failed to compile."""
         return self._shared_routine("_direct_conv", conv_direct.SOURCE, "direct convolutions", conv_direct.Routine)
+
+    def _lanes_routine(self):
+        """The channels-last convolution's routine (one per backend), None where it failed to compile."""
+        return self._shared_routine("_lanes_conv", conv_lanes.SOURCE, "channels-last convolutions", conv_lanes.Routine)
 
     def _compile_kernel(self, function, threads: int | None = None, stream_bytes: int | None | str = "default"):
         """The kernel IR's loops as C; ``threads`` caps its OpenMP team (default: all cores);

@@ -151,7 +151,8 @@ def _fold(product: Product, part: Part, later: set, results: set, acts: frozense
     if len(at) != 1 or _uses(fn, fn.params[at[0]]) != 1:
         return None
     ty = product.var.ty
-    per_channel = _channels_first(product.call)
+    axis = _channel_axis(product.call)
+    per_channel = axis is not None
     current, args, epilogue, n = fn.params[at[0]], list(product.args), [], 0
     last = None  # (bindings taken, the value) at the last epilogue step: a view after it stays in the part
     for b in fn.bindings:
@@ -171,7 +172,7 @@ def _fold(product: Product, part: Part, later: set, results: set, acts: frozense
         # per-channel steps open a convolution's epilogue (a residual ended the loop above), on its
         # own result: after a view the second axis need not be the channels
         step = (per_channel and alone and len(epilogue) < MAX_CHANNEL_STEPS and ty == product.var.ty
-                and _channel_step(value, current, b.var.ty, ty))
+                and _channel_step(value, current, b.var.ty, ty, axis))
         if step:
             epilogue.append(step)
             current, n = b.var, n + 1
@@ -201,28 +202,30 @@ MAX_CHANNEL_STEPS = 8  # per-channel steps a convolution's epilogue takes (an in
 CHANNEL_OPS = ("add", "subtract", "multiply", "divide")
 
 
-def _channels_first(call) -> bool:
-    """Whether ``call`` is a convolution whose result's channels are its second axis (NCHW): its
-    epilogue takes per-channel steps, not a bias over the last dim."""
-    return (isinstance(call, Call) and call.op == "nn.conv2d" and call.attrs.get("data_layout", "NCHW") == "NCHW"
-            and call.attrs.get("out_layout", "") in ("", "NCHW"))
+def _channel_axis(call) -> int | None:
+    """The axis of a convolution's result that holds its channels (1 for NCHW, 3 for NHWC): its
+    epilogue takes per-channel steps, not a bias over the last dim; None for any other call."""
+    if not (isinstance(call, Call) and call.op == "nn.conv2d"):
+        return None
+    layout = call.attrs.get("out_layout", "") or call.attrs.get("data_layout", "NCHW")
+    return {"NCHW": 1, "NHWC": 3}.get(layout)
 
 
-def _channel_step(value, current, ty, before) -> tuple | None:
-    """``("channel", op, value_first, values)`` where ``value`` combines ``current`` (an NCHW
-    result of type ``before``) with a constant of one value per channel (or one value), keeping
-    its type; None where it does not."""
+def _channel_step(value, current, ty, before, axis: int) -> tuple | None:
+    """``("channel", op, value_first, values)`` where ``value`` combines ``current`` (a
+    convolution's result of type ``before``, its channels on ``axis``) with a constant of one
+    value per channel (or one value), keeping its type; None where it does not."""
     if not (isinstance(value, Call) and value.op in CHANNEL_OPS and len(value.args) == 2 and ty == before
             and _is_in(current, value.args) and not all(a is current for a in value.args)):
         return None
     other = value.args[1] if value.args[0] is current else value.args[0]
     if not isinstance(other, Constant) or other.value.dtype != dtypes.to_numpy(ty.dtype):
         return None
-    c, shape = ty.shape[1], other.value.shape
+    c, shape = ty.shape[axis], other.value.shape
     if not isinstance(c, int) or len(shape) > len(ty.shape):
         return None
-    lead = (1,) * (len(ty.shape) - len(shape)) + tuple(shape)  # aligned with [N, C, H, W]
-    if not (all(d == 1 for i, d in enumerate(lead) if i != 1) and lead[1] in (1, c)):
+    lead = (1,) * (len(ty.shape) - len(shape)) + tuple(shape)  # aligned with the result's axes
+    if not (all(d == 1 for i, d in enumerate(lead) if i != axis) and lead[axis] in (1, c)):
         return None
     return ("channel", value.op, value.args[0] is other, np.broadcast_to(other.value.reshape(-1), (c,)).copy())
 

@@ -1,0 +1,427 @@
+"""float32 channels-last ``nn.conv2d`` (NHWC data, OHWI weights, one group: what the
+convert-layout pass makes) as dpl's own C, with the output's channels in the vector lanes.
+
+Why channels in lanes: the output is written pixel by pixel with its channels contiguous, so a
+tile of ``mc`` channel vectors times ``np`` pixels is stored as whole vectors whatever the image
+width (no lanes lost to a row's end, as :mod:`conv_direct`'s pixel-vectors lose 16 of 128 on
+ResNet's 112-wide stem rows), and an epilogue's per-channel values (an inference BatchNorm's four
+steps) are vectors too. Each tap (input channel, kh, kw) loads ``mc`` weight vectors and
+broadcasts one input value per pixel: ``mc + np`` loads for ``mc * np`` FMAs (AVX-512: 4 x 6,
+3 x 8, 2 x 12, 1 x 24 tiles; AVX2: 2 x 6, 1 x 12).
+
+The input is first *prepared* as :mod:`conv_direct` prepares it (padded, split into its stride's
+phases, channel planes: ``P[c, ph, pw, i, j]``), here transposed out of NHWC on the way, so
+that the pixels of a tile read consecutive floats at every tap (the broadcasts' addresses are
+constants from one pointer a tap) and a tap is one offset (``conv_direct.Geometry``). The walk is
+flat: the output grid as rows of the prepared plane's width ``Wq``, ``Wq - OW`` columns of each
+row computed and never stored (ResNet's stem: 3 of 115), the tiles' pixels anywhere in it.
+
+The weights are packed at the first call as blocks of ``K x (mc VL)`` (``mc`` the largest tile
+width dividing the output's channel vectors, zero channels padding the last vector), and each
+tile's last step applies the epilogue the segments folded into the convolution in its registers:
+the per-channel steps (``conv_direct.STEPS``), plus a residual of the output's layout, then a
+ReLU; another activation (``packed_gemm.ACTS``) on the stored pixel. Each step is rounded as its
+separate op rounds it; padding is real zeros, as the reference's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from dpl.backends.cpu import conv_direct, packed_gemm
+from dpl.backends.cpu.addresses import address
+from dpl.backends.cpu.call_list import KERNEL, entry_address
+from dpl.ir.expr import Call, Constant
+from dpl.runtime.prepared import Address, CCall
+from dpl.runtime.threads import openmp_kernel
+
+SOURCE_HEAD = r"""
+#include <tgmath.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+/* VL floats a vector; a tile of mc channel vectors holds np(mc) pixels (NP1..NP4) */
+#if defined(__AVX512F__)
+enum { VL = 16, MCMAX = 4, NP1 = 24, NP2 = 12, NP3 = 8, NP4 = 6 };
+#elif defined(__AVX__)
+enum { VL = 8, MCMAX = 2, NP1 = 12, NP2 = 6, NP3 = 1, NP4 = 1 };
+#else
+enum { VL = 4, MCMAX = 2, NP1 = 6, NP2 = 3, NP3 = 1, NP4 = 1 };
+#endif
+enum { NPMAX = NP1 };
+/* the tiles of a 1x1 convolution read in place: a pixel's inputs C floats apart, the broadcasts'
+   addresses in registers, so fewer pixels a tile */
+enum { NPP1 = NP1 < 12 ? NP1 : 12, NPP2 = NP2 < 12 ? NP2 : 12, NPP3 = NP3, NPP4 = NP4 };
+#define UNROLL _Pragma("GCC unroll 32")
+enum { TB = 16 };  /* the prepared input's transpose block */
+typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
+typedef int32_t vi __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
+
+int64_t dpl_conv_lanes(void) { return VL; }
+int64_t dpl_conv_widest(void) { return MCMAX; }
+int64_t dpl_conv_slack(void) { return NPMAX; }  /* floats a tile may read past a prepared image */
+
+/* a tile's epilogue: the per-channel steps (code[s]: 1 + c, 2 - c, 3 c -, 4 * c, 5 / c, 6 c /, with
+   c = vals[s Op + o], Op the channels padded to whole vectors), a residual laid out as the output
+   (NULL: none), a ReLU (relu) */
+typedef struct {
+  const int64_t *code;
+  const float *vals, *res;
+  int64_t steps, Op;
+  int relu;
+} fin_t;
+
+TILES
+
+/* what a tile's registers did not apply, on one stored pixel's n channels: the activation */
+static void epilogue(float *restrict row, int64_t ncols, int act) {
+  switch (act) {
+ACT_CASES
+  }
+}
+
+/* x[H, W, C] (one NHWC image) padded by (pt, pl) and split into its Sh x Sw phases as channel
+   planes: P[c, ph, pw, i, j] = x[Sh i + ph - pt, Sw j + pw - pl, c], zero outside x; each phase
+   Hq x Wq, those used[ph Sw + pw] only */
+static void prepare(const float *restrict x, float *restrict P, int64_t C, int64_t H, int64_t Wd, int64_t Sh, int64_t Sw,
+                    int64_t pt, int64_t pl, int64_t Hq, int64_t Wq, const int8_t *used, int threads) {
+  const int64_t plane = Hq * Wq;
+  #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && Sh * Hq * C * Wd > 32768)
+  for (int64_t r = 0; r < Sh * Hq; r++) {  /* one input row: its phase row ph, plane row i */
+    const int64_t ph = r / Hq, i = r % Hq, y = Sh * i + ph - pt;
+    for (int64_t pw = 0; pw < Sw; pw++) {
+      if (!used[ph * Sw + pw]) continue;
+      float *to = P + (ph * Sw + pw) * plane + i * Wq;
+      const int64_t cstride = Sh * Sw * plane;
+      if (y < 0 || y >= H) {
+        for (int64_t c = 0; c < C; c++) memset(to + c * cstride, 0, (size_t)Wq * sizeof(float));
+        continue;
+      }
+      const float *from = x + y * Wd * C;
+      /* the columns whose pixel lies inside x: [jlo, jhi) */
+      const int64_t jlo = pl - pw > 0 ? (pl - pw + Sw - 1) / Sw : 0;
+      int64_t jhi = Wd + pl - pw > 0 ? (Wd + pl - pw + Sw - 1) / Sw : 0;
+      jhi = jhi < Wq ? jhi : Wq;
+      for (int64_t c = 0; c < C; c++) {
+        for (int64_t j = 0; j < jlo && j < Wq; j++) to[c * cstride + j] = 0.0f;
+        for (int64_t j = jhi > jlo ? jhi : jlo; j < Wq; j++) to[c * cstride + j] = 0.0f;
+      }
+      /* a transpose in blocks of TB pixels x TB channels through a block in L1: rows read whole,
+         columns written whole */
+      for (int64_t c0 = 0; c0 < C; c0 += TB)
+        for (int64_t j0 = jlo; j0 < jhi; j0 += TB) {
+          const int64_t cn = C - c0 < TB ? C - c0 : TB, jn = jhi - j0 < TB ? jhi - j0 : TB;
+          float blk[TB][TB] __attribute__((aligned(64)));
+          if (jn == TB && cn == TB) {  /* whole: constant sizes, vector moves */
+            for (int jj = 0; jj < TB; jj++) memcpy(blk[jj], from + (Sw * (j0 + jj) + pw - pl) * C + c0, sizeof blk[jj]);
+            for (int c = 0; c < TB; c++) {
+              float col[TB];
+              UNROLL for (int jj = 0; jj < TB; jj++) col[jj] = blk[jj][c];
+              memcpy(to + (c0 + c) * cstride + j0, col, sizeof col);
+            }
+            continue;
+          }
+          for (int64_t jj = 0; jj < jn; jj++) memcpy(blk[jj], from + (Sw * (j0 + jj) + pw - pl) * C + c0, (size_t)cn * sizeof(float));
+          for (int64_t c = 0; c < cn; c++)
+            for (int64_t jj = 0; jj < jn; jj++) to[(c0 + c) * cstride + j0 + jj] = blk[jj][c];
+        }
+    }
+  }
+}
+
+/* p: x [N, H, W, C], the packed weights (blocks of K x mc VL), out [N, OH, OW, O], the steps'
+   values [steps, Op], residual [N, OH, OW, O] (NULL: none), off [K] (the taps' offsets in the
+   prepared source), scratch (one prepared image, C Sh Sw Hq Wq and NPMAX floats of zeroed slack),
+   the steps' codes [steps], which phases the taps read [Sh Sw] (int8)
+   d: N, C, H, W, O, OH, OW, K, Sh, Sw, pt, pl, Hq, Wq, steps, act, threads, mc, pointwise (1x1,
+   stride 1, no padding: read in place, off[k] = k, where the image has a whole tile of pixels) */
+void dpl_kernel(void **p, const int64_t *d) {
+  const float *x = p[0], *W = p[1], *vals = p[3], *res = p[4];
+  float *out = p[2], *scratch = p[6];
+  const int64_t *off = p[5], *code = p[7];
+  const int64_t N = d[0], C = d[1], H = d[2], Wd = d[3], O = d[4], OH = d[5], OW = d[6], K = d[7], Sh = d[8], Sw = d[9];
+  const int64_t pt = d[10], pl = d[11], Hq = d[12], Wq = d[13], steps = d[14];
+  const int act = (int)d[15], mc = (int)d[17];
+#ifdef _OPENMP
+  const int threads = d[16] > 0 ? (int)d[16] : omp_get_max_threads();
+#else
+  const int threads = 1;
+#endif
+  if (OH <= 0 || OW <= 0) return;
+  const int in_place = d[18] && OH * OW >= (mc == 1 ? NPP1 : mc == 2 ? NPP2 : mc == 3 ? NPP3 : NPP4);
+  const int np = in_place ? (mc == 1 ? NPP1 : mc == 2 ? NPP2 : mc == 3 ? NPP3 : NPP4) : mc == 1 ? NP1 : mc == 2 ? NP2 : mc == 3 ? NP3 : NP4;
+  const tile_fn fn = in_place ? (mc == 1 ? ptile1 : mc == 2 ? ptile2 : mc == 3 ? ptile3 : ptile4)
+                              : mc == 1 ? tile1 : mc == 2 ? tile2 : mc == 3 ? tile3 : tile4;
+  const int64_t width = (int64_t)mc * VL, Op = (O + VL - 1) / VL * VL, blocks = Op / width;
+  const int64_t Q = (OH - 1) * Wq + OW, tiles = (Q + np - 1) / np;
+  const int64_t *taps = in_place ? (const int64_t *)p[9] : off;
+  /* tasks: a run of a tile's pixels by a group of channel blocks, as many groups as give the
+     team four tasks a thread where the tiles alone do not */
+  int64_t groups = (4 * threads + tiles - 1) / tiles;
+  groups = groups > blocks ? blocks : groups;
+  const int64_t per = (blocks + groups - 1) / groups;
+  for (int64_t n = 0; n < N; n++) {
+    const float *S = in_place ? x + n * H * Wd * C : scratch;
+    if (!in_place) prepare(x + n * H * Wd * C, scratch, C, H, Wd, Sh, Sw, pt, pl, Hq, Wq, (const int8_t *)p[8], threads);
+    float *on = out + n * OH * OW * O;
+    const fin_t fin = {code, vals, res ? res + n * OH * OW * O : 0, steps, Op, act == 1};
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && tiles * groups > 1)
+    for (int64_t task = 0; task < tiles * groups; task++) {
+      const int64_t t = task / groups, b0 = task % groups * per, b1 = b0 + per < blocks ? b0 + per : blocks;
+      /* in place, the last tile ends at Q, overlapping the one before it (its pixels from `skip` on
+         stored): no read past the input */
+      const int64_t q0 = in_place && t * np > Q - np ? Q - np : t * np;
+      for (int64_t b = b0; b < b1; b++) {
+        const int64_t o0 = b * width, nl = O - o0 < width ? O - o0 : width;
+        fn(W + b * K * width, S, taps, K, q0, Q, Wq, OW, on, O, o0, nl, &fin, C, t * np - q0);
+      }
+      if (act > 1)
+        for (int64_t q = t * np; q < (t + 1) * np && q < Q; q++)
+          if (q % Wq < OW) {
+            const int64_t lo = b0 * width, hi = b1 * width < O ? b1 * width : O;
+            epilogue(on + (q / Wq * OW + q % Wq) * O + lo, hi - lo, act);
+          }
+    }
+  }
+}
+"""
+
+# one tile function a width (tile1 .. tile4, each its accumulators' exact count: in registers)
+TILE = r"""
+/* pixels [q0, q0 + np) of the flat walk (q = oh Wq + ow; ow >= OW computed, not stored; q >= Q
+   and the first `skip` neither) by the mc channel vectors of block W (K x mc VL, packed), from
+   the source S (tap k of pixel q at S + off[k] + q PS: the prepared planes, PS 1, or a 1x1's
+   input as it lies, PS = ps = C), into out (NHWC, O channels a pixel; the block's channels from o0,
+   nl of them valid) */
+static void TILE(const float *restrict W, const float *restrict S, const int64_t *restrict off, int64_t K, int64_t q0,
+                 int64_t Q, int64_t Wq, int64_t OW, float *restrict out, int64_t O, int64_t o0, int64_t nl, const fin_t *fin,
+                 int64_t ps, int64_t skip) {
+  enum { mc = MC < MCMAX ? MC : MCMAX, np = NP };  /* an array of their exact size: all in registers */
+  vf c[np][mc];
+  UNROLL for (int p = 0; p < np; p++)
+    UNROLL for (int m = 0; m < mc; m++) c[p][m] = (vf){0};
+  const float *src = S + q0 * PS;
+  for (int64_t k = 0; k < K; k++) {
+    const float *s = src + off[k];
+    vf w[MCMAX];
+    UNROLL for (int m = 0; m < mc; m++) w[m] = *(const vf *)(W + (k * mc + m) * VL);
+    UNROLL for (int p = 0; p < np; p++) {
+      const float a = s[p * PS];
+      UNROLL for (int m = 0; m < mc; m++) c[p][m] += a * w[m];
+    }
+  }
+  /* the steps on every pixel's registers (a switch a step and vector, not a pixel), then each
+     stored pixel's residual and ReLU */
+  UNROLL for (int m = 0; m < mc; m++)
+    for (int64_t s = 0; s < fin->steps; s++) {
+      const vf x = *(const vf *)(fin->vals + s * fin->Op + o0 + m * VL);
+      switch (fin->code[s]) {
+        case 1: UNROLL for (int p = 0; p < np; p++) c[p][m] = c[p][m] + x; break;
+        case 2: UNROLL for (int p = 0; p < np; p++) c[p][m] = c[p][m] - x; break;
+        case 3: UNROLL for (int p = 0; p < np; p++) c[p][m] = x - c[p][m]; break;
+        case 4: UNROLL for (int p = 0; p < np; p++) c[p][m] = c[p][m] * x; break;
+        case 5: UNROLL for (int p = 0; p < np; p++) c[p][m] = c[p][m] / x; break;
+        default: UNROLL for (int p = 0; p < np; p++) c[p][m] = x / c[p][m]; break;
+      }
+    }
+  int64_t oh = q0 / Wq, ow = q0 - oh * Wq;
+  const float *res = fin->res;
+  UNROLL for (int p = 0; p < np; p++, ow++) {
+    if (ow == Wq) { ow = 0; oh++; }
+    if (q0 + p >= Q) break;
+    if (ow >= OW || p < skip) continue;
+    const int64_t at = (oh * OW + ow) * O + o0;
+    UNROLL for (int m = 0; m < mc; m++) {
+      const int64_t n = nl - m * VL;
+      vf v = c[p][m];
+      if (res) {
+        vf e = (vf){0};
+        if (n >= VL) e = *(const vf *)(res + at + m * VL);
+        else if (n > 0) memcpy(&e, res + at + m * VL, (size_t)n * sizeof(float));
+        v = v + e;
+      }
+      if (fin->relu)  /* the kernels' (x <= 0 ? 0 : x): +0 for -0, NaN kept */
+        v = (vf)((vi)v & ~(vi)(v <= (vf){0}));
+      if (n >= VL) *(vf *)(out + at + m * VL) = v;
+      else if (n > 0) memcpy(out + at + m * VL, &v, (size_t)n * sizeof(float));
+    }
+  }
+}
+
+
+"""
+TILES = "".join(f"#define MC {m}\n#define NP {np}{m}\n#define TILE {name}{m}\n#define PS {ps}\n{TILE}#undef MC\n#undef NP\n#undef TILE\n#undef PS\n"
+                for name, np, ps in (("tile", "NP", "1"), ("ptile", "NPP", "ps")) for m in (1, 2, 3, 4))
+SOURCE = SOURCE_HEAD.replace("TILES", "typedef void (*tile_fn)(const float *, const float *, const int64_t *, int64_t, int64_t, int64_t, "
+                                      "int64_t, int64_t,\n                        float *, int64_t, int64_t, int64_t, const fin_t *, int64_t, int64_t);\n"
+                                      + TILES).replace("ACT_CASES", packed_gemm._act_cases())
+
+
+def takes(call: Call) -> bool:
+    """Whether ``call`` is a convolution this routine computes: float32 throughout, NHWC data,
+    OHWI weights, one group, a static channel count and window."""
+    if not isinstance(call, Call) or call.op != "nn.conv2d" or len(call.args) != 2:
+        return False
+    a = call.attrs
+    if a.get("data_layout") != "NHWC" or a.get("kernel_layout") != "OHWI" or int(a.get("groups", 1)) != 1:
+        return False
+    if a.get("out_layout", "") not in ("", "NHWC"):
+        return False
+    x, w = call.args
+    if not all(getattr(t, "dtype", None) == "float32" for t in (x.ty, w.ty, call.ty)):
+        return False
+    return len(w.ty.shape) == 4 and all(isinstance(v, int) for v in w.ty.shape) and isinstance(x.ty.shape[3], int)
+
+
+def geometry(attrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> conv_direct.Geometry:
+    """The prepared input's planes and the taps' offsets for an NHWC input and OHWI weights
+    (the taps in ``(c, kh, kw)`` order, as :meth:`Routine.pack` packs them)."""
+    n, h, w, c = x_shape
+    o, kh, kw, ci = w_shape
+    return conv_direct.Geometry(attrs, (n, c, h, w), (o, ci, kh, kw))
+
+
+def tile_width(channels: int, lanes: int, widest: int) -> int:
+    """The channel vectors of a tile: the most (up to ``widest``) that divide the output's."""
+    vectors = -(-channels // lanes)
+    return next(m for m in range(min(widest, vectors), 0, -1) if vectors % m == 0)
+
+
+class Routine(packed_gemm.LibraryRoutine):
+    """The compiled convolution (``dpl_kernel``), resolved at the first call."""
+
+    def _resolve(self):
+        with self._lock:
+            if self._ready is None:
+                lib = self._lib.result() if hasattr(self._lib, "result") else self._lib
+                entry = lib.dpl_kernel
+                entry.restype, entry.argtypes = None, [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
+                facts = []
+                for name in ("dpl_conv_lanes", "dpl_conv_widest", "dpl_conv_slack"):
+                    fn = getattr(lib, name)
+                    fn.restype, fn.argtypes = ctypes.c_int64, []
+                    facts.append(int(fn()))
+                self._ready = (entry, *facts)
+        return self._ready
+
+    @property
+    def entry(self):
+        return (self._ready or self._resolve())[0]
+
+    @property
+    def lanes(self) -> int:
+        return (self._ready or self._resolve())[1]
+
+    def width(self, channels: int) -> int:
+        """The channel vectors of a tile for ``channels`` output channels."""
+        ready = self._ready or self._resolve()
+        return tile_width(channels, ready[1], ready[2])
+
+    def scratch(self, size: int) -> np.ndarray:
+        """A prepared image's buffer of ``size`` floats and the zeroed slack a tile may read past it."""
+        slack = (self._ready or self._resolve())[3]
+        buf = packed_gemm.aligned_empty((size + slack,))
+        buf[size:] = 0
+        return buf
+
+    def pack(self, w: np.ndarray) -> np.ndarray:
+        """OHWI weights as ``dpl_kernel`` reads them: blocks of ``K x (mc VL)`` channels, the taps
+        ``(c, kh, kw)`` in order, zero channels padding the last vector."""
+        o = w.shape[0]
+        vl = self.lanes
+        width = self.width(o) * vl
+        padded = -(-o // vl) * vl
+        flat = np.zeros((int(np.prod(w.shape[1:])), padded), np.float32)  # K x O
+        flat[:, :o] = np.asarray(w, np.float32).transpose(3, 1, 2, 0).reshape(-1, o)
+        packed = packed_gemm.aligned_empty((padded // width, flat.shape[0], width))
+        packed[...] = flat.reshape(flat.shape[0], -1, width).transpose(1, 0, 2)
+        return packed
+
+    def values(self, steps: tuple, channels: int) -> np.ndarray:
+        """The steps' per-channel values as ``dpl_kernel`` reads them: ``[steps, Op]``, each row
+        padded to whole vectors (values no stored lane reads)."""
+        vl = self.lanes
+        out = packed_gemm.aligned_empty((max(len(steps), 1), -(-channels // vl) * vl))
+        out[...] = 1
+        for i, (_, v) in enumerate(steps):
+            out[i, :channels] = np.broadcast_to(np.asarray(v, np.float32).reshape(-1), (channels,))
+        return out
+
+
+def runner(call: Call, routine: Routine, threads: int | None = None, residual: bool = False, act: str | None = None,
+           steps: tuple = (), _weights=None):
+    """``fn(x, w, out)`` computing convolution ``call`` (:func:`takes`) into ``out`` by
+    ``routine``, a constant weight packed once (a variable one at each call); with the epilogue
+    the segments folded into it, each step rounded as its op rounds it: the per-channel
+    ``steps`` (``(code, values)``, ``conv_direct.step_code``), then with ``residual`` plus the
+    array given before ``out`` (``fn(x, w, res, out)``), then activation ``act`` (one of
+    ``packed_gemm.ACTS``). ``threads`` caps the team."""
+    constant = isinstance(call.args[1], Constant)
+    weights = _weights or (conv_direct._Weights(call.args[1].value, routine) if constant else None)
+    w_shape = tuple(call.args[1].ty.shape)
+    o = w_shape[0]
+    cap = int(threads or 0)
+    code = 0 if act is None else packed_gemm.ACTS.index(act) + 1
+    codes = np.array([c for c, _ in steps] or [0], np.int64)
+    values_of = []  # made at the first call (the routine's vector width)
+    channels = np.arange(w_shape[3], dtype=np.int64)  # a 1x1's taps read in place: one a channel
+    geometries: dict[tuple, conv_direct.Geometry] = {}
+    local = threading.local()
+
+    def values():
+        if not values_of:
+            values_of.append(routine.values(steps, o))
+        return values_of[0]
+
+    def geometry_of(shape) -> conv_direct.Geometry:
+        found = geometries.get(shape)
+        if found is None:
+            found = geometry(call.attrs, shape, w_shape)
+            if len(geometries) < conv_direct.SHAPES_KEPT:
+                geometries[shape] = found
+        return found
+
+    def dims(g: conv_direct.Geometry) -> tuple[int, ...]:
+        return (g.n, g.c, g.h, g.w, g.o, max(g.oh, 0), max(g.ow, 0), g.k, g.sh, g.sw, g.pt, g.pl, g.hq, g.wq, len(steps),
+                code, cap, routine.width(o), int(g.pointwise))
+
+    def run(x, w, *rest):
+        *res, out = rest
+        x = np.ascontiguousarray(x, np.float32)
+        g = geometry_of(x.shape)
+        scratch = getattr(local, "buf", None)
+        if scratch is None or scratch.size < g.scratch:
+            scratch = local.buf = routine.scratch(g.scratch)
+        r = np.ascontiguousarray(res[0], np.float32) if residual else None
+        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+        packed = weights.get() if constant else routine.pack(w)
+        ptrs = (ctypes.c_void_p * 10)(address(x), address(packed), address(target), address(values()),
+                                      None if r is None else address(r), g.offsets.ctypes.data, address(scratch),
+                                      codes.ctypes.data, g.phases.ctypes.data, channels.ctypes.data)
+        routine.entry(ptrs, (ctypes.c_int64 * 19)(*dims(g)))
+        if target is not out:
+            np.copyto(out, target)
+        return out
+
+    def prepare(operands, outputs):
+        """The call as a record of a prepared call (dpl.runtime.prepared): the weights packed
+        now, a scratch of its own for the prepared input."""
+        if not constant:
+            return None
+        (x, shape), _, *res = operands
+        g = geometry_of(tuple(shape))
+        args = (x, Address.of(weights.get()), outputs[0][0], Address.of(values()), res[0][0] if residual else None,
+                Address.of(g.offsets), Address.of(routine.scratch(g.scratch)), Address.of(codes), Address.of(g.phases),
+                Address.of(channels))
+        return [CCall(entry_address(routine.entry), KERNEL, args, dims(g), cap)]
+
+    run.prepare = prepare  # type: ignore[attr-defined]
+    epilogue = "".join(f" {conv_direct.STEPS[c - 1][0]}" for c, _ in steps) + (" + residual" if residual else "") + (f", {act}" if act else "")
+    _, kh, kw, c = w_shape
+    return openmp_kernel(run, f"cpu:lanes-conv {o}x{kh}x{kw}x{c}{epilogue}", SOURCE, threads,
+                         lambda t: runner(call, routine, t, residual, act, steps, weights))
