@@ -356,8 +356,9 @@ class Geometry:
         self.hq, self.wq = -(-max(h + pt + pb, 1) // sh), -(-max(wd + pl + pr, 1) // sw)
         plane = self.hq * self.wq
         rows, cols = np.arange(kh)[:, None] * dh, np.arange(kw)[None, :] * dw
-        per_channel = ((rows % sh) * sw + cols % sw) * plane + (rows // sh) * self.wq + cols // sw  # (kh, kw)
-        offsets = np.arange(c)[:, None, None] * (sh * sw * plane) + per_channel[None]
+        # each tap's pixel in the prepared image, (kh, kw): its phase's plane, then its row and column there
+        self.window = ((rows % sh) * sw + cols % sw) * plane + (rows // sh) * self.wq + cols // sw
+        offsets = np.arange(c)[:, None, None] * (sh * sw * plane) + self.window[None]
         self.offsets = np.ascontiguousarray(offsets.reshape(-1), np.int64)
         self.phases = np.zeros((sh, sw), np.int8)  # the phases some tap reads
         self.phases[np.ix_(np.unique(rows % sh), np.unique(cols % sw))] = 1

@@ -3,18 +3,23 @@ convert-layout pass makes) as dpl's own C, with the output's channels in the vec
 
 Why channels in lanes: the output is written pixel by pixel with its channels contiguous, so a
 tile of ``mc`` channel vectors times ``np`` pixels is stored as whole vectors whatever the image
-width (no lanes lost to a row's end, as :mod:`conv_direct`'s pixel-vectors lose 16 of 128 on
+width (no lanes lost to a row's end, as :mod:`conv_direct`'s pixel vectors lose 16 of 128 on
 ResNet's 112-wide stem rows), and an epilogue's per-channel values (an inference BatchNorm's four
 steps) are vectors too. Each tap (input channel, kh, kw) loads ``mc`` weight vectors and
 broadcasts one input value per pixel: ``mc + np`` loads for ``mc * np`` FMAs (AVX-512: 4 x 6,
-3 x 8, 2 x 12, 1 x 24 tiles; AVX2: 2 x 6, 1 x 12).
+3 x 8, 2 x 12, 1 x 12 tiles; AVX2: 2 x 6, 1 x 12).
 
-The input is first *prepared* as :mod:`conv_direct` prepares it (padded, split into its stride's
-phases, channel planes: ``P[c, ph, pw, i, j]``), here transposed out of NHWC on the way, so
-that the pixels of a tile read consecutive floats at every tap (the broadcasts' addresses are
-constants from one pointer a tap) and a tap is one offset (``conv_direct.Geometry``). The walk is
-flat: the output grid as rows of the prepared plane's width ``Wq``, ``Wq - OW`` columns of each
-row computed and never stored (ResNet's stem: 3 of 115), the tiles' pixels anywhere in it.
+A 1x1 convolution at stride 1 without padding reads its input as it lies. Any other is first
+*prepared*: padded and split into its stride's phases (``x[S i + ph, S j + pw]`` at
+``[ph, pw, i, j]``), the channels still innermost, whole pixels copied and nothing transposed;
+consecutive output pixels of a row then read consecutive pixels of the source at every tap, so
+a tap is one offset (``conv_direct.Geometry``'s window, in pixels, times C, plus the channel) and
+a tile's pixels lie C floats apart. The walk is flat: the output grid as rows of the source's
+width ``Wq``, ``Wq - OW`` columns of each row computed and never stored (ResNet's stem: 3 of
+115), the tiles' pixels anywhere in it, the last tile overlapping the one before so that none
+reads past the source. Measured against pixel vectors over transposed channel planes (one
+thread, AVX-512): the same on the stem, 0.17 -> 0.13 ms on a 3x3 at stride 2 over 32 channels,
+where the transposition cost a quarter of the time.
 
 The weights are packed at the first call as blocks of ``K x (mc VL)`` (``mc`` the largest tile
 width dividing the output's channel vectors, zero channels padding the last vector), and each
@@ -45,26 +50,22 @@ SOURCE_HEAD = r"""
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-/* VL floats a vector; a tile of mc channel vectors holds np(mc) pixels (NP1..NP4) */
+/* VL floats a vector; a tile of mc channel vectors holds NP<mc> pixels */
 #if defined(__AVX512F__)
-enum { VL = 16, MCMAX = 4, NP1 = 24, NP2 = 12, NP3 = 8, NP4 = 6 };
+enum { VL = 16, MCMAX = 4, NP1 = 12, NP2 = 12, NP3 = 8, NP4 = 6 };
 #elif defined(__AVX__)
 enum { VL = 8, MCMAX = 2, NP1 = 12, NP2 = 6, NP3 = 1, NP4 = 1 };
 #else
 enum { VL = 4, MCMAX = 2, NP1 = 6, NP2 = 3, NP3 = 1, NP4 = 1 };
 #endif
-enum { NPMAX = NP1 };
-/* the tiles of a 1x1 convolution read in place: a pixel's inputs C floats apart, the broadcasts'
-   addresses in registers, so fewer pixels a tile */
-enum { NPP1 = NP1 < 12 ? NP1 : 12, NPP2 = NP2 < 12 ? NP2 : 12, NPP3 = NP3, NPP4 = NP4 };
+enum { NPMAX = NP1 > NP2 ? NP1 : NP2 };
 #define UNROLL _Pragma("GCC unroll 32")
-enum { TB = 16 };  /* the prepared input's transpose block */
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
 typedef int32_t vi __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float)), may_alias));
 
 int64_t dpl_conv_lanes(void) { return VL; }
 int64_t dpl_conv_widest(void) { return MCMAX; }
-int64_t dpl_conv_slack(void) { return NPMAX; }  /* floats a tile may read past a prepared image */
+int64_t dpl_conv_slack(void) { return NPMAX; }  /* pixels a tile may read past a prepared image */
 
 /* a tile's epilogue: the per-channel steps (code[s]: 1 + c, 2 - c, 3 c -, 4 * c, 5 / c, 6 c /, with
    c = vals[s Op + o], Op the channels padded to whole vectors), a residual laid out as the output
@@ -76,6 +77,8 @@ typedef struct {
   int relu;
 } fin_t;
 
+typedef void (*tile_fn)(const float *, const float *, const int64_t *, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        float *, int64_t, int64_t, int64_t, const fin_t *, int64_t, int64_t);
 TILES
 
 /* what a tile's registers did not apply, on one stored pixel's n channels: the activation */
@@ -85,61 +88,44 @@ ACT_CASES
   }
 }
 
-/* x[H, W, C] (one NHWC image) padded by (pt, pl) and split into its Sh x Sw phases as channel
-   planes: P[c, ph, pw, i, j] = x[Sh i + ph - pt, Sw j + pw - pl, c], zero outside x; each phase
-   Hq x Wq, those used[ph Sw + pw] only */
-static void prepare(const float *restrict x, float *restrict P, int64_t C, int64_t H, int64_t Wd, int64_t Sh, int64_t Sw,
-                    int64_t pt, int64_t pl, int64_t Hq, int64_t Wq, const int8_t *used, int threads) {
-  const int64_t plane = Hq * Wq;
+/* x[H, W, C] (one NHWC image) padded by (pt, pl) and split into its Sh x Sw phases, channels
+   innermost: P[ph, pw, i, j, c] = x[Sh i + ph - pt, Sw j + pw - pl, c], zero outside x; each phase
+   Hq x Wq pixels, those used[ph Sw + pw] only. Whole pixels are copied (a row at stride 1),
+   nothing transposed. */
+static void prepare(const float *restrict x, float *restrict P, int64_t C, int64_t H, int64_t Wd, int64_t Sh,
+                    int64_t Sw, int64_t pt, int64_t pl, int64_t Hq, int64_t Wq, const int8_t *used, int threads) {
   #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && Sh * Hq * C * Wd > 32768)
-  for (int64_t r = 0; r < Sh * Hq; r++) {  /* one input row: its phase row ph, plane row i */
+  for (int64_t r = 0; r < Sh * Hq; r++) {  /* one phase row ph, plane row i */
     const int64_t ph = r / Hq, i = r % Hq, y = Sh * i + ph - pt;
     for (int64_t pw = 0; pw < Sw; pw++) {
       if (!used[ph * Sw + pw]) continue;
-      float *to = P + (ph * Sw + pw) * plane + i * Wq;
-      const int64_t cstride = Sh * Sw * plane;
-      if (y < 0 || y >= H) {
-        for (int64_t c = 0; c < C; c++) memset(to + c * cstride, 0, (size_t)Wq * sizeof(float));
-        continue;
-      }
+      float *to = P + (((ph * Sw + pw) * Hq + i) * Wq) * C;
+      if (y < 0 || y >= H) { memset(to, 0, (size_t)(Wq * C) * sizeof(float)); continue; }
       const float *from = x + y * Wd * C;
-      /* the columns whose pixel lies inside x: [jlo, jhi) */
-      const int64_t jlo = pl - pw > 0 ? (pl - pw + Sw - 1) / Sw : 0;
-      int64_t jhi = Wd + pl - pw > 0 ? (Wd + pl - pw + Sw - 1) / Sw : 0;
-      jhi = jhi < Wq ? jhi : Wq;
-      for (int64_t c = 0; c < C; c++) {
-        for (int64_t j = 0; j < jlo && j < Wq; j++) to[c * cstride + j] = 0.0f;
-        for (int64_t j = jhi > jlo ? jhi : jlo; j < Wq; j++) to[c * cstride + j] = 0.0f;
-      }
-      /* a transpose in blocks of TB pixels x TB channels through a block in L1: rows read whole,
-         columns written whole */
-      for (int64_t c0 = 0; c0 < C; c0 += TB)
-        for (int64_t j0 = jlo; j0 < jhi; j0 += TB) {
-          const int64_t cn = C - c0 < TB ? C - c0 : TB, jn = jhi - j0 < TB ? jhi - j0 : TB;
-          float blk[TB][TB] __attribute__((aligned(64)));
-          if (jn == TB && cn == TB) {  /* whole: constant sizes, vector moves */
-            for (int jj = 0; jj < TB; jj++) memcpy(blk[jj], from + (Sw * (j0 + jj) + pw - pl) * C + c0, sizeof blk[jj]);
-            for (int c = 0; c < TB; c++) {
-              float col[TB];
-              UNROLL for (int jj = 0; jj < TB; jj++) col[jj] = blk[jj][c];
-              memcpy(to + (c0 + c) * cstride + j0, col, sizeof col);
-            }
-            continue;
-          }
-          for (int64_t jj = 0; jj < jn; jj++) memcpy(blk[jj], from + (Sw * (j0 + jj) + pw - pl) * C + c0, (size_t)cn * sizeof(float));
-          for (int64_t c = 0; c < cn; c++)
-            for (int64_t jj = 0; jj < jn; jj++) to[(c0 + c) * cstride + j0 + jj] = blk[jj][c];
-        }
+      /* the columns whose pixel lies inside x: [lo, hi) */
+      int64_t lo = pl - pw > 0 ? (pl - pw + Sw - 1) / Sw : 0, hi = Wd + pl - pw > 0 ? (Wd + pl - pw + Sw - 1) / Sw : 0;
+      lo = lo < Wq ? lo : Wq;
+      hi = hi < Wq ? hi : Wq;
+      hi = hi > lo ? hi : lo;
+      memset(to, 0, (size_t)(lo * C) * sizeof(float));
+      memset(to + hi * C, 0, (size_t)((Wq - hi) * C) * sizeof(float));
+      if (Sw == 1) memcpy(to + lo * C, from + (lo + pw - pl) * C, (size_t)((hi - lo) * C) * sizeof(float));
+      else
+        for (int64_t j = lo; j < hi; j++) memcpy(to + j * C, from + (Sw * j + pw - pl) * C, (size_t)C * sizeof(float));
     }
   }
 }
 
 /* p: x [N, H, W, C], the packed weights (blocks of K x mc VL), out [N, OH, OW, O], the steps'
-   values [steps, Op], residual [N, OH, OW, O] (NULL: none), off [K] (the taps' offsets in the
-   prepared source), scratch (one prepared image, C Sh Sw Hq Wq and NPMAX floats of zeroed slack),
-   the steps' codes [steps], which phases the taps read [Sh Sw] (int8)
+   values [steps, Op], residual [N, OH, OW, O] (NULL: none), off [K] (the taps' offsets in floats
+   from a pixel's first input), scratch (one prepared image, Sh Sw Hq Wq C floats and NPMAX C of
+   zeroed slack), the steps' codes [steps], which phases the taps read [Sh Sw] (int8)
    d: N, C, H, W, O, OH, OW, K, Sh, Sw, pt, pl, Hq, Wq, steps, act, threads, mc, pointwise (1x1,
-   stride 1, no padding: read in place, off[k] = k, where the image has a whole tile of pixels) */
+   stride 1, no padding: the input read as it lies where it has a whole tile of pixels)
+
+   The walk is flat over the source's pixels, rows Wq wide; where it has a whole tile of pixels
+   the last tile ends at Q, overlapping the one before it (its pixels from `skip` on stored), so
+   no tile reads past the source; else the one tile reads into the prepared image's slack. */
 void dpl_kernel(void **p, const int64_t *d) {
   const float *x = p[0], *W = p[1], *vals = p[3], *res = p[4];
   float *out = p[2], *scratch = p[6];
@@ -153,15 +139,13 @@ void dpl_kernel(void **p, const int64_t *d) {
   const int threads = 1;
 #endif
   if (OH <= 0 || OW <= 0) return;
-  const int in_place = d[18] && OH * OW >= (mc == 1 ? NPP1 : mc == 2 ? NPP2 : mc == 3 ? NPP3 : NPP4);
-  const int np = in_place ? (mc == 1 ? NPP1 : mc == 2 ? NPP2 : mc == 3 ? NPP3 : NPP4) : mc == 1 ? NP1 : mc == 2 ? NP2 : mc == 3 ? NP3 : NP4;
-  const tile_fn fn = in_place ? (mc == 1 ? ptile1 : mc == 2 ? ptile2 : mc == 3 ? ptile3 : ptile4)
-                              : mc == 1 ? tile1 : mc == 2 ? tile2 : mc == 3 ? tile3 : tile4;
+  const int np = mc == 1 ? NP1 : mc == 2 ? NP2 : mc == 3 ? NP3 : NP4;
+  const tile_fn fn = mc == 1 ? tile1 : mc == 2 ? tile2 : mc == 3 ? tile3 : tile4;
   const int64_t width = (int64_t)mc * VL, Op = (O + VL - 1) / VL * VL, blocks = Op / width;
   const int64_t Q = (OH - 1) * Wq + OW, tiles = (Q + np - 1) / np;
-  const int64_t *taps = in_place ? (const int64_t *)p[9] : off;
-  /* tasks: a run of a tile's pixels by a group of channel blocks, as many groups as give the
-     team four tasks a thread where the tiles alone do not */
+  const int in_place = d[18] && Q >= np;
+  /* tasks: a tile's pixels by a group of channel blocks, as many groups as give the team four
+     tasks a thread where the tiles alone do not */
   int64_t groups = (4 * threads + tiles - 1) / tiles;
   groups = groups > blocks ? blocks : groups;
   const int64_t per = (blocks + groups - 1) / groups;
@@ -173,12 +157,10 @@ void dpl_kernel(void **p, const int64_t *d) {
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && tiles * groups > 1)
     for (int64_t task = 0; task < tiles * groups; task++) {
       const int64_t t = task / groups, b0 = task % groups * per, b1 = b0 + per < blocks ? b0 + per : blocks;
-      /* in place, the last tile ends at Q, overlapping the one before it (its pixels from `skip` on
-         stored): no read past the input */
-      const int64_t q0 = in_place && t * np > Q - np ? Q - np : t * np;
+      const int64_t q0 = Q >= np && t * np > Q - np ? Q - np : t * np;
       for (int64_t b = b0; b < b1; b++) {
         const int64_t o0 = b * width, nl = O - o0 < width ? O - o0 : width;
-        fn(W + b * K * width, S, taps, K, q0, Q, Wq, OW, on, O, o0, nl, &fin, C, t * np - q0);
+        fn(W + b * K * width, S, off, K, q0, Q, Wq, OW, on, O, o0, nl, &fin, C, t * np - q0);
       }
       if (act > 1)
         for (int64_t q = t * np; q < (t + 1) * np && q < Q; q++)
@@ -195,9 +177,8 @@ void dpl_kernel(void **p, const int64_t *d) {
 TILE = r"""
 /* pixels [q0, q0 + np) of the flat walk (q = oh Wq + ow; ow >= OW computed, not stored; q >= Q
    and the first `skip` neither) by the mc channel vectors of block W (K x mc VL, packed), from
-   the source S (tap k of pixel q at S + off[k] + q PS: the prepared planes, PS 1, or a 1x1's
-   input as it lies, PS = ps = C), into out (NHWC, O channels a pixel; the block's channels from o0,
-   nl of them valid) */
+   the source S (tap k of pixel q at S + off[k] + q ps, ps = C: the input, or its prepared
+   phases), into out (NHWC, O channels a pixel; the block's channels from o0, nl of them valid) */
 static void TILE(const float *restrict W, const float *restrict S, const int64_t *restrict off, int64_t K, int64_t q0,
                  int64_t Q, int64_t Wq, int64_t OW, float *restrict out, int64_t O, int64_t o0, int64_t nl, const fin_t *fin,
                  int64_t ps, int64_t skip) {
@@ -205,13 +186,13 @@ static void TILE(const float *restrict W, const float *restrict S, const int64_t
   vf c[np][mc];
   UNROLL for (int p = 0; p < np; p++)
     UNROLL for (int m = 0; m < mc; m++) c[p][m] = (vf){0};
-  const float *src = S + q0 * PS;
+  const float *src = S + q0 * ps;
   for (int64_t k = 0; k < K; k++) {
     const float *s = src + off[k];
     vf w[MCMAX];
     UNROLL for (int m = 0; m < mc; m++) w[m] = *(const vf *)(W + (k * mc + m) * VL);
     UNROLL for (int p = 0; p < np; p++) {
-      const float a = s[p * PS];
+      const float a = s[p * ps];
       UNROLL for (int m = 0; m < mc; m++) c[p][m] += a * w[m];
     }
   }
@@ -252,14 +233,9 @@ static void TILE(const float *restrict W, const float *restrict S, const int64_t
     }
   }
 }
-
-
 """
-TILES = "".join(f"#define MC {m}\n#define NP {np}{m}\n#define TILE {name}{m}\n#define PS {ps}\n{TILE}#undef MC\n#undef NP\n#undef TILE\n#undef PS\n"
-                for name, np, ps in (("tile", "NP", "1"), ("ptile", "NPP", "ps")) for m in (1, 2, 3, 4))
-SOURCE = SOURCE_HEAD.replace("TILES", "typedef void (*tile_fn)(const float *, const float *, const int64_t *, int64_t, int64_t, int64_t, "
-                                      "int64_t, int64_t,\n                        float *, int64_t, int64_t, int64_t, const fin_t *, int64_t, int64_t);\n"
-                                      + TILES).replace("ACT_CASES", packed_gemm._act_cases())
+TILES = "".join(f"#define MC {m}\n#define NP NP{m}\n#define TILE tile{m}\n{TILE}#undef MC\n#undef NP\n#undef TILE\n" for m in (1, 2, 3, 4))
+SOURCE = SOURCE_HEAD.replace("TILES", TILES).replace("ACT_CASES", packed_gemm._act_cases())
 
 
 def takes(call: Call) -> bool:
@@ -278,12 +254,21 @@ def takes(call: Call) -> bool:
     return len(w.ty.shape) == 4 and all(isinstance(v, int) for v in w.ty.shape) and isinstance(x.ty.shape[3], int)
 
 
-def geometry(attrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> conv_direct.Geometry:
-    """The prepared input's planes and the taps' offsets for an NHWC input and OHWI weights
-    (the taps in ``(c, kh, kw)`` order, as :meth:`Routine.pack` packs them)."""
-    n, h, w, c = x_shape
-    o, kh, kw, ci = w_shape
-    return conv_direct.Geometry(attrs, (n, c, h, w), (o, ci, kh, kw))
+class Geometry:
+    """Where a convolution's taps read its NHWC source, at one input shape: the shape facts of
+    :class:`conv_direct.Geometry` (the phases' planes, the output's size), and each tap
+    ``(c, kh, kw)``'s offset in floats from a pixel's first input (the order
+    :meth:`Routine.pack` packs the weights in)."""
+
+    def __init__(self, attrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]):
+        n, h, w, c = (int(v) for v in x_shape)
+        o, kh, kw, ci = w_shape
+        g = conv_direct.Geometry(attrs, (n, c, h, w), (o, ci, kh, kw))
+        self.offsets = np.ascontiguousarray((g.window[None] * c + np.arange(c)[:, None, None]).reshape(-1), np.int64)
+        self.phases, self.channels = g.phases, c
+        self.scratch = g.scratch  # one prepared image, in floats (the routine adds its slack)
+        self.dims = (g.n, c, g.h, g.w, g.o, max(g.oh, 0), max(g.ow, 0), g.k, g.sh, g.sw, g.pt, g.pl, g.hq, g.wq)
+        self.pointwise = g.pointwise
 
 
 def tile_width(channels: int, lanes: int, widest: int) -> int:
@@ -322,11 +307,16 @@ class Routine(packed_gemm.LibraryRoutine):
         ready = self._ready or self._resolve()
         return tile_width(channels, ready[1], ready[2])
 
-    def scratch(self, size: int) -> np.ndarray:
-        """A prepared image's buffer of ``size`` floats and the zeroed slack a tile may read past it."""
-        slack = (self._ready or self._resolve())[3]
-        buf = packed_gemm.aligned_empty((size + slack,))
-        buf[size:] = 0
+    def scratch_size(self, g: Geometry) -> int:
+        """Floats of a buffer for a prepared image of geometry ``g``, and of the slack a tile of
+        an image of fewer pixels than a tile reads past it."""
+        return g.scratch + (self._ready or self._resolve())[3] * g.channels
+
+    def scratch(self, g: Geometry) -> np.ndarray:
+        """:meth:`scratch_size` floats, the slack zeroed (no NaN, no subnormal slowing a lane no
+        one stores)."""
+        buf = packed_gemm.aligned_empty((self.scratch_size(g),))
+        buf[g.scratch:] = 0
         return buf
 
     def pack(self, w: np.ndarray) -> np.ndarray:
@@ -369,8 +359,7 @@ def runner(call: Call, routine: Routine, threads: int | None = None, residual: b
     code = 0 if act is None else packed_gemm.ACTS.index(act) + 1
     codes = np.array([c for c, _ in steps] or [0], np.int64)
     values_of = []  # made at the first call (the routine's vector width)
-    channels = np.arange(w_shape[3], dtype=np.int64)  # a 1x1's taps read in place: one a channel
-    geometries: dict[tuple, conv_direct.Geometry] = {}
+    geometries: dict[tuple, Geometry] = {}
     local = threading.local()
 
     def values():
@@ -378,31 +367,30 @@ def runner(call: Call, routine: Routine, threads: int | None = None, residual: b
             values_of.append(routine.values(steps, o))
         return values_of[0]
 
-    def geometry_of(shape) -> conv_direct.Geometry:
+    def geometry(shape) -> Geometry:
         found = geometries.get(shape)
         if found is None:
-            found = geometry(call.attrs, shape, w_shape)
+            found = Geometry(call.attrs, shape, w_shape)
             if len(geometries) < conv_direct.SHAPES_KEPT:
                 geometries[shape] = found
         return found
 
-    def dims(g: conv_direct.Geometry) -> tuple[int, ...]:
-        return (g.n, g.c, g.h, g.w, g.o, max(g.oh, 0), max(g.ow, 0), g.k, g.sh, g.sw, g.pt, g.pl, g.hq, g.wq, len(steps),
-                code, cap, routine.width(o), int(g.pointwise))
+    def dims(g: Geometry) -> tuple[int, ...]:
+        return (*g.dims, len(steps), code, cap, routine.width(o), int(g.pointwise))
 
     def run(x, w, *rest):
         *res, out = rest
         x = np.ascontiguousarray(x, np.float32)
-        g = geometry_of(x.shape)
+        g = geometry(x.shape)
         scratch = getattr(local, "buf", None)
-        if scratch is None or scratch.size < g.scratch:
-            scratch = local.buf = routine.scratch(g.scratch)
+        if scratch is None or scratch.size < routine.scratch_size(g):
+            scratch = local.buf = routine.scratch(g)
         r = np.ascontiguousarray(res[0], np.float32) if residual else None
         target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
         packed = weights.get() if constant else routine.pack(w)
-        ptrs = (ctypes.c_void_p * 10)(address(x), address(packed), address(target), address(values()),
-                                      None if r is None else address(r), g.offsets.ctypes.data, address(scratch),
-                                      codes.ctypes.data, g.phases.ctypes.data, channels.ctypes.data)
+        ptrs = (ctypes.c_void_p * 9)(address(x), address(packed), address(target), address(values()),
+                                     None if r is None else address(r), g.offsets.ctypes.data, address(scratch),
+                                     codes.ctypes.data, g.phases.ctypes.data)
         routine.entry(ptrs, (ctypes.c_int64 * 19)(*dims(g)))
         if target is not out:
             np.copyto(out, target)
@@ -414,10 +402,9 @@ def runner(call: Call, routine: Routine, threads: int | None = None, residual: b
         if not constant:
             return None
         (x, shape), _, *res = operands
-        g = geometry_of(tuple(shape))
+        g = geometry(tuple(shape))
         args = (x, Address.of(weights.get()), outputs[0][0], Address.of(values()), res[0][0] if residual else None,
-                Address.of(g.offsets), Address.of(routine.scratch(g.scratch)), Address.of(codes), Address.of(g.phases),
-                Address.of(channels))
+                Address.of(g.offsets), Address.of(routine.scratch(g)), Address.of(codes), Address.of(g.phases))
         return [CCall(entry_address(routine.entry), KERNEL, args, dims(g), cap)]
 
     run.prepare = prepare  # type: ignore[attr-defined]
