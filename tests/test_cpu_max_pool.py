@@ -1,6 +1,6 @@
 """backends/cpu/max_pool.py: the CPU's max pool routine equals the interpreter for every window,
-stride, padding (symmetric or not), dilation and size the op allows, float32 and float64, with
-NaN and infinities in the input; and a ResNet stem runs it."""
+stride, padding (symmetric or not), dilation and size the op allows, NCHW and NHWC, float32 and
+float64, with NaN and infinities in the input; and a ResNet stem runs it."""
 
 import numpy as np
 import pytest
@@ -38,10 +38,12 @@ def cases(draw):
     pads += [draw(st.integers(0, pads[0])), draw(st.integers(0, pads[1]))]
     h = draw(st.integers((kh - 1) * dh + 1, 19))
     w = draw(st.integers((kw - 1) * dw + 1, 40))
-    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), h, w)
+    layout = draw(st.sampled_from(["NCHW", "NHWC"]))
+    n, c = draw(st.integers(1, 2)), draw(st.integers(1, 3) if layout == "NCHW" else st.integers(1, 20))
+    shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
     dtype = draw(st.sampled_from(["float32", "float64"]))
     special = draw(st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=3))
-    attrs = dict(pool_size=[kh, kw], strides=[sh, sw], dilation=[dh, dw], padding=pads, ceil_mode=draw(st.booleans()))
+    attrs = dict(pool_size=[kh, kw], strides=[sh, sw], dilation=[dh, dw], padding=pads, ceil_mode=draw(st.booleans()), layout=layout)
     return shape, dtype, attrs, special, draw(st.integers(0, 2**31))
 
 

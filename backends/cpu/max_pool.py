@@ -13,8 +13,8 @@ The interpreter's rules hold: the padding is -inf (never chosen over a real valu
 of a window all padding), and a NaN anywhere in a window makes its output NaN (a row that met
 one is recomputed element by element). float32 and float64, NCHW, any window, stride, padding
 and dilation; ``ceil_mode`` is whatever the output shape says. NHWC pools (the convert-layout
-pass's) take each output pixel's window pixel by pixel, all channels at once in vectors (0.26 ms
-for the stem pool above). Other dtypes stay with the kernel IR (:func:`takes`).
+pass's) the same way, whole rows of pixels down the columns, then each pixel's window across,
+all channels at once in vectors. Other dtypes stay with the kernel IR (:func:`takes`).
 """
 
 from __future__ import annotations
@@ -147,46 +147,89 @@ void dpl_kernel(const T *restrict x, T *restrict y, const int64_t *d) {
   }
 }
 
-/* NHWC (channels last): each output pixel the running maximum of its window's pixels, all
-   channels at once in vectors; d: N, H, W, C, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW */
+/* NHWC (channels last), as the NCHW kernel: each output row the running maximum of its window's
+   input rows first (whole rows of pixels, all channels, in vectors), then each pixel the window
+   across that one row (its channels in vectors); a row that met a NaN is marked where its windows
+   hold one. d: N, H, W, C, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW */
 void dpl_kernel_nhwc(const T *restrict x, T *restrict y, const int64_t *d) {
   const int64_t N = d[0], H = d[1], W = d[2], C = d[3], OH = d[4], OW = d[5], KH = d[6], KW = d[7];
   const int64_t SH = d[8], SW = d[9], PT = d[10], PL = d[11], DH = d[12], DW = d[13];
-  #pragma omp parallel for collapse(2) schedule(static) if(N * OH * OW * C >= %(parallel)d)
+  #pragma omp parallel if(N * OH * OW * C >= %(parallel)d)
+  {
+  /* the column maxima of one output row; without it (no memory) each pixel's window in turn */
+  T *restrict xr = malloc((size_t)(W * C > 0 ? W * C : 1) * sizeof(T));
+  #pragma omp for collapse(2) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t oy = 0; oy < OH; ++oy) {
+      T *restrict yr = y + (n * OH + oy) * OW * C;
+      const T *restrict xn = x + n * H * W * C;
+      int nan = 0, rows = 0;
+      for (int64_t ky = 0; ky < KH && xr; ++ky) {
+        const int64_t iy = oy * SH + ky * DH - PT;
+        if (iy < 0 || iy >= H) continue;
+        const T *restrict row = xn + iy * W * C;
+        if (rows++ == 0) {
+          #pragma omp simd reduction(|:nan)
+          for (int64_t i = 0; i < W * C; ++i) { const T v = row[i]; xr[i] = v; nan |= v != v; }
+        } else {
+          #pragma omp simd reduction(|:nan)
+          for (int64_t i = 0; i < W * C; ++i) { const T v = row[i]; xr[i] = v > xr[i] ? v : xr[i]; nan |= v != v; }
+        }
+      }
       for (int64_t ox = 0; ox < OW; ++ox) {
-        T *restrict yc = y + ((n * OH + oy) * OW + ox) * C;
-        int nan = 0;
-        for (int64_t c = 0; c < C; ++c) yc[c] = -INFINITY;
+        T *restrict yc = yr + ox * C;
+        int64_t k0 = 0, k1 = KW;  /* the window's columns inside the input */
+        while (k0 < KW && ox * SW + k0 * DW - PL < 0) ++k0;
+        while (k1 > k0 && ox * SW + (k1 - 1) * DW - PL >= W) --k1;
+        if (!xr) {  /* no buffer: the window pixel by pixel */
+          for (int64_t c = 0; c < C; ++c) yc[c] = -INFINITY;
+          for (int64_t ky = 0; ky < KH; ++ky) {
+            const int64_t iy = oy * SH + ky * DH - PT;
+            if (iy < 0 || iy >= H) continue;
+            for (int64_t kx = k0; kx < k1; ++kx) {
+              const T *restrict xc = xn + (iy * W + ox * SW + kx * DW - PL) * C;
+              #pragma omp simd reduction(|:nan)
+              for (int64_t c = 0; c < C; ++c) { const T v = xc[c]; yc[c] = v > yc[c] ? v : yc[c]; nan |= v != v; }
+            }
+          }
+          continue;
+        }
+        const T *restrict xc = xr + (ox * SW + k0 * DW - PL) * C;  /* the window's first column inside */
+        if (rows == 0 || k0 == k1) {  /* a window all padding */
+          for (int64_t c = 0; c < C; ++c) yc[c] = -INFINITY;
+        } else if (k1 - k0 == 3 && DW == 1) {
+          const T *restrict a = xc, *restrict b = a + C, *restrict e = b + C;
+          #pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            T m = a[c];
+            m = b[c] > m ? b[c] : m;
+            yc[c] = e[c] > m ? e[c] : m;
+          }
+        } else {
+          #pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            T m = -INFINITY;
+            for (int64_t kx = 0; kx < k1 - k0; ++kx) { const T v = xc[kx * DW * C + c]; m = v > m ? v : m; }
+            yc[c] = m;
+          }
+        }
+      }
+      if (!nan) continue;
+      for (int64_t ox = 0; ox < OW; ++ox) {  /* the channels whose window holds a NaN are NaN */
         for (int64_t ky = 0; ky < KH; ++ky) {
           const int64_t iy = oy * SH + ky * DH - PT;
           if (iy < 0 || iy >= H) continue;
           for (int64_t kx = 0; kx < KW; ++kx) {
             const int64_t ix = ox * SW + kx * DW - PL;
             if (ix < 0 || ix >= W) continue;
-            const T *restrict xc = x + ((n * H + iy) * W + ix) * C;
-            #pragma omp simd reduction(|:nan)
-            for (int64_t c = 0; c < C; ++c) {
-              const T v = xc[c];
-              yc[c] = v > yc[c] ? v : yc[c];
-              nan |= v != v;
-            }
-          }
-        }
-        if (!nan) continue;
-        for (int64_t ky = 0; ky < KH; ++ky) {  /* the channels whose window holds a NaN are NaN */
-          const int64_t iy = oy * SH + ky * DH - PT;
-          if (iy < 0 || iy >= H) continue;
-          for (int64_t kx = 0; kx < KW; ++kx) {
-            const int64_t ix = ox * SW + kx * DW - PL;
-            if (ix < 0 || ix >= W) continue;
-            const T *restrict xc = x + ((n * H + iy) * W + ix) * C;
-            for (int64_t c = 0; c < C; ++c) if (xc[c] != xc[c]) yc[c] = NAN;
+            const T *restrict xc = xn + (iy * W + ix) * C;
+            for (int64_t c = 0; c < C; ++c) if (xc[c] != xc[c]) yr[ox * C + c] = NAN;
           }
         }
       }
     }
+  }
+  free(xr);
   }
 }
 """
