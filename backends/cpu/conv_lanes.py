@@ -187,12 +187,18 @@ static void TILE(const float *restrict W, const float *restrict S, const int64_t
   UNROLL for (int p = 0; p < np; p++)
     UNROLL for (int m = 0; m < mc; m++) c[p][m] = (vf){0};
   const float *src = S + q0 * ps;
+  int64_t at[np];  /* each pixel's offset, in registers: an address mode a broadcast, no chain of adds */
+  UNROLL for (int p = 0; p < np; p++) {
+    at[p] = p * ps;
+    __asm__("" : "+r"(at[p]));  /* opaque: the compiler keeps it, not a chain of adds from one */
+  }
   for (int64_t k = 0; k < K; k++) {
     const float *s = src + off[k];
+    __asm__("" : "+r"(s));  /* a base register: each broadcast one address mode off it */
     vf w[MCMAX];
     UNROLL for (int m = 0; m < mc; m++) w[m] = *(const vf *)(W + (k * mc + m) * VL);
     UNROLL for (int p = 0; p < np; p++) {
-      const float a = s[p * ps];
+      const float a = s[at[p]];
       UNROLL for (int m = 0; m < mc; m++) c[p][m] += a * w[m];
     }
   }
