@@ -110,6 +110,9 @@ static void prepare(const float *restrict x, float *restrict P, int64_t C, int64
       memset(to, 0, (size_t)(lo * C) * sizeof(float));
       memset(to + hi * C, 0, (size_t)((Wq - hi) * C) * sizeof(float));
       if (Sw == 1) memcpy(to + lo * C, from + (lo + pw - pl) * C, (size_t)((hi - lo) * C) * sizeof(float));
+      else if (C < 16)  /* a few channels (an image's three): no call a pixel */
+        for (int64_t j = lo; j < hi; j++)
+          for (int64_t c = 0; c < C; c++) to[j * C + c] = from[(Sw * j + pw - pl) * C + c];
       else
         for (int64_t j = lo; j < hi; j++) memcpy(to + j * C, from + (Sw * j + pw - pl) * C, (size_t)C * sizeof(float));
     }
