@@ -218,17 +218,7 @@ static int64_t groups_of(int64_t blocks, int64_t oblocks, int threads) {
    whole pixels anywhere, copied out of a buffer): 56-wide rows of 3x3s take 4 vectors a row one
    way, 58 / 64 of them the other. */
 void dpl_kernel(void **p, const int64_t *d) {
-  const float *x = p[0], *W = p[1], *vals = p[3], *res = p[4];
-  float *out = p[2], *scratch = p[6];
-  const int64_t *off = p[5], *code = p[7];
-  const int64_t N = d[0], C = d[1], H = d[2], Wd = d[3], O = d[4], OH = d[5], OW = d[6], K = d[7], Sh = d[8], Sw = d[9];
-  const int64_t pt = d[10], pl = d[11], Hq = d[12], Wq = d[13], steps = d[14];
-  const int act = (int)d[15];
-#ifdef _OPENMP
-  const int threads = d[16] > 0 ? (int)d[16] : omp_get_max_threads();
-#else
-  const int threads = 1;
-#endif
+KERNEL_ARGS
   if (OH <= 0 || OW <= 0) return;
   const int64_t plane = OH * OW, oblocks = (O + MR - 1) / MR;
   const int64_t cblocks = (OW + NR - 1) / NR, Q = (OH - 1) * Wq + OW, qblocks = (Q + NR - 1) / NR;
@@ -308,7 +298,19 @@ void dpl_kernel(void **p, const int64_t *d) {
 }
 """
 
-SOURCE = SOURCE_HEAD.replace("ACT_CASES", packed_gemm._act_cases())
+# dpl_kernel's arguments as this routine and conv_lanes.py's read them (the calls kernel_calls makes)
+KERNEL_ARGS = r"""  const float *x = p[0], *W = p[1], *vals = p[3], *res = p[4];
+  float *out = p[2], *scratch = p[6];
+  const int64_t *off = p[5], *code = p[7];
+  const int64_t N = d[0], C = d[1], H = d[2], Wd = d[3], O = d[4], OH = d[5], OW = d[6], K = d[7], Sh = d[8], Sw = d[9];
+  const int64_t pt = d[10], pl = d[11], Hq = d[12], Wq = d[13], steps = d[14];
+  const int act = (int)d[15];
+#ifdef _OPENMP
+  const int threads = d[16] > 0 ? (int)d[16] : omp_get_max_threads();
+#else
+  const int threads = 1;
+#endif"""
+SOURCE = SOURCE_HEAD.replace("KERNEL_ARGS", KERNEL_ARGS).replace("ACT_CASES", packed_gemm._act_cases())
 
 
 def takes(call: Call) -> bool:
@@ -394,12 +396,16 @@ class Routine(packed_gemm.LibraryRoutine):
     def entry(self):
         return (self._ready or self._resolve())[0]
 
-    def scratch(self, size: int) -> np.ndarray:
-        """A prepared image's buffer of ``size`` floats, and the zeroed slack the tiles' whole
-        vectors may read past it (zeros: no NaN, no subnormal slowing a lane no one stores)."""
-        slack = (self._ready or self._resolve())[2]
-        buf = packed_gemm.aligned_empty((size + slack,))
-        buf[size:] = 0
+    def scratch_size(self, g: Geometry) -> int:
+        """Floats of a buffer for a prepared image of geometry ``g`` and the slack the tiles'
+        whole vectors may read past it."""
+        return g.scratch + (self._ready or self._resolve())[2]
+
+    def scratch(self, g: Geometry) -> np.ndarray:
+        """:meth:`scratch_size` floats, the slack zeroed (zeros: no NaN, no subnormal slowing a
+        lane no one stores)."""
+        buf = packed_gemm.aligned_empty((self.scratch_size(g),))
+        buf[g.scratch:] = 0
         return buf
 
     def pack(self, w: np.ndarray) -> np.ndarray:
@@ -447,6 +453,58 @@ def step_code(op: str, value_first: bool) -> int | None:
     return STEPS.index((op, value_first)) + 1 if (op, value_first) in STEPS else None
 
 
+def kernel_calls(call: Call, routine, weights: _Weights | None, residual: bool, geometry_of, values, dims, codes: np.ndarray,
+                 cap: int):
+    """``run(x, w, *res, out)`` calling a convolution routine's ``dpl_kernel`` (this module's or
+    ``conv_lanes``'s: the same nine pointers), with ``run.prepare`` its record as a prepared call;
+    ``geometry_of(shape)`` a geometry (kept for up to ``SHAPES_KEPT`` shapes), ``values()`` the
+    steps' values, ``dims(g)`` the dims, ``weights`` a constant weight's packing (None: packed at
+    each call), ``routine.scratch_size(g)`` / ``routine.scratch(g)`` the prepared input's buffer."""
+    geometries: dict[tuple, object] = {}
+    local = threading.local()
+
+    def geometry(shape):
+        found = geometries.get(shape)
+        if found is None:
+            found = geometry_of(shape)
+            if len(geometries) < SHAPES_KEPT:
+                geometries[shape] = found
+        return found
+
+    def run(x, w, *rest):
+        *res, out = rest
+        x = np.ascontiguousarray(x, np.float32)
+        g = geometry(x.shape)
+        scratch = getattr(local, "buf", None)
+        if scratch is None or scratch.size < routine.scratch_size(g):
+            scratch = local.buf = routine.scratch(g)
+        r = np.ascontiguousarray(res[0], np.float32) if residual else None
+        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+        packed = weights.get() if weights is not None else routine.pack(w)  # a variable weight: packed at each call
+        ptrs = (ctypes.c_void_p * 9)(address(x), address(packed), address(target), address(values()),
+                                     None if r is None else address(r), g.offsets.ctypes.data, address(scratch),
+                                     codes.ctypes.data, g.phases.ctypes.data)
+        d = dims(g)
+        routine.entry(ptrs, (ctypes.c_int64 * len(d))(*d))
+        if target is not out:
+            np.copyto(out, target)
+        return out
+
+    def prepare(operands, outputs):
+        """The call as a record of a prepared call (dpl.runtime.prepared): the weights packed
+        now, a scratch of its own for the prepared input."""
+        if weights is None:
+            return None  # packed at each call: the general path
+        (x, shape), _, *res = operands
+        g = geometry(tuple(shape))
+        args = (x, Address.of(weights.get()), outputs[0][0], Address.of(values()), res[0][0] if residual else None,
+                Address.of(g.offsets), Address.of(routine.scratch(g)), Address.of(codes), Address.of(g.phases))
+        return [CCall(entry_address(routine.entry), KERNEL, args, dims(g), cap)]
+
+    run.prepare = prepare  # type: ignore[attr-defined]
+    return run
+
+
 def runner(call: Call, routine: Routine, threads: int | None = None, bias: np.ndarray | None = None,
            residual: bool = False, act: str | None = None, _weights: _Weights | None = None, steps: tuple = ()):
     """``fn(x, w, out)`` computing convolution ``call`` (:func:`takes`) into ``out`` by
@@ -466,47 +524,8 @@ def runner(call: Call, routine: Routine, threads: int | None = None, bias: np.nd
     codes = np.array([c for c, _ in steps], np.int64)
     values = np.ascontiguousarray(np.stack([np.broadcast_to(np.asarray(v, np.float32).reshape(-1), (w_shape[0],))
                                             for _, v in steps]) if steps else np.zeros((0, w_shape[0]), np.float32))
-    geometries: dict[tuple, Geometry] = {}
-    local = threading.local()
-
-    def geometry(shape) -> Geometry:
-        found = geometries.get(shape)
-        if found is None:
-            found = Geometry(call.attrs, shape, w_shape)
-            if len(geometries) < SHAPES_KEPT:
-                geometries[shape] = found
-        return found
-
-    def run(x, w, *rest):
-        *res, out = rest
-        x = np.ascontiguousarray(x, np.float32)
-        g = geometry(x.shape)
-        scratch = getattr(local, "buf", None)
-        if scratch is None or scratch.size < g.scratch:
-            scratch = local.buf = routine.scratch(g.scratch)
-        r = np.ascontiguousarray(res[0], np.float32) if residual else None
-        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        packed = weights.get() if constant else routine.pack(w)  # a variable weight: packed at each call
-        ptrs = (ctypes.c_void_p * 9)(address(x), address(packed), address(target), values.ctypes.data,
-                                     None if r is None else address(r), g.offsets.ctypes.data, address(scratch),
-                                     codes.ctypes.data, g.phases.ctypes.data)
-        routine.entry(ptrs, (ctypes.c_int64 * 18)(*g.dims(len(codes), code, cap)))
-        if target is not out:
-            np.copyto(out, target)
-        return out
-
-    def prepare(operands, outputs):
-        """The call as a record of a prepared call (dpl.runtime.prepared): the weights packed
-        now, a scratch of its own for the prepared input."""
-        if not constant:
-            return None  # packed at each call: the general path
-        (x, shape), _, *res = operands
-        g = geometry(tuple(shape))
-        args = (x, Address.of(weights.get()), outputs[0][0], Address.of(values), res[0][0] if residual else None,
-                Address.of(g.offsets), Address.of(routine.scratch(g.scratch)), Address.of(codes), Address.of(g.phases))
-        return [CCall(entry_address(routine.entry), KERNEL, args, g.dims(len(codes), code, cap), cap)]
-
-    run.prepare = prepare  # type: ignore[attr-defined]
+    run = kernel_calls(call, routine, weights, residual, lambda shape: Geometry(call.attrs, shape, w_shape), lambda: values,
+                       lambda g: g.dims(len(codes), code, cap), codes, cap)
     epilogue = "".join(f" {STEPS[c - 1][0]}" for c in codes) + (" + residual" if residual else "") + (f", {act}" if act else "")
     o, c, kh, kw = w_shape
     return openmp_kernel(run, f"cpu:direct-conv {o}x{c}x{kh}x{kw}{epilogue}", SOURCE, threads,

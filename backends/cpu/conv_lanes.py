@@ -32,15 +32,11 @@ separate op rounds it; padding is real zeros, as the reference's.
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import numpy as np
 
 from dpl.backends.cpu import conv_direct, packed_gemm
-from dpl.backends.cpu.addresses import address
-from dpl.backends.cpu.call_list import KERNEL, entry_address
 from dpl.ir.expr import Call, Constant
-from dpl.runtime.prepared import Address, CCall
 from dpl.runtime.threads import openmp_kernel
 
 SOURCE_HEAD = r"""
@@ -130,17 +126,8 @@ static void prepare(const float *restrict x, float *restrict P, int64_t C, int64
    the last tile ends at Q, overlapping the one before it (its pixels from `skip` on stored), so
    no tile reads past the source; else the one tile reads into the prepared image's slack. */
 void dpl_kernel(void **p, const int64_t *d) {
-  const float *x = p[0], *W = p[1], *vals = p[3], *res = p[4];
-  float *out = p[2], *scratch = p[6];
-  const int64_t *off = p[5], *code = p[7];
-  const int64_t N = d[0], C = d[1], H = d[2], Wd = d[3], O = d[4], OH = d[5], OW = d[6], K = d[7], Sh = d[8], Sw = d[9];
-  const int64_t pt = d[10], pl = d[11], Hq = d[12], Wq = d[13], steps = d[14];
-  const int act = (int)d[15], mc = (int)d[17];
-#ifdef _OPENMP
-  const int threads = d[16] > 0 ? (int)d[16] : omp_get_max_threads();
-#else
-  const int threads = 1;
-#endif
+KERNEL_ARGS
+  const int mc = (int)d[17];
   if (OH <= 0 || OW <= 0) return;
   const int np = mc == 1 ? NP1 : mc == 2 ? NP2 : mc == 3 ? NP3 : NP4;
   const tile_fn fn = mc == 1 ? tile1 : mc == 2 ? tile2 : mc == 3 ? tile3 : tile4;
@@ -244,7 +231,7 @@ static void TILE(const float *restrict W, const float *restrict S, const int64_t
 }
 """
 TILES = "".join(f"#define MC {m}\n#define NP NP{m}\n#define TILE tile{m}\n{TILE}#undef MC\n#undef NP\n#undef TILE\n" for m in (1, 2, 3, 4))
-SOURCE = SOURCE_HEAD.replace("TILES", TILES).replace("ACT_CASES", packed_gemm._act_cases())
+SOURCE = SOURCE_HEAD.replace("KERNEL_ARGS", conv_direct.KERNEL_ARGS).replace("TILES", TILES).replace("ACT_CASES", packed_gemm._act_cases())
 
 
 def takes(call: Call) -> bool:
@@ -368,55 +355,14 @@ def runner(call: Call, routine: Routine, threads: int | None = None, residual: b
     code = 0 if act is None else packed_gemm.ACTS.index(act) + 1
     codes = np.array([c for c, _ in steps] or [0], np.int64)
     values_of = []  # made at the first call (the routine's vector width)
-    geometries: dict[tuple, Geometry] = {}
-    local = threading.local()
 
     def values():
         if not values_of:
             values_of.append(routine.values(steps, o))
         return values_of[0]
 
-    def geometry(shape) -> Geometry:
-        found = geometries.get(shape)
-        if found is None:
-            found = Geometry(call.attrs, shape, w_shape)
-            if len(geometries) < conv_direct.SHAPES_KEPT:
-                geometries[shape] = found
-        return found
-
-    def dims(g: Geometry) -> tuple[int, ...]:
-        return (*g.dims, len(steps), code, cap, routine.width(o), int(g.pointwise))
-
-    def run(x, w, *rest):
-        *res, out = rest
-        x = np.ascontiguousarray(x, np.float32)
-        g = geometry(x.shape)
-        scratch = getattr(local, "buf", None)
-        if scratch is None or scratch.size < routine.scratch_size(g):
-            scratch = local.buf = routine.scratch(g)
-        r = np.ascontiguousarray(res[0], np.float32) if residual else None
-        target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        packed = weights.get() if constant else routine.pack(w)
-        ptrs = (ctypes.c_void_p * 9)(address(x), address(packed), address(target), address(values()),
-                                     None if r is None else address(r), g.offsets.ctypes.data, address(scratch),
-                                     codes.ctypes.data, g.phases.ctypes.data)
-        routine.entry(ptrs, (ctypes.c_int64 * 19)(*dims(g)))
-        if target is not out:
-            np.copyto(out, target)
-        return out
-
-    def prepare(operands, outputs):
-        """The call as a record of a prepared call (dpl.runtime.prepared): the weights packed
-        now, a scratch of its own for the prepared input."""
-        if not constant:
-            return None
-        (x, shape), _, *res = operands
-        g = geometry(tuple(shape))
-        args = (x, Address.of(weights.get()), outputs[0][0], Address.of(values()), res[0][0] if residual else None,
-                Address.of(g.offsets), Address.of(routine.scratch(g)), Address.of(codes), Address.of(g.phases))
-        return [CCall(entry_address(routine.entry), KERNEL, args, dims(g), cap)]
-
-    run.prepare = prepare  # type: ignore[attr-defined]
+    run = conv_direct.kernel_calls(call, routine, weights, residual, lambda shape: Geometry(call.attrs, shape, w_shape), values,
+                                   lambda g: (*g.dims, len(steps), code, cap, routine.width(o), int(g.pointwise)), codes, cap)
     epilogue = "".join(f" {conv_direct.STEPS[c - 1][0]}" for c, _ in steps) + (" + residual" if residual else "") + (f", {act}" if act else "")
     _, kh, kw, c = w_shape
     return openmp_kernel(run, f"cpu:lanes-conv {o}x{kh}x{kw}x{c}{epilogue}", SOURCE, threads,
