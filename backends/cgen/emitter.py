@@ -40,6 +40,7 @@ from dpl.ir import dims as dimexpr
 from dpl.kernel.ir import (C_TYPES, Bin, Const, Kernel, Let, Load, Loop, Op, Reduce, Select, Store, Var, free_vars, substitute,
                           op_c, to_c, walk, walk_exprs)
 from dpl.kernel.loop_split import split_index_loops
+from dpl.kernel.collapse import collapse_transposes
 from dpl.kernel.short_axis import unroll_short_axes
 from dpl.ops.registry import get_op
 
@@ -874,7 +875,7 @@ def emit_kernel(kernel: Kernel, symbol: str = "dpl_kernel", vector_math: bool = 
                 stream_bytes: int | None = STREAM_BYTES) -> str:
     """The C source of a kernel: the prelude and one function named ``symbol``. Outputs of at
     least ``stream_bytes`` are written with streaming stores (``None``: never)."""
-    body = CpuEmitter(unroll_short_axes(split_index_loops(kernel)), stream_bytes).function(symbol)
+    body = CpuEmitter(unroll_short_axes(collapse_transposes(split_index_loops(kernel))), stream_bytes).function(symbol)
     streams = STREAMING if "dpl_sfence();" in body else ""
     turns = TRANSPOSE16 if "dpl_transpose16(" in body else ""
     divides = INT_DIVIDE.format(inline="inline") if re.search(r"\bdpl_(div|mod|floor_mod)_", body) else ""
