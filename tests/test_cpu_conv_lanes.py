@@ -74,7 +74,8 @@ def test_random_convolutions_equal_the_interpreter(routine, seed):
     ((1, 56, 56, 64), 128, 1, dict(strides=[2, 2])),  # a 1x1 at stride 2: one phase of four prepared
     ((2, 3, 5, 8), 48, 1, {}),  # a 1x1 of fewer pixels than a tile: prepared, read inside the slack
     ((1, 13, 1, 8), 32, 1, {}),  # a 1x1 in place, its last tile overlapping the one before
-], ids=["stem", "3x3", "1x1", "1x1-strided", "1x1-tiny", "1x1-overlap"])
+    ((2, 9, 10, 128), 272, 3, dict(padding=[1, 1, 1, 1])),  # 1.3 MB of weights: a block at a time over the tiles
+], ids=["stem", "3x3", "1x1", "1x1-strided", "1x1-tiny", "1x1-overlap", "large-weights"])
 def test_model_shapes_and_geometries(routine, shape, o, window, attrs):
     rng = np.random.default_rng(1)
     x = rng.standard_normal(shape).astype(np.float32)

@@ -135,8 +135,11 @@ KERNEL_ARGS
   const int64_t Q = (OH - 1) * Wq + OW, tiles = (Q + np - 1) / np;
   const int in_place = d[18] && Q >= np;
   /* tasks: a tile's pixels by a group of channel blocks, as many groups as give the team four
-     tasks a thread where the tiles alone do not */
-  int64_t groups = (4 * threads + tiles - 1) / tiles;
+     tasks a thread where the tiles alone do not, tile by tile; where the weights outgrow half
+     the L2 (3x3 over 256 channels: 2.4 MB), a block at a time over every tile, so that its
+     weights stay in cache while the tiles read them (each tile had read every block's) */
+  const int by_block = blocks > 1 && K * width * blocks * (int64_t)sizeof(float) > (1 << 20);
+  int64_t groups = by_block ? blocks : (4 * threads + tiles - 1) / tiles;
   groups = groups > blocks ? blocks : groups;
   const int64_t per = (blocks + groups - 1) / groups;
   for (int64_t n = 0; n < N; n++) {
@@ -146,7 +149,8 @@ KERNEL_ARGS
     const fin_t fin = {code, vals, res ? res + n * OH * OW * O : 0, steps, Op, act == 1};
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && tiles * groups > 1)
     for (int64_t task = 0; task < tiles * groups; task++) {
-      const int64_t t = task / groups, b0 = task % groups * per, b1 = b0 + per < blocks ? b0 + per : blocks;
+      const int64_t t = by_block ? task % tiles : task / groups, g = by_block ? task / tiles : task % groups;
+      const int64_t b0 = g * per, b1 = b0 + per < blocks ? b0 + per : blocks;
       const int64_t q0 = Q >= np && t * np > Q - np ? Q - np : t * np;
       for (int64_t b = b0; b < b1; b++) {
         const int64_t o0 = b * width, nl = O - o0 < width ? O - o0 : width;
