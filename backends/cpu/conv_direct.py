@@ -453,8 +453,7 @@ def step_code(op: str, value_first: bool) -> int | None:
     return STEPS.index((op, value_first)) + 1 if (op, value_first) in STEPS else None
 
 
-def kernel_calls(call: Call, routine, weights: _Weights | None, residual: bool, geometry_of, values, dims, codes: np.ndarray,
-                 cap: int):
+def kernel_calls(routine, weights: _Weights | None, residual: bool, geometry_of, values, dims, codes: np.ndarray, cap: int):
     """``run(x, w, *res, out)`` calling a convolution routine's ``dpl_kernel`` (this module's or
     ``conv_lanes``'s: the same nine pointers), with ``run.prepare`` its record as a prepared call;
     ``geometry_of(shape)`` a geometry (kept for up to ``SHAPES_KEPT`` shapes), ``values()`` the
@@ -524,7 +523,7 @@ def runner(call: Call, routine: Routine, threads: int | None = None, bias: np.nd
     codes = np.array([c for c, _ in steps], np.int64)
     values = np.ascontiguousarray(np.stack([np.broadcast_to(np.asarray(v, np.float32).reshape(-1), (w_shape[0],))
                                             for _, v in steps]) if steps else np.zeros((0, w_shape[0]), np.float32))
-    run = kernel_calls(call, routine, weights, residual, lambda shape: Geometry(call.attrs, shape, w_shape), lambda: values,
+    run = kernel_calls(routine, weights, residual, lambda shape: Geometry(call.attrs, shape, w_shape), lambda: values,
                        lambda g: g.dims(len(codes), code, cap), codes, cap)
     epilogue = "".join(f" {STEPS[c - 1][0]}" for c in codes) + (" + residual" if residual else "") + (f", {act}" if act else "")
     o, c, kh, kw = w_shape

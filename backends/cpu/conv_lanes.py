@@ -246,8 +246,6 @@ def takes(call: Call) -> bool:
     a = call.attrs
     if a.get("data_layout") != "NHWC" or a.get("kernel_layout") != "OHWI" or int(a.get("groups", 1)) != 1:
         return False
-    if a.get("out_layout", "") not in ("", "NHWC"):
-        return False
     x, w = call.args
     if not all(getattr(t, "dtype", None) == "float32" for t in (x.ty, w.ty, call.ty)):
         return False
@@ -268,7 +266,7 @@ class Geometry:
         self.phases, self.channels = g.phases, c
         self.scratch = g.scratch  # one prepared image, in floats (the routine adds its slack)
         self.dims = (g.n, c, g.h, g.w, g.o, max(g.oh, 0), max(g.ow, 0), g.k, g.sh, g.sw, g.pt, g.pl, g.hq, g.wq)
-        self.pointwise = g.pointwise
+        self.pointwise, self.pixels = g.pointwise, max(g.oh, 0) * max(g.ow, 0)
 
 
 def tile_width(channels: int, lanes: int, widest: int) -> int:
@@ -309,14 +307,17 @@ class Routine(packed_gemm.LibraryRoutine):
 
     def scratch_size(self, g: Geometry) -> int:
         """Floats of a buffer for a prepared image of geometry ``g``, and of the slack a tile of
-        an image of fewer pixels than a tile reads past it."""
-        return g.scratch + (self._ready or self._resolve())[3] * g.channels
+        an image of fewer pixels than a tile reads past it; none for a 1x1 that ``dpl_kernel``
+        reads in place (a tile's pixels, at most the slack's, inside its input)."""
+        slack = (self._ready or self._resolve())[3]
+        return 0 if g.pointwise and g.pixels >= slack else g.scratch + slack * g.channels
 
     def scratch(self, g: Geometry) -> np.ndarray:
         """:meth:`scratch_size` floats, the slack zeroed (no NaN, no subnormal slowing a lane no
         one stores)."""
-        buf = packed_gemm.aligned_empty((self.scratch_size(g),))
-        buf[g.scratch:] = 0
+        size = self.scratch_size(g)
+        buf = packed_gemm.aligned_empty((max(size, 1),))
+        buf[min(g.scratch, size):] = 0
         return buf
 
     def pack(self, w: np.ndarray) -> np.ndarray:
@@ -365,7 +366,7 @@ def runner(call: Call, routine: Routine, threads: int | None = None, residual: b
             values_of.append(routine.values(steps, o))
         return values_of[0]
 
-    run = conv_direct.kernel_calls(call, routine, weights, residual, lambda shape: Geometry(call.attrs, shape, w_shape), values,
+    run = conv_direct.kernel_calls(routine, weights, residual, lambda shape: Geometry(call.attrs, shape, w_shape), values,
                                    lambda g: (*g.dims, len(steps), code, cap, routine.width(o), int(g.pointwise)), codes, cap)
     epilogue = "".join(f" {conv_direct.STEPS[c - 1][0]}" for c, _ in steps) + (" + residual" if residual else "") + (f", {act}" if act else "")
     _, kh, kw, c = w_shape

@@ -207,8 +207,7 @@ def _channel_axis(call) -> int | None:
     epilogue takes per-channel steps, not a bias over the last dim; None for any other call."""
     if not (isinstance(call, Call) and call.op == "nn.conv2d"):
         return None
-    layout = call.attrs.get("out_layout", "") or call.attrs.get("data_layout", "NCHW")
-    return {"NCHW": 1, "NHWC": 3}.get(layout)
+    return {"NCHW": 1, "NHWC": 3}.get(call.attrs.get("data_layout", "NCHW"))
 
 
 def _channel_step(value, current, ty, before, axis: int) -> tuple | None:

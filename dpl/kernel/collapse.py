@@ -26,26 +26,21 @@ from __future__ import annotations
 import attrs
 
 from dpl.kernel.ir import INDEX, Bin, Const, Kernel, Let, Load, Loop, Op, Select, Store, Var, free_vars, walk_exprs
-from dpl.kernel.loop_split import fresh, names_in
+from dpl.kernel.loop_split import buffer_shapes, fresh, names_in, perfect_nest
 
 
 def collapse_transposes(kernel: Kernel) -> Kernel:
     """``kernel`` with the pair of loops of each such nest merged (see the module docstring);
     the kernel itself when there is none."""
-    shapes = {b.name: tuple(b.shape) for b in (*kernel.params, *kernel.outputs)}
-    shapes.update((name, value.shape) for name, value in kernel.constants.items())
+    shapes = buffer_shapes(kernel)
     taken = names_in(kernel)
     body = tuple(_nest(s, shapes, taken) for s in kernel.body)
     return kernel if body == tuple(kernel.body) else attrs.evolve(kernel, body=body)
 
 
 def _nest(s, shapes: dict, taken: set[str]):
-    if not isinstance(s, Loop):
-        return s
-    chain = [s]
-    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop):
-        chain.append(chain[-1].body[0])
-    if len(chain) < 3 or not all(isinstance(x, (Let, Store)) for x in chain[-1].body):
+    chain = perfect_nest(s)
+    if chain is None or len(chain) < 3:
         return s
     outer, inner = chain[-2], chain[-1]
     if not all(isinstance(x.extent, Const) and isinstance(x.extent.value, int) for x in (outer, inner)):

@@ -113,3 +113,23 @@ def fresh(base: str, taken: set[str]) -> str:
         name = f"{base}{k}"
     taken.add(name)
     return name
+
+
+def buffer_shapes(kernel: Kernel) -> dict[str, tuple]:
+    """Each buffer's shape by name: the kernel's parameters, outputs and constants."""
+    shapes = {b.name: tuple(b.shape) for b in (*kernel.params, *kernel.outputs)}
+    shapes.update((name, value.shape) for name, value in kernel.constants.items())
+    return shapes
+
+
+def perfect_nest(s) -> list[Loop] | None:
+    """The loops of the perfect nest ``s`` opens, outermost first (each level one loop, the
+    innermost one of lets and stores); None where ``s`` opens none of two loops or more."""
+    if not isinstance(s, Loop):
+        return None
+    chain = [s]
+    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop):
+        chain.append(chain[-1].body[0])
+    if len(chain) < 2 or not all(isinstance(x, (Let, Store)) for x in chain[-1].body):
+        return None
+    return chain

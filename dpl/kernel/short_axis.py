@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import attrs
 
-from dpl.kernel.ir import INDEX, Bin, Const, Kernel, Let, Load, Loop, Store, Var, free_vars, substitute, walk_exprs
-from dpl.kernel.loop_split import fresh, names_in
+from dpl.kernel.ir import INDEX, Bin, Const, Kernel, Let, Load, Store, Var, free_vars, substitute, walk_exprs
+from dpl.kernel.loop_split import buffer_shapes, fresh, names_in, perfect_nest
 
 # below the transposing tiles' side (cgen.emitter.TRANSPOSE_TILE): two axes of 16 and more are a
 # transpose, which the emitter runs in tiles turned in registers
@@ -32,19 +32,14 @@ def unroll_short_axes(kernel: Kernel) -> Kernel:
     """``kernel`` with each such nest's short loop unrolled into its innermost loop (see
     the module docstring); the kernel itself when there is none."""
     taken = names_in(kernel)
-    shapes = {b.name: tuple(b.shape) for b in (*kernel.params, *kernel.outputs)}
-    shapes.update((name, value.shape) for name, value in kernel.constants.items())
+    shapes = buffer_shapes(kernel)
     body = tuple(_nest(s, taken, shapes) for s in kernel.body)
     return kernel if body == tuple(kernel.body) else attrs.evolve(kernel, body=body)
 
 
 def _nest(s, taken: set[str], shapes: dict):
-    if not isinstance(s, Loop):
-        return s
-    chain = [s]
-    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop):
-        chain.append(chain[-1].body[0])
-    if len(chain) < 2 or not all(isinstance(x, (Let, Store)) for x in chain[-1].body):
+    chain = perfect_nest(s)
+    if chain is None:
         return s
     inner = chain[-1]
     for at, short in enumerate(chain[:-1]):
