@@ -81,7 +81,11 @@ def test_equals_the_interpreter_without_aliasing(name, target, config):
         for got in (first, second):
             for g, w in zip(got, want):
                 assert g.shape == w.shape and g.dtype == w.dtype
-                np.testing.assert_allclose(g, w, rtol=2e-3, atol=1e-4)
+                # the absolute bound grows with the output's scale: a sum of terms in the
+                # thousands that cancels to about 2 differs by 5e-3 between two BLAS kernels
+                # (the Llama MLP on an AMD EPYC's OpenBLAS), each as exact as float32 allows
+                scale = float(np.max(np.abs(w))) if w.size else 0.0
+                np.testing.assert_allclose(g, w, rtol=2e-3, atol=1e-4 + 2e-6 * scale)
         for a, c in zip(args, copies):
             np.testing.assert_array_equal(a, c)
         arrays = [*first, *second]

@@ -216,3 +216,77 @@ def test_a_budget_leaves_alone_a_blas_no_step_uses(cpu, monkeypatch):
     reference = dpl.build(C_ONLY, "numpy", threads=1)
     reference(*args)
     assert reference.plan(*args).pools is None and lib.sets == 2 and lib.n == 4  # capped, then restored
+
+
+def products_module():
+    """A convolution with its ReLU and max pool (channels-last after convert-layout: dpl's own
+    routines) beside a product of a constant weight (the packed routine)."""
+    from dpl.ir import FunctionBuilder, const
+    from dpl.ir.expr import Module
+
+    rng = np.random.default_rng(3)
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (1, 8, 16, 16))
+    a = fb.param("a", "f32", (64, 96))
+    y = fb.emit("nn.relu", fb.emit("nn.conv2d", x, const(rng.standard_normal((32, 8, 3, 3)).astype(np.float32)), padding=[1, 1]))
+    y = fb.emit("nn.max_pool2d", y, pool_size=[2, 2], strides=[2, 2])
+    m = fb.emit("matmul", a, const(rng.standard_normal((96, 128)).astype(np.float32)))
+    return dpl.apply(Module([fb.ret(y, m)]), ["cnn"], convert_layout=True)
+
+
+def test_a_budget_reaches_the_products_and_convolutions_of_dpl_s_routines(tmp_path):
+    """The segments (a product or convolution and the C around it) take the plan's budget: each
+    of their OpenMP parts and products is built capped at it. Before, they took OpenMP's default
+    team (every core) whatever ``threads=`` said, hidden where torch had set that default."""
+    from dpl.backends.cpu.backend import CpuBackend
+
+    needs.c_compiler()
+    backend = CpuBackend(cache_dir=tmp_path, products="dpl")
+    mod = products_module()
+    args = args_for(mod)
+    want = dpl.interpret(mod, *args)
+    for threads in (1, 2):
+        exe = dpl.build(mod, [backend, "numpy"], threads=threads)
+        for got, expected in zip(exe(*args), want):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+        segments = [s.kernel for s in exe.plan(*args).steps if s.kernel.__qualname__.startswith("cpu-blas+c:")]
+        assert len(segments) == 2 and all(k.threads == threads for k in segments)
+        routines = [fn for k in segments for fn in k.products]
+        assert len(routines) == 3 and all(fn.threads == threads for fn in routines)  # conv, pool, product
+        assert all(k.with_threads(threads) is k for k in segments)
+
+
+ONE_THREAD_CHILD = """
+import os, sys
+import numpy as np
+import dpl
+from dpl.backends.cpu.backend import CpuBackend
+sys.path.insert(0, {tests!r})
+from test_runtime_threads import args_for, products_module
+assert "torch" not in sys.modules  # torch would set the shared OpenMP default for us
+mod = products_module()
+exe = dpl.build(mod, [CpuBackend(cache_dir={cache!r}, products="dpl"), "numpy"], threads=1)
+args = args_for(mod)
+before = len(os.listdir("/proc/self/task"))
+for _ in range(3):
+    exe(*args)
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+def test_one_thread_starts_no_openmp_team(tmp_path):
+    """With ``threads=1`` in a process without torch, no call starts an OpenMP worker thread
+    (before the budget reached the segments, a 2-core machine started one at the first call)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    needs.c_compiler()
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("counting a process's threads needs /proc")
+    code = ONE_THREAD_CHILD.format(tests=str(Path(__file__).parent), cache=str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split()[-1] == "0"

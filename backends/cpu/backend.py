@@ -203,11 +203,23 @@ class CpuBackend(Backend):
             run = segment_runner(function, steps, kernels, np, products=lambda step: self._product(step.call, threads, step.epilogue))
         except CompileError:  # the max pool routine did not compile: the kernel IR's loops run the group
             raise NotSegmentable from None
-        run.__qualname__ = f"cpu-blas+c:{function.name}"
-        run.source = "\n".join(k.source for k in run.parts)  # type: ignore[attr-defined]
-        run.thread_pools = frozenset(pools | {OPENMP} if kernels else pools)  # type: ignore[attr-defined]
-        run.call_list = self.call_list  # type: ignore[attr-defined]
-        return run
+        source = "\n".join(k.source for k in run.parts)
+        thread_pools = frozenset(pools | {OPENMP} if kernels else pools)
+
+        def dressed(run, cap):
+            """``run`` as a kernel of dpl.runtime.threads' protocol, its OpenMP parts capped at
+            ``cap`` threads: a plan's budget reaches every product and part (without it they
+            took OpenMP's default team, every core, whatever ``threads=`` said)."""
+            run.__qualname__ = f"cpu-blas+c:{function.name}"
+            run.source = source  # type: ignore[attr-defined]
+            run.thread_pools = thread_pools  # type: ignore[attr-defined]
+            run.call_list = self.call_list  # type: ignore[attr-defined]
+            run.threads = cap  # type: ignore[attr-defined]
+            # beside a BLAS every part stays on one thread, whatever the budget
+            run.with_threads = lambda n: run if n == cap or threads == 1 else dressed(run.capped(n), n)  # type: ignore[attr-defined]
+            return run
+
+        return dressed(run, threads)
 
     def _race_segments(self, function, flash, note: str):
         """Flash (or decode) and segments both, each call on the one recent calls found faster:

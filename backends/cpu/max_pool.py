@@ -25,7 +25,7 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.ir.expr import Call
-from dpl.runtime.threads import OPENMP
+from dpl.runtime.threads import openmp_kernel
 
 DTYPES = {"float32": "float", "float64": "double"}
 SYMBOL = "dpl_kernel"  # what the CPU backend's library cache checks a library for
@@ -294,6 +294,5 @@ def runner(call: Call, lib, threads: int | None = None):
             np.copyto(out, target)
         return out
 
-    run.thread_pools = frozenset({OPENMP})  # type: ignore[attr-defined]
-    return run
+    return openmp_kernel(run, f"cpu:max-pool {kh}x{kw}", source(call.ty.dtype), threads, lambda n: runner(call, lib, n))
 

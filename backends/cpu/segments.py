@@ -487,7 +487,18 @@ def segment_runner(function: Function, steps: Sequence[Product | Part], kernels:
             return None  # a result passed through or returned twice: the general path copies it
         return calls
 
+    def capped(n: int | None) -> Callable:
+        """The same runner with each part and product that takes a cap (``with_threads``, the
+        protocol of dpl.runtime.threads) capped at ``n`` threads; itself where none changes."""
+        parts = [k.with_threads(n) if hasattr(k, "with_threads") else k for k in kernels]
+        made = {i: fn.with_threads(n) if hasattr(fn, "with_threads") else fn for i, fn in library.items()}
+        if all(a is b for a, b in zip(parts, kernels)) and all(made[i] is library[i] for i in made):
+            return run
+        return segment_runner(function, steps, parts, xp, products=lambda s: made.get(id(s)), matmul=matmul,
+                              scratch_per_shape=scratch_per_shape)
+
     run.parts = list(kernels)  # type: ignore[attr-defined]
     run.products = list(library.values())  # type: ignore[attr-defined]  # the libraries' runners, in order
     run.prepare = prepare  # type: ignore[attr-defined]
+    run.capped = capped  # type: ignore[attr-defined]
     return run
