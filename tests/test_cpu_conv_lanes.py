@@ -120,6 +120,60 @@ def test_per_channel_steps_round_as_the_separate_ops(routine, o, shape, window, 
         np.testing.assert_array_equal(got, np.where(want <= 0, np.float32(0), want) if act else want)
 
 
+def pool_call(shape, **attrs):
+    """An NHWC max pool of an array of ``shape``."""
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", shape)
+    return Module([fb.ret(fb.emit("nn.max_pool2d", x, layout="NHWC", **attrs))])
+
+
+def random_pool(seed: int):
+    """A pool at random: window 1-4, stride 1-3, dilation 1-2, padding up to half the window on
+    each side, ceil mode or not."""
+    rng = np.random.default_rng(100 + seed)
+    k = [int(v) for v in rng.integers(1, 5, 2)]
+    return dict(pool_size=k, strides=[int(v) for v in rng.integers(1, 4, 2)], dilation=[int(v) for v in rng.integers(1, 3, 2)],
+                padding=[int(rng.integers(0, k[i % 2] // 2 + 1)) for i in range(4)], ceil_mode=bool(rng.integers(0, 2)))
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_pooled_convolutions_equal_the_convolution_then_the_pool(routine, seed):
+    """A max pool folded into the convolution (its rows pooled as they are computed, a thread's
+    run of pooled rows reusing the rows the last one read): the interpreter's pool of the
+    interpreter's convolution, at random geometries of both, one and two threads, with an
+    activation applied in registers (ReLU) and on the stored rows (GELU); the pool's windows the
+    rows' edges and padding cut short included."""
+    x, w, attrs = random_case(seed)
+    conv = expected(x, w, attrs)
+    pool = pool_call(conv.shape, **random_pool(seed))
+    act = (None, "nn.relu", "nn.gelu")[seed % 3]
+    if act is not None:
+        conv = get_op(act).ref(conv)
+    want = dpl.interpret(pool, conv)
+    out = np.full(want.shape, np.nan, np.float32)
+    conv_lanes.runner(the_call(x, w, attrs), routine, threads=1 + seed % 2, act=act, pool=pool["main"].bindings[0].value)(x, w, out)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_pooled_stem_and_its_nan(routine):
+    """ResNet's stem (7x7 / 2, BatchNorm, ReLU) and its 3x3 / 2 pool, 64 channels, at one and two
+    threads; a NaN in the image reaches exactly the pooled outputs whose windows hold a
+    convolution output it reached (the pool's rule: a NaN in a window makes it NaN)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 64, 60, 3)).astype(np.float32)
+    w = rng.standard_normal((64, 7, 7, 3)).astype(np.float32)
+    attrs = dict(strides=[2, 2], padding=[3, 3, 3, 3])
+    pool = pool_call(expected(x, w, attrs).shape, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])
+    x[0, 20, 31, 1] = np.nan
+    want = dpl.interpret(pool, get_op("nn.relu").ref(expected(x, w, attrs)))
+    assert 0 < np.isnan(want).sum() < want.size // 4
+    for threads in (1, 2):
+        out = np.full(want.shape, -1.0, np.float32)
+        conv_lanes.runner(the_call(x, w, attrs), routine, threads=threads, act="nn.relu", pool=pool["main"].bindings[0].value)(x, w, out)
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
 def test_tile_widths():
     """The most channel vectors a tile (up to the widest) that divide the output's: no padded
     vector but the last one's lanes."""
@@ -143,7 +197,8 @@ def test_what_it_takes():
 def test_a_resnet_block_after_convert_layout(tmp_path):
     """A stem (conv, inference BatchNorm, ReLU, max pool) and a bottleneck with its residual,
     through convert-layout and the backend at one and two threads: every convolution by this
-    routine with its BatchNorm, residual and ReLU folded, the numbers the interpreter's."""
+    routine with its BatchNorm, residual and ReLU folded, the stem's pool too, the numbers the
+    interpreter's."""
     from dpl.backends.cpu.backend import CpuBackend
 
     needs.c_compiler()
@@ -173,7 +228,7 @@ def test_a_resnet_block_after_convert_layout(tmp_path):
         np.testing.assert_allclose(exe(xs), want, rtol=1e-4, atol=1e-4)
         names = [fn.__qualname__ for step in exe.plan(xs).steps for fn in getattr(step.kernel, "products", ())]
         convs = [n for n in names if "conv" in n]
-        assert convs == ["cpu:lanes-conv 32x7x7x3 subtract multiply multiply add, nn.relu",
+        assert convs == ["cpu:lanes-conv 32x7x7x3 subtract multiply multiply add, nn.relu, max pool 3x3",
                          "cpu:lanes-conv 16x1x1x32 subtract multiply multiply add, nn.relu",
                          "cpu:lanes-conv 16x3x3x16 subtract multiply multiply add, nn.relu",
                          "cpu:lanes-conv 32x1x1x16 subtract multiply multiply add + residual, nn.relu"], names

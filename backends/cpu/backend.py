@@ -28,7 +28,7 @@ from dpl.backends.cpu import (
 from dpl.backends.cpu.addresses import address
 from dpl.backends.cgen.emitter import STREAM_BYTES, EmitError, emit_kernel
 from dpl.backends.registry import Backend, BackendError, Capabilities, CompileError, wrapped_composite
-from dpl.backends.cpu.segments import NotSegmentable, Part, Product, fold_epilogues, is_product, segment, segment_runner
+from dpl.backends.cpu.segments import NotSegmentable, Part, Product, fold_epilogues, fold_pools, is_product, segment, segment_runner
 from dpl.ir import dims as dimexpr
 from dpl.ir.expr import Call, Constant, Var
 from dpl.ir.traverse import vars_in
@@ -189,6 +189,10 @@ class CpuBackend(Backend):
         steps = fold_epilogues(steps, lambda p: (self._packs(p.call) or self._direct(p.call, folds=True) or self._lanes(p.call)) and isinstance(p.args[1], Constant),
                                vars_in(function.ret),
                                glu=lambda p: self._packs(p.call) and packed_gemm.takes_glu(p.call), acts=packed_gemm.ACTS)
+        # a max pool right after a channels-last convolution of dpl's own: pooled from its rows
+        steps = fold_pools(steps, lambda conv, pool: (self._lanes(conv.call) and isinstance(conv.args[1], Constant)
+                                                      and all(e[0] != "residual" for e in conv.epilogue)
+                                                      and conv_lanes.pools(pool.call)), vars_in(function.ret))
         pools = {self._pool_of(s.call, bool(s.epilogue)) for s in steps if isinstance(s, Product)}
         # beside NumPy's BLAS every part runs on one thread: BLAS's worker threads spin between
         # products, and an OpenMP team sharing their cores waits for the scheduler
@@ -366,7 +370,8 @@ class CpuBackend(Backend):
                       (e for e in epilogue if e[0] == "channel"))
         if self._lanes(call):  # channels-last (the convert-layout pass): dpl's own
             return conv_lanes.runner(call, self._lanes_routine(), threads, residual=any(e[0] == "residual" for e in epilogue),
-                                     act=next((e[1] for e in epilogue if e[0] == "act"), None), steps=steps)
+                                     act=next((e[1] for e in epilogue if e[0] == "act"), None), steps=steps,
+                                     pool=next((e[1] for e in epilogue if e[0] == "pool"), None))
         if conv_nhwc.takes(call):  # channels-last, else: torch's on views, or products
             return conv_nhwc.runner(call, self.products)
         if self._direct(call, folds=bool(epilogue)):

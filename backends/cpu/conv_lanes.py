@@ -35,9 +35,11 @@ import ctypes
 
 import numpy as np
 
-from dpl.backends.cpu import conv_direct, packed_gemm
-from dpl.ir.expr import Call, Constant
-from dpl.runtime.threads import openmp_kernel
+from dpl.backends.cpu import conv_direct, max_pool, packed_gemm
+from dpl.ir.expr import Call, Constant, Var
+from dpl.ir.types import TensorType
+from dpl.ops.registry import make_call
+from dpl.runtime.threads import available_cores, openmp_kernel
 
 SOURCE_HEAD = r"""
 #include <tgmath.h>
@@ -74,7 +76,7 @@ typedef struct {
 } fin_t;
 
 typedef void (*tile_fn)(const float *, const float *, const int64_t *, int64_t, int64_t, int64_t, int64_t, int64_t,
-                        float *, int64_t, int64_t, int64_t, const fin_t *, int64_t, int64_t);
+                        float *, int64_t, int64_t, int64_t, const fin_t *, int64_t, int64_t, int64_t);
 TILES
 
 /* what a tile's registers did not apply, on one stored pixel's n channels: the activation */
@@ -115,16 +117,41 @@ static void prepare(const float *restrict x, float *restrict P, int64_t C, int64
   }
 }
 
-/* p: x [N, H, W, C], the packed weights (blocks of K x mc VL), out [N, OH, OW, O], the steps'
-   values [steps, Op], residual [N, OH, OW, O] (NULL: none), off [K] (the taps' offsets in floats
-   from a pixel's first input), scratch (one prepared image, Sh Sw Hq Wq C floats and NPMAX C of
-   zeroed slack), the steps' codes [steps], which phases the taps read [Sh Sw] (int8)
+typedef float T;  /* the pooled row (max_pool.py) in this routine's float */
+NHWC_ROW
+/* rows [r0, r1) of the output (the flat walk's pixels from r0 Wq to (r1 - 1) Wq + OW) into out, which
+   holds rows from row0 on: each tile by every channel block, the last tile overlapping the one
+   before it (none reads before the walk's first pixel: `skip`), then another activation */
+static void conv_rows(tile_fn fn, int np, const float *W, const float *S, const int64_t *off, int64_t K, int64_t Wq,
+                      int64_t OW, float *out, int64_t O, int64_t width, int64_t blocks, const fin_t *fin, int64_t C,
+                      int act, int64_t r0, int64_t r1, int64_t row0) {
+  const int64_t qs = r0 * Wq, Qe = (r1 - 1) * Wq + OW, last = Qe - np > 0 ? Qe - np : 0;
+  for (int64_t q = qs; q < Qe; q += np) {
+    const int64_t q0 = q < last ? q : last;
+    for (int64_t b = 0; b < blocks; b++) {
+      const int64_t o0 = b * width, nl = O - o0 < width ? O - o0 : width;
+      fn(W + b * K * width, S, off, K, q0, Qe, Wq, OW, out, O, o0, nl, fin, C, q - q0, row0);
+    }
+  }
+  if (act > 1) epilogue(out + (r0 - row0) * OW * O, (r1 - r0) * OW * O, act);
+}
+
+/* p: x [N, H, W, C], the packed weights (blocks of K x mc VL), out [N, OH, OW, O] (pooled: [N, POH,
+   POW, O]), the steps' values [steps, Op], residual [N, OH, OW, O] (NULL: none), off [K] (the
+   taps' offsets in floats from a pixel's first input), scratch (one prepared image, Sh Sw Hq Wq
+   C floats and NPMAX C of zeroed slack; a pool's rows after), the steps' codes [steps], which
+   phases the taps read [Sh Sw] (int8)
    d: N, C, H, W, O, OH, OW, K, Sh, Sw, pt, pl, Hq, Wq, steps, act, threads, mc, pointwise (1x1,
-   stride 1, no padding: the input read as it lies where it has a whole tile of pixels)
+   stride 1, no padding: the input read as it lies where it has a whole tile of pixels); then a
+   max pool the segments folded in: KH (0: none), KW, SH, SW, PT, PL, DH, DW, POH, POW, the
+   buffers of rows in scratch (one a thread, at most) and where they start (floats)
 
    The walk is flat over the source's pixels, rows Wq wide; where it has a whole tile of pixels
    the last tile ends at Q, overlapping the one before it (its pixels from `skip` on stored), so
-   no tile reads past the source; else the one tile reads into the prepared image's slack. */
+   no tile reads past the source; else the one tile reads into the prepared image's slack.
+   Pooled, each thread takes a run of pooled rows, computing the convolution's rows each needs
+   into its buffer (those the last one read moved to the front, not computed again) and pooling
+   them there while they are in cache: ResNet's stem had written 3.2 MB, then read it back. */
 void dpl_kernel(void **p, const int64_t *d) {
 KERNEL_ARGS
   const int mc = (int)d[17];
@@ -134,6 +161,8 @@ KERNEL_ARGS
   const int64_t width = (int64_t)mc * VL, Op = (O + VL - 1) / VL * VL, blocks = Op / width;
   const int64_t Q = (OH - 1) * Wq + OW, tiles = (Q + np - 1) / np;
   const int in_place = d[18] && Q >= np;
+  const int64_t PKH = d[19], PKW = d[20], PSH = d[21], PSW = d[22], PPT = d[23], PPL = d[24], PDH = d[25], PDW = d[26];
+  const int64_t POH = d[27], POW = d[28], nbuf = d[29], pool_at = d[30];
   /* tasks: a tile's pixels by a group of channel blocks, as many groups as give the team four
      tasks a thread where the tiles alone do not, tile by tile; where the weights outgrow half
      the L2 (3x3 over 256 channels: 2.4 MB), a block at a time over every tile, so that its
@@ -145,8 +174,38 @@ KERNEL_ARGS
   for (int64_t n = 0; n < N; n++) {
     const float *S = in_place ? x + n * H * Wd * C : scratch;
     if (!in_place) prepare(x + n * H * Wd * C, scratch, C, H, Wd, Sh, Sw, pt, pl, Hq, Wq, (const int8_t *)p[8], threads);
-    float *on = out + n * OH * OW * O;
     const fin_t fin = {code, vals, res ? res + n * OH * OW * O : 0, steps, Op, act == 1};
+    if (PKH > 0) {
+      const int64_t span = (PKH - 1) * PDH + 1, row = OW * O, team = threads < nbuf ? threads : nbuf;
+      float *pooled = out + n * POH * POW * O;
+      #pragma omp parallel num_threads(team) if (team > 1 && POH > 1)
+      {
+#ifdef _OPENMP
+        float *rows = scratch + pool_at + (int64_t)omp_get_thread_num() * (span + 1) * row;
+#else
+        float *rows = scratch + pool_at;
+#endif
+        float *across = rows + span * row;  /* the pool's column maxima of one row */
+        int64_t ha = 0, hb = 0;  /* the convolution's rows held: [ha, hb) at rows */
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < POH; i++) {
+          int64_t a = i * PSH - PPT, b = a + span;
+          a = a < 0 ? 0 : a > OH ? OH : a;
+          b = b > OH ? OH : b < a ? a : b;
+          int64_t from = a;
+          if (a >= ha && a < hb) {  /* rows [a, hb) held already: to the front */
+            from = hb < b ? hb : b;
+            memmove(rows, rows + (a - ha) * row, (size_t)((from - a) * row) * sizeof(float));
+          }
+          if (from < b) conv_rows(fn, np, W, S, off, K, Wq, OW, rows, O, width, blocks, &fin, C, act, from, b, a);
+          ha = a;
+          hb = b;
+          dpl_pool_row_nhwc(rows, a, pooled + i * POW * O, across, i, OH, OW, O, POW, PKH, PKW, PSH, PSW, PPT, PPL, PDH, PDW);
+        }
+      }
+      continue;
+    }
+    float *on = out + n * OH * OW * O;
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && tiles * groups > 1)
     for (int64_t task = 0; task < tiles * groups; task++) {
       const int64_t t = by_block ? task % tiles : task / groups, g = by_block ? task / tiles : task % groups;
@@ -154,7 +213,7 @@ KERNEL_ARGS
       const int64_t q0 = Q >= np && t * np > Q - np ? Q - np : t * np;
       for (int64_t b = b0; b < b1; b++) {
         const int64_t o0 = b * width, nl = O - o0 < width ? O - o0 : width;
-        fn(W + b * K * width, S, off, K, q0, Q, Wq, OW, on, O, o0, nl, &fin, C, t * np - q0);
+        fn(W + b * K * width, S, off, K, q0, Q, Wq, OW, on, O, o0, nl, &fin, C, t * np - q0, 0);
       }
       if (act > 1)
         for (int64_t q = t * np; q < (t + 1) * np && q < Q; q++)
@@ -172,10 +231,11 @@ TILE = r"""
 /* pixels [q0, q0 + np) of the flat walk (q = oh Wq + ow; ow >= OW computed, not stored; q >= Q
    and the first `skip` neither) by the mc channel vectors of block W (K x mc VL, packed), from
    the source S (tap k of pixel q at S + off[k] + q ps, ps = C: the input, or its prepared
-   phases), into out (NHWC, O channels a pixel; the block's channels from o0, nl of them valid) */
+   phases), into out (NHWC, O channels a pixel, its rows from row0 on; the block's channels from
+   o0, nl of them valid) */
 static void TILE(const float *restrict W, const float *restrict S, const int64_t *restrict off, int64_t K, int64_t q0,
                  int64_t Q, int64_t Wq, int64_t OW, float *restrict out, int64_t O, int64_t o0, int64_t nl, const fin_t *fin,
-                 int64_t ps, int64_t skip) {
+                 int64_t ps, int64_t skip, int64_t row0) {
   enum { mc = MC < MCMAX ? MC : MCMAX, np = NP };  /* an array of their exact size: all in registers */
   vf c[np][mc];
   UNROLL for (int p = 0; p < np; p++)
@@ -216,7 +276,7 @@ static void TILE(const float *restrict W, const float *restrict S, const int64_t
     if (ow == Wq) { ow = 0; oh++; }
     if (q0 + p >= Q) break;
     if (ow >= OW || p < skip) continue;
-    const int64_t at = (oh * OW + ow) * O + o0;
+    const int64_t at = ((oh - row0) * OW + ow) * O + o0;
     UNROLL for (int m = 0; m < mc; m++) {
       const int64_t n = nl - m * VL;
       vf v = c[p][m];
@@ -235,7 +295,7 @@ static void TILE(const float *restrict W, const float *restrict S, const int64_t
 }
 """
 TILES = "".join(f"#define MC {m}\n#define NP NP{m}\n#define TILE tile{m}\n{TILE}#undef MC\n#undef NP\n#undef TILE\n" for m in (1, 2, 3, 4))
-SOURCE = SOURCE_HEAD.replace("KERNEL_ARGS", conv_direct.KERNEL_ARGS).replace("TILES", TILES).replace("ACT_CASES", packed_gemm._act_cases())
+SOURCE = SOURCE_HEAD.replace("NHWC_ROW", max_pool.NHWC_ROW).replace("KERNEL_ARGS", conv_direct.KERNEL_ARGS).replace("TILES", TILES).replace("ACT_CASES", packed_gemm._act_cases())
 
 
 def takes(call: Call) -> bool:
@@ -252,13 +312,22 @@ def takes(call: Call) -> bool:
     return len(w.ty.shape) == 4 and all(isinstance(v, int) for v in w.ty.shape) and isinstance(x.ty.shape[3], int)
 
 
+def pools(call: Call) -> bool:
+    """Whether this routine pools its rows by max pool ``call`` (:func:`runner`'s ``pool``): a
+    float32 channels-last one the max pool routine takes."""
+    return max_pool.takes(call) and call.attrs.get("layout") == "NHWC" and call.ty.dtype == "float32"
+
+
 class Geometry:
     """Where a convolution's taps read its NHWC source, at one input shape: the shape facts of
     :class:`conv_direct.Geometry` (the phases' planes, the output's size), and each tap
     ``(c, kh, kw)``'s offset in floats from a pixel's first input (the order
-    :meth:`Routine.pack` packs the weights in)."""
+    :meth:`Routine.pack` packs the weights in). With the max pool ``pool`` folded in (its call),
+    its window and output size, and the floats of the ``buffers`` buffers of rows it pools from
+    (one a thread)."""
 
-    def __init__(self, attrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]):
+    def __init__(self, attrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...], pool: Call | None = None,
+                 buffers: int = 1):
         n, h, w, c = (int(v) for v in x_shape)
         o, kh, kw, ci = w_shape
         g = conv_direct.Geometry(attrs, (n, c, h, w), (o, ci, kh, kw))
@@ -267,6 +336,21 @@ class Geometry:
         self.scratch = g.scratch  # one prepared image, in floats (the routine adds its slack)
         self.dims = (g.n, c, g.h, g.w, g.o, max(g.oh, 0), max(g.ow, 0), g.k, g.sh, g.sw, g.pt, g.pl, g.hq, g.wq)
         self.pointwise, self.pixels = g.pointwise, max(g.oh, 0) * max(g.ow, 0)
+        self.pool, self.pool_floats = (0,) * 10, 0
+        if pool is not None:
+            window = max_pool.window(pool)
+            oh, ow = _pooled_size(pool, g.n, max(g.oh, 0), max(g.ow, 0), g.o)
+            self.pool = (*window, oh, ow)
+            span = (window[0] - 1) * window[6] + 1  # the convolution's rows a pooled row reads
+            self.pool_floats = buffers * (span + 1) * max(g.ow, 0) * g.o
+
+
+def _pooled_size(pool: Call, n: int, h: int, w: int, c: int) -> tuple[int, int]:
+    """The output size of max pool ``pool`` over an ``n x h x w x c`` image: its op's own type
+    rule (ceil mode, uneven padding)."""
+    x = Var("x", TensorType((n, h, w, c), pool.ty.dtype))
+    shape = make_call("nn.max_pool2d", [x], dict(pool.attrs)).ty.shape
+    return int(shape[1]), int(shape[2])
 
 
 def tile_width(channels: int, lanes: int, widest: int) -> int:
@@ -305,12 +389,17 @@ class Routine(packed_gemm.LibraryRoutine):
         ready = self._ready or self._resolve()
         return tile_width(channels, ready[1], ready[2])
 
-    def scratch_size(self, g: Geometry) -> int:
+    def image_size(self, g: Geometry) -> int:
         """Floats of a buffer for a prepared image of geometry ``g``, and of the slack a tile of
         an image of fewer pixels than a tile reads past it; none for a 1x1 that ``dpl_kernel``
         reads in place (a tile's pixels, at most the slack's, inside its input)."""
         slack = (self._ready or self._resolve())[3]
         return 0 if g.pointwise and g.pixels >= slack else g.scratch + slack * g.channels
+
+    def scratch_size(self, g: Geometry) -> int:
+        """Floats of ``dpl_kernel``'s scratch: the prepared image (:meth:`image_size`), then a
+        folded pool's buffers of rows."""
+        return self.image_size(g) + g.pool_floats
 
     def scratch(self, g: Geometry) -> np.ndarray:
         """:meth:`scratch_size` floats, the slack zeroed (no NaN, no subnormal slowing a lane no
@@ -345,18 +434,21 @@ class Routine(packed_gemm.LibraryRoutine):
 
 
 def runner(call: Call, routine: Routine, threads: int | None = None, residual: bool = False, act: str | None = None,
-           steps: tuple = (), _weights=None):
+           steps: tuple = (), pool: Call | None = None, _weights=None):
     """``fn(x, w, out)`` computing convolution ``call`` (:func:`takes`) into ``out`` by
     ``routine``, a constant weight packed once (a variable one at each call); with the epilogue
     the segments folded into it, each step rounded as its op rounds it: the per-channel
     ``steps`` (``(code, values)``, ``conv_direct.step_code``), then with ``residual`` plus the
     array given before ``out`` (``fn(x, w, res, out)``), then activation ``act`` (one of
-    ``packed_gemm.ACTS``). ``threads`` caps the team."""
+    ``packed_gemm.ACTS``), then the max pool ``pool`` (its call; ``out`` is then the pool's, and
+    there is no residual). ``threads`` caps the team."""
+    assert pool is None or not residual, "a pooled convolution's rows take no residual"
     constant = isinstance(call.args[1], Constant)
     weights = _weights or (conv_direct._Weights(call.args[1].value, routine) if constant else None)
     w_shape = tuple(call.args[1].ty.shape)
     o = w_shape[0]
     cap = int(threads or 0)
+    buffers = cap or available_cores()  # the pool's buffers of rows: one a thread (the C takes no more threads)
     code = 0 if act is None else packed_gemm.ACTS.index(act) + 1
     codes = np.array([c for c, _ in steps] or [0], np.int64)
     values_of = []  # made at the first call (the routine's vector width)
@@ -366,9 +458,15 @@ def runner(call: Call, routine: Routine, threads: int | None = None, residual: b
             values_of.append(routine.values(steps, o))
         return values_of[0]
 
-    run = conv_direct.kernel_calls(routine, weights, residual, lambda shape: Geometry(call.attrs, shape, w_shape), values,
-                                   lambda g: (*g.dims, len(steps), code, cap, routine.width(o), int(g.pointwise)), codes, cap)
+    def dims(g: Geometry) -> tuple:
+        return (*g.dims, len(steps), code, cap, routine.width(o), int(g.pointwise), *g.pool, buffers, routine.image_size(g))
+
+    run = conv_direct.kernel_calls(routine, weights, residual, lambda shape: Geometry(call.attrs, shape, w_shape, pool, buffers),
+                                   values, dims, codes, cap)
     epilogue = "".join(f" {conv_direct.STEPS[c - 1][0]}" for c, _ in steps) + (" + residual" if residual else "") + (f", {act}" if act else "")
+    if pool is not None:
+        kh, kw = max_pool.window(pool)[:2]
+        epilogue += f", max pool {kh}x{kw}"
     _, kh, kw, c = w_shape
     return openmp_kernel(run, f"cpu:lanes-conv {o}x{kh}x{kw}x{c}{epilogue}", SOURCE, threads,
-                         lambda t: runner(call, routine, t, residual, act, steps, weights))
+                         lambda t: runner(call, routine, t, residual, act, steps, pool, weights))

@@ -133,6 +133,27 @@ def fold_epilogues(steps: list, folds: Callable[[Product], bool], rets: Sequence
     return out
 
 
+def fold_pools(steps: list, folds: Callable[[Product, Product], bool], rets: Sequence[Var]) -> list:
+    """``steps`` with each convolution that ``folds(conv, pool)`` accepts taking the max pool
+    right after it (a product step of its own) as the last of its epilogue, where the pool reads
+    the convolution's result and nothing else does (nor is it a result of the group): the
+    library pools the rows it computes while they are in cache, and the convolution's whole
+    result is never stored."""
+    out = list(steps)
+    results = {id(v) for v in rets}
+    k = 0
+    while k + 1 < len(out):
+        conv, pool = out[k], out[k + 1]
+        if (isinstance(conv, Product) and isinstance(pool, Product) and conv.call is not None and pool.call is not None
+                and conv.call.op == "nn.conv2d" and pool.call.op == "nn.max_pool2d" and len(pool.args) == 1
+                and pool.args[0] is conv.var and id(conv.var) not in results and folds(conv, pool)):
+            later = [v for s in out[k + 2:] for v in (s.args if isinstance(s, Product) else s.ins)]
+            if not any(v is conv.var for v in later):
+                out[k:k + 2] = [Product(pool.var, conv.args, conv.call, (*conv.epilogue, ("pool", pool.call)))]
+        k += 1
+    return out
+
+
 def _uses(function: Function, var) -> int:
     """How many times ``function``'s bindings and result read ``var``."""
     reads = [v for b in function.bindings for v in vars_in(b.value)] + list(vars_in(function.ret))
