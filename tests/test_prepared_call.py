@@ -367,3 +367,27 @@ func main(table: f32[1, 8], cache: f32[n, 8]) -> (f32[n + 1, 8], f32[1, 8]) {
         np.testing.assert_allclose(got[0], np.concatenate([args[1], np.exp(args[0] * 2.0)]), rtol=1e-6)
     assert shape_of(exe.plan(*args)) == ["py", 5]  # the cumsum in Python, then one run of the five C calls
     assert shape_of(exe.plan(args[0], rng.standard_normal((5, 8)).astype(np.float32))) == ["py", 2, 1, 2]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_a_max_pool_is_prepared(layout):
+    """A max pool of its own (not folded into a convolution) is a record of the call list: a
+    plan of a convolution and its pool runs as one prepared call, the general path's bits, on
+    one thread and two."""
+    rng = np.random.default_rng(2)
+    fb = FunctionBuilder("main")
+    x = fb.param("x", "f32", (2, 8, 20, 18))
+    y = fb.emit("nn.relu", fb.emit("nn.conv2d", x, const(rng.standard_normal((16, 8, 3, 3)).astype(np.float32)), padding=[1, 1]))
+    pooled = fb.emit("nn.max_pool2d", y, pool_size=[3, 3], strides=[2, 2], padding=[1, 1])
+    mod = dpl.apply(Module([fb.ret(fb.emit("exp", pooled))]), ["cnn"], convert_layout=layout == "NHWC")
+    args = [rng.standard_normal((2, 8, 20, 18)).astype(np.float32)]
+    want = dpl.interpret(mod, *args)
+    for threads in (1, 2):
+        exe = dpl.build(mod, CpuBackend(), progress=None, threads=threads, adapt_threads=False)
+        np.testing.assert_allclose(exe(*args), want, rtol=1e-4, atol=1e-4)
+        assert check_both_ways(exe, args), exe.summary()
+        (prepared,) = exe.plan(*args)._prepared.values()
+        assert isinstance(prepared, PreparedCall)
+        pools = [c for c in prepared.calls if c.kind == KERNEL and c.dims[-8:] == (3, 3, 2, 2, 1, 1, 1, 1)]
+        assert len(pools) == (1 if layout == "NCHW" else 0), prepared.calls  # NHWC: folded into the convolution
+        assert all(c.threads == threads for c in pools)

@@ -25,6 +25,8 @@ import numpy as np
 
 from dpl import dtypes
 from dpl.ir.expr import Call
+from dpl.backends.cpu.call_list import KERNEL, entry_address
+from dpl.runtime.prepared import CCall
 from dpl.runtime.threads import openmp_kernel
 
 DTYPES = {"float32": "float", "float64": "double"}
@@ -163,6 +165,10 @@ void dpl_kernel_nhwc(const T *restrict x, T *restrict y, const int64_t *d) {
   free(xr);
   }
 }
+
+/* the call list's way in (backends/cpu/call_list.py's KERNEL): p holds x and y */
+void dpl_kernel_list(void **p, const int64_t *d) { dpl_kernel((const T *)p[0], (T *)p[1], d); }
+void dpl_kernel_nhwc_list(void **p, const int64_t *d) { dpl_kernel_nhwc((const T *)p[0], (T *)p[1], d); }
 """
 
 
@@ -284,20 +290,22 @@ def runner(call: Call, lib, threads: int | None = None):
     entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
     get_threads = getattr(lib, "omp_get_max_threads", None)
     set_threads = getattr(lib, "omp_set_num_threads", None) if threads and get_threads is not None else None
+    listed = getattr(lib, (SYMBOL + "_nhwc" if nhwc else SYMBOL) + "_list")
     kh, kw, sh, sw, pt, pl, dh, dw = window(call)
     dtype = dtypes.to_numpy(call.ty.dtype)
+
+    def dims_of(x_shape, out_shape) -> tuple[int, ...]:
+        if nhwc:
+            n, h, w, c = x_shape
+            return (n, h, w, c, *out_shape[1:3], kh, kw, sh, sw, pt, pl, dh, dw)
+        n, c, h, w = x_shape
+        return (n * c, h, w, *out_shape[2:], kh, kw, sh, sw, pt, pl, dh, dw)
 
     def run(x, out):
         x = np.ascontiguousarray(x, dtype)
         target = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        if nhwc:
-            n, h, w, c = x.shape
-            oh, ow = target.shape[1:3]
-            dims = (ctypes.c_int64 * 14)(n, h, w, c, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw)
-        else:
-            n, c, h, w = x.shape
-            oh, ow = target.shape[2:]
-            dims = (ctypes.c_int64 * 13)(n * c, h, w, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw)
+        d = dims_of(x.shape, target.shape)
+        dims = (ctypes.c_int64 * len(d))(*d)
         if set_threads is None:
             entry(x.ctypes.data, target.ctypes.data, dims)
         else:
@@ -311,5 +319,13 @@ def runner(call: Call, lib, threads: int | None = None):
             np.copyto(out, target)
         return out
 
+    def prepare(operands, outputs):
+        """The call as a record of a prepared call (dpl.runtime.prepared), the call list's
+        ``KERNEL`` way in: its team capped by the list, as ``run`` caps it."""
+        (x, x_shape), = operands
+        (y, y_shape), = outputs
+        return [CCall(entry_address(listed), KERNEL, (x, y), dims_of(tuple(x_shape), tuple(y_shape)), int(threads or 0))]
+
+    run.prepare = prepare  # type: ignore[attr-defined]
     return openmp_kernel(run, f"cpu:max-pool {kh}x{kw}", source(call.ty.dtype), threads, lambda n: runner(call, lib, n))
 
