@@ -408,6 +408,21 @@ def test_the_vector_exp_is_within_two_ulp_of_exp(tmp_path):
     assert y[x == 0].tolist() == [1.0] * int((x == 0).sum())
 
 
+@pytest.mark.parametrize("threads", [None, 1, 2])
+def test_the_segments_say_why_at_any_thread_budget(tmp_path, threads):
+    """The segments' note (the path an attention took, and why) stays with them when a plan caps
+    them at its budget (dpl's packed products: the segments take the budget on OpenMP)."""
+    from dpl.backends.cpu.backend import CpuBackend
+
+    needs.c_compiler()
+    mod = attention_module((2, 4, 16), (2, 16, 32), (2, 32, 16), (4, 32))
+    backend = CpuBackend(cache_dir=tmp_path, attention="segments", products="dpl")
+    exe = dpl.build(dpl.apply(mod, ["llm"]), [backend, "numpy"], progress=False, threads=threads)
+    args = inputs(mod, 10)
+    check(dpl.interpret(mod, *args), exe(*args))
+    assert "attention='segments'" in exe.summary(), exe.summary()
+
+
 def test_heads_too_wide_for_the_stack_run_as_the_segments(backend):
     """The flash kernel keeps a task's rows of q and of the output on its thread's stack; heads
     past MAX_STACK_BYTES (a head of 262,144 float32s had crashed the process with SIGSEGV) run as
@@ -425,6 +440,7 @@ def test_heads_too_wide_for_the_stack_run_as_the_segments(backend):
     assert "segments (heads of 40000 x 40000 need" in exe.summary()
     args = inputs(mod, 3, magnitude=0.01)
     check(dpl.interpret(mod, *args), exe(*args))
+
     # the heads models use stay well inside, 16-bit ones with their widened tiles included
     for dtype, head in (("float32", 256), ("float16", 256), ("bfloat16", 256), ("float64", 256)):
         assert fa.stack_bytes(attrs.evolve(spec, dtype=dtype, head_dim=head, value_dim=head)) <= fa.MAX_STACK_BYTES

@@ -170,19 +170,17 @@ class CpuBackend(Backend):
             return run  # else the segments below: the grouped product, then the gated unit's C
         if any(_blas_product(b) for b in function.bindings):
             try:
-                run = self._compile_segments(function)
-                if note:
-                    run.note = note  # type: ignore[attr-defined]
-                return run
+                return self._compile_segments(function, note)
             except NotSegmentable:
                 pass  # an operand or result the segments cannot hold: the kernel IR's own loops
         return self._compile_kernel(function)
 
-    def _compile_segments(self, function):
+    def _compile_segments(self, function, note: str | None = None):
         """Each matrix product (and each convolution: torch's, or im2col's product,
         backends/cpu/im2col.py) by the products provider (backends/cpu/blas.py), each run of the other
         bindings between products as one generated-C kernel: a product and its epilogue, a
-        prologue and its product, attention's two products with the softmax between them."""
+        prologue and its product, attention's two products with the softmax between them;
+        ``note``: the path an attention took and why, for exe.summary() (kept when capped)."""
         steps = segment(function, _blas_product, starts_part=_pool)
         # a packed product of a weight applies its bias, residual and activation (or its gated
         # unit) to its tiles
@@ -219,6 +217,8 @@ class CpuBackend(Backend):
             run.thread_pools = thread_pools  # type: ignore[attr-defined]
             run.call_list = self.call_list  # type: ignore[attr-defined]
             run.threads = cap  # type: ignore[attr-defined]
+            if note:
+                run.note = note  # type: ignore[attr-defined]
             # beside a BLAS every part stays on one thread, whatever the budget
             run.with_threads = lambda n: run if n == cap or threads == 1 else dressed(run.capped(n), n)  # type: ignore[attr-defined]
             return run
