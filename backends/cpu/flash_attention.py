@@ -75,15 +75,17 @@ _STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
 # the two products' register blocks (micro-kernels), as backends/cpu/packed_gemm.py's: a block of
 # the result in vector registers while one operand's rows stream through as vectors and the
 # other's elements are broadcast against them. Their sizes are the instruction set's: AVX-512 8
-# rows x 2 vectors (16 of 32 zmm accumulate; 8 x 3 measured no faster), AVX2 4 x 2 for the values
-# (8 of 16 ymm: as many as two FMA units of latency 4 keep busy) and 4 x 3 for the scores (12 ymm
-# and 3 of k: one load of q's a row per 3 FMAs, the kernel 1-5% faster than 4 x 2 on the zoo's
-# rows); ``mr`` and ``nv`` are constants where they are called (always inlined)
+# rows x 2 vectors (16 of 32 zmm accumulate; 8 x 3 measured no faster), AVX2 6 x 2 for the values
+# (12 of 16 ymm; a task's last 2 rows a 2 x 2 block: on a Zen 3 core the whole kernel 5-12% faster
+# than 4 x 2's 8 accumulators on bench_attention --isa's four rows, 3 x 4, 4 x 3, 8 x 1 and
+# 2 x 4 in between) and 4 x 3 for the scores (12 ymm and 3 of k: one load of q's a row per 3
+# FMAs, the kernel 1-5% faster than 4 x 2 on the zoo's rows, 6 x 2 no faster on Zen 3); ``mr``
+# and ``nv`` are constants where they are called (always inlined)
 BLOCKS = """\
 #if defined(__AVX512F__)
 enum {{ SR = 8, SN = 2, PR = 8, PN = 2 }};
 #else
-enum {{ SR = 4, SN = 3, PR = 4, PN = 2 }};
+enum {{ SR = 4, SN = 3, PR = 6, PN = 2 }};
 #endif
 _Static_assert(SN <= 3, "score_rows' last block takes at most 3 vectors");
 #define SR_ (ROWS < SR ? ROWS : SR)
