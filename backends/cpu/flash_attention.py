@@ -78,14 +78,16 @@ _STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
 # rows x 2 vectors (16 of 32 zmm accumulate; 8 x 3 measured no faster), AVX2 6 x 2 for the values
 # (12 of 16 ymm; a task's last 2 rows a 2 x 2 block: on a Zen 3 core the whole kernel 5-12% faster
 # than 4 x 2's 8 accumulators on bench_attention --isa's four rows, 3 x 4, 4 x 3, 8 x 1 and
-# 2 x 4 in between) and 4 x 3 for the scores (12 ymm and 3 of k: one load of q's a row per 3
-# FMAs, the kernel 1-5% faster than 4 x 2 on the zoo's rows, 6 x 2 no faster on Zen 3); ``mr``
-# and ``nv`` are constants where they are called (always inlined)
+# 2 x 4 in between) and 6 x 2 for the scores (12 ymm, 2 of k, 1 of q: 15 of 16, the scale
+# keeping the last; 4 x 3's 16 had left no register for k, whose vectors GCC then read from
+# memory in every FMA, 16 loads a 12 FMAs: 6 x 2 is 4-6% faster on a Zen 3 core, 4 x 2 and
+# 3 x 3 no faster than 4 x 3); ``mr`` and ``nv`` are constants where they are called (always
+# inlined)
 BLOCKS = """\
 #if defined(__AVX512F__)
 enum {{ SR = 8, SN = 2, PR = 8, PN = 2 }};
 #else
-enum {{ SR = 4, SN = 3, PR = 6, PN = 2 }};
+enum {{ SR = 6, SN = 2, PR = 6, PN = 2 }};
 #endif
 _Static_assert(SN <= 3, "score_rows' last block takes at most 3 vectors");
 #define SR_ (ROWS < SR ? ROWS : SR)
