@@ -254,39 +254,3 @@ def test_a_budget_reaches_the_products_and_convolutions_of_dpl_s_routines(tmp_pa
         routines = [fn for k in segments for fn in k.products]
         assert len(routines) == 2 and all(fn.threads == threads for fn in routines)  # conv and its pool, product
         assert all(k.with_threads(threads) is k for k in segments)
-
-
-ONE_THREAD_CHILD = """
-import os, sys
-import numpy as np
-import dpl
-from dpl.backends.cpu.backend import CpuBackend
-sys.path.insert(0, {tests!r})
-from test_runtime_threads import args_for, products_module
-assert "torch" not in sys.modules  # torch would set the shared OpenMP default for us
-mod = products_module()
-exe = dpl.build(mod, [CpuBackend(cache_dir={cache!r}, products="dpl"), "numpy"], threads=1)
-args = args_for(mod)
-before = len(os.listdir("/proc/self/task"))
-for _ in range(3):
-    exe(*args)
-print(len(os.listdir("/proc/self/task")) - before)
-"""
-
-
-def test_one_thread_starts_no_openmp_team(tmp_path):
-    """With ``threads=1`` in a process without torch, no call starts an OpenMP worker thread
-    (before the budget reached the segments, a 2-core machine started one at the first call)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    needs.c_compiler()
-    if not Path("/proc/self/task").is_dir():
-        pytest.skip("counting a process's threads needs /proc")
-    code = ONE_THREAD_CHILD.format(tests=str(Path(__file__).parent), cache=str(tmp_path))
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert child.returncode == 0, child.stderr[-2000:]
-    assert child.stdout.split()[-1] == "0"
