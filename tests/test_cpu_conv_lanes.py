@@ -174,6 +174,15 @@ def test_a_pooled_stem_and_its_nan(routine):
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_pooled_convolution_refuses_a_residual(routine):
+    """The pool reads the convolution's rows before any other array could be added to them: the
+    runner says so rather than computing something else."""
+    x, w, attrs = random_case(0)
+    pool = pool_call(expected(x, w, attrs).shape, pool_size=[2, 2], strides=[2, 2])
+    with pytest.raises(ValueError, match="takes no residual"):
+        conv_lanes.runner(the_call(x, w, attrs), routine, residual=True, pool=pool["main"].bindings[0].value)
+
+
 def test_tile_widths():
     """The most channel vectors a tile (up to the widest) that divide the output's: no padded
     vector but the last one's lanes."""

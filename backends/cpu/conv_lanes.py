@@ -315,7 +315,7 @@ def takes(call: Call) -> bool:
 def pools(call: Call) -> bool:
     """Whether this routine pools its rows by max pool ``call`` (:func:`runner`'s ``pool``): a
     float32 channels-last one the max pool routine takes."""
-    return max_pool.takes(call) and call.attrs.get("layout") == "NHWC" and call.ty.dtype == "float32"
+    return max_pool.takes(call, layouts=("NHWC",), dtypes=("float32",))
 
 
 class Geometry:
@@ -442,7 +442,9 @@ def runner(call: Call, routine: Routine, threads: int | None = None, residual: b
     array given before ``out`` (``fn(x, w, res, out)``), then activation ``act`` (one of
     ``packed_gemm.ACTS``), then the max pool ``pool`` (its call; ``out`` is then the pool's, and
     there is no residual). ``threads`` caps the team."""
-    assert pool is None or not residual, "a pooled convolution's rows take no residual"
+    if pool is not None and residual:
+        raise ValueError("conv_lanes.runner: a pooled convolution takes no residual (the pool reads its rows before "
+                         "any other array could be added)")
     constant = isinstance(call.args[1], Constant)
     weights = _weights or (conv_direct._Weights(call.args[1].value, routine) if constant else None)
     w_shape = tuple(call.args[1].ty.shape)

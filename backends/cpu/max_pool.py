@@ -33,6 +33,83 @@ DTYPES = {"float32": "float", "float64": "double"}
 SYMBOL = "dpl_kernel"  # what the CPU backend's library cache checks a library for
 PARALLEL_MIN_OUTPUTS = 32768  # output elements from which the planes are shared by an OpenMP team
 
+# the NHWC row, shared with the convolution that pools its own rows (conv_lanes: ``T`` its float)
+NHWC_ROW = r"""/* NHWC (channels last), as the NCHW kernel: each output row the running maximum of its window's
+   input rows first (whole rows of pixels, all channels, in vectors), then each pixel the window
+   across that one row (its channels in vectors); a row that met a NaN is marked where its windows
+   hold one. Output row oy of an image of H rows into yr, the rows its window reads at
+   xn + (iy - first) W C (a conv's rows held from row `first` on: backends/cpu/conv_lanes.py);
+   xr: W C values of scratch (NULL: each pixel's window in turn) */
+static void dpl_pool_row_nhwc(const T *restrict xn, int64_t first, T *restrict yr, T *restrict xr, int64_t oy,
+                              int64_t H, int64_t W, int64_t C, int64_t OW, int64_t KH, int64_t KW, int64_t SH,
+                              int64_t SW, int64_t PT, int64_t PL, int64_t DH, int64_t DW) {
+  int nan = 0, rows = 0;
+  for (int64_t ky = 0; ky < KH && xr; ++ky) {
+    const int64_t iy = oy * SH + ky * DH - PT;
+    if (iy < 0 || iy >= H) continue;
+    const T *restrict row = xn + (iy - first) * W * C;
+    if (rows++ == 0) {
+      #pragma omp simd reduction(|:nan)
+      for (int64_t i = 0; i < W * C; ++i) { const T v = row[i]; xr[i] = v; nan |= v != v; }
+    } else {
+      #pragma omp simd reduction(|:nan)
+      for (int64_t i = 0; i < W * C; ++i) { const T v = row[i]; xr[i] = v > xr[i] ? v : xr[i]; nan |= v != v; }
+    }
+  }
+  for (int64_t ox = 0; ox < OW; ++ox) {
+    T *restrict yc = yr + ox * C;
+    int64_t k0 = 0, k1 = KW;  /* the window's columns inside the input */
+    while (k0 < KW && ox * SW + k0 * DW - PL < 0) ++k0;
+    while (k1 > k0 && ox * SW + (k1 - 1) * DW - PL >= W) --k1;
+    if (!xr) {  /* no buffer: the window pixel by pixel */
+      for (int64_t c = 0; c < C; ++c) yc[c] = -INFINITY;
+      for (int64_t ky = 0; ky < KH; ++ky) {
+        const int64_t iy = oy * SH + ky * DH - PT;
+        if (iy < 0 || iy >= H) continue;
+        for (int64_t kx = k0; kx < k1; ++kx) {
+          const T *restrict xc = xn + ((iy - first) * W + ox * SW + kx * DW - PL) * C;
+          #pragma omp simd reduction(|:nan)
+          for (int64_t c = 0; c < C; ++c) { const T v = xc[c]; yc[c] = v > yc[c] ? v : yc[c]; nan |= v != v; }
+        }
+      }
+      continue;
+    }
+    const T *restrict xc = xr + (ox * SW + k0 * DW - PL) * C;  /* the window's first column inside */
+    if (rows == 0 || k0 == k1) {  /* a window all padding */
+      for (int64_t c = 0; c < C; ++c) yc[c] = -INFINITY;
+    } else if (k1 - k0 == 3 && DW == 1) {
+      const T *restrict a = xc, *restrict b = a + C, *restrict e = b + C;
+      #pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        T m = a[c];
+        m = b[c] > m ? b[c] : m;
+        yc[c] = e[c] > m ? e[c] : m;
+      }
+    } else {
+      #pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        T m = -INFINITY;
+        for (int64_t kx = 0; kx < k1 - k0; ++kx) { const T v = xc[kx * DW * C + c]; m = v > m ? v : m; }
+        yc[c] = m;
+      }
+    }
+  }
+  if (!nan) return;
+  for (int64_t ox = 0; ox < OW; ++ox) {  /* the channels whose window holds a NaN are NaN */
+    for (int64_t ky = 0; ky < KH; ++ky) {
+      const int64_t iy = oy * SH + ky * DH - PT;
+      if (iy < 0 || iy >= H) continue;
+      for (int64_t kx = 0; kx < KW; ++kx) {
+        const int64_t ix = ox * SW + kx * DW - PL;
+        if (ix < 0 || ix >= W) continue;
+        const T *restrict xc = xn + ((iy - first) * W + ix) * C;
+        for (int64_t c = 0; c < C; ++c) if (xc[c] != xc[c]) yr[ox * C + c] = NAN;
+      }
+    }
+  }
+}
+"""
+
 SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
@@ -149,7 +226,7 @@ void dpl_kernel(const T *restrict x, T *restrict y, const int64_t *d) {
   }
 }
 
-NHWC_ROW
+""" + NHWC_ROW.replace("%", "%%") + r"""
 /* d: N, H, W, C, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW */
 void dpl_kernel_nhwc(const T *restrict x, T *restrict y, const int64_t *d) {
   const int64_t N = d[0], H = d[1], W = d[2], C = d[3], OH = d[4], OW = d[5], KH = d[6], KW = d[7];
@@ -172,84 +249,6 @@ void dpl_kernel_nhwc_list(void **p, const int64_t *d) { dpl_kernel_nhwc((const T
 """
 
 
-# the NHWC row, shared with the convolution that pools its own rows (conv_lanes: ``T`` its float)
-NHWC_ROW = r"""/* NHWC (channels last), as the NCHW kernel: each output row the running maximum of its window's
-   input rows first (whole rows of pixels, all channels, in vectors), then each pixel the window
-   across that one row (its channels in vectors); a row that met a NaN is marked where its windows
-   hold one. Output row oy of an image of H rows into yr, the rows its window reads at
-   xn + (iy - first) W C (a conv's rows held from row `first` on: backends/cpu/conv_lanes.py);
-   xr: W C values of scratch (NULL: each pixel's window in turn) */
-static void dpl_pool_row_nhwc(const T *restrict xn, int64_t first, T *restrict yr, T *restrict xr, int64_t oy,
-                              int64_t H, int64_t W, int64_t C, int64_t OW, int64_t KH, int64_t KW, int64_t SH,
-                              int64_t SW, int64_t PT, int64_t PL, int64_t DH, int64_t DW) {
-  int nan = 0, rows = 0;
-  for (int64_t ky = 0; ky < KH && xr; ++ky) {
-    const int64_t iy = oy * SH + ky * DH - PT;
-    if (iy < 0 || iy >= H) continue;
-    const T *restrict row = xn + (iy - first) * W * C;
-    if (rows++ == 0) {
-      #pragma omp simd reduction(|:nan)
-      for (int64_t i = 0; i < W * C; ++i) { const T v = row[i]; xr[i] = v; nan |= v != v; }
-    } else {
-      #pragma omp simd reduction(|:nan)
-      for (int64_t i = 0; i < W * C; ++i) { const T v = row[i]; xr[i] = v > xr[i] ? v : xr[i]; nan |= v != v; }
-    }
-  }
-  for (int64_t ox = 0; ox < OW; ++ox) {
-    T *restrict yc = yr + ox * C;
-    int64_t k0 = 0, k1 = KW;  /* the window's columns inside the input */
-    while (k0 < KW && ox * SW + k0 * DW - PL < 0) ++k0;
-    while (k1 > k0 && ox * SW + (k1 - 1) * DW - PL >= W) --k1;
-    if (!xr) {  /* no buffer: the window pixel by pixel */
-      for (int64_t c = 0; c < C; ++c) yc[c] = -INFINITY;
-      for (int64_t ky = 0; ky < KH; ++ky) {
-        const int64_t iy = oy * SH + ky * DH - PT;
-        if (iy < 0 || iy >= H) continue;
-        for (int64_t kx = k0; kx < k1; ++kx) {
-          const T *restrict xc = xn + ((iy - first) * W + ox * SW + kx * DW - PL) * C;
-          #pragma omp simd reduction(|:nan)
-          for (int64_t c = 0; c < C; ++c) { const T v = xc[c]; yc[c] = v > yc[c] ? v : yc[c]; nan |= v != v; }
-        }
-      }
-      continue;
-    }
-    const T *restrict xc = xr + (ox * SW + k0 * DW - PL) * C;  /* the window's first column inside */
-    if (rows == 0 || k0 == k1) {  /* a window all padding */
-      for (int64_t c = 0; c < C; ++c) yc[c] = -INFINITY;
-    } else if (k1 - k0 == 3 && DW == 1) {
-      const T *restrict a = xc, *restrict b = a + C, *restrict e = b + C;
-      #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        T m = a[c];
-        m = b[c] > m ? b[c] : m;
-        yc[c] = e[c] > m ? e[c] : m;
-      }
-    } else {
-      #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        T m = -INFINITY;
-        for (int64_t kx = 0; kx < k1 - k0; ++kx) { const T v = xc[kx * DW * C + c]; m = v > m ? v : m; }
-        yc[c] = m;
-      }
-    }
-  }
-  if (!nan) return;
-  for (int64_t ox = 0; ox < OW; ++ox) {  /* the channels whose window holds a NaN are NaN */
-    for (int64_t ky = 0; ky < KH; ++ky) {
-      const int64_t iy = oy * SH + ky * DH - PT;
-      if (iy < 0 || iy >= H) continue;
-      for (int64_t kx = 0; kx < KW; ++kx) {
-        const int64_t ix = ox * SW + kx * DW - PL;
-        if (ix < 0 || ix >= W) continue;
-        const T *restrict xc = xn + ((iy - first) * W + ix) * C;
-        for (int64_t c = 0; c < C; ++c) if (xc[c] != xc[c]) yr[ox * C + c] = NAN;
-      }
-    }
-  }
-}
-"""
-SOURCE = SOURCE.replace("NHWC_ROW", NHWC_ROW.replace("%", "%%"))
-
 
 def _pair(v) -> tuple[int, int]:
     v = (v,) if isinstance(v, int) else tuple(v)
@@ -268,12 +267,13 @@ def window(call) -> tuple[int, ...]:
     return kh, kw, sh, sw, int(pt), int(pl), dh, dw
 
 
-def takes(call) -> bool:
-    """Whether ``call`` is a max pool this routine runs: NCHW or NHWC, float32 or float64."""
+def takes(call, layouts=("NCHW", "NHWC"), dtypes=tuple(DTYPES)) -> bool:
+    """Whether ``call`` is a max pool this routine runs: one of ``layouts`` (NCHW or NHWC), one of
+    ``dtypes`` (float32 or float64)."""
     if not isinstance(call, Call) or call.op != "nn.max_pool2d" or len(call.args) != 1:
         return False
     x = call.args[0].ty
-    return (call.attrs.get("layout", "NCHW") in ("NCHW", "NHWC") and getattr(x, "dtype", None) in DTYPES
+    return (call.attrs.get("layout", "NCHW") in layouts and getattr(x, "dtype", None) in dtypes
             and getattr(call.ty, "dtype", None) == x.dtype and len(x.shape) == 4)
 
 
