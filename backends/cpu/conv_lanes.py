@@ -272,6 +272,13 @@ static void TILE(const float *restrict W, const float *restrict S, const int64_t
     }
   int64_t oh = q0 / Wq, ow = q0 - oh * Wq;
   const float *res = fin->res;
+  if (skip == 0 && q0 + np <= Q && nl == mc * VL && (Wq == OW || ow + np <= OW)) {  /* every pixel stored, whole vectors: one stride */
+    const int64_t at = ((oh - row0) * OW + ow) * O + o0;
+    if (res) UNROLL for (int p = 0; p < np; p++) UNROLL for (int m = 0; m < mc; m++) c[p][m] = c[p][m] + *(const vf *)(res + at + p * O + m * VL);
+    if (fin->relu) UNROLL for (int p = 0; p < np; p++) UNROLL for (int m = 0; m < mc; m++) c[p][m] = (vf)((vi)c[p][m] & ~(vi)(c[p][m] <= (vf){0}));
+    UNROLL for (int p = 0; p < np; p++) UNROLL for (int m = 0; m < mc; m++) *(vf *)(out + at + p * O + m * VL) = c[p][m];
+    return;
+  }
   UNROLL for (int p = 0; p < np; p++, ow++) {
     if (ow == Wq) { ow = 0; oh++; }
     if (q0 + p >= Q) break;
