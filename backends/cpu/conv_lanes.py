@@ -256,20 +256,22 @@ static void TILE(const float *restrict W, const float *restrict S, const int64_t
       UNROLL for (int m = 0; m < mc; m++) c[p][m] += a * w[m];
     }
   }
-  /* the steps on every pixel's registers (a switch a step and vector, not a pixel), then each
+  /* the steps on every pixel's registers (a switch a step, not a vector or pixel), then each
      stored pixel's residual and ReLU */
-  UNROLL for (int m = 0; m < mc; m++)
-    for (int64_t s = 0; s < fin->steps; s++) {
-      const vf x = *(const vf *)(fin->vals + s * fin->Op + o0 + m * VL);
-      switch (fin->code[s]) {
-        case 1: UNROLL for (int p = 0; p < np; p++) c[p][m] = c[p][m] + x; break;
-        case 2: UNROLL for (int p = 0; p < np; p++) c[p][m] = c[p][m] - x; break;
-        case 3: UNROLL for (int p = 0; p < np; p++) c[p][m] = x - c[p][m]; break;
-        case 4: UNROLL for (int p = 0; p < np; p++) c[p][m] = c[p][m] * x; break;
-        case 5: UNROLL for (int p = 0; p < np; p++) c[p][m] = c[p][m] / x; break;
-        default: UNROLL for (int p = 0; p < np; p++) c[p][m] = x / c[p][m]; break;
-      }
+  for (int64_t s = 0; s < fin->steps; s++) {
+    vf x[mc];
+    UNROLL for (int m = 0; m < mc; m++) x[m] = *(const vf *)(fin->vals + s * fin->Op + o0 + m * VL);
+#define DPL_STEP(e) UNROLL for (int m = 0; m < mc; m++) UNROLL for (int p = 0; p < np; p++) c[p][m] = (e); break;
+    switch (fin->code[s]) {
+      case 1: DPL_STEP(c[p][m] + x[m])
+      case 2: DPL_STEP(c[p][m] - x[m])
+      case 3: DPL_STEP(x[m] - c[p][m])
+      case 4: DPL_STEP(c[p][m] * x[m])
+      case 5: DPL_STEP(c[p][m] / x[m])
+      default: DPL_STEP(x[m] / c[p][m])
     }
+#undef DPL_STEP
+  }
   int64_t oh = q0 / Wq, ow = q0 - oh * Wq;
   const float *res = fin->res;
   if (skip == 0 && q0 + np <= Q && nl == mc * VL && (Wq == OW || ow + np <= OW)) {  /* every pixel stored, whole vectors: one stride */
