@@ -64,7 +64,11 @@ from dpl.kernel.ir import to_c
 from dpl.runtime.prepared import Address, CCall
 from dpl.runtime.threads import openmp_kernel
 
-ROWS = 8  # query rows per task: the key tile is read once for all of them
+ROWS = 8  # query rows per task: the key tile is read once for all of them (decode's at most; flash's on AVX-512)
+# the flash kernel's rows per task where AVX-512 is not (AVX2): two of its 6-row register blocks,
+# not a 6-row block and a 2-row one whose 4 sums are too few to hide the FMA's latency (on a Zen 3
+# core, bench_attention's four rows 1-10% faster than 8)
+ROWS_AVX2 = 12
 KEYS = 128  # keys per tile: the tile's scores (ROWS x KEYS) stay in L1; 64 ran 9% slower at 1 x 128 (AVX-512 and AVX2)
 
 _STORAGE = {"float32": ("float", "float", "(x)", "(float)(x)"),
@@ -357,12 +361,12 @@ TILE = """\
         mk[r] = {tile_mask_row};
       }}
       if (fold) {{
-        for (int r0 = 0; r0 + SR_ <= ROWS; r0 += SR_) score_rows(qf[r0], kt0, kst, s[r0], SR_, jn, 1, scale, mk + r0, st + r0);
-        if (ROWS % SR_) score_rows(qf[ROWS - ROWS % SR_], kt0, kst, s[ROWS - ROWS % SR_], ROWS % SR_, jn, 1, scale,
+        for (int r0 = 0; r0 + SR_ <= ROWS && r0 < rows; r0 += SR_) score_rows(qf[r0], kt0, kst, s[r0], SR_, jn, 1, scale, mk + r0, st + r0);
+        if (ROWS % SR_ && ROWS - ROWS % SR_ < rows) score_rows(qf[ROWS - ROWS % SR_], kt0, kst, s[ROWS - ROWS % SR_], ROWS % SR_, jn, 1, scale,
                                    mk + ROWS - ROWS % SR_, st + ROWS - ROWS % SR_);
       }} else {{
-        for (int r0 = 0; r0 + SR_ <= ROWS; r0 += SR_) score_rows(qf[r0], kt0, kst, s[r0], SR_, jn, 0, scale, mk, st);
-        if (ROWS % SR_) score_rows(qf[ROWS - ROWS % SR_], kt0, kst, s[ROWS - ROWS % SR_], ROWS % SR_, jn, 0, scale, mk, st);
+        for (int r0 = 0; r0 + SR_ <= ROWS && r0 < rows; r0 += SR_) score_rows(qf[r0], kt0, kst, s[r0], SR_, jn, 0, scale, mk, st);
+        if (ROWS % SR_ && ROWS - ROWS % SR_ < rows) score_rows(qf[ROWS - ROWS % SR_], kt0, kst, s[ROWS - ROWS % SR_], ROWS % SR_, jn, 0, scale, mk, st);
       }}
       /* scale, mask, the online softmax */
       for (int64_t r = 0; r < rows; ++r) {{
@@ -427,8 +431,8 @@ TILE = """\
 #if FAST_PV
       /* the task's rows PR_ at a time, each block a PR_ x PN vectors of o in registers while the
          tile's rows of v stream through */
-      for (int r0 = 0; r0 + PR_ <= ROWS; r0 += PR_) value_rows(s[r0], vt0, o[r0], PR_, jn);
-      if (ROWS % PR_) value_rows(s[ROWS - ROWS % PR_], vt0, o[ROWS - ROWS % PR_], ROWS % PR_, jn);
+      for (int r0 = 0; r0 + PR_ <= ROWS && r0 < rows; r0 += PR_) value_rows(s[r0], vt0, o[r0], PR_, jn);
+      if (ROWS % PR_ && ROWS - ROWS % PR_ < rows) value_rows(s[ROWS - ROWS % PR_], vt0, o[ROWS - ROWS % PR_], ROWS % PR_, jn);
 #else
       for (int64_t j = 0; j < jn; ++j) {{
         const acc_t *restrict vr = vt0 + j * DV;
@@ -559,12 +563,13 @@ static inline vec_t vexp(vec_t x) {
 
 def emit_flash(spec: Attention, vector_math: bool = False) -> str:
     """The C source of the flash kernel for ``spec`` (``dpl_kernel(buffers, dims)``)."""
-    return PRELUDE + (VECTOR_MATH if vector_math else "") + TEMPLATE.format(**template_fields(spec, ROWS))
+    rows = f"#if defined(__AVX512F__)\n#define FLASH_ROWS {ROWS}\n#else\n#define FLASH_ROWS {ROWS_AVX2}\n#endif\n"
+    return PRELUDE + (VECTOR_MATH if vector_math else "") + rows + TEMPLATE.format(**template_fields(spec, "FLASH_ROWS"))
 
 
-def template_fields(spec: Attention, rows: int) -> dict:
+def template_fields(spec: Attention, rows: int | str) -> dict:
     """What :data:`HEAD`, :data:`TILE` and the flash entry are formatted with for ``spec``, a task
-    holding ``rows`` query rows."""
+    holding ``rows`` query rows (a number, or a macro the source defines)."""
     elem, acc, load, store = _STORAGE[spec.dtype]
     if isinstance(spec.scale, float):
         scale = to_c(KConst(spec.scale, "float64" if acc == "double" else "float32"))
@@ -746,7 +751,7 @@ def stack_bytes(spec: Attention) -> int:
     """The bytes a task of the flash kernel keeps on the stack for ``spec`` (see the template)."""
     elem, acc = _STORAGE[spec.dtype][:2]
     size = 8 if acc == "double" else 4
-    rows = ROWS * (spec.head_dim + spec.value_dim + KEYS) * size
+    rows = max(ROWS, ROWS_AVX2) * (spec.head_dim + spec.value_dim + KEYS) * size
     widened = KEYS * (spec.head_dim + spec.value_dim) * size if elem != acc else 0  # emit_flash's WIDEN
     return rows + widened
 
