@@ -2,6 +2,7 @@
 random-DAG corpus, built for "cpu" with fusion always on and fall-back off, equals the
 interpreter, and every kernel ran compiled on the CPU; the disk cache is safe."""
 
+import ctypes
 import multiprocessing
 import shutil
 from pathlib import Path
@@ -454,6 +455,28 @@ func main(a: bool[3, 40], x: f32[3, 40]) -> (f32[3, 1], bool[3, 40], bool[3, 40]
         np.testing.assert_array_equal(g, w)
     assert set(np.unique(got[1].view(np.uint8))) <= {0, 1} and set(np.unique(got[2].view(np.uint8))) <= {0, 1}
     assert "cpu" in exe.summary()
+
+
+@pytest.mark.parametrize("march", ["native", "haswell", "x86-64"])
+def test_a_tile_turned_in_registers_is_numpys_transpose_at_every_instruction_set(tmp_path, march):
+    """``dpl_transpose16`` in each of its forms (AVX-512's 16-lane rows, the 8-lane pairs of
+    AVX2 and of SSE's split vectors): bit for bit NumPy's transpose of random 16 x 16 tiles of
+    4-byte values, NaN payloads and all, built for this CPU and for older ones it runs."""
+    needs.c_compiler()
+    from dpl.backends.cgen.emitter import TRANSPOSE16
+    from dpl.backends.cpu.toolchain import march_missing
+
+    if march != "native" and march_missing("cc", march) != ():
+        pytest.skip(f"this CPU or compiler does not run -march={march}")
+    source = ("#include <stdint.h>\n" + TRANSPOSE16 +
+              "void dpl_kernel(void **b, const int64_t *d) { for (int64_t i = 0; i < d[0]; ++i) "
+              "dpl_transpose16((uint32_t *)b[0] + 256 * i); }\n")
+    lib = KernelCache(tmp_path, march=march).load(source)
+    rng = np.random.default_rng(16)
+    tiles = rng.integers(0, 2**32, (20, 16, 16), dtype=np.uint64).astype(np.uint32)
+    want = tiles.transpose(0, 2, 1).copy()
+    lib.dpl_kernel((ctypes.c_void_p * 1)(tiles.ctypes.data), (ctypes.c_int64 * 1)(len(tiles)))
+    np.testing.assert_array_equal(tiles, want)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "i32", "f16", "bf16", "i64", "bool"])
