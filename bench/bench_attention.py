@@ -100,7 +100,7 @@ def main(argv=None):
                     "(8,4,64: bench_zoo's generated Llama)")
     ap.add_argument("--keys", help="--decode's cached key counts, comma-separated (default 128,512,2048,8192)")
     ap.add_argument("--isa", help="comma-separated -march values (native,haswell): the zoo's attentions per build, "
-                    "flash and segments, GFLOP/s and % of the build's FMA peak")
+                    "flash and segments, GFLOP/s and %% of the build's FMA peak")
     ap.add_argument("--isa-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.isa_child:

@@ -11,6 +11,7 @@ floor: a measured copy scaled to the bytes each workload must read and write. Ev
 runs with the threads it has by default on this machine.
 """
 
+import argparse
 import os
 import sys
 import time
@@ -19,7 +20,15 @@ import numpy as np
 
 import dpl
 
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+
+
+def _size() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n", nargs="?", type=int, default=4096, help="the inputs' rows and columns (default 4096)")
+    return parser.parse_args().n
+
+
+N = _size()
 rng = np.random.default_rng(0)
 
 

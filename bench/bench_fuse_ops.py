@@ -7,6 +7,7 @@ softmax, MLP with SiLU, residuals). TVM's time is FuseOps alone (LegalizeOps and
 AnnotateTIROpPattern run before the clock starts).
 """
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -62,7 +63,9 @@ def time_tvm(mod):
 
 
 def main():
-    sizes = [int(a) for a in sys.argv[1:]] or [1000, 10000, 50000]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sizes", nargs="*", type=int, default=[1000, 10000, 50000], help="transformer sizes, in bindings")
+    sizes = parser.parse_args().sizes
     print(f"{'bindings':>9} {'dpl ms':>9} {'us/binding':>11} {'TVM ms':>9} {'TVM/dpl':>8}")
     for n in sizes:
         mod = transformer(n)

@@ -4,6 +4,7 @@ and warm (the parser cached, as in a long-running process).
     python bench/bench_load_patterns.py
 """
 
+import argparse
 import time
 
 from dpl.lang import load_patterns, shipped_libraries
@@ -18,6 +19,7 @@ def timed(fn, repeat=1):
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     libs = shipped_libraries()
     cold = timed(lambda: load_patterns(libs))
     warm = timed(lambda: load_patterns(libs), repeat=20)

@@ -229,7 +229,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--compile", action="store_true", help="also torch.compile (a minute or two)")
     parser.add_argument("--isa", help="comma-separated -march values (native,haswell): the packed routine's "
-                                      "products at the zoo's shapes per build, as % of its FMA peak")
+                                      "products at the zoo's shapes per build, as %% of its FMA peak")
     parser.add_argument("--isa-child", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.isa_child:

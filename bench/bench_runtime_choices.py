@@ -18,6 +18,7 @@ number to compare, the median shows the noise).
 from __future__ import annotations
 
 import statistics
+import argparse
 import sys
 import tempfile
 import time
@@ -154,10 +155,12 @@ def fusion() -> None:
 def main() -> None:
     warnings.filterwarnings("ignore")
     parts = {"outputs": outputs, "builds": builds, "threads": threads, "fusion": fusion}
-    chosen = sys.argv[1:] or list(parts)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("parts", nargs="*", metavar="part", help=f"what to measure (default all: {', '.join(parts)})")
+    chosen = parser.parse_args().parts or list(parts)
     unknown = [c for c in chosen if c not in parts]
     if unknown:
-        sys.exit(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(parts)}")
+        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(parts)}")
     for c in chosen:
         parts[c]()
 

@@ -10,6 +10,7 @@ transposed); TVM's import, which runs torch's full core-ATen decomposition itsel
 import of a tiny block runs first, so torch's one-time costs are not counted.
 """
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -59,7 +60,12 @@ def bench(dim, hidden, heads=16, seq=128, report=True):
 
 
 def main():
-    shapes = [(int(sys.argv[1]), int(sys.argv[2]))] if len(sys.argv) > 2 else [(64, 128), (1024, 2816)]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shape", nargs="*", type=int, metavar="N", help="width and MLP width (default: 64 128, then 1024 2816)")
+    shape = parser.parse_args().shape
+    if shape and len(shape) != 2:
+        parser.error("give a width and an MLP width, or nothing")
+    shapes = [tuple(shape)] if shape else [(64, 128), (1024, 2816)]
     print(f"{'dim':>5} {'hidden':>6} {'Mparams':>7} {'nodes':>6} {'binds':>6} {'export ms':>9} {'decomp ms':>9} "
           f"{'walk ms':>9} {'dpl ms':>9} {'TVM ms':>9} {'TVM/dpl':>8}")
     bench(32, 64, report=False)  # torch's and TVM's first calls load and compile much; time what follows

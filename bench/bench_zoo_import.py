@@ -10,6 +10,7 @@ that program, best of ``REPEAT`` runs (the import includes each one's decomposit
 program: dpl's functional ATen, TVM's core ATen). A failing importer prints its error.
 """
 
+import argparse
 import sys
 import time
 import warnings
@@ -71,4 +72,11 @@ def run(name, use_cache):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["llama", "gpt2", "bert", "vit"])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", metavar="model",
+                        help=f"zoo architectures (default llama gpt2 bert vit; any of {', '.join(sorted(ARCHS))})")
+    models = parser.parse_args().models or ["llama", "gpt2", "bert", "vit"]
+    unknown = [m for m in models if m not in ARCHS]
+    if unknown:
+        parser.error(f"unknown architecture(s) {', '.join(unknown)}; choose from {', '.join(sorted(ARCHS))}")
+    main(models)

@@ -14,6 +14,7 @@ Without a CUDA device the script says so and exits with status 2.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import attrs
@@ -109,9 +110,11 @@ def device_cupy(script: str):
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    n = int(argv[0]) if argv else 8192
-    d = int(argv[1]) if len(argv) > 1 else 4096
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n", nargs="?", type=int, default=8192, help="rows (default 8192)")
+    parser.add_argument("d", nargs="?", type=int, default=4096, help="row length (default 4096)")
+    opts = parser.parse_args(argv)
+    n, d = opts.n, opts.d
     cp = device_cupy("cuda_rows")
     if cp is None:
         return 2

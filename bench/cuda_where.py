@@ -10,6 +10,7 @@
    and how the plan ran (one CUDA graph, or step by step and why).
 Needs CuPy with a CUDA device.
 """
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from dpl.backends.cuda.backend import CupyBackend
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     cp = device_cupy("cuda_where")
     if cp is None:
         return 2

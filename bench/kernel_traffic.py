@@ -9,6 +9,7 @@ results out), and the time to partition and to lower every group.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from dpl.ir import FunctionBuilder, Module
@@ -53,6 +54,7 @@ def mb(n: int) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     print(f"{'graph':<14}{'bindings':>9}{'unfused MiB':>13}{'row-fused MiB':>15}{'floor MiB':>11}{'partition ms':>14}{'lower ms':>10}{'kernels':>9}")
     for layers in (1, 4, 16):
         mod = decoder(layers)

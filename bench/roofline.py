@@ -26,6 +26,7 @@ core's: a probe of several threads on a shared host also measures the other proc
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import math
 import sys
@@ -133,6 +134,7 @@ def product_flops(mod) -> int:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     for threads in (1, 2):
         print(f"float32 FMA peak at {threads} thread(s): {fma_peak(threads) / 1e9:.1f} GFLOP/s")
 
