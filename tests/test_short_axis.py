@@ -129,3 +129,68 @@ def test_compiled_position_biases_equal_the_interpreter(tmp_path_factory, case):
     args = inputs(s, h, dpl.dtypes.to_numpy(mod["main"].params[0].ty.dtype), seed=s * 100 + h)
     np.testing.assert_array_equal(np.asarray(exe(*args)), np.asarray(dpl.interpret(mod, *args)))
     assert not exe.fallbacks
+
+
+def channels_last(shape, dtype: str = "f32"):
+    """An image sent to channels last, ``[n, c, h, w] -> [n, h, w, c]``, then added to itself."""
+    n, c, h, w = shape
+    return dpl.parse(f"""
+func main(x: {dtype}[{n}, {c}, {h}, {w}]) -> {dtype}[{n}, {h}, {w}, {c}] {{
+  p = permute_dims(x, axes=[0, 2, 3, 1])
+  y = add(p, p)
+  return y
+}}""")
+
+
+def test_a_short_innermost_axis_that_stores_interleaved_is_unrolled_into_the_loop_above():
+    """ResNet's input, three channels: the channel loop unrolled into the columns' loop, which
+    reads each plane contiguously and stores the three channels of a pixel side by side."""
+    kernel = lower_function(channels_last((1, 3, 24, 40))["main"])
+    assert [int(x.extent.value) for x in loops(kernel)][-2:] == [40, 3]
+    turned = unroll_short_axes(kernel)
+    assert [int(x.extent.value) for x in loops(turned)][-1] == 40
+    assert len([x for x in walk(turned.body) if isinstance(x, Store)]) == 3
+    x = np.random.default_rng(3).standard_normal((1, 3, 24, 40)).astype(np.float32)
+    np.testing.assert_array_equal(evaluate(turned, x), evaluate(kernel, x))
+    assert "< 3;" not in emit_kernel(kernel)
+    # two axes: [c, w] -> [w, c]
+    pair = lower_function(dpl.parse("""
+func main(x: f32[5, 64]) -> f32[64, 5] {
+  p = permute_dims(x, axes=[1, 0])
+  y = add(p, p)
+  return y
+}""")["main"])
+    turned = unroll_short_axes(pair)
+    assert [int(x.extent.value) for x in loops(turned)] == [64]
+    x = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32)
+    np.testing.assert_array_equal(evaluate(turned, x), evaluate(pair, x))
+
+
+def test_a_short_innermost_axis_read_as_it_is_stored_is_left():
+    # channels last already: the reads step with the short loop as the stores do
+    same = lower_function(dpl.parse("""
+func main(x: f32[64, 3]) -> f32[64, 3] {
+  y = add(x, x)
+  return y
+}""")["main"])
+    assert unroll_short_axes(same) is same
+
+
+@st.composite
+def images(draw):
+    c = draw(st.sampled_from([2, 3, 4, 5, 8, 15, 16, 17]))
+    return (draw(st.integers(1, 2)), c, draw(st.integers(1, 9)), draw(st.integers(1, 70))), draw(st.sampled_from(["f32", "f64", "i32", "f16"]))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=images())
+def test_compiled_channels_last_permutes_equal_the_interpreter(tmp_path_factory, case):
+    """Random images sent to channels last, few channels or many, in every float and int width:
+    the compiled kernel equals the interpreter bit for bit."""
+    needs.c_compiler()
+    shape, dtype = case
+    mod = channels_last(shape, dtype)
+    fused = dpl.fuse_ops(mod, ALWAYS)
+    exe = dpl.build(fused, [CpuBackend(cache_dir=tmp_path_factory.getbasetemp() / "kernels"), "numpy"], config=ALWAYS)
+    x = (np.random.default_rng(sum(shape)).standard_normal(shape) * 8).astype(dpl.dtypes.to_numpy(mod["main"].params[0].ty.dtype))
+    np.testing.assert_array_equal(np.asarray(exe(x)), np.asarray(dpl.interpret(mod, x)))

@@ -14,6 +14,15 @@ stores); the short loop is any level above the innermost (a batch loop may enclo
 extent ``A`` is a constant of at most ``MAX_UNROLL`` and no inner extent reads, some read
 steps by 1 element with the short variable and by exactly ``A`` with the innermost one, and
 every store steps by 1 element with the innermost variable.
+
+The mirror case: a short *innermost* loop whose stores interleave, as a permute to channels
+last writes an image of three channels (``x[c, i, j] -> y[i, j, c]``: ``for j: for c < 3``,
+the vectors three lanes wide, each a gather from three planes). The short loop is unrolled into
+the loop above it, which becomes the innermost: each of its reads is contiguous in ``j`` and
+GCC stores the three values of a ``j`` as one interleaved group (ResNet's 3 x 224 x 224 input
+79 -> 29 us, one thread, a Zen 3 core). It applies where the innermost extent ``A`` is a
+constant of at most ``MAX_UNROLL``, every store steps by 1 element with it and by ``A`` with the
+loop above, and some read steps by 1 element with the loop above and not with the short one.
 """
 
 from __future__ import annotations
@@ -37,23 +46,42 @@ def unroll_short_axes(kernel: Kernel) -> Kernel:
     return kernel if body == tuple(kernel.body) else attrs.evolve(kernel, body=body)
 
 
+def _short(loop) -> int | None:
+    """The loop's extent where it is a constant from 2 to ``MAX_UNROLL``."""
+    n = loop.extent.value if isinstance(loop.extent, Const) else None
+    return n if isinstance(n, int) and 2 <= n <= MAX_UNROLL else None
+
+
 def _nest(s, taken: set[str], shapes: dict):
     chain = perfect_nest(s)
     if chain is None:
         return s
     inner = chain[-1]
     for at, short in enumerate(chain[:-1]):
-        if not (isinstance(short.extent, Const) and isinstance(short.extent.value, int) and 2 <= short.extent.value <= MAX_UNROLL):
+        n = _short(short)
+        if n is None:
             continue
-        a, b, n = short.var.name, inner.var.name, short.extent.value
+        a, b = short.var.name, inner.var.name
         if not any(a in free_vars(x.extent) for x in chain[at + 1:]) and _interleaved(inner.body, a, b, n, shapes):
-            break
-    else:
-        return s
+            nest = attrs.evolve(inner, body=_unrolled(inner.body, a, n, taken))
+            for level in reversed(chain[:at] + chain[at + 1:-1]):  # the short loop taken out of the nest
+                nest = attrs.evolve(level, body=(nest,))
+            return nest
+    n, above = _short(inner), chain[-2]
+    if n is not None and _stores_interleaved(inner.body, above.var.name, inner.var.name, n, shapes):
+        nest = attrs.evolve(above, body=_unrolled(inner.body, inner.var.name, n, taken))  # the loop above innermost now
+        for level in reversed(chain[:-2]):
+            nest = attrs.evolve(level, body=(nest,))
+        return nest
+    return s
+
+
+def _unrolled(body, a: str, n: int, taken: set[str]) -> tuple:
+    """``body`` once for each value 0 .. n - 1 of loop variable ``a``, its lets renamed apart."""
     copies = []
     for k in range(n):
         renamed: dict[str, Var] = {}
-        for x in inner.body:
+        for x in body:
             env = {a: Const(k, INDEX), **renamed}
             if isinstance(x, Let):
                 name = fresh(f"{x.name}_{k}", taken)
@@ -61,10 +89,19 @@ def _nest(s, taken: set[str], shapes: dict):
                 renamed[x.name] = Var(name, x.value.dtype)
             else:
                 copies.append(Store(x.buffer, tuple(substitute(i, env) for i in x.indices), substitute(x.value, env)))
-    nest = attrs.evolve(inner, body=tuple(copies))
-    for level in reversed(chain[:at] + chain[at + 1:-1]):  # the short loop taken out of the nest
-        nest = attrs.evolve(level, body=(nest,))
-    return nest
+    return tuple(copies)
+
+
+def _stores_interleaved(body, a: str, b: str, n: int, shapes: dict) -> bool:
+    """Whether every store of the innermost body (short variable ``b`` of extent ``n``, ``a``
+    the loop above) steps by 1 with ``b`` and by ``n`` with ``a``, and some read by 1 with ``a``
+    and not with ``b``."""
+    stores = [x for x in body if isinstance(x, Store)]
+    if not stores or any(_flat_step(x.buffer, x.indices, b, shapes) != 1 or _flat_step(x.buffer, x.indices, a, shapes) != n
+                         for x in stores):
+        return False
+    return any(isinstance(e, Load) and _flat_step(e.buffer, e.indices, a, shapes) == 1
+               and _flat_step(e.buffer, e.indices, b, shapes) != 1 for x in body for e in walk_exprs(x.value))
 
 
 def _interleaved(body, a: str, b: str, n: int, shapes: dict) -> bool:
