@@ -203,32 +203,20 @@ TRANSPOSE_TILE = 16
 FOUR_BYTE_C = ("float", "int32_t", "uint32_t")  # tiles dpl_transpose16 turns (TRANSPOSE_TILE must be 16)
 
 
-def _transpose16_round(h: int) -> str:
+def _transpose_round(h: int, lanes: int = 16) -> str:
     """Round ``h`` of ``dpl_transpose16``: rows r and r + h (bit h of r clear) trade their
-    h-element blocks, so element (r, j) with bit h of j set moves to (r + h, j - h) and back."""
-    first = [16 + j - h if j & h else j for j in range(16)]
-    second = [16 + j if j & h else j + h for j in range(16)]
-    return (f'  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)\n'
-            f"    if (!(r & {h})) {{\n"
-            f"      const dpl_u32x16 a = v[r], b = v[r + {h}];\n"
-            f"      v[r] = DPL_SHUFFLE16(a, b, {', '.join(map(str, first))});\n"
-            f"      v[r + {h}] = DPL_SHUFFLE16(a, b, {', '.join(map(str, second))});\n"
-            f"    }}\n")
-
-
-def _transpose8_round(h: int) -> str:
-    """Round ``h`` (4, 2, 1) of ``dpl_transpose16`` in 8-lane vectors (each row two of them):
-    within each half of the columns, as :func:`_transpose16_round` does within the row."""
-    first = [8 + j - h if j & h else j for j in range(8)]
-    second = [8 + j if j & h else j + h for j in range(8)]
-    return (f'  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)\n'
-            f"    if (!(r & {h})) {{\n"
-            f'      _Pragma("GCC unroll 2") for (int c = 0; c < 2; ++c) {{\n'
-            f"        const dpl_u32x8 a = v[r][c], b = v[r + {h}][c];\n"
-            f"        v[r][c] = DPL_SHUFFLE8(a, b, {', '.join(map(str, first))});\n"
-            f"        v[r + {h}][c] = DPL_SHUFFLE8(a, b, {', '.join(map(str, second))});\n"
-            f"      }}\n"
-            f"    }}\n")
+    h-element blocks, so element (r, j) with bit h of j set moves to (r + h, j - h) and back.
+    ``lanes``: 16, a row one vector; 8, a row two (rounds 4, 2, 1 alike in each half)."""
+    first = [lanes + j - h if j & h else j for j in range(lanes)]
+    second = [lanes + j if j & h else j + h for j in range(lanes)]
+    at = "" if lanes == 16 else "[c]"
+    pad = "      " if lanes == 16 else "        "
+    body = (f"{pad}const dpl_u32x{lanes} a = v[r]{at}, b = v[r + {h}]{at};\n"
+            f"{pad}v[r]{at} = DPL_SHUFFLE{lanes}(a, b, {', '.join(map(str, first))});\n"
+            f"{pad}v[r + {h}]{at} = DPL_SHUFFLE{lanes}(a, b, {', '.join(map(str, second))});\n")
+    if lanes != 16:
+        body = f'      _Pragma("GCC unroll 2") for (int c = 0; c < 2; ++c) {{\n{body}      }}\n'
+    return f'  _Pragma("GCC unroll 16") for (int r = 0; r < 16; ++r)\n    if (!(r & {h})) {{\n{body}    }}\n'
 
 
 # included in kernels whose transposing nests hold 4-byte elements (see CpuEmitter.transpose_loop):
@@ -252,7 +240,7 @@ static inline void dpl_transpose16(void *tile) {
 #if defined(__AVX512F__)
   dpl_u32x16 v[16];
   __builtin_memcpy(v, tile, sizeof v);
-""" + "".join(_transpose16_round(h) for h in (8, 4, 2, 1)) + """\
+""" + "".join(_transpose_round(h) for h in (8, 4, 2, 1)) + """\
 #else
   dpl_u32x8 v[16][2];
   __builtin_memcpy(v, tile, sizeof v);
@@ -261,7 +249,7 @@ static inline void dpl_transpose16(void *tile) {
     v[r][1] = v[r + 8][0];
     v[r + 8][0] = t;
   }
-""" + "".join(_transpose8_round(h) for h in (4, 2, 1)) + """\
+""" + "".join(_transpose_round(h, 8) for h in (4, 2, 1)) + """\
 #endif
   __builtin_memcpy(tile, v, sizeof v);
 }
