@@ -65,9 +65,10 @@ from dpl.runtime.prepared import Address, CCall
 from dpl.runtime.threads import openmp_kernel
 
 ROWS = 8  # query rows per task: the key tile is read once for all of them (decode's at most; flash's on AVX-512)
-# the flash kernel's rows per task where AVX-512 is not (AVX2): two of its 6-row register blocks,
-# not a 6-row block and a 2-row one whose 4 sums are too few to hide the FMA's latency (on a Zen 3
-# core, bench_attention's four rows 1-10% faster than 8)
+# the flash kernel's rows per task where AVX-512 is not (AVX2 and older): two of its 6-row register
+# blocks, not a 6-row block and a 2-row one whose 4 sums are too few to hide the FMA's latency (on
+# a Zen 3 core, bench_attention's four rows 1-10% faster than 8 in one interleaved run, 1-32% in
+# another)
 ROWS_AVX2 = 12
 KEYS = 128  # keys per tile: the tile's scores (ROWS x KEYS) stay in L1; 64 ran 9% slower at 1 x 128 (AVX-512 and AVX2)
 
