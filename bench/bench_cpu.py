@@ -21,7 +21,6 @@ import numpy as np
 import dpl
 
 
-
 def _size() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("n", nargs="?", type=int, default=4096, help="the inputs' rows and columns (default 4096)")

@@ -225,7 +225,7 @@ def _transpose_round(h: int, lanes: int = 16) -> str:
 # 64-byte stride. Without AVX-512 the rows are pairs of 8-lane vectors: round 8 trades the
 # off-diagonal blocks' halves (moves, no shuffle), the others shuffle within each half (64-byte
 # vectors there had been split by the compiler into spilled register pairs: a BERT 8 x 128 k
-# transposed 266 -> 190 us on a Zen 3 core)
+# transposed 266-324 -> 135-141 us on a Zen 3 core)
 TRANSPOSE16 = ("""\
 typedef uint32_t dpl_u32x16 __attribute__((vector_size(64)));
 typedef uint32_t dpl_u32x8 __attribute__((vector_size(32)));
